@@ -1,0 +1,40 @@
+# CUDA is optional. AUTO enables it when nvcc is found; ON requires it; OFF skips it.
+# The CUDA code compiles and links without a GPU; at run time the program falls back to the
+# CPU backend when no driver or device is present (see kernels/device.h).
+include(CheckLanguage)
+
+set(MESHPROOF_HAVE_CUDA OFF)
+if(NOT MESHPROOF_CUDA STREQUAL "OFF")
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    # Hopper (sm_90) and Blackwell (sm_100) by default; override with -DCMAKE_CUDA_ARCHITECTURES.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90 100)
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(MESHPROOF_HAVE_CUDA ON)
+  elseif(MESHPROOF_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "MESHPROOF_CUDA=ON but no CUDA compiler was found (set CMAKE_CUDA_COMPILER)")
+  endif()
+endif()
+
+if(MESHPROOF_HAVE_CUDA)
+  # NCCL ships with the toolkit's standard install here; find it beside cuBLASLt.
+  find_library(MESHPROOF_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+  find_path(MESHPROOF_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
+  if(NOT MESHPROOF_NCCL_LIBRARY OR NOT MESHPROOF_NCCL_INCLUDE)
+    message(FATAL_ERROR "CUDA found but NCCL is missing (libnccl.so / nccl.h)")
+  endif()
+  add_library(meshproof_nccl INTERFACE)
+  target_link_libraries(meshproof_nccl INTERFACE ${MESHPROOF_NCCL_LIBRARY})
+  target_include_directories(meshproof_nccl INTERFACE ${MESHPROOF_NCCL_INCLUDE})
+  message(STATUS "meshproof: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")
+else()
+  message(STATUS "meshproof: CUDA backend OFF (MESHPROOF_CUDA=${MESHPROOF_CUDA})")
+endif()

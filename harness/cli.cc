@@ -1,0 +1,84 @@
+#include "harness/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include "harness/env_verb.h"
+#include "harness/exit_codes.h"
+#include "kernels/build_info.h"
+#include "kernels/error.h"
+#include "kernels/hdf5_check.h"
+#include "reports/environment.h"
+
+namespace meshproof::harness {
+namespace {
+
+// Each verb registers its subcommand and sets `exit_code` from its callback.
+void add_env_command(CLI::App& app, std::ostream& out, int& exit_code) {
+  auto* cmd = app.add_subcommand(
+      "env", "Show compiled backends, CUDA/cuBLASLt/NCCL/MPI versions and the GPUs found");
+  auto json = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json, "Print the environment as JSON");
+  cmd->callback([&out, &exit_code, json] {
+    const reports::EnvironmentRecord env = collect_environment();
+    if (*json) {
+      out << reports::to_json(env).dump(2) << "\n";
+    } else {
+      print_environment(env, out);
+    }
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace
+
+int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  kernels::silence_hdf5_errors();
+  CLI::App app{
+      "meshproof: run FP8/MXFP8 sharded transformer training scenarios under FSDP, HSDP and TP "
+      "meshes, check resume parity and loss against golden references, and report performance.",
+      "meshproof"};
+  app.set_version_flag("--version", fmt::format("meshproof {} (commit {})", kernels::version(),
+                                                kernels::git_commit()));
+  // Not require_subcommand(): CLI11 checks requirements before unknown arguments, and a user who
+  // typed a wrong flag should be told about that flag first.
+  app.require_subcommand(0, 1);
+  app.fallthrough(false);
+
+  int exit_code = kExitOk;
+  add_env_command(app, out, exit_code);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    out << app.help();
+    return kExitOk;
+  } catch (const CLI::CallForAllHelp& e) {
+    out << app.help("", CLI::AppFormatMode::All);
+    return kExitOk;
+  } catch (const CLI::CallForVersion& e) {
+    out << e.what() << "\n";
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    fmt::print(err, "meshproof: {}\n\n{}", e.what(), app.help());
+    return kExitBadInput;
+  } catch (const kernels::Error& e) {
+    if (e.kind() == kernels::ErrorKind::kInput) {
+      fmt::print(err, "meshproof: error: {}\n", e.message());
+      return kExitBadInput;
+    }
+    fmt::print(err, "meshproof: runtime error: {}\n", e.what());
+    return kExitRuntimeError;
+  } catch (const std::exception& e) {
+    fmt::print(err, "meshproof: runtime error: {}\n", e.what());
+    return kExitRuntimeError;
+  }
+  if (app.get_subcommands().empty()) {
+    fmt::print(err, "meshproof: a verb is required\n\n{}", app.help());
+    return kExitBadInput;
+  }
+  return exit_code;
+}
+
+}  // namespace meshproof::harness

@@ -1,0 +1,125 @@
+// A dense tensor: shape, dtype and device are runtime data; storage is reference-counted and
+// accounted to the allocating rank's MemoryTracker. Views share storage.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/error.h"
+#include "kernels/runtime.h"
+#include "kernels/units.h"
+
+namespace meshproof::kernels {
+
+// Row-major shape, outermost dimension first.
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims) : dims_(dims) {}
+  explicit Shape(std::vector<int64_t> dims) : dims_(std::move(dims)) {}
+
+  int rank() const { return static_cast<int>(dims_.size()); }
+  int64_t operator[](int i) const { return dims_.at(static_cast<size_t>(i < 0 ? i + rank() : i)); }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  Elements numel() const;
+  // Product of all but the last dimension ("M" of a 2-D view), and the last dimension ("K").
+  int64_t leading() const;
+  int64_t last() const { return dims_.empty() ? 1 : dims_.back(); }
+  bool operator==(const Shape&) const = default;
+  std::string str() const;  // "[4, 128]"
+
+ private:
+  std::vector<int64_t> dims_;
+};
+
+class Storage;
+
+class Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor (defined() == false)
+
+  // Uninitialised memory on `device` (the current rank's device when omitted).
+  static Tensor empty(const Shape& shape, DType dtype, Device device);
+  static Tensor empty(const Shape& shape, DType dtype) {
+    return empty(shape, dtype, current_context().device);
+  }
+  static Tensor zeros(const Shape& shape, DType dtype, Device device);
+  static Tensor zeros(const Shape& shape, DType dtype) {
+    return zeros(shape, dtype, current_context().device);
+  }
+  // A host float32/int32/... tensor holding a copy of `values`.
+  template <typename T>
+  static Tensor from_vector(const Shape& shape, const std::vector<T>& values);
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  Device device() const;
+  Elements numel() const { return shape_.numel(); }
+  Bytes nbytes() const { return storage_bytes(dtype_, numel()); }
+
+  void* raw_data();
+  const void* raw_data() const;
+  // Typed pointer; checks that T matches the dtype. Use raw_data() for bf16/fp8 bit patterns.
+  template <typename T>
+  T* data() {
+    check_dtype(DTypeOf<T>::value);
+    return static_cast<T*>(raw_data());
+  }
+  template <typename T>
+  const T* data() const {
+    check_dtype(DTypeOf<T>::value);
+    return static_cast<const T*>(raw_data());
+  }
+
+  // Same storage, new shape with the same element count.
+  Tensor view(const Shape& shape) const;
+  // Rows [begin, end) of the outermost dimension, sharing storage.
+  Tensor slice_rows(int64_t begin, int64_t end) const;
+  // Deep copy onto `device` (synchronous for device->host so the result is readable).
+  Tensor to(Device device) const;
+  Tensor clone() const { return to(device()); }
+  // Copies `src` (same dtype and element count) into this tensor's memory.
+  void copy_from(const Tensor& src);
+  // Sets every byte to zero.
+  void zero_();
+  // Host-side copy of the elements as float32/int32/...; copies from the device when needed.
+  template <typename T>
+  std::vector<T> to_vector() const;
+
+  std::string describe() const;  // "float32[4, 128] on cpu"
+
+ private:
+  void check_dtype(DType expected) const;
+
+  std::shared_ptr<Storage> storage_;
+  int64_t byte_offset_ = 0;
+  DType dtype_ = DType::kFloat32;
+  Shape shape_;
+};
+
+// Copies `n` bytes between any two devices on the current rank's stream; host destinations are
+// synchronised before return.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, Bytes n);
+
+template <typename T>
+Tensor Tensor::from_vector(const Shape& shape, const std::vector<T>& values) {
+  MP_CHECK(static_cast<int64_t>(values.size()) == shape.numel().value,
+           "from_vector: {} values for shape {}", values.size(), shape.str());
+  Tensor t = empty(shape, DTypeOf<T>::value, Device::cpu());
+  std::copy(values.begin(), values.end(), t.data<T>());
+  return t;
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor host = device().is_cpu() ? *this : to(Device::cpu());
+  const T* p = host.data<T>();
+  return std::vector<T>(p, p + numel().value);
+}
+
+}  // namespace meshproof::kernels

@@ -1,0 +1,20 @@
+// Versions and availability of the communication libraries this build links (NCCL, MPI).
+#pragma once
+
+#include <string>
+
+namespace meshproof::mesh {
+
+struct CommLibraries {
+  bool nccl_compiled = false;
+  std::string nccl_version;  // "2.27.7", or "" when not compiled
+  bool mpi_compiled = false;
+  std::string mpi_version;   // MPI standard version, e.g. "3.1"
+  std::string mpi_library;   // the implementation's own version line, e.g. "Open MPI v4.1.4 ..."
+  bool mpi_launched = false;  // this process was started by mpirun/srun (rank env vars present)
+};
+
+// Safe to call without MPI_Init and without a GPU.
+CommLibraries comm_libraries();
+
+}  // namespace meshproof::mesh
