@@ -47,6 +47,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   app.fallthrough(false);
 
   int exit_code = kExitOk;
+  // One line per verb; each verb's options and callback live with its harness function.
   add_env_command(app, out, exit_code);
 
   try {

@@ -1,0 +1,60 @@
+// A quantized tensor: the recipe travels with the data (TransformerEngine's design). It carries a
+// rowwise copy and/or a columnwise copy, each with its own scale_inv, plus the amax that produced
+// the scale and the scaling mode. Decoding: x ~= data * scale_inv (per element's block/tensor).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "kernels/tensor.h"
+
+namespace meshproof::kernels {
+
+enum class ScalingMode : uint8_t {
+  kDelayedTensor,  // per-tensor scale from the amax history (DelayedScaling)
+  kCurrentTensor,  // per-tensor scale from this tensor's amax (Float8CurrentScaling)
+  kMxfp8,          // 1x32 (rowwise) / 32x1 (columnwise) blocks, E8M0 scales (MXFP8BlockScaling)
+  kBlock1x128,     // 1x128 blocks, fp32 power-of-2 scales (Float8BlockScaling activations/grads)
+  kBlock128x128,   // 128x128 blocks, fp32 power-of-2 scales (Float8BlockScaling weights)
+  kNvfp4,          // reserved: 1x16 E2M1 blocks with E4M3 scales (later issue)
+};
+
+std::string_view scaling_mode_name(ScalingMode m);
+
+// Which copies to produce: rowwise for fprop operands, columnwise for dgrad/wgrad operands.
+struct Usage {
+  bool rowwise = true;
+  bool columnwise = false;
+};
+
+struct QuantizedTensor {
+  ScalingMode mode = ScalingMode::kCurrentTensor;
+  DType format = DType::kE4M3;  // element format of the data copies (e4m3, e5m2; e2m1 later)
+  Shape logical_shape;          // [M, K]: leading dims flattened into M
+
+  // Rowwise copy, blocks along K (the last dim).
+  //   data:      format  [M, K]
+  //   scale_inv: per-tensor float32 [1]; mxfp8 e8m0 [M, K/32] (compact);
+  //              block1x128 float32 [M, ceil(K/128)]; block128x128 float32 [ceil(M/128), ceil(K/128)]
+  Tensor rowwise_data;
+  Tensor rowwise_scale_inv;
+
+  // Columnwise copy, blocks along M (what a GEMM needs when it consumes the operand transposed).
+  //   per-tensor and block modes: the TRANSPOSE, format [K, M] (Hopper FP8 GEMMs take only TN),
+  //     scale_inv: per-tensor float32 [1]; block1x128 float32 [K, ceil(M/128)] (1x128 blocks of
+  //     the transpose); block128x128 float32 [ceil(K/128), ceil(M/128)]
+  //   mxfp8: NOT transposed, format [M, K] with 32x1 blocks, scale_inv e8m0 [M/32, K] (compact)
+  Tensor columnwise_data;
+  Tensor columnwise_scale_inv;
+
+  Tensor amax;   // float32 [1]: the (reduced) amax the per-tensor scale came from; undefined for
+                 // block modes
+  Tensor scale;  // float32 [1]: per-tensor scale used (1/scale_inv); undefined for block modes
+
+  bool has_rowwise() const { return rowwise_data.defined(); }
+  bool has_columnwise() const { return columnwise_data.defined(); }
+  int64_t rows() const { return logical_shape.leading(); }  // M
+  int64_t cols() const { return logical_shape.last(); }     // K
+};
+
+}  // namespace meshproof::kernels
