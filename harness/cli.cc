@@ -1,8 +1,9 @@
 #include "harness/cli.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+
+#include <CLI/CLI.hpp>
 
 #include "harness/env_verb.h"
 #include "harness/exit_codes.h"

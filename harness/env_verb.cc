@@ -41,7 +41,8 @@ reports::EnvironmentRecord collect_environment() {
   env.mpi_library = comm.mpi_library;
   env.mpi_launched = comm.mpi_launched;
   for (const kernels::GpuInfo& g : cuda.gpus) {
-    env.gpus.push_back(reports::GpuRecord{g.index, g.name, fmt::format("{}.{}", g.cc_major, g.cc_minor),
+    env.gpus.push_back(reports::GpuRecord{g.index, g.name,
+                                          fmt::format("{}.{}", g.cc_major, g.cc_minor),
                                           g.total_memory.value, g.sm_count});
   }
   return env;

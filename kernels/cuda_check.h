@@ -8,28 +8,28 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
-#define MP_CUDA_CHECK(expr)                                                                     \
-  do {                                                                                          \
-    const cudaError_t mp_status_ = (expr);                                                      \
-    if (mp_status_ != cudaSuccess) [[unlikely]] {                                               \
-      ::meshproof::kernels::throw_error(                                                        \
-          ::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, #expr,                 \
-          ::fmt::format("CUDA error {}: {}", cudaGetErrorName(mp_status_),                      \
-                        cudaGetErrorString(mp_status_)));                                       \
-    }                                                                                           \
+#define MP_CUDA_CHECK(expr)                                                     \
+  do {                                                                          \
+    const cudaError_t mp_status_ = (expr);                                      \
+    if (mp_status_ != cudaSuccess) [[unlikely]] {                               \
+      ::meshproof::kernels::throw_error(                                        \
+          ::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, #expr, \
+          ::fmt::format("CUDA error {}: {}", cudaGetErrorName(mp_status_),      \
+                        cudaGetErrorString(mp_status_)));                       \
+    }                                                                           \
   } while (0)
 
 // Checks the last kernel launch (configuration errors surface here, execution errors later).
 #define MP_CUDA_CHECK_LAUNCH() MP_CUDA_CHECK(cudaGetLastError())
 
-#define MP_CUBLAS_CHECK(expr)                                                                   \
-  do {                                                                                          \
-    const cublasStatus_t mp_status_ = (expr);                                                   \
-    if (mp_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                                     \
-      ::meshproof::kernels::throw_error(                                                        \
-          ::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, #expr,                 \
-          ::fmt::format("cuBLAS error {}: {}", cublasGetStatusName(mp_status_),                 \
-                        cublasGetStatusString(mp_status_)));                                    \
-    }                                                                                           \
+#define MP_CUBLAS_CHECK(expr)                                                   \
+  do {                                                                          \
+    const cublasStatus_t mp_status_ = (expr);                                   \
+    if (mp_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                     \
+      ::meshproof::kernels::throw_error(                                        \
+          ::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, #expr, \
+          ::fmt::format("cuBLAS error {}: {}", cublasGetStatusName(mp_status_), \
+                        cublasGetStatusString(mp_status_)));                    \
+    }                                                                           \
   } while (0)
 #endif

@@ -32,8 +32,8 @@ CudaStatus probe() {
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
-    s.gpus.push_back(GpuInfo{i, p.name, p.major, p.minor, Bytes(static_cast<int64_t>(p.totalGlobalMem)),
-                             p.multiProcessorCount});
+    s.gpus.push_back(GpuInfo{i, p.name, p.major, p.minor,
+                             Bytes(static_cast<int64_t>(p.totalGlobalMem)), p.multiProcessorCount});
   }
   s.usable = !s.gpus.empty();
   if (!s.usable) s.reason = "no device properties could be read";

@@ -22,11 +22,11 @@ struct GpuInfo {
 };
 
 struct CudaStatus {
-  bool compiled = false;     // built with the CUDA backend
-  bool usable = false;       // a driver and at least one device are present
-  std::string reason;        // why not usable (empty when usable)
-  int runtime_version = 0;   // cudart, e.g. 13000
-  int driver_version = 0;    // highest CUDA version the driver supports, 0 if no driver
+  bool compiled = false;    // built with the CUDA backend
+  bool usable = false;      // a driver and at least one device are present
+  std::string reason;       // why not usable (empty when usable)
+  int runtime_version = 0;  // cudart, e.g. 13000
+  int driver_version = 0;   // highest CUDA version the driver supports, 0 if no driver
   size_t cublaslt_version = 0;
   std::vector<GpuInfo> gpus;
 };

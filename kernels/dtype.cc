@@ -43,9 +43,10 @@ DType parse_dtype(std::string_view name, std::string_view what) {
   for (const auto& i : kInfo) {
     if (i.name == name) return i.type;
   }
-  MP_FAIL_INPUT("{}: unknown dtype '{}' (expected one of float32, float64, bfloat16, float16, e4m3, "
-                "e5m2, e8m0, e2m1, int32, int64, uint8)",
-                what, name);
+  MP_FAIL_INPUT(
+      "{}: unknown dtype '{}' (expected one of float32, float64, bfloat16, float16, e4m3, "
+      "e5m2, e8m0, e2m1, int32, int64, uint8)",
+      what, name);
 }
 
 bool is_fp8(DType t) { return t == DType::kE4M3 || t == DType::kE5M2; }

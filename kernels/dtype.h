@@ -11,13 +11,13 @@ namespace meshproof::kernels {
 
 enum class DType : uint8_t {
   kFloat32,
-  kFloat64,   // reference math and finite-difference checks only
+  kFloat64,  // reference math and finite-difference checks only
   kBFloat16,
   kFloat16,
-  kE4M3,      // FP8 "fn": max 448, no inf, NaN 0x7F/0xFF
-  kE5M2,      // FP8: max 57344, inf 0x7C
-  kE8M0,      // exponent-only scale, bias 127, 0xFF NaN
-  kE2M1,      // FP4, packed two per byte (low nibble = even element)
+  kE4M3,  // FP8 "fn": max 448, no inf, NaN 0x7F/0xFF
+  kE5M2,  // FP8: max 57344, inf 0x7C
+  kE8M0,  // exponent-only scale, bias 127, 0xFF NaN
+  kE2M1,  // FP4, packed two per byte (low nibble = even element)
   kInt32,
   kInt64,
   kUInt8,

@@ -41,28 +41,28 @@ class Error : public std::runtime_error {
 }  // namespace meshproof::kernels
 
 // MP_CHECK(cond, "format {}", args...): internal invariant or runtime failure (exit 3).
-#define MP_CHECK(cond, ...)                                                                   \
-  do {                                                                                        \
-    if (!(cond)) [[unlikely]] {                                                               \
+#define MP_CHECK(cond, ...)                                                                  \
+  do {                                                                                       \
+    if (!(cond)) [[unlikely]] {                                                              \
       ::meshproof::kernels::throw_error(::meshproof::kernels::ErrorKind::kRuntime, __FILE__, \
-                                        __LINE__, #cond, ::fmt::format(__VA_ARGS__));         \
-    }                                                                                         \
+                                        __LINE__, #cond, ::fmt::format(__VA_ARGS__));        \
+    }                                                                                        \
   } while (0)
 
 // MP_CHECK_INPUT(cond, "format {}", args...): the user's input is wrong (exit 2). The message must
 // name what is wrong: the file, line and key, or the tensor and its shape.
-#define MP_CHECK_INPUT(cond, ...)                                                           \
-  do {                                                                                      \
-    if (!(cond)) [[unlikely]] {                                                             \
+#define MP_CHECK_INPUT(cond, ...)                                                          \
+  do {                                                                                     \
+    if (!(cond)) [[unlikely]] {                                                            \
       ::meshproof::kernels::throw_error(::meshproof::kernels::ErrorKind::kInput, __FILE__, \
-                                        __LINE__, #cond, ::fmt::format(__VA_ARGS__));       \
-    }                                                                                       \
+                                        __LINE__, #cond, ::fmt::format(__VA_ARGS__));      \
+    }                                                                                      \
   } while (0)
 
 // Unconditional failures, for switch defaults and parse errors.
-#define MP_FAIL(...)                                                                       \
-  ::meshproof::kernels::throw_error(::meshproof::kernels::ErrorKind::kRuntime, __FILE__, \
-                                    __LINE__, "", ::fmt::format(__VA_ARGS__))
-#define MP_FAIL_INPUT(...)                                                               \
-  ::meshproof::kernels::throw_error(::meshproof::kernels::ErrorKind::kInput, __FILE__, \
-                                    __LINE__, "", ::fmt::format(__VA_ARGS__))
+#define MP_FAIL(...)                                                                               \
+  ::meshproof::kernels::throw_error(::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, \
+                                    "", ::fmt::format(__VA_ARGS__))
+#define MP_FAIL_INPUT(...)                                                                       \
+  ::meshproof::kernels::throw_error(::meshproof::kernels::ErrorKind::kInput, __FILE__, __LINE__, \
+                                    "", ::fmt::format(__VA_ARGS__))

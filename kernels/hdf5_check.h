@@ -14,13 +14,13 @@ void silence_hdf5_errors();
 
 // MP_HDF5(kind, expr, "context {}", args...): evaluates expr; on H5::Exception throws with `kind`
 // (kInput for a missing or malformed user file, kRuntime for write failures).
-#define MP_HDF5(kind, expr, ...)                                                         \
-  [&]() -> decltype(auto) {                                                              \
-    try {                                                                                \
-      return (expr);                                                                     \
-    } catch (const H5::Exception& mp_e_) {                                               \
-      ::meshproof::kernels::throw_error(                                                 \
-          ::meshproof::kernels::ErrorKind::kind, __FILE__, __LINE__, #expr,              \
+#define MP_HDF5(kind, expr, ...)                                                           \
+  [&]() -> decltype(auto) {                                                                \
+    try {                                                                                  \
+      return (expr);                                                                       \
+    } catch (const H5::Exception& mp_e_) {                                                 \
+      ::meshproof::kernels::throw_error(                                                   \
+          ::meshproof::kernels::ErrorKind::kind, __FILE__, __LINE__, #expr,                \
           ::fmt::format("{}: HDF5 {}", ::fmt::format(__VA_ARGS__), mp_e_.getDetailMsg())); \
-    }                                                                                    \
+    }                                                                                      \
   }()

@@ -35,7 +35,8 @@ struct QuantizedTensor {
   // Rowwise copy, blocks along K (the last dim).
   //   data:      format  [M, K]
   //   scale_inv: per-tensor float32 [1]; mxfp8 e8m0 [M, K/32] (compact);
-  //              block1x128 float32 [M, ceil(K/128)]; block128x128 float32 [ceil(M/128), ceil(K/128)]
+  //              block1x128 float32 [M, ceil(K/128)]; block128x128 float32 [ceil(M/128),
+  //              ceil(K/128)]
   Tensor rowwise_data;
   Tensor rowwise_scale_inv;
 

@@ -9,8 +9,8 @@ struct CommLibraries {
   bool nccl_compiled = false;
   std::string nccl_version;  // "2.27.7", or "" when not compiled
   bool mpi_compiled = false;
-  std::string mpi_version;   // MPI standard version, e.g. "3.1"
-  std::string mpi_library;   // the implementation's own version line, e.g. "Open MPI v4.1.4 ..."
+  std::string mpi_version;    // MPI standard version, e.g. "3.1"
+  std::string mpi_library;    // the implementation's own version line, e.g. "Open MPI v4.1.4 ..."
   bool mpi_launched = false;  // this process was started by mpirun/srun (rank env vars present)
 };
 

@@ -12,9 +12,10 @@ nlohmann::json to_json(const EnvironmentRecord& env) {
                     {"sm_count", g.sm_count}});
   }
   return {
-      {"meshproof", {{"version", env.meshproof_version},
-                     {"git_commit", env.git_commit},
-                     {"build_type", env.build_type}}},
+      {"meshproof",
+       {{"version", env.meshproof_version},
+        {"git_commit", env.git_commit},
+        {"build_type", env.build_type}}},
       {"host", env.host},
       {"backends_compiled", env.backends_compiled},
       {"active_backend", env.active_backend},

@@ -34,9 +34,7 @@ TEST(CliTest, UnknownFlagIsUsageErrorWithExit2) {
   EXPECT_NE(r.err.find("Usage"), std::string::npos) << r.err;
 }
 
-TEST(CliTest, UnknownVerbIsUsageError) {
-  EXPECT_EQ(run({"frobnicate"}).code, kExitBadInput);
-}
+TEST(CliTest, UnknownVerbIsUsageError) { EXPECT_EQ(run({"frobnicate"}).code, kExitBadInput); }
 
 TEST(CliTest, NoVerbIsUsageError) { EXPECT_EQ(run({}).code, kExitBadInput); }
 

@@ -8,9 +8,9 @@ namespace meshproof::kernels {
 namespace {
 
 TEST(DTypeTest, NamesRoundTrip) {
-  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16, DType::kE4M3,
-                  DType::kE5M2, DType::kE8M0, DType::kE2M1, DType::kInt32, DType::kInt64,
-                  DType::kUInt8}) {
+  for (DType t :
+       {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16, DType::kE4M3,
+        DType::kE5M2, DType::kE8M0, DType::kE2M1, DType::kInt32, DType::kInt64, DType::kUInt8}) {
     EXPECT_EQ(parse_dtype(dtype_name(t), "test"), t);
   }
 }
