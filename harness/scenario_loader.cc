@@ -625,7 +625,8 @@ struct Resolver {
     t.min_lr = ts.number("min_lr", 0.0, 0.0, t.lr);
     if (t.schedule == Schedule::kConstant) {
       for (const char* key : {"warmup_steps", "min_lr"}) {
-        if (ts.has(key)) bad(ts.child(key), "only applies to schedule warmup_cosine");
+        if (ts.has(key))
+          fail(ts.where(key), ts.child(key), "only applies to schedule warmup_cosine");
       }
     }
     t.weight_decay = ts.number("weight_decay", 0.0, 0.0, 10.0);
@@ -725,7 +726,9 @@ struct Resolver {
       }
       if (c.golden.mode == GoldenMode::kExact) {
         for (const char* key : {"rtol", "atol", "allowed_failing_steps"}) {
-          if (g.has(key)) bad(g.child(key), "only applies to mode tolerance (exact is bitwise)");
+          if (g.has(key)) {
+            fail(g.where(key), g.child(key), "only applies to mode tolerance (exact is bitwise)");
+          }
         }
       } else {
         c.golden.rtol = g.has("rtol") ? g.number("rtol", 0, 0, 1)
@@ -761,9 +764,8 @@ struct Resolver {
         c.resume.rtol = r.has("rtol") ? r.number("rtol", 0, 0, 1)
                                       : default_rtol(sc.recipe, nullptr, "checks.resume.rtol");
       } else if (r.has("rtol")) {
-        bad("checks.resume.rtol",
-            "only applies with a mesh override (a same-mesh resume is "
-            "bitwise)");
+        fail(r.where("rtol"), "checks.resume.rtol",
+             "only applies with a mesh override (a same-mesh resume is bitwise)");
       }
     }
 
