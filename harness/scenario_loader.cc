@@ -492,8 +492,7 @@ struct Resolver {
 
   // The shape rules a (mesh, recipe) pair imposes on the model and batch.
   void check_fits(const MeshConfig& m, const std::string& mesh_path, const RecipeConfig& r,
-                  const std::string& recipe_path, const ModelConfig& model,
-                  const TrainConfig& train) {
+                  const ModelConfig& model, const TrainConfig& train) {
     const std::string tp_path = mesh_path + ".tp";
     if (model.heads % m.tp != 0) {
       bad(tp_path, fmt::format("model.heads = {} is not divisible by tp = {}", model.heads, m.tp));
@@ -536,7 +535,6 @@ struct Resolver {
                      "seq_len{}{})",
                      m.sequence_parallel ? " / tp" : "",
                      mesh_path == "mesh" ? "" : fmt::format(" on {}", mesh_path)));
-    (void)recipe_path;
   }
 
   // Default relative tolerance for comparisons across meshes or recipes (DESIGN.md section 8:
@@ -668,7 +666,7 @@ struct Resolver {
     sc.checkpoint.every = cs.integer("every", 0, 0, t.steps);
     sc.checkpoint.keep_last = cs.integer("keep_last", 2, 1, 1000000);
 
-    check_fits(sc.mesh, "mesh", sc.recipe, "recipe", model, t);
+    check_fits(sc.mesh, "mesh", sc.recipe, model, t);
     read_checks(top.get("checks"), sc);
     read_faults(top.get("faults"), sc);
 
@@ -760,7 +758,7 @@ struct Resolver {
       }
       if (r.has("mesh")) {
         c.resume.mesh = read_mesh(r.get("mesh"), "checks.resume.mesh", r.where("mesh"));
-        check_fits(*c.resume.mesh, "checks.resume.mesh", sc.recipe, "recipe", sc.model, t);
+        check_fits(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model, t);
         c.resume.rtol = r.has("rtol") ? r.number("rtol", 0, 0, 1)
                                       : default_rtol(sc.recipe, nullptr, "checks.resume.rtol");
       } else if (r.has("rtol")) {
@@ -789,7 +787,7 @@ struct Resolver {
         bad("checks.reference", "the reference mesh and recipe equal the scenario's own");
       }
       check_fits(ref_mesh, c.reference.mesh ? "checks.reference.mesh" : "mesh", ref_recipe,
-                 c.reference.recipe ? "checks.reference.recipe" : "recipe", sc.model, t);
+                 sc.model, t);
       const Value* tol = r.get("rtol");
       if (tol != nullptr && tol->kind == Value::kMap) {
         Section ts(tol, "checks.reference.rtol", tol->where, locs, {"loss", "grad_norm"});
