@@ -1,0 +1,467 @@
+// Scenario schema and strict loader: exact error messages for every error class, --set
+// overrides, matrix expansion (names, counts, order), defaults, the canonical hash, the fault
+// catalog, the starter library and the `validate` verb.
+#include "harness/scenario_loader.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness/cli.h"
+#include "harness/exit_codes.h"
+#include "harness/scenario.h"
+#include "harness/scenario_faults.h"
+#include "harness/validate_verb.h"
+#include "kernels/error.h"
+
+namespace meshproof::harness {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path source_dir() {
+  if (const char* env = std::getenv("MESHPROOF_SOURCE_DIR")) return env;
+  return MESHPROOF_SOURCE_DIR_DEFAULT;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The kInput message of loading `yaml`, or "" when it loads.
+std::string load_error(const std::string& yaml, const std::vector<std::string>& sets = {},
+                       const std::string& source = "x.yaml") {
+  try {
+    std::vector<Override> overrides;
+    for (const std::string& s : sets) overrides.push_back(parse_override(s));
+    load_scenario_text(yaml, source, overrides);
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput) << e.what();
+    return e.message();
+  }
+  return "";
+}
+
+Scenario load_one(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  std::vector<Override> overrides;
+  for (const std::string& s : sets) overrides.push_back(parse_override(s));
+  std::vector<Scenario> all = load_scenario_text(yaml, "x.yaml", overrides);
+  EXPECT_EQ(all.size(), 1u);
+  return all.at(0);
+}
+
+std::vector<std::string> names_of(const std::vector<Scenario>& v) {
+  std::vector<std::string> names;
+  for (const Scenario& s : v) names.push_back(s.name);
+  return names;
+}
+
+// ---- error classes, data-driven: tests/harness/scenario/bad/*.yaml carry their expected message.
+
+// The bad-scenario files live next to this test; a GPU bundle that did not copy them skips.
+fs::path bad_dir() { return source_dir() / "tests/harness/scenario/bad"; }
+#define SKIP_WITHOUT_BAD_DIR()                                                               \
+  if (!fs::is_directory(bad_dir())) {                                                        \
+    GTEST_SKIP() << bad_dir() << " is not present (set MESHPROOF_SOURCE_DIR to a checkout)"; \
+  }
+
+TEST(ScenarioErrors, EveryBadFileGivesItsExactMessage) {
+  SKIP_WITHOUT_BAD_DIR();
+  const fs::path dir = bad_dir();
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    const std::string text = read_text(entry.path());
+    const std::string name = "bad/" + entry.path().filename().string();
+    std::string expected;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("# expect: ", 0) == 0) expected = line.substr(10);
+    }
+    ASSERT_FALSE(expected.empty()) << name << " has no '# expect:' header";
+    for (size_t pos; (pos = expected.find("${FILE}")) != std::string::npos;) {
+      expected.replace(pos, 7, name);
+    }
+    EXPECT_EQ(load_error(text, {}, name), expected) << name;
+    ++count;
+  }
+  // One file per error class listed in docs/scenarios.md; a lost file would shrink coverage.
+  EXPECT_GE(count, 25);
+}
+
+TEST(ScenarioErrors, UnknownKeyWithoutCloseMatchListsAllowedKeys) {
+  EXPECT_EQ(load_error("data:\n  flavour: markov\n"),
+            "x.yaml:2:3: data.flavour: unknown key (allowed: kind, order, seed)");
+}
+
+TEST(ScenarioErrors, MessagesAreLocatedOneBased) {
+  // Line 1 column 1 is the first character of the file.
+  EXPECT_EQ(load_error("bogus: 1\n"),
+            "x.yaml:1:1: bogus: unknown key (allowed: name, description, "
+            "model, mesh, recipe, fsdp, train, data, backend, launcher, "
+            "requires_gpu, checkpoint, checks, faults, expect, matrix)");
+}
+
+TEST(ScenarioErrors, DocumentMustBeAMapping) {
+  EXPECT_EQ(load_error("- a\n- b\n"),
+            "x.yaml:1:1: scenario: expected a mapping of keys, got a sequence");
+  EXPECT_EQ(load_error(""), "x.yaml:1:1: scenario: expected a mapping of keys, got nothing (null)");
+}
+
+TEST(ScenarioErrors, ConsistencyRules) {
+  // sequence parallelism splits the sequence over tp
+  EXPECT_EQ(load_error("model: {seq_len: 31}\nmesh: {tp: 2, sequence_parallel: true}\n"),
+            "x.yaml:2:34: mesh.sequence_parallel: model.seq_len = 31 is not divisible by tp = 2");
+  // a warmup longer than the run
+  EXPECT_EQ(load_error("train: {steps: 4, schedule: warmup_cosine, warmup_steps: 5}\n"),
+            "x.yaml:1:58: train.warmup_steps: must be in [0, 4], got 5");
+  EXPECT_EQ(load_error("train: {warmup_steps: 2}\n"),
+            "x.yaml:1:23: train.warmup_steps: only applies to schedule warmup_cosine");
+  EXPECT_EQ(load_error("backend: cpu\nrequires_gpu: true\n"),
+            "x.yaml:2:15: requires_gpu: true contradicts backend: cpu");
+  EXPECT_EQ(load_error("checks: {golden: {rtol: 0.1}}\n"),
+            "x.yaml:1:25: checks.golden.rtol: only applies to mode tolerance (exact is bitwise)");
+  EXPECT_EQ(load_error("recipe: mxfp8\nchecks: {golden: {mode: tolerance}}\n"),
+            "x.yaml:2:18: checks.golden.rtol: required: FP8 recipes have no default tolerance "
+            "(DESIGN.md section 8); give a measured bound");
+  EXPECT_EQ(load_error("checks: {resume: {rtol: 0.1}}\n"),
+            "x.yaml:1:25: checks.resume.rtol: only applies with a mesh override (a same-mesh "
+            "resume is bitwise)");
+  EXPECT_EQ(
+      load_error("checks: {reference: {}}\n"),
+      "x.yaml:1:21: checks.reference: needs a mesh and/or recipe override to compare against");
+  EXPECT_EQ(load_error("checks: {allgather_parity: true}\n"),
+            "x.yaml:1:28: checks.allgather_parity: needs fsdp.fp8_all_gather: true");
+  EXPECT_EQ(load_error("model: {vocab: 5000}\ndata: {order: 2}\n"),
+            "x.yaml:2:15: data.order: an order-2 Markov chain over vocab 5000 needs 5000^3 "
+            "transition entries, more than 2^24");
+  // the resume target mesh must fit the model too
+  EXPECT_EQ(load_error("checks: {resume: {mesh: {tp: 3}}}\n"),
+            "x.yaml:1:30: checks.resume.mesh.tp: model.heads = 4 is not divisible by tp = 3");
+  EXPECT_EQ(load_error("train: {steps: 1}\nchecks: {resume: true}\n"),
+            "x.yaml:2:18: checks.resume: needs train.steps >= 2 to stop and resume, got 1");
+}
+
+TEST(ScenarioErrors, FaultWithExpectPassIsRejected) {
+  EXPECT_EQ(load_error("checks: {resume: true}\nfaults: [data_cursor_not_restored]\n"),
+            "x.yaml:2:9: faults: a scenario with injected faults must say expect: caught");
+}
+
+// ---- overrides
+
+TEST(ScenarioOverrides, ErrorsNameTheOverride) {
+  EXPECT_EQ(load_error("name: q\n", {"mesh.tp=two"}),
+            "--set mesh.tp=two: mesh.tp: expected an integer, got 'two'");
+  EXPECT_EQ(load_error("name: q\n", {"mesh.tpp=2"}),
+            "--set mesh.tpp=2: mesh.tpp: unknown key; did you mean 'tp'?");
+  EXPECT_EQ(load_error("name: q\n", {"name.x=1"}),
+            "--set name.x=1: name: is 'q', not a mapping: cannot set 'x' inside it");
+  EXPECT_EQ(load_error("name: q\n", {"mesh.tp=[1"}),
+            "--set mesh.tp=[1: mesh.tp: cannot parse the value as YAML: end of sequence flow not "
+            "found");
+  EXPECT_EQ(load_error("name: q\n", {"mesh.tp="}),
+            "--set mesh.tp=: mesh.tp: expected a value after '='");
+  // a consistency error caused by an override points at the override
+  EXPECT_EQ(load_error("name: q\n", {"mesh.tp=3"}),
+            "--set mesh.tp=3: mesh.tp: model.heads = 4 is not divisible by tp = 3");
+}
+
+TEST(ScenarioOverrides, MalformedOverrideText) {
+  EXPECT_EQ(load_error("name: q\n", {"mesh.tp"}), "--set mesh.tp: expected KEY.PATH=VALUE");
+  EXPECT_EQ(load_error("name: q\n", {"mesh..tp=2"}),
+            "--set mesh..tp=2: mesh..tp: malformed key path (expected names joined by '.')");
+  EXPECT_EQ(load_error("name: q\n", {"=2"}),
+            "--set =2: (empty): malformed key path (expected names joined by '.')");
+}
+
+TEST(ScenarioOverrides, ValuesAreAppliedAsYaml) {
+  const Scenario s = load_one("name: q\nmesh: {dp_shard: 2}\ntrain: {steps: 8}\n",
+                              {"train.steps=12", "mesh={tp: 2}", "recipe=current",
+                               "recipe.margin=3", "train.lr=2e-3", "fsdp.fp8_all_gather=true"});
+  EXPECT_EQ(s.train.steps, 12);
+  EXPECT_EQ(s.mesh.dp_shard, 2);  // a mapping merges into the existing one
+  EXPECT_EQ(s.mesh.tp, 2);
+  EXPECT_EQ(s.recipe.name, RecipeKind::kCurrent);  // the recipe shorthand works in --set too
+  EXPECT_EQ(s.recipe.margin, 3);
+  EXPECT_DOUBLE_EQ(s.train.lr, 2e-3);
+  EXPECT_TRUE(s.fsdp.fp8_all_gather);
+}
+
+TEST(ScenarioOverrides, SetWinsOverMatrixAndCanEditTheMatrix) {
+  const std::string yaml = "name: m\nmatrix:\n  recipe: [bf16, mxfp8]\n";
+  const std::vector<Scenario> pinned =
+      load_scenario_text(yaml, "m.yaml", {parse_override("recipe=fp32")});
+  ASSERT_EQ(pinned.size(), 2u);
+  for (const Scenario& s : pinned) EXPECT_EQ(s.recipe.name, RecipeKind::kFp32);
+  const std::vector<Scenario> edited = load_scenario_text(
+      yaml, "m.yaml", {parse_override("matrix.recipe=[delayed, current, block]")});
+  EXPECT_EQ(names_of(edited), (std::vector<std::string>{"m[recipe=delayed]", "m[recipe=current]",
+                                                        "m[recipe=block]"}));
+}
+
+// ---- matrix
+
+TEST(ScenarioMatrix, CartesianProductInFileOrderLastKeyFastest) {
+  const std::vector<Scenario> v = load_scenario_text(
+      "name: grid\nmatrix:\n  mesh: [{dp_shard: 4}, {dp_shard: 2, tp: 2}]\n  recipe: [bf16, "
+      "mxfp8]\n  fsdp: [{reshard_after_forward: false}]\n",
+      "grid.yaml");
+  EXPECT_EQ(names_of(v),
+            (std::vector<std::string>{
+                "grid[mesh=dp_shard4,recipe=bf16,fsdp=no_reshard_after_forward]",
+                "grid[mesh=dp_shard4,recipe=mxfp8,fsdp=no_reshard_after_forward]",
+                "grid[mesh=dp_shard2_tp2,recipe=bf16,fsdp=no_reshard_after_forward]",
+                "grid[mesh=dp_shard2_tp2,recipe=mxfp8,fsdp=no_reshard_after_forward]"}));
+  EXPECT_EQ(v[2].mesh.dp_shard, 2);
+  EXPECT_EQ(v[2].mesh.tp, 2);
+  EXPECT_EQ(v[1].recipe.name, RecipeKind::kMxfp8);
+  EXPECT_EQ(v[1].recipe.fp8_format, Fp8Format::kE4M3);  // the mxfp8 default
+  EXPECT_FALSE(v[3].fsdp.reshard_after_forward);
+  EXPECT_EQ(v[3].base_name, "grid");
+  ASSERT_EQ(v[3].matrix_labels.size(), 3u);
+  EXPECT_EQ(v[3].matrix_labels[0], (std::pair<std::string, std::string>{"mesh", "dp_shard2_tp2"}));
+  // every entry hashes differently
+  std::set<uint64_t> hashes;
+  for (const Scenario& s : v) hashes.insert(scenario_hash(s));
+  EXPECT_EQ(hashes.size(), v.size());
+}
+
+TEST(ScenarioMatrix, DottedKeysAndMergeIntoBase) {
+  const std::vector<Scenario> v = load_scenario_text(
+      "name: acc\nmesh: {dp_shard: 2, tp: 2}\ntrain: {global_batch: 16}\nmatrix:\n"
+      "  train.micro_batches: [1, 2, 4]\n  mesh: [{dp_shard: 1}, {}]\n",
+      "acc.yaml");
+  ASSERT_EQ(v.size(), 6u);
+  EXPECT_EQ(v[0].name, "acc[train.micro_batches=1,mesh=dp_shard1]");
+  EXPECT_EQ(v[1].name, "acc[train.micro_batches=1,mesh=]");
+  EXPECT_EQ(v[0].mesh.tp, 2);  // merged: tp comes from the base mesh
+  EXPECT_EQ(v[0].mesh.dp_shard, 1);
+  EXPECT_EQ(v[5].train.micro_batches, 4);
+  EXPECT_EQ(v[5].train.global_batch, 16);
+}
+
+TEST(ScenarioMatrix, Errors) {
+  EXPECT_EQ(load_error("matrix:\n  recipe: []\n"),
+            "x.yaml:2:11: matrix.recipe: expected a non-empty list of values, got a sequence");
+  EXPECT_EQ(load_error("matrix:\n  recipe: [bf16, bf16]\n"),
+            "x.yaml:2:18: matrix.recipe[1]: duplicate matrix entry 'bf16'");
+  EXPECT_EQ(load_error("matrix: [1]\n"), "x.yaml:1:9: matrix: expected a mapping, got a sequence");
+  EXPECT_EQ(load_error("matrix:\n  name: [a, b]\n"),
+            "x.yaml:2:3: matrix.name: unknown key (allowed: model, mesh, recipe, fsdp, train, "
+            "data, backend, launcher, requires_gpu, checkpoint, checks, faults, expect)");
+}
+
+TEST(ScenarioMatrix, NoMatrixKeepsThePlainName) {
+  const Scenario s = load_one("name: plain\n");
+  EXPECT_EQ(s.name, "plain");
+  EXPECT_TRUE(s.matrix_labels.empty());
+}
+
+// ---- defaults
+
+TEST(ScenarioDefaults, EmptyDocumentGetsTheDocumentedDefaults) {
+  const std::vector<Scenario> v = load_scenario_text("{}\n", "dir/my_run.yaml");
+  ASSERT_EQ(v.size(), 1u);
+  const Scenario& s = v[0];
+  EXPECT_EQ(s.name, "my_run");  // the file stem
+  EXPECT_EQ(s.model.vocab, 256);
+  EXPECT_EQ(s.model.hidden, 64);
+  EXPECT_EQ(s.model.ffn, 256);  // 4 x hidden
+  EXPECT_EQ(s.mesh.world_size(), 1);
+  EXPECT_EQ(s.recipe.name, RecipeKind::kBf16);
+  EXPECT_EQ(s.recipe.amax_history_len, 1024);
+  EXPECT_TRUE(s.fsdp.reshard_after_forward);
+  EXPECT_EQ(s.train.steps, 8);
+  EXPECT_DOUBLE_EQ(s.train.beta2, 0.999);
+  EXPECT_EQ(s.backend, Backend::kAuto);
+  EXPECT_EQ(s.launcher, Launcher::kLocal);
+  EXPECT_EQ(s.expect, Expect::kPass);
+  EXPECT_TRUE(s.checks.enabled_names().empty());
+  EXPECT_TRUE(s.faults.empty());
+}
+
+TEST(ScenarioDefaults, RecipeDependentDefaultsAndCheckDefaults) {
+  EXPECT_TRUE(load_one("recipe: block\n").recipe.power_2_scale);
+  EXPECT_FALSE(load_one("recipe: current\n").recipe.power_2_scale);
+  EXPECT_EQ(load_one("recipe: delayed\n").recipe.fp8_format, Fp8Format::kHybrid);
+  const Scenario r = load_one("train: {steps: 10}\nchecks: {resume: true, golden: true}\n");
+  EXPECT_EQ(r.checks.resume.at_step, 5);  // steps / 2
+  EXPECT_FALSE(r.checks.resume.mesh.has_value());
+  EXPECT_EQ(r.checks.golden.mode, GoldenMode::kExact);
+  EXPECT_EQ(r.checks.golden.metrics, (std::vector<Metric>{Metric::kLoss, Metric::kGradNorm}));
+  // DESIGN.md section 8 bounds as defaults: bf16 1e-2 per step, fp32 1e-5
+  const Scenario x = load_one("recipe: bf16\nchecks: {resume: {mesh: {tp: 2}}}\n");
+  EXPECT_DOUBLE_EQ(x.checks.resume.rtol, 1e-2);
+  const Scenario ref = load_one("recipe: fp32\nchecks: {reference: {mesh: {dp_shard: 2}}}\n");
+  EXPECT_DOUBLE_EQ(ref.checks.reference.rtol.at(Metric::kLoss), 1e-5);
+  const Scenario per_metric = load_one(
+      "recipe: mxfp8\nchecks: {reference: {recipe: fp32, rtol: {loss: 0.05, grad_norm: 0.1}}}\n");
+  EXPECT_DOUBLE_EQ(per_metric.checks.reference.rtol.at(Metric::kGradNorm), 0.1);
+  EXPECT_EQ(per_metric.checks.reference.recipe->name, RecipeKind::kFp32);
+}
+
+TEST(ScenarioDefaults, FaultParamsResolvedFromTheCatalog) {
+  const Scenario s = load_one(
+      "recipe: delayed\nchecks: {golden: true, resume: true}\nfaults:\n"
+      "  - {name: stale_columnwise_copy, layer: 1}\n  - optimizer_state_not_restored\n"
+      "expect: caught\n");
+  ASSERT_EQ(s.faults.size(), 2u);
+  EXPECT_EQ(s.faults[0].int_params.at("layer"), 1);
+  EXPECT_EQ(s.faults[0].int_params.at("from_step"), 1);
+  EXPECT_EQ(s.faults[1].string_params.at("state"), "all");
+  EXPECT_EQ(load_error("recipe: delayed\nchecks: {golden: true}\nfaults:\n"
+                       "  - {name: stale_columnwise_copy, layer: 2}\nexpect: caught\n"),
+            "x.yaml:4:42: faults[0].layer: must be in [0, 1], got 2");
+}
+
+// ---- canonical form and hash
+
+TEST(ScenarioHash, StableUnderKeyOrderAndSpelledOutDefaults) {
+  const Scenario a = load_one(
+      "name: h\nmesh: {dp_shard: 2, tp: 2}\nrecipe: mxfp8\ntrain: {steps: 8, lr: 0.001}\n");
+  const Scenario b = load_one(
+      "train:\n  lr: 1.0e-3\n  steps: 8\n  micro_batches: 1\nrecipe:\n  fp8_format: e4m3\n"
+      "  name: mxfp8\nmesh:\n  tp: 2\n  dp_shard: 2\n  dp_replicate: 1\nname: h\n"
+      "description: commentary is not part of the hash\n");
+  EXPECT_EQ(canonical_text(a), canonical_text(b));
+  EXPECT_EQ(scenario_hash(a), scenario_hash(b));
+  EXPECT_EQ(scenario_hash_hex(a).size(), 16u);
+}
+
+TEST(ScenarioHash, ChangesWhenAValueChanges) {
+  const std::string base = "name: h\nmesh: {dp_shard: 2}\n";
+  const uint64_t h = scenario_hash(load_one(base));
+  EXPECT_NE(h, scenario_hash(load_one(base, {"train.seed=1235"})));
+  EXPECT_NE(h, scenario_hash(load_one(base, {"mesh.dp_shard=1"})));
+  EXPECT_NE(h, scenario_hash(load_one(base, {"train.lr=0.0010000001"})));
+  EXPECT_NE(h, scenario_hash(load_one(base, {"name=h2"})));
+  EXPECT_NE(h, scenario_hash(load_one(base, {"checks.determinism=true"})));
+}
+
+TEST(ScenarioHash, CanonicalTextIsSortedJson) {
+  const std::string text = canonical_text(load_one("name: c\n"));
+  // Sorted top-level keys: backend < checkpoint < checks < data < expect < ...
+  const size_t backend = text.find("\"backend\"");
+  const size_t checkpoint = text.find("\"checkpoint\"");
+  const size_t train = text.find("\"train\"");
+  ASSERT_NE(backend, std::string::npos);
+  EXPECT_LT(backend, checkpoint);
+  EXPECT_LT(checkpoint, train);
+  EXPECT_EQ(text.find("description"), std::string::npos);
+  EXPECT_EQ(text.find('\n'), std::string::npos);  // one line
+}
+
+// ---- fault catalog
+
+TEST(FaultCatalog, CoversTheDesignBugClasses) {
+  // DESIGN.md section 7 lists these bug classes; each must have a catalog entry.
+  for (const char* name :
+       {"amax_not_reduced", "tp_fsdp_left_to_right", "fp8_state_dropped_from_checkpoint",
+        "scale_inv_saved_bf16", "stale_columnwise_copy", "data_cursor_not_restored",
+        "optimizer_state_not_restored", "hsdp_replicas_not_reduced", "uneven_shard_padding_leak"}) {
+    const FaultInfo* f = find_fault(name);
+    ASSERT_NE(f, nullptr) << name;
+    EXPECT_FALSE(f->bug_class.empty()) << name;
+    EXPECT_FALSE(f->caught_by.empty()) << name;
+  }
+  EXPECT_EQ(find_fault("nope"), nullptr);
+}
+
+// ---- the starter library
+
+TEST(ScenarioLibrary, EveryFileValidatesAndEveryFaultHasACaughtScenario) {
+  const fs::path dir = source_dir() / "scenarios";
+  size_t files = 0, scenarios = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++files;
+    std::vector<Scenario> v;
+    ASSERT_NO_THROW(v = load_scenario_file(entry.path().string())) << entry.path();
+    scenarios += v.size();
+  }
+  EXPECT_GT(files, 10u);
+  EXPECT_GT(scenarios, files);  // matrices expand
+  for (const FaultInfo& f : fault_catalog()) {
+    const fs::path p = dir / "faults" / (f.name + ".yaml");
+    ASSERT_TRUE(fs::exists(p)) << p;
+    const std::vector<Scenario> v = load_scenario_file(p.string());
+    for (const Scenario& s : v) {
+      EXPECT_EQ(s.expect, Expect::kCaught) << s.name;
+      ASSERT_EQ(s.faults.size(), 1u) << s.name;
+      EXPECT_EQ(s.faults[0].name, f.name);
+    }
+  }
+  const std::vector<Scenario> q = load_scenario_file((dir / "quickstart.yaml").string());
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_EQ(q[0].mesh, (MeshConfig{2, 2, 2, false}));
+  EXPECT_EQ(q[0].recipe.name, RecipeKind::kMxfp8);
+  EXPECT_TRUE(q[0].checks.golden.enabled);
+  EXPECT_TRUE(q[0].checks.resume.enabled);
+}
+
+// ---- the verb
+
+struct CliResult {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+CliResult run(std::vector<std::string> args) {
+  args.insert(args.begin(), "meshproof");
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+TEST(ValidateVerb, PrintsOneLinePerExpandedScenario) {
+  const std::string fsdp = (source_dir() / "scenarios/fsdp.yaml").string();
+  const CliResult r = run({"validate", fsdp});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  for (const char* name : {"fsdp[recipe=bf16]", "fsdp[recipe=delayed]", "fsdp[recipe=current]",
+                           "fsdp[recipe=mxfp8]"}) {
+    EXPECT_NE(r.out.find(std::string(name) + "  mesh dp_replicate=1 dp_shard=4 tp=1 (4 ranks)"),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_NE(r.out.find("4 scenario(s) from 1 file(s) valid"), std::string::npos) << r.out;
+}
+
+TEST(ValidateVerb, BadInputExits2AndReportsEveryBrokenFile) {
+  SKIP_WITHOUT_BAD_DIR();
+  const std::string bad = bad_dir().string();
+  const CliResult r = run({"validate", bad});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("mesh.tp: expected an integer, got 'two'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("yaml: end of sequence flow not found"), std::string::npos) << r.err;
+  const CliResult s = run({"validate", (source_dir() / "scenarios/quickstart.yaml").string(),
+                           "--set", "checks.resume.at_step=8"});
+  EXPECT_EQ(s.code, kExitBadInput);
+  EXPECT_EQ(s.err.substr(0, s.err.find('\n')),
+            "--set checks.resume.at_step=8: checks.resume.at_step: must be in [1, 7] (a step "
+            "before the last of train.steps = 8), got 8");
+  EXPECT_EQ(run({"validate", "/nonexistent/x.yaml"}).code, kExitBadInput);
+  EXPECT_EQ(run({"validate"}).code, kExitBadInput);  // SCENARIO is required
+}
+
+TEST(EditDistance, Basics) {
+  EXPECT_EQ(edit_distance("dp_shards", "dp_shard"), 1u);
+  EXPECT_EQ(edit_distance("trian", "train"), 2u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+}
+
+}  // namespace
+}  // namespace meshproof::harness
