@@ -206,6 +206,31 @@ with open(f"{WORK}/notes.h5", "w") as fh:
     fh.write("not hdf5")
 expect_bad(["--recipe", "current", "--in", f"{WORK}/notes.h5"], "notes.h5", "not an HDF5 file")
 
+# ---- CUDA backend: identical bytes to the CPU backend (only where a device is usable) ----------
+import json  # noqa: E402
+
+env = json.loads(subprocess.run([BIN, "env", "--json"], capture_output=True, text=True).stdout)
+if env["cuda"]["usable"]:
+    x = make_x(96, 160)
+    write_input(f"{WORK}/dev_in.h5", x)
+    for recipe in (["current"], ["current", "--pow2-scales"], ["delayed", "--scale", "3"],
+                   ["mxfp8"], ["block"], ["block", "--block", "128x128", "--format", "e5m2"]):
+        outs = {}
+        for backend in ("cpu", "cuda"):
+            outs[backend] = f"{WORK}/dev_{backend}.h5"
+            r = run("--recipe", *recipe, "--backend", backend, "--in", f"{WORK}/dev_in.h5",
+                    "--out", outs[backend])
+            check(r.returncode == 0, f"{recipe} {backend}: exit {r.returncode}: {r.stderr}")
+        with h5py.File(outs["cpu"], "r") as a, h5py.File(outs["cuda"], "r") as b:
+            names = []
+            a.visit(lambda n: names.append(n) if isinstance(a[n], h5py.Dataset) else None)
+            for n in names:
+                check(a[n][()].tobytes() == b[n][()].tobytes(), f"{recipe}: {n} differs cpu/cuda")
+else:
+    print("CUDA not usable; cpu/cuda byte comparison skipped:", env["cuda"]["unusable_reason"])
+    expect_bad(["--recipe", "current", "--backend", "cuda", "--in", f"{WORK}/ok.h5"], "cuda",
+               "cuda backend without a device")
+
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)
