@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "harness/bench_comm_verb.h"
 #include "harness/env_verb.h"
 #include "harness/exit_codes.h"
 #include "kernels/build_info.h"
@@ -50,6 +51,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   int exit_code = kExitOk;
   // One line per verb; each verb's options and callback live with its harness function.
   add_env_command(app, out, exit_code);
+  add_bench_comm_command(app, out, exit_code);
 
   try {
     app.parse(argc, argv);

@@ -182,19 +182,33 @@ class LocalCommunicator final : public Communicator {
   }
 
   void do_all_reduce(Tensor& buffer, ReduceOp op) override {
-    // Members read each other's inputs while writing their own result: reduce from a private
-    // copy of each input so that no member reads a buffer another has already overwritten.
-    Tensor staged = buffer.clone();
-    sync_rank_stream();
+    // Reduce-scatter then all-gather in place, without staging copies: member m reduces chunk m
+    // of everyone's buffer (rank order) into its own chunk m, which no other member reads in that
+    // phase; after a barrier every member copies the finished chunks s != m from member s.
     const Slot me{CollectiveKind::kAllReduce, buffer.dtype(), buffer.numel().value, 0, op,
-                  staged.raw_data(),          staged.device()};
+                  buffer.raw_data(), buffer.device()};
     arrive(me);
     const int64_t count = buffer.numel().value;
+    const int64_t chunk = (count + size() - 1) / size();
+    auto begin = [&](int m) { return std::min<int64_t>(m * chunk, count); };
+    auto end = [&](int m) { return std::min<int64_t>((m + 1) * chunk, count); };
+    const int64_t lo = begin(rank()), hi = end(rank());
     std::vector<const float*> ins(static_cast<size_t>(size()));
     for (int s = 0; s < size(); ++s) {
-      ins[static_cast<size_t>(s)] = static_cast<const float*>(group_.slot(s).ptr);
+      ins[static_cast<size_t>(s)] = static_cast<const float*>(group_.slot(s).ptr) + lo;
     }
-    reduce(buffer, ins, count, op);
+    Tensor mine = buffer.view(kernels::Shape{count}).slice_rows(lo, hi);
+    reduce(mine, ins, hi - lo, op);
+    sync_rank_stream();
+    group_.wait_all(rank(), "all_reduce", "reduction");
+    float* out = buffer.data<float>();
+    for (int s = 0; s < size(); ++s) {
+      if (s == rank() || end(s) == begin(s)) continue;
+      const Slot& src = group_.slot(s);
+      kernels::copy_bytes(out + begin(s), buffer.device(),
+                          static_cast<const float*>(src.ptr) + begin(s), src.device,
+                          kernels::Bytes((end(s) - begin(s)) * 4));
+    }
     depart("all_reduce");
   }
 
