@@ -31,6 +31,11 @@ Tensor filled(int64_t n, int global_rank, int64_t offset, kernels::Device device
   return device.is_cpu() ? host : host.to(device);
 }
 
+Tensor on_device(const std::vector<float>& v, kernels::Device device) {
+  Tensor host = Tensor::from_vector(Shape{static_cast<int64_t>(v.size())}, v);
+  return device.is_cpu() ? host : host.to(device);
+}
+
 struct Case {
   CollectiveKind kind;
   ReduceOp op;
@@ -186,10 +191,10 @@ std::vector<CommBenchRow> run_comm_bench(RankComms& comms, const CommBenchOption
         const double secs =
             time_calls(c, cs, count, options.device, options.warmup_iters, options.iters);
         // World-wide: the slowest rank's time and the total of wrong elements.
-        Tensor agg =
-            Tensor::from_vector(Shape{2}, std::vector<float>{static_cast<float>(secs), 0.0f});
+        // On the bench device: the nccl communicator only takes device buffers.
+        Tensor agg = on_device(std::vector<float>{static_cast<float>(secs)}, options.device);
         world.all_reduce(agg, ReduceOp::kMax);
-        Tensor w = Tensor::from_vector(Shape{1}, std::vector<float>{static_cast<float>(wrong)});
+        Tensor w = on_device(std::vector<float>{static_cast<float>(wrong)}, options.device);
         world.all_reduce(w, ReduceOp::kSum);
         CommBenchRow row;
         row.group = d.str();

@@ -186,7 +186,7 @@ class LocalCommunicator final : public Communicator {
     // of everyone's buffer (rank order) into its own chunk m, which no other member reads in that
     // phase; after a barrier every member copies the finished chunks s != m from member s.
     const Slot me{CollectiveKind::kAllReduce, buffer.dtype(), buffer.numel().value, 0, op,
-                  buffer.raw_data(), buffer.device()};
+                  buffer.raw_data(),          buffer.device()};
     arrive(me);
     const int64_t count = buffer.numel().value;
     const int64_t chunk = (count + size() - 1) / size();

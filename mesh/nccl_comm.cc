@@ -39,6 +39,9 @@ struct NcclRankComms::State {
   }
 
   ~State() {
+    // Communicators first: their scratch buffers are freed on `stream`, which must still exist.
+    comms.clear();
+    if (stream != nullptr) cudaStreamSynchronize(stream);
     if (!aborted) {
       for (ncclComm_t c : raw) {
         if (c != nullptr) ncclCommDestroy(c);
@@ -292,7 +295,11 @@ void run_nccl_single_process(const DeviceMesh& mesh,
     });
   }
   for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
+  if (first) {
+    // The failed rank may have left its peers' operations unmatched: abort, never destroy.
+    for (NcclRankComms& rc : ranks) rc.state_->abort_all();
+    std::rethrow_exception(first);
+  }
 }
 
 #else  // !MESHPROOF_HAVE_CUDA

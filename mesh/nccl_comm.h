@@ -27,8 +27,7 @@ class NcclRankComms;
 
 // Single process, one GPU per rank (GPUs 0..world_size-1): runs fn on one thread per rank with
 // its context installed; rethrows the first error after aborting the others.
-void run_nccl_single_process(const DeviceMesh& mesh,
-                             const std::function<void(NcclRankComms&)>& fn);
+void run_nccl_single_process(const DeviceMesh& mesh, const std::function<void(NcclRankComms&)>& fn);
 
 class NcclRankComms final : public RankComms {
  public:
