@@ -102,7 +102,11 @@ RankResult run_suite(RankComms& comms) {
             s += exact_value(r, k);
             mx = std::max<double>(mx, exact_value(r, k));
           }
-          return op == ReduceOp::kSum ? s : op == ReduceOp::kAvg ? s / n : mx;
+          // avg is defined as the (exact) fp32 sum / float(n).
+          return op == ReduceOp::kSum ? s
+                 : op == ReduceOp::kAvg
+                     ? static_cast<double>(static_cast<float>(s) / static_cast<float>(n))
+                     : mx;
         });
       }
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
@@ -112,7 +116,9 @@ RankResult run_suite(RankComms& comms) {
         check(o, [&](int64_t k) {
           double s = 0;
           for (int r : members) s += exact_value(r, c.rank() * kCount + k);
-          return op == ReduceOp::kSum ? s : s / n;
+          return op == ReduceOp::kSum
+                     ? s
+                     : static_cast<double>(static_cast<float>(s) / static_cast<float>(n));
         });
       }
       Tensor b = make(kCount, [&](int64_t k) { return exact_value(me, k); });

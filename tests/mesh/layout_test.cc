@@ -123,6 +123,37 @@ TEST(LayoutTest, StridedShardDp4Tp2ReproducesTheAppendixExample) {
   }
 }
 
+// The appendix's recipe, done literally on row lists for shapes the mesh divides: pre-shard into
+// sf = tp pieces, chunk each piece over dp, concatenate rank i's chunks, then Shard(0) over tp.
+TEST(LayoutTest, StridedShardMatchesTheLiteralPreShardConcatRecipe) {
+  for (int dp : {1, 2, 3, 4}) {
+    for (int tp : {1, 2, 4}) {
+      for (int k : {1, 2, 3}) {
+        const int64_t rows = static_cast<int64_t>(dp) * tp * k;
+        const DeviceMesh m(1, dp, tp);
+        const Layout l(m, Shape{rows, 2}, {R, SS(0, tp), S(0)});
+        for (int i = 0; i < dp; ++i) {
+          std::vector<int64_t> concat;
+          for (int p = 0; p < tp; ++p) {
+            const int64_t piece = rows / tp, sub = piece / dp;
+            for (int64_t x = 0; x < sub; ++x) concat.push_back(p * piece + i * sub + x);
+          }
+          const int64_t per = static_cast<int64_t>(concat.size()) / tp;
+          for (int j = 0; j < tp; ++j) {
+            const Box& b = l.box(m.rank_of({0, i, j}));
+            ASSERT_EQ(b.extent[0].value, per);
+            for (int64_t x = 0; x < per; ++x) {
+              EXPECT_EQ(b.offset[0].value + x, concat[static_cast<size_t>(j * per + x)])
+                  << "dp=" << dp << " tp=" << tp << " rows=" << rows << " rank (" << i << "," << j
+                  << ")";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(LayoutTest, TorchChunkSemanticsOnUnevenShapes) {
   // torch.chunk(arange(5), 4) -> [0,1], [2,3], [4], [] : ceil size, trailing smaller or empty.
   const Layout l(DeviceMesh(1, 4, 1), Shape{5}, {R, S(0), R});

@@ -70,9 +70,10 @@ TEST_P(LocalCollectivesTest, AllCollectivesExact) {
       for (int64_t k = 0; k < count; ++k) {
         double sum = 0;
         for (int s = 0; s < n; ++s) sum += value(s, r * count + k);
-        const double want = op == ReduceOp::kSum ? sum : sum / n;
-        // sum is exact; avg is the correctly rounded quotient (what fp32 division gives).
-        ASSERT_EQ(o[static_cast<size_t>(k)], static_cast<float>(want)) << reduce_op_name(op);
+        // The sum is exact in fp32; avg is defined as that sum / float(n).
+        const float want = op == ReduceOp::kSum ? static_cast<float>(sum)
+                                                : static_cast<float>(sum) / static_cast<float>(n);
+        ASSERT_EQ(o[static_cast<size_t>(k)], want) << reduce_op_name(op);
       }
     }
 
@@ -87,8 +88,10 @@ TEST_P(LocalCollectivesTest, AllCollectivesExact) {
           sum += value(s, k);
           mx = std::max<double>(mx, value(s, k));
         }
-        const double want = op == ReduceOp::kSum ? sum : op == ReduceOp::kAvg ? sum / n : mx;
-        ASSERT_EQ(o[static_cast<size_t>(k)], static_cast<float>(want)) << reduce_op_name(op);
+        const float want = op == ReduceOp::kSum   ? static_cast<float>(sum)
+                           : op == ReduceOp::kAvg ? static_cast<float>(sum) / static_cast<float>(n)
+                                                  : static_cast<float>(mx);
+        ASSERT_EQ(o[static_cast<size_t>(k)], want) << reduce_op_name(op);
       }
     }
 
