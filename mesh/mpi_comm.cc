@@ -1,5 +1,6 @@
 #include "mesh/mpi_comm.h"
 
+#include <algorithm>
 #include <climits>
 #include <vector>
 
@@ -83,12 +84,20 @@ class MpiCommunicator final : public Communicator {
 
   void do_all_reduce(Tensor& buffer, ReduceOp op) override {
     check_host(buffer, "all_reduce");
+    // Reduce-scatter (all-to-all of chunks, rank-order reduction of this member's chunk) then
+    // all-gather: per element the same rank-order sum as the local backend, 1/n of the work.
+    // The buffer is padded to n equal chunks; the padding is reduced but never copied back.
     const int64_t count = buffer.numel().value;
-    std::vector<float> recv(static_cast<size_t>(count * size()));
-    const int bytes = checked_int(count * 4, "all_reduce");
-    MP_MPI_CHECK(
-        MPI_Allgather(buffer.raw_data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, comm_));
-    reduce_from(recv, buffer.data<float>(), count, op);
+    const int64_t chunk = (count + size() - 1) / size();
+    std::vector<float> send(static_cast<size_t>(chunk * size()), 0.0f);
+    std::copy_n(buffer.data<float>(), count, send.begin());
+    std::vector<float> recv(send.size());
+    const int bytes = checked_int(chunk * 4, "all_reduce");
+    MP_MPI_CHECK(MPI_Alltoall(send.data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, comm_));
+    std::vector<float> mine(static_cast<size_t>(chunk));
+    reduce_from(recv, mine.data(), chunk, op);
+    MP_MPI_CHECK(MPI_Allgather(mine.data(), bytes, MPI_BYTE, send.data(), bytes, MPI_BYTE, comm_));
+    std::copy_n(send.begin(), count, buffer.data<float>());
   }
 
   void do_broadcast(Tensor& buffer, int root) override {

@@ -1,8 +1,8 @@
 // The `mpi` launcher: one process per rank under mpirun/srun, host (CPU) buffers, MPI
-// collectives. Reductions are deterministic: members exchange their inputs (MPI_Allgather /
-// MPI_Alltoall of raw bytes) and every member reduces in rank order with
-// reduce_rank_order_host, the same function the local backend uses, so the two backends give
-// bitwise-equal results. One communicator per mesh group, made with MPI_Comm_split.
+// collectives. Reductions are deterministic: members exchange the parts of their inputs they
+// need (MPI_Alltoall of raw bytes; all_reduce then MPI_Allgathers the reduced chunks) and every
+// member reduces in rank order with reduce_rank_order_host, the same function the local backend
+// uses, so the two backends give bitwise-equal results. One communicator per mesh group, made with MPI_Comm_split.
 //
 // Builds without MPI (MESHPROOF_HAVE_MPI=0) compile this header; constructing anything throws
 // an input error saying that MPI is not available.
