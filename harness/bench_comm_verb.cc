@@ -71,6 +71,8 @@ int bench_comm(const BenchCommOptions& options, std::ostream& out) {
     const mesh::DeviceMesh m = mesh::DeviceMesh::parse(options.mesh);
     mesh::LocalWorldOptions lw;
     lw.device = bench.device;
+    MP_CHECK_INPUT(options.timeout_s > 0, "--timeout must be positive (got {})", options.timeout_s);
+    lw.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000.0));
     mesh::LocalWorld world(m, lw);
     world.run([&](mesh::RankComms& comms) {
       auto r = mesh::run_comm_bench(comms, bench);
@@ -134,6 +136,9 @@ void add_bench_comm_command(CLI::App& app, std::ostream& out, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--iters", opts->iters, "timed iterations per row")->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "warmup iterations per row")->capture_default_str();
+  cmd->add_option("--timeout", opts->timeout_s,
+                  "local launcher: seconds a rank waits for the others in one collective")
+      ->capture_default_str();
   cmd->callback([&out, &exit_code, opts] { exit_code = bench_comm(*opts, out); });
 }
 

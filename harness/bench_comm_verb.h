@@ -23,6 +23,7 @@ struct BenchCommOptions {
   std::string sizes = "4K,64K,1M";  // bytes of fp32 data per collective (nccl-tests "size")
   int iters = 10;
   int warmup = 3;
+  double timeout_s = 300;  // local launcher: how long a rank waits for the others per collective
 };
 
 // "8,4K,1M" -> fp32 element counts (bytes / 4; K/M/G are powers of 1024). Input error when a size

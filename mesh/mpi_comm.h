@@ -2,7 +2,8 @@
 // collectives. Reductions are deterministic: members exchange the parts of their inputs they
 // need (MPI_Alltoall of raw bytes; all_reduce then MPI_Allgathers the reduced chunks) and every
 // member reduces in rank order with reduce_rank_order_host, the same function the local backend
-// uses, so the two backends give bitwise-equal results. One communicator per mesh group, made with MPI_Comm_split.
+// uses, so the two backends give bitwise-equal results. One communicator per mesh group, made
+// with MPI_Comm_split.
 //
 // Builds without MPI (MESHPROOF_HAVE_MPI=0) compile this header; constructing anything throws
 // an input error saying that MPI is not available.
