@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "harness/bench_comm_verb.h"
 #include "harness/env_verb.h"
 #include "harness/exit_codes.h"
 #include "harness/validate_verb.h"
@@ -54,6 +55,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   add_env_command(app, out, exit_code);
   add_validate_command(app, out, err, exit_code);
   add_quantize_command(app, out, exit_code);
+  add_bench_comm_command(app, out, exit_code);
 
   try {
     app.parse(argc, argv);

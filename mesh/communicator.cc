@@ -1,0 +1,181 @@
+#include "mesh/communicator.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+
+#include "kernels/cuda_check.h"
+#include "kernels/error.h"
+#include "mesh/reduce_kernel.h"
+
+namespace meshproof::mesh {
+
+using kernels::DType;
+using kernels::Tensor;
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "?";
+}
+
+std::string_view collective_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+double bus_bandwidth_factor(CollectiveKind k, int n) {
+  switch (k) {
+    case CollectiveKind::kAllReduce:
+      return 2.0 * (n - 1) / n;
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kReduceScatter:
+      return static_cast<double>(n - 1) / n;
+    case CollectiveKind::kBroadcast:
+      return 1.0;
+    case CollectiveKind::kBarrier:
+      return 0.0;
+  }
+  return 0.0;
+}
+
+Communicator::Communicator(std::vector<int> ranks, int index, std::string label)
+    : ranks_(std::move(ranks)), index_(index), label_(std::move(label)) {
+  MP_CHECK(0 <= index_ && index_ < size(), "communicator index {} outside group of {}", index_,
+           size());
+}
+
+std::string Communicator::describe() const {
+  return fmt::format("{} group [{}]", label_, fmt::join(ranks_, ", "));
+}
+
+void Communicator::account(CollectiveKind k, kernels::Bytes bytes, double seconds) {
+  CollectiveStats& s = stats_[static_cast<size_t>(k)];
+  s.count += 1;
+  s.bytes += bytes;
+  s.seconds += seconds;
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void check_byte_sized(const Tensor& t, std::string_view what, const Communicator& c) {
+  MP_CHECK_INPUT(t.defined(), "{} on {}: undefined tensor", what, c.describe());
+  MP_CHECK_INPUT(kernels::dtype_bits(t.dtype()) % 8 == 0,
+                 "{} on {}: {} has a sub-byte dtype; gather its packed bytes as uint8", what,
+                 c.describe(), t.describe());
+}
+
+void check_fp32(const Tensor& t, std::string_view what, const Communicator& c) {
+  MP_CHECK_INPUT(t.defined() && t.dtype() == DType::kFloat32,
+                 "{} on {}: {} must be float32 (reductions accumulate in fp32)", what, c.describe(),
+                 t.describe());
+}
+
+}  // namespace
+
+void Communicator::all_gather(const Tensor& input, Tensor& output) {
+  check_byte_sized(input, "all_gather", *this);
+  check_byte_sized(output, "all_gather", *this);
+  MP_CHECK_INPUT(input.dtype() == output.dtype() && input.device() == output.device() &&
+                     output.numel().value == input.numel().value * size(),
+                 "all_gather on {}: output {} must hold {} x input {}", describe(),
+                 output.describe(), size(), input.describe());
+  const auto t0 = std::chrono::steady_clock::now();
+  do_all_gather(input, output);
+  account(CollectiveKind::kAllGather, output.nbytes(), seconds_since(t0));
+}
+
+void Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+  check_fp32(input, "reduce_scatter", *this);
+  check_fp32(output, "reduce_scatter", *this);
+  MP_CHECK_INPUT(op == ReduceOp::kSum || op == ReduceOp::kAvg,
+                 "reduce_scatter on {}: op {} not supported (sum or avg)", describe(),
+                 reduce_op_name(op));
+  MP_CHECK_INPUT(
+      input.device() == output.device() && input.numel().value == output.numel().value * size(),
+      "reduce_scatter on {}: input {} must hold {} x output {}", describe(), input.describe(),
+      size(), output.describe());
+  const auto t0 = std::chrono::steady_clock::now();
+  do_reduce_scatter(input, output, op);
+  account(CollectiveKind::kReduceScatter, input.nbytes(), seconds_since(t0));
+}
+
+void Communicator::all_reduce(Tensor& buffer, ReduceOp op) {
+  check_fp32(buffer, "all_reduce", *this);
+  const auto t0 = std::chrono::steady_clock::now();
+  do_all_reduce(buffer, op);
+  account(CollectiveKind::kAllReduce, buffer.nbytes(), seconds_since(t0));
+}
+
+void Communicator::broadcast(Tensor& buffer, int root) {
+  check_byte_sized(buffer, "broadcast", *this);
+  MP_CHECK_INPUT(0 <= root && root < size(), "broadcast on {}: root {} outside the group",
+                 describe(), root);
+  const auto t0 = std::chrono::steady_clock::now();
+  do_broadcast(buffer, root);
+  account(CollectiveKind::kBroadcast, buffer.nbytes(), seconds_since(t0));
+}
+
+void Communicator::barrier() {
+  const auto t0 = std::chrono::steady_clock::now();
+  do_barrier();
+  account(CollectiveKind::kBarrier, kernels::Bytes(0), seconds_since(t0));
+}
+
+void reduce_rank_order_host(float* out, const float* const* inputs, int n, int64_t count,
+                            ReduceOp op) {
+  MP_CHECK(n >= 1, "reduce over {} inputs", n);
+  const float divisor = static_cast<float>(n);
+  for (int64_t k = 0; k < count; ++k) {
+    float acc = inputs[0][k];
+    for (int s = 1; s < n; ++s) {
+      const float x = inputs[s][k];
+      if (op == ReduceOp::kMax) {
+        acc = (x > acc || x != x) ? x : acc;  // NaN propagates
+      } else {
+        acc += x;
+      }
+    }
+    if (op == ReduceOp::kAvg) acc = acc / divisor;
+    out[k] = acc;
+  }
+}
+
+#if MESHPROOF_HAVE_CUDA
+static_assert(kMaxDeviceReduceInputs == detail::kMaxReduceInputs);
+
+void reduce_rank_order_device(float* out, const float* const* inputs, int n, int64_t count,
+                              ReduceOp op, void* stream) {
+  MP_CHECK(1 <= n && n <= kMaxDeviceReduceInputs, "device reduce over {} inputs (max {})", n,
+           kMaxDeviceReduceInputs);
+  const auto kop = op == ReduceOp::kSum   ? detail::ReduceKernelOp::kSum
+                   : op == ReduceOp::kAvg ? detail::ReduceKernelOp::kAvg
+                                          : detail::ReduceKernelOp::kMax;
+  MP_CUDA_CHECK(static_cast<cudaError_t>(
+      detail::launch_reduce_rank_order(out, inputs, n, count, kop, stream)));
+}
+#endif
+
+}  // namespace meshproof::mesh

@@ -1,0 +1,120 @@
+// Collectives over a group of ranks, on typed buffers (kernels::Tensor: dtype, element count and
+// device travel with the buffer; no raw byte counts in the API). Three backends implement it:
+// `local` (virtual ranks as threads of one process, mesh/local_comm.h), `mpi` (one process per
+// rank, CPU buffers, mesh/mpi_comm.h) and `nccl` (GPU buffers, mesh/nccl_comm.h).
+//
+// Deterministic reductions (DESIGN.md section 2): local and mpi reduce fp32 in rank order with
+// fp32 accumulation, acc = x_0; acc += x_1; ...; acc += x_{n-1}, so their results are bitwise
+// equal. avg is that sum divided by n (acc / float(n), one correctly rounded division; not a
+// multiplication by 1/n). max propagates NaN. NCCL uses its own reduction order.
+//
+// Every collective is blocking: when it returns, the output is complete and the input may be
+// reused (device backends synchronise the rank's stream). Each communicator counts calls, bytes
+// and wall time per collective kind; bytes follow nccl-tests' "size": all_gather counts the
+// gathered output, reduce_scatter the full input, all_reduce and broadcast the buffer.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/tensor.h"
+#include "kernels/units.h"
+#include "mesh/device_mesh.h"
+
+namespace meshproof::mesh {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+enum class CollectiveKind : uint8_t {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kBarrier
+};
+inline constexpr int kNumCollectiveKinds = 5;
+
+std::string_view reduce_op_name(ReduceOp op);        // "sum", "avg", "max"
+std::string_view collective_name(CollectiveKind k);  // "all_gather", ...
+// nccl-tests: busbw = algbw * factor; all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n,
+// broadcast 1, barrier 0.
+double bus_bandwidth_factor(CollectiveKind k, int n);
+
+struct CollectiveStats {
+  int64_t count = 0;
+  kernels::Bytes bytes;  // summed nccl-tests sizes
+  double seconds = 0.0;  // summed wall time of the calls
+};
+
+class Communicator {
+ public:
+  // `ranks`: the group's global ranks in group order; `index`: this rank's position in it.
+  Communicator(std::vector<int> ranks, int index, std::string label);
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return index_; }  // index inside the group
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& ranks() const { return ranks_; }
+  const std::string& label() const { return label_; }  // e.g. "dp_shard"
+  std::string describe() const;                        // "dp_shard group [0, 2, 4, 6]"
+  virtual std::string_view backend() const = 0;        // "local", "mpi", "nccl"
+
+  // output[s * input.numel() + k] = input_of_member_s[k]. Any byte-sized dtype; output has
+  // size() * input.numel() elements. The input may be the member's own slice of the output.
+  void all_gather(const kernels::Tensor& input, kernels::Tensor& output);
+  // fp32: output[k] = reduce_s input_of_member_s[rank() * output.numel() + k]; input has
+  // size() * output.numel() elements. op is kSum or kAvg.
+  void reduce_scatter(const kernels::Tensor& input, kernels::Tensor& output, ReduceOp op);
+  // fp32, in place: buffer = reduce over members of buffer.
+  void all_reduce(kernels::Tensor& buffer, ReduceOp op);
+  // Any byte-sized dtype: every member's buffer becomes member `root`'s buffer.
+  void broadcast(kernels::Tensor& buffer, int root);
+  void barrier();
+
+  const CollectiveStats& stats(CollectiveKind k) const { return stats_[static_cast<size_t>(k)]; }
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  virtual void do_all_gather(const kernels::Tensor& input, kernels::Tensor& output) = 0;
+  virtual void do_reduce_scatter(const kernels::Tensor& input, kernels::Tensor& output,
+                                 ReduceOp op) = 0;
+  virtual void do_all_reduce(kernels::Tensor& buffer, ReduceOp op) = 0;
+  virtual void do_broadcast(kernels::Tensor& buffer, int root) = 0;
+  virtual void do_barrier() = 0;
+
+ private:
+  void account(CollectiveKind k, kernels::Bytes bytes, double seconds);
+
+  std::vector<int> ranks_;
+  int index_;
+  std::string label_;
+  std::array<CollectiveStats, kNumCollectiveKinds> stats_{};
+};
+
+// One rank's view of the communicators of every mesh group (backend-agnostic): engine code asks
+// for `group({MeshDim::kDpShard})` and runs the same on every launcher.
+class RankComms {
+ public:
+  virtual ~RankComms() = default;
+  virtual int rank() const = 0;  // global rank
+  virtual const DeviceMesh& mesh() const = 0;
+  // The communicator of this rank's group spanning `dims` (empty set: a group of one).
+  virtual Communicator& group(DimSet dims) = 0;
+};
+
+// Reduces n fp32 inputs of `count` elements into `out` in rank order (see the top of this file);
+// `out` may alias an input. The host reference that local and mpi share.
+void reduce_rank_order_host(float* out, const float* const* inputs, int n, int64_t count,
+                            ReduceOp op);
+#if MESHPROOF_HAVE_CUDA
+// The same on device memory, on `stream` (cudaStream_t): per element the same sequence of fp32
+// operations as the host version, so results are bitwise equal. n <= kMaxDeviceReduceInputs.
+inline constexpr int kMaxDeviceReduceInputs = 64;  // == detail::kMaxReduceInputs
+void reduce_rank_order_device(float* out, const float* const* inputs, int n, int64_t count,
+                              ReduceOp op, void* stream);
+#endif
+
+}  // namespace meshproof::mesh

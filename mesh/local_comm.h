@@ -1,0 +1,55 @@
+// The `local` launcher: every rank of the mesh is a thread of this process ("virtual ranks").
+// Each thread installs its own kernels::RankContext (rank, device, CUDA stream, memory tracker),
+// and collectives rendezvous in memory: members publish their buffers, wait for each other, then
+// each member computes its own output from the others' buffers (host memcpy, or device-to-device
+// copies and a rank-order reduction kernel on its own stream).
+//
+// Failure handling: a member that waits longer than the timeout raises a kRuntime error naming
+// the collective, the group and the members that never arrived. An exception on any rank aborts
+// the world: ranks waiting in a collective wake and stop, and run() rethrows the first error.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#include "kernels/runtime.h"
+#include "mesh/communicator.h"
+#include "mesh/device_mesh.h"
+
+namespace meshproof::mesh {
+
+struct LocalWorldOptions {
+  // Device of every virtual rank. CUDA: all ranks share that GPU, each with its own stream.
+  kernels::Device device = kernels::Device::cpu();
+  // How long a member waits for the others in one collective before failing.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+class LocalWorld {
+ public:
+  explicit LocalWorld(DeviceMesh mesh, LocalWorldOptions options = {});
+  ~LocalWorld();
+  LocalWorld(const LocalWorld&) = delete;
+  LocalWorld& operator=(const LocalWorld&) = delete;
+
+  const DeviceMesh& mesh() const { return mesh_; }
+  const LocalWorldOptions& options() const { return options_; }
+
+  // Runs fn(comms) once per rank on mesh().world_size() threads and joins them. If any rank
+  // throws, the others are aborted and the first error is rethrown (kernels::Error with the
+  // rank prepended to its message, same kind).
+  void run(const std::function<void(RankComms&)>& fn);
+
+  // Per-rank memory accounting of the last run (live and peak bytes).
+  const kernels::MemoryTracker& memory(int rank) const;
+
+  struct Impl;
+
+ private:
+  DeviceMesh mesh_;
+  LocalWorldOptions options_;
+  std::vector<std::unique_ptr<kernels::MemoryTracker>> memory_;
+};
+
+}  // namespace meshproof::mesh

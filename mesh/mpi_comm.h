@@ -1,0 +1,58 @@
+// The `mpi` launcher: one process per rank under mpirun/srun, host (CPU) buffers, MPI
+// collectives. Reductions are deterministic: members exchange the parts of their inputs they
+// need (MPI_Alltoall of raw bytes; all_reduce then MPI_Allgathers the reduced chunks) and every
+// member reduces in rank order with reduce_rank_order_host, the same function the local backend
+// uses, so the two backends give bitwise-equal results. One communicator per mesh group, made
+// with MPI_Comm_split.
+//
+// Builds without MPI (MESHPROOF_HAVE_MPI=0) compile this header; constructing anything throws
+// an input error saying that MPI is not available.
+#pragma once
+
+#include <memory>
+
+#include "mesh/communicator.h"
+#include "mesh/device_mesh.h"
+
+namespace meshproof::mesh {
+
+// Initialises MPI if nobody has (MPI_THREAD_FUNNELED: only the main thread calls MPI) and
+// finalises it on destruction if this session initialised it.
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int rank() const { return rank_; }  // in MPI_COMM_WORLD
+  int size() const { return size_; }
+
+ private:
+  bool owns_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// True when this build has MPI (MESHPROOF_HAVE_MPI).
+bool mpi_compiled();
+
+// This process's communicators for every group of `mesh`. The MPI world size must equal the
+// mesh's rank count (input error otherwise); rank = MPI_COMM_WORLD rank. Collective: every
+// process constructs it at the same point.
+class MpiRankComms final : public RankComms {
+ public:
+  explicit MpiRankComms(DeviceMesh mesh);
+  ~MpiRankComms() override;
+
+  int rank() const override { return rank_; }
+  const DeviceMesh& mesh() const override { return mesh_; }
+  Communicator& group(DimSet dims) override;
+
+ private:
+  DeviceMesh mesh_;
+  int rank_ = 0;
+  std::vector<std::unique_ptr<Communicator>> comms_;  // indexed by DimSet bits
+};
+
+}  // namespace meshproof::mesh

@@ -1,0 +1,149 @@
+// GPU communicators: the local backend with 8 virtual ranks sharing one GPU (device-to-device
+// copies, the rank-order reduction kernel) must be bitwise equal to the CPU backend; NCCL runs
+// the collectives with one rank per visible GPU (1 GPU: a world of one). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+#include "mesh/local_comm.h"
+#include "mesh/nccl_comm.h"
+
+namespace meshproof::mesh {
+namespace {
+
+using kernels::DType;
+using kernels::Shape;
+using kernels::Tensor;
+
+#define SKIP_WITHOUT_GPU()                                                \
+  do {                                                                    \
+    if (!kernels::cuda_status().usable) {                                 \
+      GTEST_SKIP() << "no usable GPU: " << kernels::cuda_status().reason; \
+    }                                                                     \
+  } while (0)
+
+// Mixed magnitudes: rank-order fp32 sums of these round, so a different order shows.
+float noisy(int rank, int64_t k) {
+  uint32_t h = static_cast<uint32_t>(rank) * 2654435761u ^ static_cast<uint32_t>(k) * 40503u;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  const double m = static_cast<double>(h & 0xFFFFFF) / 16777216.0 - 0.5;
+  return static_cast<float>(std::ldexp(m, static_cast<int>((h >> 24) % 9) - 4));
+}
+
+Tensor on_current_device(const std::vector<float>& v) {
+  Tensor host = Tensor::from_vector(Shape{static_cast<int64_t>(v.size())}, v);
+  const kernels::Device d = kernels::current_context().device;
+  return d.is_cpu() ? host : host.to(d);
+}
+
+std::vector<float> values(int rank, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) v[static_cast<size_t>(k)] = noisy(rank, k);
+  return v;
+}
+
+// Every collective on every group; returns the host bits of each result, per rank.
+std::vector<std::vector<float>> run_suite(kernels::Device device) {
+  const DeviceMesh mesh(2, 2, 2);
+  LocalWorldOptions o;
+  o.device = device;
+  o.timeout = std::chrono::seconds(60);
+  LocalWorld world(mesh, o);
+  std::vector<std::vector<float>> out(8);
+  world.run([&](RankComms& comms) {
+    std::vector<float>& mine = out[static_cast<size_t>(comms.rank())];
+    const int64_t count = 1000;  // not a multiple of any group size times the warp size
+    for (unsigned bits = 1; bits < 8; ++bits) {
+      Communicator& c = comms.group(DimSet::from_bits(bits));
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        Tensor b = on_current_device(values(comms.rank() + 10 * static_cast<int>(bits), count));
+        c.all_reduce(b, op);
+        for (float x : b.to_vector<float>()) mine.push_back(x);
+      }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        Tensor in = on_current_device(values(comms.rank() + 100, count * c.size()));
+        Tensor r = Tensor::empty(Shape{count}, DType::kFloat32, kernels::current_context().device);
+        c.reduce_scatter(in, r, op);
+        for (float x : r.to_vector<float>()) mine.push_back(x);
+      }
+      Tensor in = on_current_device(values(comms.rank() + 200, count));
+      Tensor g = Tensor::empty(Shape{count * c.size()}, DType::kFloat32,
+                               kernels::current_context().device);
+      c.all_gather(in, g);
+      for (float x : g.to_vector<float>()) mine.push_back(x);
+      Tensor b = on_current_device(values(comms.rank() + 300, count));
+      c.broadcast(b, c.size() - 1);
+      for (float x : b.to_vector<float>()) mine.push_back(x);
+      c.barrier();
+    }
+  });
+  return out;
+}
+
+TEST(GpuLocalCommTest, EightVirtualRanksOnOneGpuBitwiseEqualCpu) {
+  SKIP_WITHOUT_GPU();
+  const auto cpu = run_suite(kernels::Device::cpu());
+  const auto gpu = run_suite(kernels::Device::cuda(0));
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (size_t r = 0; r < cpu.size(); ++r) {
+    ASSERT_EQ(cpu[r].size(), gpu[r].size());
+    ASSERT_GT(cpu[r].size(), 0u);
+    EXPECT_EQ(std::memcmp(cpu[r].data(), gpu[r].data(), cpu[r].size() * sizeof(float)), 0)
+        << "rank " << r << ": device results differ from the CPU reference";
+  }
+}
+
+TEST(GpuNcclCommTest, CollectivesOnePerGpu) {
+  SKIP_WITHOUT_GPU();
+  const int n = std::min<int>(static_cast<int>(kernels::cuda_status().gpus.size()), 8);
+  const DeviceMesh mesh(1, n, 1);
+  const int64_t count = 1024;
+  // Small integers: sums are exact whatever order NCCL uses, so the expected values are exact.
+  auto v = [](int r, int64_t k) { return static_cast<float>(r * 16 + k % 11); };
+  run_nccl_single_process(mesh, [&](NcclRankComms& comms) {
+    Communicator& c = comms.group({MeshDim::kDpShard});
+    ASSERT_EQ(c.backend(), "nccl");
+    ASSERT_EQ(c.size(), n);
+    std::vector<float> mine(static_cast<size_t>(count)), big(static_cast<size_t>(count * n));
+    for (int64_t k = 0; k < count; ++k) mine[static_cast<size_t>(k)] = v(c.rank(), k);
+    for (int64_t k = 0; k < count * n; ++k) big[static_cast<size_t>(k)] = v(c.rank(), k);
+
+    Tensor b = on_current_device(mine);
+    c.all_reduce(b, ReduceOp::kSum);
+    std::vector<float> got = b.to_vector<float>();
+    for (int64_t k = 0; k < count; ++k) {
+      float want = 0;
+      for (int s = 0; s < n; ++s) want += v(s, k);
+      ASSERT_EQ(got[static_cast<size_t>(k)], want) << "all_reduce " << k;
+    }
+    Tensor in = on_current_device(big);
+    Tensor r = Tensor::empty(Shape{count}, DType::kFloat32, comms.context().device);
+    c.reduce_scatter(in, r, ReduceOp::kSum);
+    got = r.to_vector<float>();
+    for (int64_t k = 0; k < count; ++k) {
+      float want = 0;
+      for (int s = 0; s < n; ++s) want += v(s, c.rank() * count + k);
+      ASSERT_EQ(got[static_cast<size_t>(k)], want) << "reduce_scatter " << k;
+    }
+    Tensor g = Tensor::empty(Shape{count * n}, DType::kFloat32, comms.context().device);
+    c.all_gather(on_current_device(mine), g);
+    got = g.to_vector<float>();
+    for (int64_t i = 0; i < count * n; ++i) {
+      ASSERT_EQ(got[static_cast<size_t>(i)], v(static_cast<int>(i / count), i % count));
+    }
+    Tensor bc = on_current_device(mine);
+    c.broadcast(bc, 0);
+    got = bc.to_vector<float>();
+    for (int64_t k = 0; k < count; ++k) ASSERT_EQ(got[static_cast<size_t>(k)], v(0, k));
+    c.barrier();
+    EXPECT_EQ(c.stats(CollectiveKind::kAllReduce).bytes.value, count * 4);
+  });
+}
+
+}  // namespace
+}  // namespace meshproof::mesh

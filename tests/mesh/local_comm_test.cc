@@ -1,0 +1,256 @@
+// The in-process (`local`) communicator: collectives on 1..8 virtual ranks with inputs whose
+// sums are exact in fp32 (so every expected value is exact: 0 ULP), mesh groups, raw-byte dtypes,
+// accounting, and failure handling (a missing rank times out with a clear error; an exception on
+// one rank aborts the others instead of deadlocking them).
+#include "mesh/local_comm.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "kernels/error.h"
+#include "kernels/tensor.h"
+
+namespace meshproof::mesh {
+namespace {
+
+using kernels::DType;
+using kernels::Shape;
+using kernels::Tensor;
+
+// Small integers and halves: every partial sum below 2^24 is exact in fp32, in any order.
+float value(int rank, int64_t k) {
+  return static_cast<float>(rank * 100 + k % 97) + 0.5f * (k % 2);
+}
+
+Tensor rank_tensor(int rank, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) v[static_cast<size_t>(k)] = value(rank, k);
+  return Tensor::from_vector(Shape{n}, v);
+}
+
+// A failed ASSERT returns from one rank's function and leaves the others waiting: a short
+// timeout turns that into an error instead of a 300 s wait.
+LocalWorldOptions short_timeout() {
+  LocalWorldOptions o;
+  o.timeout = std::chrono::seconds(20);
+  return o;
+}
+
+class LocalCollectivesTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LocalCollectivesTest, AllCollectivesExact) {
+  const int n = GetParam();
+  const int64_t count = 37;  // odd on purpose: nothing lines up with a vector width
+  LocalWorld world(DeviceMesh(1, n, 1), short_timeout());
+  world.run([&](RankComms& comms) {
+    Communicator& c = comms.group({MeshDim::kDpShard});
+    const int r = c.rank();
+    ASSERT_EQ(c.size(), n);
+    ASSERT_EQ(comms.rank(), r);
+
+    // all_gather
+    const Tensor in = rank_tensor(r, count);
+    Tensor gathered = Tensor::empty(Shape{n * count}, DType::kFloat32, kernels::Device::cpu());
+    c.all_gather(in, gathered);
+    const std::vector<float> g = gathered.to_vector<float>();
+    for (int s = 0; s < n; ++s) {
+      for (int64_t k = 0; k < count; ++k) {
+        ASSERT_EQ(g[static_cast<size_t>(s * count + k)], value(s, k)) << "all_gather s=" << s;
+      }
+    }
+
+    // reduce_scatter sum and avg: member r gets chunk r of the elementwise sum.
+    const Tensor big = rank_tensor(r, n * count);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      Tensor out = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
+      c.reduce_scatter(big, out, op);
+      const std::vector<float> o = out.to_vector<float>();
+      for (int64_t k = 0; k < count; ++k) {
+        double sum = 0;
+        for (int s = 0; s < n; ++s) sum += value(s, r * count + k);
+        // The sum is exact in fp32; avg is defined as that sum / float(n).
+        const float want = op == ReduceOp::kSum ? static_cast<float>(sum)
+                                                : static_cast<float>(sum) / static_cast<float>(n);
+        ASSERT_EQ(o[static_cast<size_t>(k)], want) << reduce_op_name(op);
+      }
+    }
+
+    // all_reduce sum, avg, max
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+      Tensor buf = rank_tensor(r, count);
+      c.all_reduce(buf, op);
+      const std::vector<float> o = buf.to_vector<float>();
+      for (int64_t k = 0; k < count; ++k) {
+        double sum = 0, mx = -1e30;
+        for (int s = 0; s < n; ++s) {
+          sum += value(s, k);
+          mx = std::max<double>(mx, value(s, k));
+        }
+        const float want = op == ReduceOp::kSum   ? static_cast<float>(sum)
+                           : op == ReduceOp::kAvg ? static_cast<float>(sum) / static_cast<float>(n)
+                                                  : static_cast<float>(mx);
+        ASSERT_EQ(o[static_cast<size_t>(k)], want) << reduce_op_name(op);
+      }
+    }
+
+    // broadcast from the last member, of raw bytes in several dtypes
+    const int root = n - 1;
+    for (DType dt : {DType::kUInt8, DType::kBFloat16, DType::kInt32, DType::kFloat32}) {
+      Tensor b = Tensor::empty(Shape{count}, dt, kernels::Device::cpu());
+      auto* p = static_cast<uint8_t*>(b.raw_data());
+      for (int64_t i = 0; i < b.nbytes().value; ++i) p[i] = static_cast<uint8_t>(r * 31 + i);
+      c.broadcast(b, root);
+      for (int64_t i = 0; i < b.nbytes().value; ++i) {
+        ASSERT_EQ(p[i], static_cast<uint8_t>(root * 31 + i)) << kernels::dtype_name(dt);
+      }
+    }
+
+    // all_gather of bf16 bit patterns, in place (the input is this member's slice of the output)
+    Tensor bf = Tensor::empty(Shape{n * 5}, DType::kBFloat16, kernels::Device::cpu());
+    auto* bp = static_cast<uint16_t*>(bf.raw_data());
+    for (int i = 0; i < 5; ++i) bp[r * 5 + i] = static_cast<uint16_t>(0x3F80 + r * 16 + i);
+    c.all_gather(bf.slice_rows(r * 5, r * 5 + 5), bf);
+    for (int s = 0; s < n; ++s) {
+      for (int i = 0; i < 5; ++i) ASSERT_EQ(bp[s * 5 + i], 0x3F80 + s * 16 + i);
+    }
+    c.barrier();
+
+    // Accounting: nccl-tests sizes.
+    EXPECT_EQ(c.stats(CollectiveKind::kAllGather).count, 2);
+    EXPECT_EQ(c.stats(CollectiveKind::kAllGather).bytes.value, n * count * 4 + n * 5 * 2);
+    EXPECT_EQ(c.stats(CollectiveKind::kReduceScatter).bytes.value, 2 * n * count * 4);
+    EXPECT_EQ(c.stats(CollectiveKind::kAllReduce).count, 3);
+    EXPECT_EQ(c.stats(CollectiveKind::kBroadcast).bytes.value, count * (1 + 2 + 4 + 4));
+    EXPECT_EQ(c.stats(CollectiveKind::kBarrier).count, 1);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks1To8, LocalCollectivesTest, ::testing::Range(1, 9));
+
+TEST(LocalCommTest, MeshGroupsReduceOverTheirMembersOnly) {
+  const DeviceMesh mesh(2, 2, 2);
+  LocalWorld world(mesh, short_timeout());
+  world.run([&](RankComms& comms) {
+    const int me = comms.rank();
+    for (unsigned bits = 1; bits < 8; ++bits) {
+      const DimSet dims = DimSet::from_bits(bits);
+      Communicator& c = comms.group(dims);
+      const std::vector<int> members = mesh.group_ranks(me, dims);
+      EXPECT_EQ(c.ranks(), members);
+      EXPECT_EQ(c.label(), dims.str());
+      Tensor t = Tensor::from_vector(Shape{2}, std::vector<float>{float(me), float(me * me)});
+      c.all_reduce(t, ReduceOp::kSum);
+      float s1 = 0, s2 = 0;
+      for (int r : members) {
+        s1 += float(r);
+        s2 += float(r * r);
+      }
+      EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{s1, s2})) << dims.str();
+    }
+  });
+}
+
+TEST(LocalCommTest, RankOrderSumIsDeterministicAndNotReassociated) {
+  // 1 + 2^-24 + 2^-24 ... : summing in rank order loses every tiny term (1 + 2^-24 rounds to 1),
+  // any other order that adds the tiny terms first keeps them. Rank order is the contract.
+  const int n = 4;
+  LocalWorld world(DeviceMesh(1, n, 1), short_timeout());
+  world.run([&](RankComms& comms) {
+    Communicator& c = comms.group({MeshDim::kDpShard});
+    const float x = c.rank() == 0 ? 1.0f : std::ldexp(1.0f, -24);
+    Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{x});
+    c.all_reduce(t, ReduceOp::kSum);
+    EXPECT_EQ(t.to_vector<float>()[0], 1.0f);
+  });
+}
+
+TEST(LocalCommTest, MissingRankTimesOutWithClearError) {
+  LocalWorldOptions opts;
+  opts.timeout = std::chrono::milliseconds(300);
+  LocalWorld world(DeviceMesh(1, 4, 1), opts);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    world.run([&](RankComms& comms) {
+      if (comms.rank() == 3) return;  // never arrives
+      Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{1.0f});
+      comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
+    });
+    FAIL() << "expected a timeout";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kRuntime);
+    const std::string msg = e.message();
+    EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("dp_shard group of ranks [0, 1, 2, 3]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("ranks [3] never arrived"), std::string::npos) << msg;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 30.0);  // not a hang: 0.3 s timeout, generous bound for a loaded 2-core machine
+}
+
+TEST(LocalCommTest, ExceptionOnOneRankAbortsTheOthers) {
+  // Default 300 s timeout: the others must be woken by the abort, not by their timeout.
+  LocalWorld world(DeviceMesh(1, 4, 1));
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    world.run([&](RankComms& comms) {
+      if (comms.rank() == 2) MP_FAIL_INPUT("rank two rejects its input");
+      Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{1.0f});
+      comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
+    });
+    FAIL() << "expected the rank-2 error";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_EQ(e.message(), "rank 2: rank two rejects its input");
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 30.0);
+}
+
+TEST(LocalCommTest, MismatchedCallsAndBadBuffersAreErrors) {
+  LocalWorld world(DeviceMesh(1, 2, 1), short_timeout());
+  try {
+    world.run([&](RankComms& comms) {
+      Tensor t = Tensor::zeros(Shape{comms.rank() + 1}, DType::kFloat32, kernels::Device::cpu());
+      comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
+    });
+    FAIL() << "expected a mismatch error";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kRuntime);
+    EXPECT_NE(std::string(e.message()).find("mismatched collective calls"), std::string::npos)
+        << e.message();
+  }
+  try {
+    world.run([&](RankComms& comms) {
+      Tensor t = Tensor::zeros(Shape{4}, DType::kInt32, kernels::Device::cpu());
+      comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
+    });
+    FAIL() << "expected an input error";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(std::string(e.message()).find("must be float32"), std::string::npos) << e.message();
+  }
+  try {
+    world.run([&](RankComms& comms) {
+      Tensor in = Tensor::zeros(Shape{4}, DType::kFloat32, kernels::Device::cpu());
+      Tensor out = Tensor::zeros(Shape{7}, DType::kFloat32, kernels::Device::cpu());
+      comms.group({MeshDim::kDpShard}).all_gather(in, out);
+    });
+    FAIL() << "expected an input error";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(std::string(e.message()).find("must hold 2 x input"), std::string::npos)
+        << e.message();
+  }
+}
+
+TEST(LocalCommTest, BusBandwidthFactorsFollowNcclTests) {
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CollectiveKind::kAllReduce, 8), 2.0 * 7 / 8);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CollectiveKind::kAllGather, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CollectiveKind::kReduceScatter, 2), 0.5);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CollectiveKind::kBroadcast, 8), 1.0);
+}
+
+}  // namespace
+}  // namespace meshproof::mesh
