@@ -30,6 +30,17 @@ constexpr const char* kStyle =
 
 std::string esc(std::string_view s) { return xml_escape(s); }
 
+const std::string& part_color(const std::string& part) {
+  static const std::map<std::string, std::string> kColors = {
+      {"compute", "#1f77b4"},    {"all_gather", "#ff7f0e"}, {"reduce_scatter", "#2ca02c"},
+      {"all_reduce", "#d62728"}, {"broadcast", "#bcbd22"},  {"reduce", "#17becf"},
+      {"all_to_all", "#e377c2"}, {"optimizer", "#9467bd"},  {"checkpoint", "#8c564b"},
+      {"other", "#7f7f7f"}};
+  static const std::string kDefault = "#000000";
+  const auto it = kColors.find(part);
+  return it == kColors.end() ? kDefault : it->second;
+}
+
 std::string verdict_cell(Verdict v) {
   const std::string_view n = verdict_name(v);
   return fmt::format(R"(<td class="{0}">{0}</td>)", n);
@@ -48,7 +59,9 @@ std::vector<std::string> scenario_plots(const ScenarioRecord& s) {
       run.x.push_back(static_cast<double>(m.step));
       run.y.push_back(m.loss);
     }
+    loss.series.push_back(run);
     if (s.golden) {
+      // Golden drawn last, dashed, so that it stays visible where the two lines coincide.
       svg::Series gold{"golden", {}, {}, svg::palette(1), true, false};
       for (const GoldenStep& g : s.golden->steps) {
         gold.x.push_back(static_cast<double>(g.step));
@@ -56,7 +69,6 @@ std::vector<std::string> scenario_plots(const ScenarioRecord& s) {
       }
       loss.series.push_back(gold);
     }
-    loss.series.push_back(run);
     plots.push_back(svg::render_line_plot(loss));
 
     if (s.golden) {
@@ -105,9 +117,9 @@ std::vector<std::string> scenario_plots(const ScenarioRecord& s) {
     bars.segment_labels.push_back("optimizer");
     bars.segment_labels.push_back("checkpoint");
     bars.segment_labels.push_back("other");
-    for (size_t i = 0; i < bars.segment_labels.size(); ++i) {
-      bars.segment_colors.push_back(svg::palette(i));
-    }
+    // Fixed colour per part, so that the same part has the same colour in every scenario.
+    for (const std::string& label : bars.segment_labels)
+      bars.segment_colors.push_back(part_color(label));
     bars.values.assign(bars.segment_labels.size(), {});
     for (const StepMetrics& m : s.steps) {
       bars.categories.push_back(std::to_string(m.step));

@@ -63,7 +63,7 @@ std::string check_headline(const CheckResult& c) {
   std::string out = c.message;
   if (c.evidence && !c.evidence->empty()) {
     if (!out.empty()) out += " ";
-    out += "(" + evidence_summary(*c.evidence) + ")";
+    out += fmt::format("({})", evidence_summary(*c.evidence));
   }
   return out;
 }

@@ -46,7 +46,7 @@ struct LinePlot {
   std::string y_label;
   std::vector<Series> series;
   std::vector<Band> bands;
-  int width = 720;
+  int width = 660;  // two plots side by side in a 1400 px window
   int height = 320;
 };
 std::string render_line_plot(const LinePlot& plot);
@@ -63,7 +63,7 @@ struct StackedBars {
   std::vector<std::vector<double>> values;
   std::vector<double> markers;  // empty or one per category; non-finite = no marker
   std::string marker_label;
-  int width = 720;
+  int width = 660;  // two plots side by side in a 1400 px window
   int height = 320;
 };
 std::string render_stacked_bars(const StackedBars& plot);

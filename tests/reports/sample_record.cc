@@ -195,7 +195,7 @@ RunRecord sample_record() {
         coll(CollectiveKind::kAllGather, "dp_shard", 2, 640, 20 * 8 * 14 * kMiB, 0.051),
         coll(CollectiveKind::kReduceScatter, "dp_shard", 2, 320, 20 * 14 * kMiB * 4, 0.044),
         coll(CollectiveKind::kAllReduce, "dp_replicate", 2, 320, 20 * 7 * kMiB * 4, 0.040),
-        coll(CollectiveKind::kAllReduce, "tp", 2, 1280, 20 * 64 * 16 * kMiB, 0.048)};
+        coll(CollectiveKind::kAllReduce, "tp", 2, 1280, 20 * 64 * 2 * kMiB, 0.048)};
     s.duration_s = 4.7;
     r.scenarios.push_back(s);
   }
