@@ -9,6 +9,7 @@
 
 #include "reports/report_error.h"
 #include "reports/run_record.h"
+#include "reports/xml_text.h"
 
 namespace meshproof::reports {
 namespace {
@@ -185,7 +186,8 @@ std::string format_compare_table(const CompareTable& t, const std::string& a_nam
   }
   for (const std::string& n : t.only_in_a) out += fmt::format("only in A: {}\n", n);
   for (const std::string& n : t.only_in_b) out += fmt::format("only in B: {}\n", n);
-  return out;
+  // Names come from files: no control characters (terminal escapes) reach the terminal.
+  return sanitize_text(out);
 }
 
 }  // namespace meshproof::reports
