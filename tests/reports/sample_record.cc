@@ -242,6 +242,10 @@ RunRecord hostile_record() {
   s.checks[0].message = "msg " + nasty + "\nline two";
   s.checks[0].evidence->tensor = "layers.0." + nasty;
   s.config["comment"] = "</code>" + nasty;
+  // Also exercise the error paths: a scenario that stopped and a check that errored.
+  r.scenarios[0].error = "CUDA error: out of memory " + nasty;
+  s.checks[1].verdict = Verdict::kError;
+  s.checks[1].message = "resume: cannot open checkpoint " + nasty;
   return r;
 }
 

@@ -10,7 +10,8 @@ namespace meshproof::reports::testing {
 RunRecord sample_record();
 
 // The sample with hostile strings everywhere a user or a check can put text (markup
-// characters, quotes, pipes, control characters, invalid UTF-8), for escaping tests.
+// characters, quotes, pipes, control characters, invalid UTF-8), for escaping tests; it also
+// has a scenario that stopped with an error and a check that errored.
 RunRecord hostile_record();
 
 }  // namespace meshproof::reports::testing
