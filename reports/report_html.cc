@@ -295,7 +295,7 @@ std::string render_html(const RunRecord& r) {
       verdict_name(v), kStyle, verdict_name(v), verdict_name(v));
   const EnvironmentRecord& e = r.environment;
   out += fmt::format(
-      "<p>Started {} UTC, {:.1f} s. meshproof {} ({}, {}), host {}, backend {}, CUDA runtime {}, "
+      "<p>Started {}, {:.1f} s. meshproof {} ({}, {}), host {}, backend {}, CUDA runtime {}, "
       "driver {}, NCCL {}.</p>\n",
       esc(r.start_time), r.duration_s, esc(e.meshproof_version), esc(e.git_commit),
       esc(e.build_type), esc(e.host), esc(e.active_backend), esc(e.cuda_runtime),

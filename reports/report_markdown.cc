@@ -36,7 +36,7 @@ std::string render_markdown(const RunRecord& r) {
   out += fmt::format("# meshproof report: {}\n\n", verdict_name(run_verdict(r)));
   std::string cmd;
   for (const std::string& a : r.command_line) cmd += (cmd.empty() ? "" : " ") + a;
-  out += fmt::format("Started {} UTC, {:.1f} s, meshproof {} ({}), backend {}, host {}.\n\n",
+  out += fmt::format("Started {}, {:.1f} s, meshproof {} ({}), backend {}, host {}.\n\n",
                      r.start_time, r.duration_s, r.environment.meshproof_version,
                      r.environment.git_commit, r.environment.active_backend, r.environment.host);
   if (!cmd.empty()) out += fmt::format("Command: `{}`\n\n", cmd);
