@@ -47,6 +47,10 @@ int64_t default_warmup_steps(int64_t num_steps) {
 
 double median(std::vector<double> values) {
   if (values.empty()) input_error("median of an empty sample");
+  for (double v : values) {
+    // NaN would break the ordering nth_element relies on; a step time is never infinite.
+    if (!std::isfinite(v)) input_error(fmt::format("median of a sample holding {}", v));
+  }
   const size_t n = values.size();
   std::nth_element(values.begin(), values.begin() + n / 2, values.end());
   const double hi = values[n / 2];

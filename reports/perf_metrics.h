@@ -25,7 +25,7 @@ int64_t default_warmup_steps(int64_t num_steps);
 double steady_state_median_step_time(const std::vector<StepMetrics>& steps, int64_t warmup = -1);
 
 // Median of an unsorted sample (mean of the two middle values for an even count). Throws
-// ReportError(kInput) for an empty sample.
+// ReportError(kInput) for an empty sample or a non-finite value.
 double median(std::vector<double> values);
 
 // ---- model FLOPs (Megatron-style) -------------------------------------------------------------

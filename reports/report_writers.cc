@@ -45,7 +45,9 @@ std::string render_json(const RunRecord& record) {
 }
 
 ReportPaths write_reports(const RunRecord& record, const std::filesystem::path& out_dir) {
-  // Render everything first: an invalid record throws here, before any file is touched.
+  // Validate and render everything first: an invalid record throws here, before any file is
+  // touched.
+  validate_record(record);
   const std::pair<std::string, std::string> docs[] = {
       {"report.json", render_json(record)},
       {"report.md", render_markdown(record)},

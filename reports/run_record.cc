@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <ctime>
+#include <set>
 
 #include "reports/report_error.h"
 
@@ -55,11 +56,6 @@ nlohmann::json to_json(const Evidence& e) {
 }
 
 nlohmann::json to_json(const ScenarioRecord& s) {
-  if (!s.config.is_object()) {
-    throw ReportError(ReportError::Kind::kInput,
-                      fmt::format("scenario '{}': config must be a JSON object, got {}", s.name,
-                                  s.config.type_name()));
-  }
   nlohmann::json steps = nlohmann::json::array();
   for (const StepMetrics& m : s.steps) {
     steps.push_back({{"step", m.step},
@@ -245,7 +241,39 @@ std::string format_utc(int64_t unix_seconds) {
                      tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
 }
 
+void validate_record(const RunRecord& r) {
+  auto fail = [](const std::string& m) { throw ReportError(ReportError::Kind::kInput, m); };
+  std::set<std::string> names;
+  for (size_t i = 0; i < r.scenarios.size(); ++i) {
+    const ScenarioRecord& s = r.scenarios[i];
+    if (s.name.empty()) fail(fmt::format("scenarios[{}]: empty scenario name", i));
+    if (!names.insert(s.name).second) fail(fmt::format("scenario '{}' appears twice", s.name));
+    if (!s.config.is_object()) {
+      fail(fmt::format("scenario '{}': config must be a JSON object, got {}", s.name,
+                       s.config.type_name()));
+    }
+    std::set<std::string> checks;
+    for (size_t k = 0; k < s.checks.size(); ++k) {
+      const std::string& c = s.checks[k].name;
+      if (c.empty()) fail(fmt::format("scenario '{}': checks[{}] has an empty name", s.name, k));
+      if (!checks.insert(c).second) {
+        fail(fmt::format("scenario '{}': check '{}' appears twice", s.name, c));
+      }
+    }
+    for (const StepMetrics& m : s.steps) {
+      if (m.step < 0 || m.tokens < 0) {
+        fail(fmt::format("scenario '{}': step {} has negative step or tokens ({})", s.name, m.step,
+                         m.tokens));
+      }
+    }
+    for (const RankMemory& m : s.memory) {
+      if (m.rank < 0) fail(fmt::format("scenario '{}': memory of rank {}", s.name, m.rank));
+    }
+  }
+}
+
 nlohmann::json to_json(const RunRecord& r) {
+  validate_record(r);
   nlohmann::json scenarios = nlohmann::json::array();
   int counts[4] = {0, 0, 0, 0};
   int check_counts[4] = {0, 0, 0, 0};

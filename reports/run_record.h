@@ -209,6 +209,11 @@ Verdict run_verdict(const RunRecord& r);
 // Formats a system_clock time as ISO 8601 UTC with a trailing Z, seconds resolution.
 std::string format_utc(int64_t unix_seconds);
 
+// Checks what the writers rely on: scenario names non-empty and unique, check names non-empty
+// and unique within their scenario, configs JSON objects, ranks and steps non-negative. Throws
+// ReportError(kInput) naming the scenario and field. write_reports calls it before writing.
+void validate_record(const RunRecord& r);
+
 // The report.json document (schema in docs/report-schema.md). Derived verdicts are included so
 // that readers need not re-derive them.
 nlohmann::json to_json(const RunRecord& r);

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "reports/report_error.h"
 
 namespace meshproof::reports {
@@ -35,6 +37,7 @@ TEST(PerfMetricsTest, MedianOddEvenAndEmpty) {
   EXPECT_DOUBLE_EQ(median({4, 1, 3, 2}), 2.5);  // (2 + 3) / 2
   EXPECT_DOUBLE_EQ(median({7}), 7);
   EXPECT_THROW(median({}), ReportError);
+  EXPECT_THROW(median({1.0, std::nan("")}), ReportError);
 }
 
 TEST(PerfMetricsTest, SteadyStateMedianExcludesWarmup) {

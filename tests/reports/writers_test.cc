@@ -237,6 +237,31 @@ TEST(WriteReportsTest, InvalidRecordWritesNothing) {
   EXPECT_FALSE(std::filesystem::exists(dir.path()));
 }
 
+TEST(RunRecordTest, ValidationNamesTheOffendingScenario) {
+  auto expect_invalid = [](const RunRecord& r, const std::string& needle) {
+    try {
+      validate_record(r);
+      FAIL() << "expected ReportError containing " << needle;
+    } catch (const ReportError& e) {
+      EXPECT_EQ(e.kind(), ReportError::Kind::kInput);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  EXPECT_NO_THROW(validate_record(testing::sample_record()));
+  RunRecord r = testing::sample_record();
+  r.scenarios[2].name = r.scenarios[0].name;
+  expect_invalid(r, "scenario 'gpt_tiny_fsdp4_mxfp8' appears twice");
+  r = testing::sample_record();
+  r.scenarios[1].name = "";
+  expect_invalid(r, "scenarios[1]: empty scenario name");
+  r = testing::sample_record();
+  r.scenarios[1].checks[2].name = "golden";
+  expect_invalid(r, "check 'golden' appears twice");
+  r = testing::sample_record();
+  r.scenarios[0].memory[1].rank = -1;
+  expect_invalid(r, "memory of rank -1");
+}
+
 TEST(WriteReportsTest, UnwritableDirectoryIsAnIoError) {
   TempDir dir;
   std::filesystem::create_directories(dir.path());
