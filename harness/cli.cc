@@ -10,6 +10,7 @@
 #include "harness/exit_codes.h"
 #include "harness/validate_verb.h"
 #include "harness/quantize_verb.h"
+#include "harness/report_verb.h"
 #include "kernels/build_info.h"
 #include "kernels/error.h"
 #include "kernels/hdf5_check.h"
@@ -56,6 +57,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   add_validate_command(app, out, err, exit_code);
   add_quantize_command(app, out, exit_code);
   add_bench_comm_command(app, out, exit_code);
+  add_report_command(app, out, exit_code);
 
   try {
     app.parse(argc, argv);

@@ -11,6 +11,9 @@ packages=(
   # test-side reference scripts (Debian's python3): h5py for HDF5 round trips, torch for the
   # independent PyTorch model reference
   python3 python3-numpy python3-h5py python3-torch
+  # report tests: report.json against reports/schema/report.schema.json, junit.xml against the
+  # Ant JUnit XSD
+  python3-jsonschema python3-xmlschema
 )
 
 missing=()

@@ -1,0 +1,314 @@
+// report.html: one self-contained XHTML-compatible page. Plots are inline SVG from svg.h; there
+// are no scripts and no external references (fonts, styles, images), so the file opens offline
+// and can be attached to a CI run as is.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "reports/report_text.h"
+#include "reports/report_writers.h"
+#include "reports/svg.h"
+#include "reports/xml_text.h"
+
+namespace meshproof::reports {
+namespace {
+
+constexpr const char* kStyle =
+    "body{font-family:sans-serif;margin:24px;color:#222;max-width:1400px}"
+    "table{border-collapse:collapse;margin:8px 0 16px 0}"
+    "th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}"
+    "td.num{text-align:right;font-variant-numeric:tabular-nums}"
+    "th{background:#f3f3f3}"
+    ".pass{background:#d9f2d9}.fail{background:#f8d0d0}.error{background:#f5c08a}"
+    ".skipped{background:#e6e6e6}"
+    ".plots{display:flex;flex-wrap:wrap;gap:12px}"
+    ".plot{border:1px solid #ddd}"
+    "code{background:#f6f6f6;padding:1px 3px;word-break:break-all}"
+    "section{border-top:2px solid #999;margin-top:24px}";
+
+std::string esc(std::string_view s) { return xml_escape(s); }
+
+const std::string& part_color(const std::string& part) {
+  static const std::map<std::string, std::string> kColors = {
+      {"compute", "#1f77b4"},    {"all_gather", "#ff7f0e"}, {"reduce_scatter", "#2ca02c"},
+      {"all_reduce", "#d62728"}, {"broadcast", "#bcbd22"},  {"reduce", "#17becf"},
+      {"all_to_all", "#e377c2"}, {"optimizer", "#9467bd"},  {"checkpoint", "#8c564b"},
+      {"other", "#7f7f7f"}};
+  static const std::string kDefault = "#000000";
+  const auto it = kColors.find(part);
+  return it == kColors.end() ? kDefault : it->second;
+}
+
+std::string verdict_cell(Verdict v) {
+  const std::string_view n = verdict_name(v);
+  return fmt::format(R"(<td class="{0}">{0}</td>)", n);
+}
+
+// Plots of one scenario, in the order documented in docs/report-schema.md.
+std::vector<std::string> scenario_plots(const ScenarioRecord& s) {
+  std::vector<std::string> plots;
+  if (!s.steps.empty()) {
+    svg::LinePlot loss;
+    loss.title = s.golden ? "Loss vs golden: " + s.name : "Loss: " + s.name;
+    loss.x_label = "step";
+    loss.y_label = "loss";
+    svg::Series run{"this run", {}, {}, svg::palette(0), false, true};
+    for (const StepMetrics& m : s.steps) {
+      run.x.push_back(static_cast<double>(m.step));
+      run.y.push_back(m.loss);
+    }
+    loss.series.push_back(run);
+    if (s.golden) {
+      // Golden drawn last, dashed, so that it stays visible where the two lines coincide.
+      svg::Series gold{"golden", {}, {}, svg::palette(1), true, false};
+      for (const GoldenStep& g : s.golden->steps) {
+        gold.x.push_back(static_cast<double>(g.step));
+        gold.y.push_back(g.loss);
+      }
+      loss.series.push_back(gold);
+    }
+    plots.push_back(svg::render_line_plot(loss));
+
+    if (s.golden) {
+      // Relative difference (x - g)/|g| and the band |x - g| <= atol + rtol*|g| in the same units.
+      std::map<int64_t, double> golden_loss;
+      for (const GoldenStep& g : s.golden->steps) golden_loss[g.step] = g.loss;
+      const ToleranceBand& t = s.golden->tolerance;
+      svg::LinePlot rel;
+      rel.title = "Relative difference of loss vs golden: " + s.name;
+      rel.x_label = "step";
+      rel.y_label = "(loss - golden) / |golden|";
+      svg::Band band{fmt::format("tolerance (rtol {:g}, atol {:g})", t.rtol, t.atol),
+                     {},
+                     {},
+                     {},
+                     svg::palette(2)};
+      svg::Series diff{"relative difference", {}, {}, svg::palette(3), false, true};
+      for (const StepMetrics& m : s.steps) {
+        const auto it = golden_loss.find(m.step);
+        if (it == golden_loss.end() || it->second == 0 || !std::isfinite(it->second)) continue;
+        const double g = it->second;
+        const double half = t.rtol + t.atol / std::abs(g);
+        band.x.push_back(static_cast<double>(m.step));
+        band.lo.push_back(-half);
+        band.hi.push_back(half);
+        diff.x.push_back(static_cast<double>(m.step));
+        diff.y.push_back((m.loss - g) / std::abs(g));
+      }
+      rel.bands.push_back(band);
+      rel.series.push_back(diff);
+      plots.push_back(svg::render_line_plot(rel));
+    }
+
+    // Step-time breakdown, milliseconds, stacked: compute, each collective kind, optimizer,
+    // checkpoint, other (the unattributed remainder).
+    std::set<CollectiveKind> kinds;
+    for (const StepMetrics& m : s.steps) {
+      for (const CollectiveTime& c : m.time.collectives) kinds.insert(c.kind);
+    }
+    svg::StackedBars bars;
+    bars.title = "Step time breakdown: " + s.name;
+    bars.x_label = "step";
+    bars.y_label = "time (ms)";
+    bars.segment_labels.push_back("compute");
+    for (CollectiveKind k : kinds) bars.segment_labels.push_back(std::string(collective_name(k)));
+    bars.segment_labels.push_back("optimizer");
+    bars.segment_labels.push_back("checkpoint");
+    bars.segment_labels.push_back("other");
+    // Fixed colour per part, so that the same part has the same colour in every scenario.
+    for (const std::string& label : bars.segment_labels)
+      bars.segment_colors.push_back(part_color(label));
+    bars.values.assign(bars.segment_labels.size(), {});
+    for (const StepMetrics& m : s.steps) {
+      bars.categories.push_back(std::to_string(m.step));
+      size_t seg = 0;
+      double attributed = m.time.compute_s + m.time.optimizer_s + m.time.checkpoint_s;
+      bars.values[seg++].push_back(m.time.compute_s * 1e3);
+      for (CollectiveKind k : kinds) {
+        double sum = 0;
+        for (const CollectiveTime& c : m.time.collectives) {
+          if (c.kind == k) sum += c.seconds;
+        }
+        attributed += sum;
+        bars.values[seg++].push_back(sum * 1e3);
+      }
+      bars.values[seg++].push_back(m.time.optimizer_s * 1e3);
+      bars.values[seg++].push_back(m.time.checkpoint_s * 1e3);
+      bars.values[seg++].push_back(std::max(0.0, m.time.total_s - attributed) * 1e3);
+    }
+    plots.push_back(svg::render_stacked_bars(bars));
+  }
+
+  if (!s.memory.empty()) {
+    int64_t max_bytes = 0;
+    for (const RankMemory& m : s.memory) {
+      max_bytes = std::max({max_bytes, m.peak_bytes,
+                            m.params_bytes + m.grads_bytes + m.optimizer_bytes +
+                                m.gathered_weights_bytes + m.activations_bytes});
+    }
+    const bool gib = max_bytes >= (int64_t{1} << 30);
+    const double unit = gib ? 1024.0 * 1024 * 1024 : 1024.0 * 1024;
+    svg::StackedBars mem;
+    mem.title = "Memory per rank: " + s.name;
+    mem.x_label = "rank";
+    mem.y_label = gib ? "GiB" : "MiB";
+    mem.segment_labels = {"params", "grads", "optimizer", "gathered weights", "activations"};
+    for (size_t i = 0; i < mem.segment_labels.size(); ++i)
+      mem.segment_colors.push_back(svg::palette(i));
+    mem.values.assign(mem.segment_labels.size(), {});
+    mem.marker_label = "peak";
+    for (const RankMemory& m : s.memory) {
+      mem.categories.push_back(std::to_string(m.rank));
+      mem.values[0].push_back(static_cast<double>(m.params_bytes) / unit);
+      mem.values[1].push_back(static_cast<double>(m.grads_bytes) / unit);
+      mem.values[2].push_back(static_cast<double>(m.optimizer_bytes) / unit);
+      mem.values[3].push_back(static_cast<double>(m.gathered_weights_bytes) / unit);
+      mem.values[4].push_back(static_cast<double>(m.activations_bytes) / unit);
+      mem.markers.push_back(static_cast<double>(m.peak_bytes) / unit);
+    }
+    plots.push_back(svg::render_stacked_bars(mem));
+  }
+  return plots;
+}
+
+std::string summary_table(const RunRecord& r) {
+  std::string out =
+      "<table id=\"summary\"><thead><tr><th>scenario</th><th>mesh</th><th>recipe</th>"
+      "<th>checks</th><th>verdict</th><th>step time (ms)</th><th>MFU</th></tr></thead><tbody>\n";
+  for (size_t i = 0; i < r.scenarios.size(); ++i) {
+    const ScenarioRecord& s = r.scenarios[i];
+    out += fmt::format(
+        R"(<tr><td><a href="#scenario-{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td>{}<td class="num">{}</td><td class="num">{}</td></tr>)"
+        "\n",
+        i, esc(s.name), esc(s.mesh), esc(s.recipe), esc(checks_tally(s)),
+        verdict_cell(scenario_verdict(s)), step_time_ms(s), mfu_percent(s));
+  }
+  return out + "</tbody></table>\n";
+}
+
+std::string scenario_section(const ScenarioRecord& s, size_t index) {
+  std::string out = fmt::format(R"(<section id="scenario-{}"><h2>{}: {}</h2>)", index, esc(s.name),
+                                verdict_name(scenario_verdict(s)));
+  out += "\n<table><tbody>";
+  auto row = [&](std::string_view k, const std::string& v) {
+    out += fmt::format("<tr><th>{}</th><td>{}</td></tr>", k, v);
+  };
+  row("expectation", std::string(expectation_name(s.expectation)));
+  row("mesh", esc(s.mesh));
+  row("recipe", esc(s.recipe));
+  row("backend", esc(s.backend));
+  row("steps", fmt::format("{} in {:.2f} s", s.steps.size(), s.duration_s));
+  if (s.golden) {
+    const ToleranceBand& t = s.golden->tolerance;
+    row("golden",
+        fmt::format("<code>{}</code> ({}, rtol {:g}, atol {:g}, {} failing steps allowed)",
+                    esc(s.golden->source), esc(t.mode), t.rtol, t.atol, t.allowed_failing_steps));
+  }
+  if (!s.error.empty()) row("error", esc(s.error));
+  row("config", "<code>" + esc(config_text(s)) + "</code>");
+  out += "</tbody></table>\n";
+
+  if (!s.checks.empty()) {
+    out +=
+        "<h3>Checks</h3><table class=\"checks\"><thead><tr><th>check</th><th>kind</th>"
+        "<th>verdict</th><th>message</th><th>evidence</th></tr></thead><tbody>\n";
+    for (const CheckResult& c : s.checks) {
+      out += fmt::format("<tr><td>{}</td><td>{}</td>{}<td>{}</td><td>{}</td></tr>\n", esc(c.name),
+                         esc(c.kind), verdict_cell(c.verdict), esc(c.message),
+                         c.evidence ? esc(evidence_summary(*c.evidence)) : std::string());
+    }
+    out += "</tbody></table>\n";
+  }
+  if (s.performance) {
+    const PerformanceFigures& p = *s.performance;
+    out += "<h3>Performance</h3><table><tbody>";
+    row("steady-state window",
+        fmt::format("steps {}..{} ({} warm-up steps excluded)", p.warmup_steps + 1,
+                    p.warmup_steps + p.steady_steps, p.warmup_steps));
+    row("median step time", fmt::format("{:.3f} ms", p.median_step_time_s * 1e3));
+    row("tokens/s", fmt::format("{:.4g}", p.tokens_per_s));
+    row("model TFLOP/s per device",
+        fmt::format("{:.4g} ({} devices)", p.tflops_per_device, p.num_devices));
+    row("peak", p.peak_tflops ? fmt::format("{:g} TFLOP/s {} ({})", *p.peak_tflops,
+                                            esc(p.gemm_dtype), esc(p.peak_source))
+                              : std::string("unknown"));
+    row("MFU", mfu_percent(s));
+    out += "</tbody></table>\n";
+  }
+
+  const std::vector<std::string> plots = scenario_plots(s);
+  if (!plots.empty()) {
+    out += "<h3>Plots</h3><div class=\"plots\">\n";
+    for (const std::string& p : plots) out += "<div class=\"plot\">" + p + "</div>\n";
+    out += "</div>\n";
+  }
+
+  if (!s.memory.empty()) {
+    out +=
+        "<h3>Memory per rank</h3><table><thead><tr><th>rank</th><th>params</th><th>grads</th>"
+        "<th>optimizer</th><th>gathered weights</th><th>activations</th><th>peak</th></tr>"
+        "</thead><tbody>\n";
+    for (const RankMemory& m : s.memory) {
+      out += fmt::format(
+          R"(<tr><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>)"
+          "\n",
+          m.rank, format_bytes(m.params_bytes), format_bytes(m.grads_bytes),
+          format_bytes(m.optimizer_bytes), format_bytes(m.gathered_weights_bytes),
+          format_bytes(m.activations_bytes), format_bytes(m.peak_bytes));
+    }
+    out += "</tbody></table>\n";
+  }
+  if (!s.collectives.empty()) {
+    out +=
+        "<h3>Collectives</h3><table><thead><tr><th>kind</th><th>group</th><th>n</th>"
+        "<th>calls</th><th>bytes</th><th>time (ms)</th><th>algbw (GB/s)</th>"
+        "<th>busbw (GB/s)</th></tr></thead><tbody>\n";
+    for (const CollectiveStats& c : s.collectives) {
+      out += fmt::format(
+          R"(<tr><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{:.3f}</td><td class="num">{:.2f}</td><td class="num">{:.2f}</td></tr>)"
+          "\n",
+          collective_name(c.kind), esc(c.group), c.group_size, c.count, format_bytes(c.bytes),
+          c.time_s * 1e3, c.algbw_gbps, c.busbw_gbps);
+    }
+    out += "</tbody></table>\n";
+  }
+  if (!s.notes.empty()) {
+    out += "<h3>Notes</h3><ul>\n";
+    for (const std::string& n : s.notes) out += "<li>" + esc(n) + "</li>\n";
+    out += "</ul>\n";
+  }
+  return out + "</section>\n";
+}
+
+}  // namespace
+
+std::string render_html(const RunRecord& r) {
+  const Verdict v = run_verdict(r);
+  std::string cmd;
+  for (const std::string& a : r.command_line) cmd += (cmd.empty() ? "" : " ") + a;
+  std::string out = fmt::format(
+      "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n"
+      "<meta charset=\"utf-8\"/>\n<title>meshproof report: {}</title>\n<style>{}</style>\n"
+      "</head>\n<body>\n<h1>meshproof report: <span class=\"{}\">{}</span></h1>\n",
+      verdict_name(v), kStyle, verdict_name(v), verdict_name(v));
+  const EnvironmentRecord& e = r.environment;
+  out += fmt::format(
+      "<p>Started {}, {:.1f} s. meshproof {} ({}, {}), host {}, backend {}, CUDA runtime {}, "
+      "driver {}, NCCL {}.</p>\n",
+      esc(r.start_time), r.duration_s, esc(e.meshproof_version), esc(e.git_commit),
+      esc(e.build_type), esc(e.host), esc(e.active_backend), esc(e.cuda_runtime),
+      esc(e.cuda_driver), esc(e.nccl));
+  for (const GpuRecord& g : e.gpus) {
+    out +=
+        fmt::format("<p>GPU {}: {} (compute capability {}, {}, {} SMs)</p>\n", g.index, esc(g.name),
+                    esc(g.compute_capability), format_bytes(g.memory_bytes), g.sm_count);
+  }
+  if (!cmd.empty()) out += "<p>Command: <code>" + esc(cmd) + "</code></p>\n";
+  out += "<h2>Summary</h2>\n" + summary_table(r);
+  for (size_t i = 0; i < r.scenarios.size(); ++i) out += scenario_section(r.scenarios[i], i);
+  return out + "</body>\n</html>\n";
+}
+
+}  // namespace meshproof::reports

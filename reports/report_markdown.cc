@@ -1,0 +1,115 @@
+// report.md: a one-screen summary table, then per-scenario details.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "reports/report_text.h"
+#include "reports/report_writers.h"
+#include "reports/xml_text.h"
+
+namespace meshproof::reports {
+namespace {
+
+// A table cell: pipes escaped, line breaks flattened, so one record field is one cell.
+std::string cell(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') {
+      out += "\\|";
+    } else if (c == '\n' || c == '\r') {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string fmt_opt(const std::optional<double>& v, const char* f = "{:.4g}") {
+  return v && std::isfinite(*v) ? fmt::format(fmt::runtime(f), *v) : std::string("n/a");
+}
+
+}  // namespace
+
+std::string render_markdown(const RunRecord& r) {
+  std::string out;
+  out += fmt::format("# meshproof report: {}\n\n", verdict_name(run_verdict(r)));
+  std::string cmd;
+  for (const std::string& a : r.command_line) cmd += (cmd.empty() ? "" : " ") + a;
+  out += fmt::format("Started {}, {:.1f} s, meshproof {} ({}), backend {}, host {}.\n\n",
+                     r.start_time, r.duration_s, r.environment.meshproof_version,
+                     r.environment.git_commit, r.environment.active_backend, r.environment.host);
+  if (!cmd.empty()) out += fmt::format("Command: `{}`\n\n", cmd);
+
+  out += "| scenario | mesh | recipe | checks | verdict | step time (ms) | MFU |\n";
+  out += "| --- | --- | --- | --- | --- | ---: | ---: |\n";
+  for (const ScenarioRecord& s : r.scenarios) {
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", cell(s.name), cell(s.mesh),
+                       cell(s.recipe), cell(checks_tally(s)), verdict_name(scenario_verdict(s)),
+                       step_time_ms(s), mfu_percent(s));
+  }
+
+  for (const ScenarioRecord& s : r.scenarios) {
+    out += fmt::format("\n## {}\n\n", s.name);
+    out += fmt::format("- verdict: **{}** (expected: {})\n", verdict_name(scenario_verdict(s)),
+                       expectation_name(s.expectation));
+    out += fmt::format("- mesh: {}; recipe: {}; backend: {}; {} steps in {:.2f} s\n", s.mesh,
+                       s.recipe, s.backend, s.steps.size(), s.duration_s);
+    if (!s.error.empty()) out += fmt::format("- error: {}\n", cell(s.error));
+    if (s.golden) {
+      const ToleranceBand& t = s.golden->tolerance;
+      out += fmt::format("- golden: `{}` ({}, rtol {:g}, atol {:g}, {} failing steps allowed)\n",
+                         s.golden->source, t.mode, t.rtol, t.atol, t.allowed_failing_steps);
+    }
+    out += fmt::format("- config: `{}`\n", config_text(s));
+
+    if (!s.checks.empty()) {
+      out += "\n| check | kind | verdict | message | evidence |\n| --- | --- | --- | --- | --- |\n";
+      for (const CheckResult& c : s.checks) {
+        out += fmt::format("| {} | {} | {} | {} | {} |\n", cell(c.name), cell(c.kind),
+                           verdict_name(c.verdict), cell(c.message),
+                           c.evidence ? cell(evidence_summary(*c.evidence)) : std::string());
+      }
+    }
+    if (s.performance) {
+      const PerformanceFigures& p = *s.performance;
+      out += fmt::format(
+          "\nPerformance (median of steps {}..{} after {} warm-up steps): step time {:.3f} ms, "
+          "{:.4g} tokens/s, {:.4g} model TFLOP/s per device over {} devices, peak {} TFLOP/s "
+          "({} {}), MFU {}.\n",
+          p.warmup_steps + 1, p.warmup_steps + p.steady_steps, p.warmup_steps,
+          p.median_step_time_s * 1e3, p.tokens_per_s, p.tflops_per_device, p.num_devices,
+          fmt_opt(p.peak_tflops, "{:g}"), p.gemm_dtype,
+          p.peak_source.empty() ? "unknown peak" : p.peak_source, mfu_percent(s));
+    }
+    if (!s.memory.empty()) {
+      out += "\n| rank | params | grads | optimizer | gathered weights | activations | peak |\n";
+      out += "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+      for (const RankMemory& m : s.memory) {
+        out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", m.rank,
+                           format_bytes(m.params_bytes), format_bytes(m.grads_bytes),
+                           format_bytes(m.optimizer_bytes), format_bytes(m.gathered_weights_bytes),
+                           format_bytes(m.activations_bytes), format_bytes(m.peak_bytes));
+      }
+    }
+    if (!s.collectives.empty()) {
+      out +=
+          "\n| collective | group | n | calls | bytes | time (ms) | algbw (GB/s) | busbw (GB/s) "
+          "|\n";
+      out += "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+      for (const CollectiveStats& c : s.collectives) {
+        out += fmt::format("| {} | {} | {} | {} | {} | {:.3f} | {:.2f} | {:.2f} |\n",
+                           collective_name(c.kind), cell(c.group), c.group_size, c.count,
+                           format_bytes(c.bytes), c.time_s * 1e3, c.algbw_gbps, c.busbw_gbps);
+      }
+    }
+    if (!s.notes.empty()) {
+      out += "\nNotes:\n\n";
+      for (const std::string& n : s.notes) out += fmt::format("- {}\n", cell(n));
+    }
+  }
+  // Record strings may hold anything (paths, compiler output): keep the file valid UTF-8.
+  return sanitize_text(out);
+}
+
+}  // namespace meshproof::reports

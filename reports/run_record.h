@@ -1,0 +1,221 @@
+// The run record: plain data that the harness fills while it runs scenarios and that the report
+// writers (report_writers.h) turn into report.json, report.md, junit.xml and report.html.
+// Nothing here computes anything beyond small derived verdicts; performance figures are filled
+// with the functions of perf_metrics.h. The JSON form is documented in docs/report-schema.md and
+// reports/schema/report.schema.json; bump kReportSchemaVersion on any incompatible change.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "reports/environment.h"
+
+namespace meshproof::reports {
+
+// Version of the report.json layout. Readers (report compare) refuse other major versions.
+inline constexpr int kReportSchemaVersion = 1;
+
+// ---- enums with stable string names (the JSON spelling) -------------------------------------
+
+enum class Verdict { kPass, kFail, kSkipped, kError };
+std::string_view verdict_name(Verdict v);      // "pass", "fail", "skipped", "error"
+Verdict parse_verdict(std::string_view name);  // throws ReportError(kInput) on unknown names
+
+// Collective kinds, named like nccl-tests' binaries (all_reduce_perf, ...).
+enum class CollectiveKind {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kAllToAll
+};
+std::string_view collective_name(CollectiveKind k);      // "all_reduce", "all_gather", ...
+CollectiveKind parse_collective(std::string_view name);  // throws ReportError(kInput)
+
+// What a scenario must do: pass all its checks, or (fault-injection scenarios) be caught by at
+// least one failing check.
+enum class Expectation { kPass, kCaught };
+std::string_view expectation_name(Expectation e);  // "pass", "caught"
+
+// ---- per step ---------------------------------------------------------------------------------
+
+// Time spent on one collective kind during one step, summed over the step (seconds, wall clock
+// of rank 0; exposed time only when the harness overlaps communication with compute).
+struct CollectiveTime {
+  CollectiveKind kind = CollectiveKind::kAllGather;
+  double seconds = 0;
+};
+
+// Wall-clock breakdown of one training step, seconds. The parts need not add up to total_s: the
+// remainder (data loading, host overhead, un-attributed gaps) is reported as "other".
+struct StepTiming {
+  double total_s = 0;                       // whole step, rank 0 wall clock
+  double compute_s = 0;                     // forward + backward kernels (GEMMs, norms, ...)
+  std::vector<CollectiveTime> collectives;  // one entry per collective kind used in the step
+  double optimizer_s = 0;                   // clipping + AdamW update (+ FP8 re-quantization)
+  double checkpoint_s = 0;                  // checkpoint save in this step, 0 when none
+};
+
+// Metrics of one optimizer step, as rank 0 sees them after the step.
+struct StepMetrics {
+  int64_t step = 0;      // 1-based optimizer step index
+  double loss = 0;       // mean cross-entropy over the global batch (NaN when diverged)
+  double grad_norm = 0;  // global L2 norm of the gradients before clipping
+  double lr = 0;         // learning rate used by this step
+  int64_t tokens = 0;    // tokens processed by this step over the whole mesh (global batch B*S)
+  StepTiming time;
+};
+
+// ---- golden reference and checks --------------------------------------------------------------
+
+// One step of a golden reference (golden/<scenario>/<platform>.h5).
+struct GoldenStep {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+};
+
+// Tolerance band of a golden comparison: a step passes when |x - golden| <= atol + rtol*|golden|.
+// mode "exact" means bitwise comparison (rtol = atol = 0).
+struct ToleranceBand {
+  std::string mode = "tolerance";  // "exact" or "tolerance"
+  double rtol = 0;
+  double atol = 0;
+  int64_t allowed_failing_steps = 0;
+};
+
+struct GoldenRecord {
+  std::string source;             // the golden file, e.g. "golden/gpt_tiny_fsdp4/h100.h5"
+  std::vector<GoldenStep> steps;  // per step; steps absent here are not compared
+  ToleranceBand tolerance;
+};
+
+// Why a check failed: where the run first left the reference and by how much. Every field is
+// optional because checks know different things (a determinism check knows the step but not a
+// tensor unless tracing was on).
+struct Evidence {
+  std::optional<int64_t> first_diverging_step;
+  std::string metric;                   // "loss", "grad_norm", "params", ... ("" unknown)
+  std::string tensor;                   // first diverging tensor, e.g. "layers.0.mlp.fc2.weight"
+  std::optional<double> expected;       // reference value at the diverging step/element
+  std::optional<double> actual;         // observed value there
+  std::optional<double> max_abs_err;    // max |actual - expected| over the compared elements
+  std::optional<double> max_rel_err;    // max |actual - expected| / |expected|
+  std::optional<int64_t> ulp_distance;  // max distance in units in the last place (of the dtype)
+  int64_t failing_steps = 0;            // number of steps outside the band (golden checks)
+
+  bool empty() const;
+};
+
+// The outcome of one check of one scenario ("golden", "resume", "reference", ...).
+struct CheckResult {
+  std::string name;  // unique within the scenario, e.g. "golden" or "resume@step4"
+  std::string kind;  // the check type: golden, resume, reference, allgather_parity, ...
+  Verdict verdict = Verdict::kPass;
+  std::string message;               // one line for people; required for fail/error/skipped
+  double duration_s = 0;             // time the check itself took (not the training it compares)
+  std::optional<Evidence> evidence;  // present for failures that located a divergence
+};
+
+// ---- performance ------------------------------------------------------------------------------
+
+// Derived performance figures of one scenario; fill with compute_performance() (perf_metrics.h).
+struct PerformanceFigures {
+  int64_t warmup_steps = 0;           // leading steps excluded from the steady-state window
+  int64_t steady_steps = 0;           // steps in the window
+  double median_step_time_s = 0;      // median total_s over the window
+  double tokens_per_step = 0;         // global tokens per step (median over the window)
+  double tokens_per_s = 0;            // tokens_per_step / median_step_time_s, whole mesh
+  double model_flops_per_step = 0;    // Megatron-style count, whole mesh (perf_metrics.h)
+  double tflops_per_device = 0;       // model_flops_per_step / median_step_time_s / n / 1e12
+  int num_devices = 1;                // ranks sharing the work (mesh size)
+  std::string gemm_dtype;             // dtype the peak refers to: "bf16", "fp8", ...
+  std::optional<double> peak_tflops;  // dense peak per device; absent when unknown
+  std::string peak_source;            // "table:H100 fp8", "calibration", "" when unknown
+  std::optional<double> mfu;          // tflops_per_device / peak_tflops, in [0, 1]
+};
+
+// Memory of one rank at the end of the run, bytes. The categories are what the engine accounts
+// (kernels::MemoryTracker); peak_bytes is the tracker's high-water mark, not their sum.
+struct RankMemory {
+  int rank = 0;
+  int64_t params_bytes = 0;            // local parameter shards (fp32 master + FP8 copies)
+  int64_t grads_bytes = 0;             // local gradient shards
+  int64_t optimizer_bytes = 0;         // AdamW exp_avg + exp_avg_sq (+ FP8 scale state)
+  int64_t gathered_weights_bytes = 0;  // transient all-gathered weights at their high-water mark
+  int64_t activations_bytes = 0;       // saved activations at their high-water mark
+  int64_t peak_bytes = 0;              // high-water mark of everything this rank allocated
+};
+
+// Statistics of one collective kind on one process group over the whole run (rank 0's view).
+// bytes follows nccl-tests' "size": the full buffer (all-gather: output, reduce-scatter: input,
+// all-reduce: the buffer) summed over calls. Bandwidths are GB/s (1e9 bytes per second).
+struct CollectiveStats {
+  CollectiveKind kind = CollectiveKind::kAllGather;
+  std::string group;      // mesh dims of the group, e.g. "dp_shard", "tp", "dp_replicate"
+  int group_size = 1;     // ranks in the group (n in the busbw formulas)
+  int64_t count = 0;      // number of calls
+  int64_t bytes = 0;      // total bytes over all calls
+  double time_s = 0;      // total time over all calls
+  double algbw_gbps = 0;  // bytes / time_s / 1e9
+  double busbw_gbps = 0;  // algbw scaled by the nccl-tests bus factor (perf_metrics.h)
+};
+
+// ---- scenario and run -------------------------------------------------------------------------
+
+struct ScenarioRecord {
+  std::string name;  // scenario name (file stem), unique within the run
+  nlohmann::json config = nlohmann::json::object();  // resolved config (after --set), an object
+  std::string mesh;                                  // "dp_replicate=1 dp_shard=4 tp=2"
+  std::string recipe;   // fp32, bf16, delayed, current, mxfp8, block, nvfp4
+  std::string backend;  // "cpu" or "cuda:0"
+  Expectation expectation = Expectation::kPass;
+  double duration_s = 0;           // wall clock of the whole scenario, checks included
+  std::vector<StepMetrics> steps;  // in step order
+  std::optional<GoldenRecord> golden;
+  std::vector<CheckResult> checks;
+  std::optional<PerformanceFigures> performance;  // absent when the run did not train
+  std::vector<RankMemory> memory;                 // one entry per rank, rank order
+  std::vector<CollectiveStats> collectives;
+  std::vector<std::string> notes;  // things the user must know, e.g. fallbacks taken
+  std::string error;               // set when the scenario itself failed to run (runtime error)
+};
+
+struct RunRecord {
+  int schema_version = kReportSchemaVersion;
+  EnvironmentRecord environment;
+  std::vector<std::string> command_line;  // argv as given
+  std::string start_time;                 // ISO 8601 UTC, "2026-11-22T04:18:19Z"
+  double duration_s = 0;                  // wall clock of the whole run
+  std::vector<ScenarioRecord> scenarios;
+};
+
+// ---- derived verdicts -------------------------------------------------------------------------
+
+// A scenario's verdict. Expectation kPass: error if the scenario has an error or any check
+// errored, else fail if any check failed, else skipped if every check was skipped (or there are
+// none), else pass. Expectation kCaught (fault injection): error as above, else pass when at
+// least one check failed (the fault was caught), else fail.
+Verdict scenario_verdict(const ScenarioRecord& s);
+// The run's verdict: error if any scenario errored, else fail if any failed, else pass (a run
+// of only skipped scenarios is skipped).
+Verdict run_verdict(const RunRecord& r);
+
+// Formats a system_clock time as ISO 8601 UTC with a trailing Z, seconds resolution.
+std::string format_utc(int64_t unix_seconds);
+
+// Checks what the writers rely on: scenario names non-empty and unique, check names non-empty
+// and unique within their scenario, configs JSON objects, ranks and steps non-negative. Throws
+// ReportError(kInput) naming the scenario and field. write_reports calls it before writing.
+void validate_record(const RunRecord& r);
+
+// The report.json document (schema in docs/report-schema.md). Derived verdicts are included so
+// that readers need not re-derive them.
+nlohmann::json to_json(const RunRecord& r);
+
+}  // namespace meshproof::reports

@@ -1,0 +1,71 @@
+// `meshproof report compare` through run_cli: the table on success, exit 2 on bad input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/cli.h"
+#include "harness/exit_codes.h"
+#include "reports/report_writers.h"
+#include "sample_record.h"
+
+namespace meshproof::harness {
+namespace {
+
+struct CliResult {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+CliResult run(std::vector<const char*> args) {
+  args.insert(args.begin(), "meshproof");
+  std::ostringstream out, err;
+  const int code = run_cli(static_cast<int>(args.size()), args.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+class ReportVerbTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("meshproof_report_verb_" + std::to_string(::getpid()));
+    reports::RunRecord a = reports::testing::sample_record();
+    reports::write_reports(a, dir_ / "a");
+    a.scenarios[0].performance->median_step_time_s *= 2;
+    reports::write_reports(a, dir_ / "b");
+    a_ = (dir_ / "a" / "report.json").string();
+    b_ = (dir_ / "b" / "report.json").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+  std::string a_, b_;
+};
+
+TEST_F(ReportVerbTest, ComparePrintsRatios) {
+  const CliResult r = run({"report", "compare", a_.c_str(), b_.c_str()});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("B = " + b_), std::string::npos) << r.out;
+  // Doubled step time: ratio 2.000, marked worse.
+  EXPECT_NE(r.out.find("2.000 -"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("busbw_gbps all_reduce tp"), std::string::npos) << r.out;
+}
+
+TEST_F(ReportVerbTest, MissingOrMalformedReportIsExit2) {
+  const std::string missing = (dir_ / "nope.json").string();
+  CliResult r = run({"report", "compare", a_.c_str(), missing.c_str()});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("cannot open report " + missing), std::string::npos) << r.err;
+  std::ofstream(dir_ / "junk.json") << "[1, 2";
+  const std::string junk = (dir_ / "junk.json").string();
+  r = run({"report", "compare", junk.c_str(), a_.c_str()});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("is not valid JSON"), std::string::npos) << r.err;
+  EXPECT_EQ(run({"report", "compare", a_.c_str()}).code, kExitBadInput);  // usage
+  EXPECT_EQ(run({"report"}).code, kExitBadInput);
+}
+
+}  // namespace
+}  // namespace meshproof::harness

@@ -1,0 +1,17 @@
+// A realistic run record for the report tests and the sample report program: three scenarios on
+// an H100 (FSDP MXFP8 passing, HSDP x TP delayed scaling failing its golden check, a
+// fault-injection scenario caught by the all-gather parity check).
+#pragma once
+
+#include "reports/run_record.h"
+
+namespace meshproof::reports::testing {
+
+RunRecord sample_record();
+
+// The sample with hostile strings everywhere a user or a check can put text (markup
+// characters, quotes, pipes, control characters, invalid UTF-8), for escaping tests; it also
+// has a scenario that stopped with an error and a check that errored.
+RunRecord hostile_record();
+
+}  // namespace meshproof::reports::testing

@@ -1,0 +1,279 @@
+// The four writers on the sample record: verdicts, counts, the failing check's evidence in
+// every format, escaping of hostile strings, and write_reports' atomic, all-or-nothing output.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "reports/report_error.h"
+#include "reports/report_text.h"
+#include "reports/report_writers.h"
+#include "sample_record.h"
+
+namespace meshproof::reports {
+namespace {
+
+size_t count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = std::filesystem::temp_directory_path() /
+            ("meshproof_reports_test_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+TEST(RunRecordTest, VerdictRules) {
+  const RunRecord r = testing::sample_record();
+  EXPECT_EQ(scenario_verdict(r.scenarios[0]), Verdict::kPass);
+  EXPECT_EQ(scenario_verdict(r.scenarios[1]), Verdict::kFail);
+  EXPECT_EQ(scenario_verdict(r.scenarios[2]), Verdict::kPass);  // fault caught as expected
+  EXPECT_EQ(run_verdict(r), Verdict::kFail);
+
+  ScenarioRecord s = r.scenarios[2];
+  s.checks[0].verdict = Verdict::kPass;  // the fault slipped through
+  EXPECT_EQ(scenario_verdict(s), Verdict::kFail);
+  s.checks[0].verdict = Verdict::kError;
+  EXPECT_EQ(scenario_verdict(s), Verdict::kError);
+  ScenarioRecord skipped;
+  skipped.checks = {{"determinism", "determinism", Verdict::kSkipped, "off", 0, std::nullopt}};
+  EXPECT_EQ(scenario_verdict(skipped), Verdict::kSkipped);
+  ScenarioRecord broken = r.scenarios[0];
+  broken.error = "CUDA error: out of memory";
+  EXPECT_EQ(scenario_verdict(broken), Verdict::kError);
+  EXPECT_EQ(format_utc(0), "1970-01-01T00:00:00Z");
+  EXPECT_EQ(format_utc(1795321099), "2026-11-22T04:18:19Z");
+}
+
+TEST(RunRecordTest, JsonCarriesRecordAndDerivedFields) {
+  const RunRecord r = testing::sample_record();
+  const nlohmann::json j = nlohmann::json::parse(render_json(r));
+  EXPECT_EQ(j["schema"], "meshproof.report");
+  EXPECT_EQ(j["schema_version"], kReportSchemaVersion);
+  EXPECT_EQ(j["verdict"], "fail");
+  EXPECT_EQ(j["summary"]["scenarios"]["pass"], 2);
+  EXPECT_EQ(j["summary"]["scenarios"]["fail"], 1);
+  EXPECT_EQ(j["summary"]["checks"]["skipped"], 1);
+  ASSERT_EQ(j["scenarios"].size(), 3u);
+  const nlohmann::json& s = j["scenarios"][1];
+  EXPECT_EQ(s["config"]["mesh"]["tp"], 2);
+  EXPECT_EQ(s["steps"].size(), 20u);
+  EXPECT_EQ(s["steps"][9]["time"]["checkpoint_s"], 0.041);
+  EXPECT_EQ(s["steps"][0]["time"]["collectives_s"].size(), 3u);
+  // other_s is total minus the attributed parts: the fixture adds 0.9 ms of overhead.
+  EXPECT_NEAR(s["steps"][3]["time"]["other_s"].get<double>(), 0.0009, 1e-12);
+  EXPECT_EQ(s["golden"]["tolerance"]["rtol"], 1e-2);
+  const nlohmann::json& e = s["checks"][0]["evidence"];
+  EXPECT_EQ(e["first_diverging_step"], 9);
+  EXPECT_EQ(e["tensor"], "layers.2.attn.qkv.weight");
+  EXPECT_EQ(e["ulp_distance"], 5767);
+  EXPECT_EQ(s["checks"][1]["evidence"], nullptr);
+  EXPECT_EQ(s["performance"]["peak_tflops"], 1979.0);
+  EXPECT_EQ(s["memory"].size(), 8u);
+  EXPECT_EQ(s["collectives"][3]["group"], "tp");
+}
+
+TEST(RunRecordTest, NonFiniteNumbersBecomeNullAndConfigMustBeAnObject) {
+  RunRecord r = testing::sample_record();
+  r.scenarios[0].steps[3].loss = std::nan("");
+  const nlohmann::json j = nlohmann::json::parse(render_json(r));
+  EXPECT_TRUE(j["scenarios"][0]["steps"][3]["loss"].is_null());
+  r.scenarios[0].config = nlohmann::json::array();
+  EXPECT_THROW(render_json(r), ReportError);
+}
+
+TEST(WritersTest, MarkdownSummaryRowsMatchTheRecord) {
+  const RunRecord r = testing::sample_record();
+  const std::string md = render_markdown(r);
+  EXPECT_EQ(md.rfind("# meshproof report: fail\n", 0), 0u);
+  for (const ScenarioRecord& s : r.scenarios) {
+    const std::string row = "| " + s.name + " | " + s.mesh + " | " + s.recipe + " | " +
+                            checks_tally(s) + " | " +
+                            std::string(verdict_name(scenario_verdict(s))) + " | " +
+                            step_time_ms(s) + " | " + mfu_percent(s) + " |";
+    EXPECT_NE(md.find(row), std::string::npos) << row << "\n" << md;
+  }
+  EXPECT_NE(md.find("| gpt_tiny_hsdp2x2_tp2_delayed | dp_replicate=2 dp_shard=2 tp=2 | delayed | "
+                    "1 pass, 1 fail, 1 skipped | fail |"),
+            std::string::npos);
+  EXPECT_NE(md.find("MXFP8 columnwise all-gather fell back"), std::string::npos);
+}
+
+TEST(WritersTest, JunitCountsFollowTheRecord) {
+  const std::string x = render_junit(testing::sample_record());
+  EXPECT_EQ(count(x, "<testsuite "), 3u);
+  // 3 + 3 + (1 check + 1 expectation testcase) = 8 testcases; 1 failure (the golden check); the
+  // caught fault is not a failure; one skipped.
+  EXPECT_EQ(count(x, "<testcase "), 8u);
+  EXPECT_EQ(count(x, "<failure "), 1u);
+  EXPECT_EQ(count(x, "<skipped "), 1u);
+  EXPECT_NE(x.find("<!-- meshproof: 8 tests, 1 failures, 0 errors, 1 skipped in 9.400 s -->"),
+            std::string::npos);
+  // The Ant schema allows no attributes on <testsuites>.
+  EXPECT_NE(x.find("\n<testsuites>\n"), std::string::npos);
+  EXPECT_NE(x.find("<system-out>caught as expected by allgather_parity: FP8 all-gathered weight "
+                   "differs"),
+            std::string::npos);
+  EXPECT_NE(x.find("timestamp=\"2026-11-22T04:18:19\""), std::string::npos);
+}
+
+TEST(WritersTest, UncaughtFaultAndScenarioErrorAreReported) {
+  RunRecord r = testing::sample_record();
+  r.scenarios[2].checks[0].verdict = Verdict::kPass;
+  r.scenarios[0].error = "CUDA error: out of memory";
+  const std::string x = render_junit(r);
+  EXPECT_NE(x.find("the injected fault was not caught"), std::string::npos);
+  EXPECT_EQ(count(x, "<failure "), 2u);
+  EXPECT_EQ(count(x, "<error "), 1u);
+  EXPECT_NE(x.find("CUDA error: out of memory"), std::string::npos);
+}
+
+TEST(WritersTest, FailingCheckEvidenceAppearsInAllFourFormats) {
+  const RunRecord r = testing::sample_record();
+  const CheckResult& c = r.scenarios[1].checks[0];
+  ASSERT_EQ(c.verdict, Verdict::kFail);
+  const std::string ev = evidence_summary(*c.evidence);
+  EXPECT_EQ(ev.rfind("first diverging step 9, metric loss, tensor layers.2.attn.qkv.weight, ", 0),
+            0u)
+      << ev;
+  EXPECT_NE(ev.find("ULP distance 5767, 12 failing steps"), std::string::npos) << ev;
+  EXPECT_NE(render_markdown(r).find(ev), std::string::npos);
+  EXPECT_NE(render_html(r).find(ev), std::string::npos);
+  const std::string x = render_junit(r);
+  // The failure message carries the message and the evidence (with & escaped).
+  EXPECT_NE(x.find("<failure message=\"loss left the band |x - g| &lt;= atol + rtol*|g| &amp; "
+                   "stayed out: 12 steps &gt; 0 allowed (" +
+                   ev + ")\" type=\"golden\">"),
+            std::string::npos)
+      << x;
+  const nlohmann::json e =
+      nlohmann::json::parse(render_json(r))["scenarios"][1]["checks"][0]["evidence"];
+  EXPECT_EQ(e["first_diverging_step"], 9);
+  EXPECT_DOUBLE_EQ(e["max_abs_err"].get<double>(), *c.evidence->max_abs_err);
+  EXPECT_DOUBLE_EQ(e["max_rel_err"].get<double>(), *c.evidence->max_rel_err);
+}
+
+TEST(WritersTest, HtmlIsSelfContainedWithOneSvgPerPlot) {
+  const std::string h = render_html(testing::sample_record());
+  // Plots: scenarios 0 and 1 have loss, relative difference, step time and memory (4 each);
+  // scenario 2 has no golden: loss, step time and memory (3).
+  EXPECT_EQ(count(h, "<svg "), 11u);
+  EXPECT_EQ(count(h, "</svg>"), 11u);
+  EXPECT_EQ(count(h, "<script"), 0u);
+  EXPECT_EQ(count(h, " src="), 0u);
+  EXPECT_EQ(count(h, "href=\"http"), 0u);
+  EXPECT_EQ(count(h, "<section "), 3u);
+  EXPECT_NE(h.find("Relative difference of loss vs golden: gpt_tiny_hsdp2x2_tp2_delayed"),
+            std::string::npos);
+}
+
+TEST(WritersTest, HostileStringsAreEscapedEverywhere) {
+  const RunRecord r = testing::hostile_record();
+  const std::string h = render_html(r);
+  const std::string x = render_junit(r);
+  const std::string md = render_markdown(r);
+  for (const std::string* doc : {&h, &x}) {
+    EXPECT_EQ(doc->find("<script>x"), std::string::npos);
+    EXPECT_EQ(doc->find("a<b>"), std::string::npos);
+    EXPECT_EQ(doc->find('\x01'), std::string::npos);
+    EXPECT_EQ(doc->find('\xff'), std::string::npos);
+    EXPECT_NE(doc->find("a&lt;b&gt;&amp;c&quot;d&#39;e|f"), std::string::npos);
+  }
+  EXPECT_EQ(md.find('\x01'), std::string::npos);
+  EXPECT_EQ(md.find('\xff'), std::string::npos);
+  EXPECT_NE(md.find("e\\|f"), std::string::npos);  // pipes escaped in table cells
+  // JSON keeps the text (control character escaped, invalid byte replaced).
+  const nlohmann::json j = nlohmann::json::parse(render_json(r));
+  EXPECT_NE(j["scenarios"][1]["name"].get<std::string>().find("a<b>&c\"d'e|f\x01g"),
+            std::string::npos);
+}
+
+TEST(WriteReportsTest, WritesFourFilesAndNoTemporaries) {
+  TempDir dir;
+  const RunRecord r = testing::sample_record();
+  const ReportPaths p = write_reports(r, dir.path() / "nested" / "out");
+  EXPECT_EQ(slurp(p.json), render_json(r));
+  EXPECT_EQ(slurp(p.markdown), render_markdown(r));
+  EXPECT_EQ(slurp(p.junit), render_junit(r));
+  EXPECT_EQ(slurp(p.html), render_html(r));
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path() / "nested" / "out")) {
+    ++files;
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  }
+  EXPECT_EQ(files, 4u);
+  // Rewriting replaces the files in place.
+  RunRecord r2 = r;
+  r2.scenarios.pop_back();
+  write_reports(r2, dir.path() / "nested" / "out");
+  EXPECT_EQ(slurp(p.json), render_json(r2));
+}
+
+TEST(WriteReportsTest, InvalidRecordWritesNothing) {
+  TempDir dir;
+  RunRecord r = testing::sample_record();
+  r.scenarios[1].config = "not an object";
+  EXPECT_THROW(write_reports(r, dir.path()), ReportError);
+  EXPECT_FALSE(std::filesystem::exists(dir.path()));
+}
+
+TEST(RunRecordTest, ValidationNamesTheOffendingScenario) {
+  auto expect_invalid = [](const RunRecord& r, const std::string& needle) {
+    try {
+      validate_record(r);
+      FAIL() << "expected ReportError containing " << needle;
+    } catch (const ReportError& e) {
+      EXPECT_EQ(e.kind(), ReportError::Kind::kInput);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  EXPECT_NO_THROW(validate_record(testing::sample_record()));
+  RunRecord r = testing::sample_record();
+  r.scenarios[2].name = r.scenarios[0].name;
+  expect_invalid(r, "scenario 'gpt_tiny_fsdp4_mxfp8' appears twice");
+  r = testing::sample_record();
+  r.scenarios[1].name = "";
+  expect_invalid(r, "scenarios[1]: empty scenario name");
+  r = testing::sample_record();
+  r.scenarios[1].checks[2].name = "golden";
+  expect_invalid(r, "check 'golden' appears twice");
+  r = testing::sample_record();
+  r.scenarios[0].memory[1].rank = -1;
+  expect_invalid(r, "memory of rank -1");
+}
+
+TEST(WriteReportsTest, UnwritableDirectoryIsAnIoError) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path());
+  std::ofstream(dir.path() / "file") << "x";
+  try {
+    write_reports(testing::sample_record(), dir.path() / "file" / "sub");
+    FAIL() << "expected ReportError";
+  } catch (const ReportError& e) {
+    EXPECT_EQ(e.kind(), ReportError::Kind::kIo);
+    EXPECT_NE(std::string(e.what()).find("file/sub"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshproof::reports
