@@ -22,14 +22,14 @@
 // Checks the last kernel launch (configuration errors surface here, execution errors later).
 #define MP_CUDA_CHECK_LAUNCH() MP_CUDA_CHECK(cudaGetLastError())
 
-#define MP_CUBLAS_CHECK(expr)                                                   \
-  do {                                                                          \
-    const cublasStatus_t mp_status_ = (expr);                                   \
-    if (mp_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                     \
-      ::meshproof::kernels::throw_error(                                        \
-          ::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, #expr, \
+#define MP_CUBLAS_CHECK(expr)                                                     \
+  do {                                                                            \
+    const cublasStatus_t mp_status_ = (expr);                                     \
+    if (mp_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                       \
+      ::meshproof::kernels::throw_error(                                          \
+          ::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, #expr,   \
           ::fmt::format("cuBLAS error {}: {}", cublasLtGetStatusName(mp_status_), \
                         cublasLtGetStatusString(mp_status_)));                    \
-    }                                                                           \
+    }                                                                             \
   } while (0)
 #endif
