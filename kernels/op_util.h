@@ -1,0 +1,47 @@
+// Shared plumbing of the model's op families (internal to kernels/): device dispatch and shape
+// checks. Every op dispatches on the device of its tensors; the CPU reference is implemented for
+// float32 and float64 (finite-difference checks), CUDA kernels are added per op family later and
+// until then a CUDA tensor is a clear runtime error, never a silent host fallback.
+#pragma once
+
+#include <string_view>
+
+#include "kernels/error.h"
+#include "kernels/tensor.h"
+
+namespace meshproof::kernels::detail {
+
+// Checks that `t` is defined, on the CPU, of a float dtype this CPU op computes in, and has
+// `numel` elements (pass -1 to skip).
+inline void check_operand(const Tensor& t, std::string_view op, std::string_view name,
+                          int64_t numel = -1) {
+  MP_CHECK(t.defined(), "{}: tensor '{}' is undefined", op, name);
+  MP_CHECK(t.device().is_cpu(), "{}: '{}' is {}; the CUDA kernel of this op family is not built",
+           op, name, t.describe());
+  MP_CHECK(numel < 0 || t.numel().value == numel, "{}: '{}' is {}, expected {} elements", op, name,
+           t.describe(), numel);
+}
+
+inline void check_float(const Tensor& t, std::string_view op, std::string_view name) {
+  MP_CHECK(t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat64,
+           "{}: '{}' is {}; the CPU op computes in float32 or float64", op, name, t.describe());
+}
+
+inline void check_same_dtype(const Tensor& a, const Tensor& b, std::string_view op) {
+  MP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch {} vs {}", op, a.describe(), b.describe());
+}
+
+// Calls f(T{}) with T = float or double according to `dtype`.
+template <typename F>
+decltype(auto) dispatch_float(DType dtype, std::string_view op, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f(float{});
+    case DType::kFloat64:
+      return f(double{});
+    default:
+      MP_FAIL("{}: unsupported dtype {}", op, dtype_name(dtype));
+  }
+}
+
+}  // namespace meshproof::kernels::detail
