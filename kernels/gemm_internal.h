@@ -1,0 +1,41 @@
+// Internal to the GEMM family (gemm.cc, gemm.cu, tests): the canonical "both operands K-major"
+// form every role is reduced to, and the CUDA entry point.
+//
+// Every role computes C[R, S] = sum_k A[R, k] * B[S, k] (the "TN" form of cuBLAS, written
+// row-major), with the operands as follows (DESIGN.md section 4):
+//   fprop  Y[M,N]  = X[M,K] W[N,K]^T   A = X   [M,K] rowwise      B = W   [N,K] rowwise
+//   dgrad  dX[M,K] = dY[M,N] W[N,K]    A = dY  [M,N] rowwise      B = W^T [K,N] columnwise
+//   wgrad  dW[N,K] = dY^T X            A = dY^T[N,M] columnwise   B = X^T [K,M] columnwise
+// "columnwise" is the operand's columnwise copy: the stored transpose for per-tensor and block
+// modes, the [M,K] 32x1-block copy for MXFP8 (transposed on the fly), the transpose of a
+// high-precision tensor.
+#pragma once
+
+#include "kernels/gemm.h"
+
+namespace meshproof::kernels::detail {
+
+// One operand of the canonical form: `op` used in its rowwise (transposed = false) or
+// columnwise (transposed = true) orientation. `name` ("X", "W", "dY") is for error messages.
+struct GemmSide {
+  GemmOperand op;
+  bool transposed = false;
+  const char* name = "";
+};
+
+// The validated problem: C[r, s] = sum_k A[r, k] B[s, k], written into `out` ([r, s]).
+struct GemmProblem {
+  GemmRole role = GemmRole::kFprop;
+  GemmSide a;
+  GemmSide b;
+  int64_t r = 0;  // rows of C
+  int64_t s = 0;  // columns of C
+  int64_t k = 0;  // reduction length
+};
+
+#if MESHPROOF_HAVE_CUDA
+// Runs a validated problem whose operands and output all live on `out.device()` (CUDA).
+void gemm_cuda(const GemmProblem& p, Tensor& out, const GemmOptions& options);
+#endif
+
+}  // namespace meshproof::kernels::detail
