@@ -8,7 +8,9 @@
 
 namespace meshproof::engine {
 
-std::string_view norm_name(NormKind k) { return k == NormKind::kLayerNorm ? "layernorm" : "rmsnorm"; }
+std::string_view norm_name(NormKind k) {
+  return k == NormKind::kLayerNorm ? "layernorm" : "rmsnorm";
+}
 
 std::string_view activation_name(Activation a) {
   switch (a) {
@@ -99,22 +101,20 @@ void validate(const Config& c) {
                  t.micro_batches, t.batch);
   MP_CHECK_INPUT(std::isfinite(t.lr) && t.lr >= 0.0, "training.lr = {} must be finite and >= 0",
                  t.lr);
-  MP_CHECK_INPUT(t.min_lr >= 0.0 && t.min_lr <= t.lr, "training.min_lr = {} must be in [0, lr = {}]",
-                 t.min_lr, t.lr);
+  MP_CHECK_INPUT(t.min_lr >= 0.0 && t.min_lr <= t.lr,
+                 "training.min_lr = {} must be in [0, lr = {}]", t.min_lr, t.lr);
   MP_CHECK_INPUT(t.warmup_steps >= 0, "training.warmup_steps = {} must be >= 0", t.warmup_steps);
-  MP_CHECK_INPUT(t.beta1 >= 0.0 && t.beta1 < 1.0, "training.beta1 = {} must be in [0, 1)",
-                 t.beta1);
-  MP_CHECK_INPUT(t.beta2 >= 0.0 && t.beta2 < 1.0, "training.beta2 = {} must be in [0, 1)",
-                 t.beta2);
+  MP_CHECK_INPUT(t.beta1 >= 0.0 && t.beta1 < 1.0, "training.beta1 = {} must be in [0, 1)", t.beta1);
+  MP_CHECK_INPUT(t.beta2 >= 0.0 && t.beta2 < 1.0, "training.beta2 = {} must be in [0, 1)", t.beta2);
   MP_CHECK_INPUT(t.adam_eps > 0.0, "training.adam_eps = {} must be > 0", t.adam_eps);
-  MP_CHECK_INPUT(t.weight_decay >= 0.0, "training.weight_decay = {} must be >= 0",
-                 t.weight_decay);
+  MP_CHECK_INPUT(t.weight_decay >= 0.0, "training.weight_decay = {} must be >= 0", t.weight_decay);
 
   const DataConfig& d = c.data;
   MP_CHECK_INPUT(d.markov_order >= 1 && d.markov_order <= 4,
                  "data.markov_order = {} must be in [1, 4]", d.markov_order);
   MP_CHECK_INPUT(std::pow(static_cast<double>(m.vocab), static_cast<double>(d.markov_order)) *
-                         static_cast<double>(m.vocab) <= static_cast<double>(int64_t{1} << 26),
+                         static_cast<double>(m.vocab) <=
+                     static_cast<double>(int64_t{1} << 26),
                  "data.markov_order = {} with model.vocab = {}: the transition table (V^(k+1) "
                  "entries) exceeds 2^26",
                  d.markov_order, m.vocab);

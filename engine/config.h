@@ -27,12 +27,12 @@ RecipeKind parse_recipe(std::string_view s, std::string_view field);
 LrSchedule parse_schedule(std::string_view s, std::string_view field);
 
 struct ModelConfig {
-  int64_t vocab = 64;         // V
-  int64_t hidden = 32;        // H
-  int64_t heads = 4;          // A (head dim d = H / A)
-  int64_t layers = 2;         // L
-  int64_t ffn = 128;          // F
-  int64_t max_positions = 16; // rows of embed.pos (>= seq_len)
+  int64_t vocab = 64;          // V
+  int64_t hidden = 32;         // H
+  int64_t heads = 4;           // A (head dim d = H / A)
+  int64_t layers = 2;          // L
+  int64_t ffn = 128;           // F
+  int64_t max_positions = 16;  // rows of embed.pos (>= seq_len)
   NormKind norm = NormKind::kLayerNorm;
   Activation activation = Activation::kGelu;
   bool tied_embeddings = false;  // lm_head uses embed.tok when set
@@ -43,19 +43,19 @@ struct ModelConfig {
 // Recipe options (DESIGN.md section 4). Only the fields of the chosen recipe are used.
 struct RecipeConfig {
   RecipeKind kind = RecipeKind::kFp32;
-  int64_t amax_history_len = 1024;     // delayed
+  int64_t amax_history_len = 1024;        // delayed
   std::string amax_compute_algo = "max";  // delayed: "max" or "most_recent"
-  int64_t margin = 0;                  // delayed
-  bool power_2_scale = false;          // current
+  int64_t margin = 0;                     // delayed
+  bool power_2_scale = false;             // current
 };
 
 struct TrainingConfig {
-  int64_t batch = 4;          // B: global batch (sequences per step)
-  int64_t seq_len = 16;       // S
+  int64_t batch = 4;     // B: global batch (sequences per step)
+  int64_t seq_len = 16;  // S
   int64_t steps = 20;
   int64_t micro_batches = 1;  // gradient accumulation: B is split into this many micro-batches
   double lr = 1e-3;
-  double min_lr = 0.0;        // cosine floor
+  double min_lr = 0.0;  // cosine floor
   int64_t warmup_steps = 0;
   LrSchedule schedule = LrSchedule::kConstant;
   double beta1 = 0.9;

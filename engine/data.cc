@@ -36,7 +36,8 @@ MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, uint64_t seed,
     int32_t* perm = ranked_.data() + c * vocab_;
     for (int64_t i = 0; i < vocab_; ++i) perm[i] = static_cast<int32_t>(i);
     for (int64_t i = vocab_ - 1; i > 0; --i) {
-      const double u = kernels::philox_uniform(seed_, kTableStream, static_cast<uint64_t>(c * vocab_ + i));
+      const double u =
+          kernels::philox_uniform(seed_, kTableStream, static_cast<uint64_t>(c * vocab_ + i));
       const int64_t j = std::min<int64_t>(i, static_cast<int64_t>(u * static_cast<double>(i + 1)));
       std::swap(perm[i], perm[j]);
     }
@@ -48,8 +49,8 @@ kernels::Tensor MarkovSource::rows(int64_t step, int64_t row_begin, int64_t row_
            "MarkovSource: rows [{}, {}) outside the global batch of {}", row_begin, row_end,
            batch_);
   const int64_t width = seq_len_ + 1;
-  kernels::Tensor out = kernels::Tensor::empty({row_end - row_begin, width},
-                                               kernels::DType::kInt32, kernels::Device::cpu());
+  kernels::Tensor out = kernels::Tensor::empty({row_end - row_begin, width}, kernels::DType::kInt32,
+                                               kernels::Device::cpu());
   int32_t* t = out.data<int32_t>();
   for (int64_t r = row_begin; r < row_end; ++r) {
     int32_t* row = t + (r - row_begin) * width;
@@ -57,7 +58,8 @@ kernels::Tensor MarkovSource::rows(int64_t step, int64_t row_begin, int64_t row_
       const uint64_t index = static_cast<uint64_t>((step * batch_ + r) * width + s);
       const double u = kernels::philox_uniform(seed_, kTokenStream, index);
       if (s < order_) {  // no full context yet: uniform
-        row[s] = static_cast<int32_t>(std::min<int64_t>(vocab_ - 1, static_cast<int64_t>(u * static_cast<double>(vocab_))));
+        row[s] = static_cast<int32_t>(
+            std::min<int64_t>(vocab_ - 1, static_cast<int64_t>(u * static_cast<double>(vocab_))));
         continue;
       }
       int64_t context = 0;

@@ -40,7 +40,8 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor&
 // Dropout stream of one site of one layer in one step.
 kernels::DropoutKey dropout_key(uint64_t seed, const BatchCoords& c, int64_t layer,
                                 std::string_view site, int64_t seq, int64_t hidden) {
-  return {seed, kernels::philox_stream(fmt::format("dropout.step{}.layers.{}.{}", c.step, layer, site)),
+  return {seed,
+          kernels::philox_stream(fmt::format("dropout.step{}.layers.{}.{}", c.step, layer, site)),
           static_cast<uint64_t>(c.row_begin * seq * hidden)};
 }
 
@@ -50,9 +51,9 @@ kernels::DropoutKey dropout_key(uint64_t seed, const BatchCoords& c, int64_t lay
 // where fc1 is the gate).
 struct GptModel::LayerWeights {
   const Tensor* ln1_w;
-  const Tensor* ln1_b;  // [H] or nullptr (RMSNorm)
-  const Tensor* qkv_w;  // [3H, H]
-  const Tensor* qkv_b;  // [3H]
+  const Tensor* ln1_b;   // [H] or nullptr (RMSNorm)
+  const Tensor* qkv_w;   // [3H, H]
+  const Tensor* qkv_b;   // [3H]
   const Tensor* proj_w;  // [H, H]
   const Tensor* proj_b;  // [H]
   const Tensor* ln2_w;
@@ -84,17 +85,17 @@ struct GptModel::LayerGrads {
 
 // Saved activations of one layer (M = B*S rows).
 struct GptModel::LayerActs {
-  Tensor x_in;                     // [M, H] layer input
+  Tensor x_in;                         // [M, H] layer input
   Tensor ln1_out, ln1_mean, ln1_rstd;  // [M, H], [M], [M]
-  Tensor qkv;                      // [M, 3H]
-  Tensor probs;                    // [B, A, S, S]
-  Tensor attn_out;                 // [M, H]
-  Tensor x_mid;                    // [M, H] after the attention residual
+  Tensor qkv;                          // [M, 3H]
+  Tensor probs;                        // [B, A, S, S]
+  Tensor attn_out;                     // [M, H]
+  Tensor x_mid;                        // [M, H] after the attention residual
   Tensor ln2_out, ln2_mean, ln2_rstd;
-  Tensor fc1_out;                  // [M, F] (gate for SwiGLU)
-  Tensor up_out;                   // [M, F] SwiGLU only
-  Tensor act_out;                  // [M, F]
-  Tensor x_out;                    // [M, H] layer output
+  Tensor fc1_out;  // [M, F] (gate for SwiGLU)
+  Tensor up_out;   // [M, F] SwiGLU only
+  Tensor act_out;  // [M, F]
+  Tensor x_out;    // [M, H] layer output
 };
 
 GptModel::GptModel(const Config& config) : config_(config) { validate(config_); }
@@ -150,9 +151,8 @@ void GptModel::norm_forward(const Tensor& x, const Tensor& w, const Tensor* b, T
   }
 }
 
-void GptModel::norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
-                             const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dw,
-                             Tensor* db) const {
+void GptModel::norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                             const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor* db) const {
   if (db) {
     kernels::layernorm_backward(dy, x, w, mean, rstd, dx, dw, *db);
   } else {
@@ -160,7 +160,8 @@ void GptModel::norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
   }
 }
 
-// x_out = x_mid + dropout(fc2(act(fc1(ln2(x_mid))))),  x_mid = x_in + dropout(proj(attn(qkv(ln1(x_in)))))
+// x_out = x_mid + dropout(fc2(act(fc1(ln2(x_mid))))),  x_mid = x_in +
+// dropout(proj(attn(qkv(ln1(x_in)))))
 void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords,
                              int64_t batch, LayerActs& a) const {
   const ModelConfig& m = config_.model;
@@ -272,9 +273,9 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
                      double grad_scale, TensorMap* grads) const {
   const ModelConfig& m = config_.model;
   const int64_t seq = config_.training.seq_len;
-  MP_CHECK_INPUT(tokens.dtype() == DType::kInt32 && tokens.shape().rank() == 2 &&
-                     tokens.shape()[1] == seq + 1,
-                 "GptModel: tokens must be int32 [B, {}], got {}", seq + 1, tokens.describe());
+  MP_CHECK_INPUT(
+      tokens.dtype() == DType::kInt32 && tokens.shape().rank() == 2 && tokens.shape()[1] == seq + 1,
+      "GptModel: tokens must be int32 [B, {}], got {}", seq + 1, tokens.describe());
   const int64_t batch = tokens.shape()[0], rows = batch * seq, h = m.hidden, v = m.vocab;
   const Tensor& tok = w.at("embed.tok");
   const DType dt = tok.dtype();
@@ -323,7 +324,8 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
       kernels::cross_entropy_forward_backward(logits, targets, grad_scale, d_logits);
   TensorMap& g = *grads;
   Tensor d_xf = new_tensor({rows, h}, dt);
-  kernels::gemm_wgrad(&d_logits, &xf, m.tied_embeddings ? g.at("embed.tok") : g.at("lm_head.weight"),
+  kernels::gemm_wgrad(&d_logits, &xf,
+                      m.tied_embeddings ? g.at("embed.tok") : g.at("lm_head.weight"),
                       {.accumulate = true});
   kernels::gemm_dgrad(&d_logits, &lm_w, d_xf);
   Tensor dx = new_tensor({rows, h}, dt);

@@ -54,8 +54,8 @@ class GptModel {
              double grad_scale, TensorMap* grads) const;
   LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
   LayerGrads layer_grads(TensorMap& g, int64_t i) const;
-  void layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords,
-                     int64_t batch, LayerActs& a) const;
+  void layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords, int64_t batch,
+                     LayerActs& a) const;
   void layer_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
                       const BatchCoords& coords, int64_t batch, const LayerActs& a,
                       kernels::Tensor& dx) const;

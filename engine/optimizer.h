@@ -12,7 +12,8 @@ namespace meshproof::engine {
 // Learning rate of 0-based step `step`:
 //   constant:      lr
 //   warmup_cosine: lr * (step+1) / warmup for step < warmup, then
-//                  min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * (step - warmup) / max(1, steps - warmup)))
+//                  min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * (step - warmup) / max(1, steps -
+//                  warmup)))
 double learning_rate(const TrainingConfig& t, int64_t step);
 
 // coef = min(1, max_norm / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_); 1 when disabled.

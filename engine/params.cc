@@ -80,8 +80,8 @@ void TensorMap::zero_all() {
 Tensor init_param_rows(const ParamSpec& spec, uint64_t seed, int64_t row_begin, int64_t row_end) {
   const int64_t rows = spec.shape[0];
   MP_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= rows,
-           "init_param_rows: rows [{}, {}) outside {} of {}", row_begin, row_end,
-           spec.shape.str(), spec.name);
+           "init_param_rows: rows [{}, {}) outside {} of {}", row_begin, row_end, spec.shape.str(),
+           spec.name);
   const int64_t row_elems = spec.shape.numel().value / std::max<int64_t>(rows, 1);
   std::vector<int64_t> dims = spec.shape.dims();
   dims[0] = row_end - row_begin;

@@ -17,10 +17,10 @@ namespace meshproof::engine {
 enum class InitKind : uint8_t { kNormal, kOnes, kZeros };
 
 struct ParamSpec {
-  std::string name;        // e.g. "layers.0.attn.qkv.weight"
-  kernels::Shape shape;    // global (unsharded) shape
+  std::string name;      // e.g. "layers.0.attn.qkv.weight"
+  kernels::Shape shape;  // global (unsharded) shape
   InitKind init = InitKind::kZeros;
-  double std = 0.0;        // for kNormal
+  double std = 0.0;                                        // for kNormal
   bool weight_decay() const { return shape.rank() >= 2; }  // AdamW decays ndim >= 2 only
 };
 

@@ -31,7 +31,8 @@ void gelu_forward(const Tensor& x, Tensor& y) {
     T* yp = y.data<T>();
     for (int64_t i = 0; i < n; ++i) {
       const double v = xp[i];
-      yp[i] = static_cast<T>(0.5 * v * (1.0 + std::tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))));
+      yp[i] =
+          static_cast<T>(0.5 * v * (1.0 + std::tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))));
     }
   });
 }

@@ -13,7 +13,8 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
   MP_CHECK(param.dtype() == DType::kFloat32, "{}: master weights must be float32, got {}", op,
            param.describe());
   const int64_t n = param.numel().value;
-  for (const Tensor* t : {&grad, const_cast<const Tensor*>(&exp_avg), const_cast<const Tensor*>(&exp_avg_sq)}) {
+  for (const Tensor* t :
+       {&grad, const_cast<const Tensor*>(&exp_avg), const_cast<const Tensor*>(&exp_avg_sq)}) {
     detail::check_operand(*t, op, "state", n);
     detail::check_same_dtype(param, *t, op);
   }

@@ -14,14 +14,13 @@
 namespace meshproof::kernels {
 
 struct AttentionShape {
-  int64_t batch = 0;  // B
-  int64_t seq = 0;    // S
-  int64_t heads = 0;  // A
+  int64_t batch = 0;     // B
+  int64_t seq = 0;       // S
+  int64_t heads = 0;     // A
   int64_t head_dim = 0;  // d
 };
 
-void attention_forward(const Tensor& qkv, const AttentionShape& shape, Tensor& out,
-                       Tensor& probs);
+void attention_forward(const Tensor& qkv, const AttentionShape& shape, Tensor& out, Tensor& probs);
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                         const AttentionShape& shape, Tensor& dqkv);
 

@@ -28,8 +28,8 @@ double run(const Tensor& logits, const Tensor& targets, double grad_scale, Tenso
     double total = 0;
     for (int64_t r = 0; r < m; ++r) {
       const T* row = lp + r * v;
-      MP_CHECK_INPUT(tg[r] >= 0 && tg[r] < v, "{}: target {} at row {} outside [0, {})", op,
-                     tg[r], r, v);
+      MP_CHECK_INPUT(tg[r] >= 0 && tg[r] < v, "{}: target {} at row {} outside [0, {})", op, tg[r],
+                     r, v);
       double mx = -INFINITY;
       for (int64_t c = 0; c < v; ++c) mx = std::max(mx, static_cast<double>(row[c]));
       double sum = 0;

@@ -7,8 +7,8 @@ namespace {
 
 void check_ids(std::string_view op, const Tensor& ids, int64_t vocab, int64_t positions) {
   detail::check_operand(ids, op, "ids");
-  MP_CHECK(ids.dtype() == DType::kInt32 && ids.shape().rank() == 2, "{}: ids must be int32 [B, S], got {}",
-           op, ids.describe());
+  MP_CHECK(ids.dtype() == DType::kInt32 && ids.shape().rank() == 2,
+           "{}: ids must be int32 [B, S], got {}", op, ids.describe());
   MP_CHECK(ids.shape()[1] <= positions, "{}: sequence length {} exceeds {} positions", op,
            ids.shape()[1], positions);
   const int32_t* p = ids.data<int32_t>();

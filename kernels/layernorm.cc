@@ -86,9 +86,8 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   });
 }
 
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                        const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                        Tensor& dbias) {
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
   constexpr std::string_view op = "layernorm_backward";
   check_norm_args(op, x, weight);
   const int64_t m = x.shape().leading(), h = x.shape().last();
@@ -100,8 +99,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   detail::check_operand(dbias, op, "dbias", h);
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    ln_backward_cpu<T>(dy.data<T>(), x.data<T>(), weight.data<T>(), mean.data<T>(),
-                       rstd.data<T>(), m, h, dx.data<T>(), dweight.data<T>(), dbias.data<T>());
+    ln_backward_cpu<T>(dy.data<T>(), x.data<T>(), weight.data<T>(), mean.data<T>(), rstd.data<T>(),
+                       m, h, dx.data<T>(), dweight.data<T>(), dbias.data<T>());
   });
 }
 

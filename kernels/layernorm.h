@@ -11,9 +11,8 @@ namespace meshproof::kernels {
 // y = (x - mean) * rstd * weight + bias, rstd = 1/sqrt(var + eps).
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                        Tensor& y, Tensor& mean, Tensor& rstd);
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                        const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                        Tensor& dbias);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias);
 
 // y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps); no bias.
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd);
