@@ -28,8 +28,8 @@
     if (mp_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                     \
       ::meshproof::kernels::throw_error(                                        \
           ::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, #expr, \
-          ::fmt::format("cuBLAS error {}: {}", cublasGetStatusName(mp_status_), \
-                        cublasGetStatusString(mp_status_)));                    \
+          ::fmt::format("cuBLAS error {}: {}", cublasLtGetStatusName(mp_status_), \
+                        cublasLtGetStatusString(mp_status_)));                    \
     }                                                                           \
   } while (0)
 #endif

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/formats.h"
 #include "kernels/gemm_internal.h"
 
 namespace meshproof::kernels {
@@ -60,49 +61,10 @@ const char* mode_label(ScalingMode m) {
   return "unknown";
 }
 
-// ---- exact element decodes (bit layouts of DESIGN.md section 4) ----
-
-float bits_to_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-float decode_bf16(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
-
-// E4M3 "fn": bias 7, 3 mantissa bits, subnormals m * 2^-9, 0x7F/0xFF NaN, no infinities.
-float decode_e4m3(uint8_t b) {
-  const float sign = (b & 0x80) ? -1.0f : 1.0f;
-  const int e = (b >> 3) & 0xF;
-  const int m = b & 0x7;
-  if (e == 0xF && m == 0x7) return std::numeric_limits<float>::quiet_NaN();
-  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);
-  return sign * std::ldexp(static_cast<float>(8 + m), e - 7 - 3);
-}
-
-// E5M2: bias 15, 2 mantissa bits, subnormals m * 2^-16, exponent 31 is inf (m = 0) or NaN.
-float decode_e5m2(uint8_t b) {
-  const float sign = (b & 0x80) ? -1.0f : 1.0f;
-  const int e = (b >> 2) & 0x1F;
-  const int m = b & 0x3;
-  if (e == 0x1F)
-    return m == 0 ? sign * std::numeric_limits<float>::infinity()
-                  : std::numeric_limits<float>::quiet_NaN();
-  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -16);
-  return sign * std::ldexp(static_cast<float>(4 + m), e - 15 - 2);
-}
+// ---- exact element decodes (kernels/formats.h, shared bit for bit with the CUDA kernels) ----
 
 float decode_fp8(DType format, uint8_t b) {
-  return format == DType::kE4M3 ? decode_e4m3(b) : decode_e5m2(b);
-}
-
-// fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN with its sign.
-uint16_t encode_bf16_rne(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  return format == DType::kE4M3 ? fmt8::e4m3_to_float(b) : fmt8::e5m2_to_float(b);
 }
 
 // ---- operand description and validation (shared by the CPU and CUDA backends) ----
@@ -328,7 +290,7 @@ std::vector<float> decode_side(const GemmSide& side, bool want_k_major) {
       std::copy_n(t.data<float>(), v.size(), v.begin());
     } else {
       const auto* h = static_cast<const uint16_t*>(t.raw_data());
-      for (size_t i = 0; i < v.size(); ++i) v[i] = decode_bf16(h[i]);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = fmt8::bf16_to_float(h[i]);
     }
   } else {
     const QuantizedTensor& q = *std::get<const QuantizedTensor*>(side.op);
@@ -375,7 +337,7 @@ void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
     }
   } else {
     auto* o = static_cast<uint16_t*>(out.raw_data());
-    for (size_t i = 0; i < n; ++i) o[i] = encode_bf16_rne(c[i]);
+    for (size_t i = 0; i < n; ++i) o[i] = fmt8::float_to_bf16(c[i]);  // round to nearest even
   }
 }
 
@@ -391,31 +353,12 @@ void run(GemmProblem p, Tensor& out, const GemmOptions& options, const char* out
     gemm_cpu(p, out, options);
     return;
   }
-  // Until the cuBLASLt backend lands: copy the operands to the host, run the CPU reference and
-  // copy the result back (correct, slow).
-  std::vector<Tensor> keep;
-  std::vector<QuantizedTensor> qkeep;
-  qkeep.reserve(2);
-  keep.reserve(2);
-  auto host_side = [&](GemmSide& s) {
-    if (auto* t = std::get_if<const Tensor*>(&s.op)) {
-      keep.push_back((*t)->to(Device::cpu()));
-      s.op = &keep.back();
-      return;
-    }
-    QuantizedTensor q = *std::get<const QuantizedTensor*>(s.op);
-    for (Tensor* t :
-         {&q.rowwise_data, &q.rowwise_scale_inv, &q.columnwise_data, &q.columnwise_scale_inv}) {
-      if (t->defined()) *t = t->to(Device::cpu());
-    }
-    qkeep.push_back(std::move(q));
-    s.op = &qkeep.back();
-  };
-  host_side(p.a);
-  host_side(p.b);
-  Tensor host_out = out.to(Device::cpu());
-  gemm_cpu(p, host_out, options);
-  out.copy_from(host_out);
+#if MESHPROOF_HAVE_CUDA
+  detail::gemm_cuda(p, out, options);
+#else
+  MP_FAIL_INPUT("gemm_{}: output is on {} but this build has no CUDA backend",
+                gemm_role_name(p.role), out.device().str());
+#endif
 }
 
 std::string shapes(const GemmOperand& a, const char* an, const GemmOperand& b, const char* bn) {

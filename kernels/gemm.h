@@ -3,9 +3,17 @@
 //   dgrad  dX[M,K] = dY[M,N] · W[N,K]    operands: dY rowwise, W columnwise
 //   wgrad  dW[N,K] = dY[M,N]ᵀ · X[M,K]   operands: dY columnwise, X columnwise
 // Operands are high-precision tensors (fp32/bf16) or quantized tensors carrying the needed copy.
-// CPU: dequantize exactly to fp32 and multiply with fp32 accumulation in a fixed order.
-// CUDA: cuBLASLt (fp32/bf16; per-tensor FP8 in TN form; MXFP8 native on cc 10.x, emulated
-// elsewhere; block scaling where supported, emulated elsewhere).
+// Copies used: "rowwise" = the rowwise copy; "columnwise" = the columnwise copy (the stored
+// transpose [K,M] for per-tensor/block modes, the [M,K] 32x1-block copy for MXFP8). A missing copy
+// is an input error naming the operand and the Usage to quantize it with. Operands may mix kinds
+// (a bf16 tensor with a quantized one); leading dims of rank > 2 tensors are flattened into M.
+// CPU: dequantize exactly to fp32 and multiply with fp32 accumulation in a fixed k order (bitwise
+// reproducible), bf16 output rounded to nearest even.
+// CUDA (cuBLASLt, CUBLAS_COMPUTE_32F, no TF32): fp32/bf16 natively; per-tensor FP8 natively on
+// sm_89+ in TN form (R, S, K multiples of 16, else an input error); MXFP8 natively on cc 10.x
+// (same dims rule), elsewhere emulated (dequantize to bf16, bf16 GEMM); block scaling, e5m2 x
+// e5m2 and mixed operand kinds emulated exactly (dequantize to fp32, fp32 GEMM). Results differ
+// from the CPU only by accumulation order (and fast accumulation when requested).
 #pragma once
 
 #include <variant>

@@ -183,6 +183,24 @@ TEST(GemmCpu, AccumulateAddsIntoFp32Output) {
   }
 }
 
+// A high-precision operand with a quantized one (decoded on the CPU like any other), and a rank-3
+// activation [B, S, K] whose leading dims are flattened into M. Same bound as above.
+TEST(GemmCpu, MixedOperandKindsAndRank3Input) {
+  std::mt19937_64 rng(11);
+  TestOperand x = gemm_test::make_bf16(6, 64, rng);
+  x.hp = x.hp.view(Shape{2, 3, 64});
+  TestOperand w = gemm_test::make_mxfp8(DType::kE4M3, 32, 64, rng);
+  const gemm_test::Reference ref = gemm_test::reference(GemmRole::kFprop, x, w);
+  Tensor y = Tensor::empty(Shape{2, 3, 32}, DType::kFloat32, Device::cpu());
+  gemm_fprop(x.op(), w.op(), y);
+  const std::vector<double> got = gemm_test::output_values(y);
+  ASSERT_EQ(got.size(), ref.value.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::fabs(got[i] - ref.value[i]), bound(64, ref.abs_sum[i], ref.value[i], false))
+        << "element " << i;
+  }
+}
+
 // Expects an input error whose message contains `needle`.
 template <typename F>
 void expect_input_error(F&& f, const std::string& needle) {
