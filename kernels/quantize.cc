@@ -1,0 +1,468 @@
+// CPU reference quantizers and the dispatch to the CUDA launchers (quantize.cu). Every CPU loop
+// calls the scalar rules of quantize_rules.h that the CUDA kernels call, element for element.
+#include "kernels/quantize.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/quantize_cuda.h"
+#include "kernels/quantize_rules.h"
+
+namespace meshproof::kernels {
+
+std::string_view scaling_mode_name(ScalingMode m) {
+  switch (m) {
+    case ScalingMode::kDelayedTensor:
+      return "delayed_tensor";
+    case ScalingMode::kCurrentTensor:
+      return "current_tensor";
+    case ScalingMode::kMxfp8:
+      return "mxfp8";
+    case ScalingMode::kBlock1x128:
+      return "block_1x128";
+    case ScalingMode::kBlock128x128:
+      return "block_128x128";
+    case ScalingMode::kNvfp4:
+      return "nvfp4";
+  }
+  MP_FAIL("unknown ScalingMode {}", static_cast<int>(m));
+}
+
+std::string_view amax_algo_name(AmaxAlgo a) { return a == AmaxAlgo::kMax ? "max" : "most_recent"; }
+
+namespace {
+
+using rules::QLayout;
+
+void* stream_of_context() { return current_context().stream; }
+
+bool is_e5m2(DType format) {
+  MP_CHECK_INPUT(format == DType::kE4M3 || format == DType::kE5M2,
+                 "quantization format must be e4m3 or e5m2, got {}", dtype_name(format));
+  return format == DType::kE5M2;
+}
+
+// Checks the input of a quantizer and returns whether it is bf16.
+bool check_input(const Tensor& x, std::string_view what) {
+  MP_CHECK_INPUT(x.defined(), "{}: input tensor is undefined", what);
+  MP_CHECK_INPUT(x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16,
+                 "{}: input {} must be float32 or bfloat16", what, x.describe());
+  MP_CHECK_INPUT(x.shape().rank() >= 1 && x.numel().value > 0, "{}: input {} must be non-empty",
+                 what, x.describe());
+  return x.dtype() == DType::kBFloat16;
+}
+
+void check_scalar(const Tensor& t, const Tensor& x, std::string_view what) {
+  MP_CHECK_INPUT(t.defined() && t.dtype() == DType::kFloat32 && t.numel().value == 1,
+                 "{} must be float32[1], got {}", what, t.defined() ? t.describe() : "undefined");
+  MP_CHECK_INPUT(!x.defined() || t.device() == x.device(), "{} {} is not on the input's device {}",
+                 what, t.describe(), x.device().str());
+}
+
+// The CUDA launchers exist only when the backend is compiled; MP_CUDA_DISPATCH keeps the dispatch
+// readable in both builds.
+#if MESHPROOF_HAVE_CUDA
+#define MP_CUDA_DISPATCH(call) cuda::call
+#else
+[[noreturn]] void no_cuda() {
+  MP_FAIL("tensor is on a CUDA device but meshproof was built without the CUDA backend");
+}
+#define MP_CUDA_DISPATCH(call) no_cuda()
+#endif
+
+}  // namespace
+
+float fp8_max(DType format) { return rules::fp8_max(is_e5m2(format)); }
+
+Tensor compute_amax(const Tensor& x) {
+  const bool bf16 = check_input(x, "compute_amax");
+  Tensor out = Tensor::empty({1}, DType::kFloat32, x.device());
+  if (x.device().is_cuda()) {
+    MP_CUDA_DISPATCH(
+        launch_amax(x.raw_data(), bf16, x.numel().value, out.data<float>(), stream_of_context()));
+    return out;
+  }
+  const uint32_t a = rules::block_amax_bits(x.raw_data(), bf16, 0, 1, x.numel().value);
+  out.data<float>()[0] = fmt8::bits_float(a);
+  return out;
+}
+
+Tensor compute_current_scale(const Tensor& amax, DType format, float eps, bool pow2) {
+  check_scalar(amax, Tensor(), "compute_current_scale: amax");
+  MP_CHECK_INPUT(eps >= 0.0f, "compute_current_scale: eps must be >= 0, got {}", eps);
+  const float max = fp8_max(format);
+  Tensor out = Tensor::empty({1}, DType::kFloat32, amax.device());
+  if (amax.device().is_cuda()) {
+    MP_CUDA_DISPATCH(launch_current_scale(amax.data<float>(), out.data<float>(), max, eps, pow2,
+                                          stream_of_context()));
+    return out;
+  }
+  out.data<float>()[0] = rules::current_scale(amax.data<float>()[0], max, eps, pow2);
+  return out;
+}
+
+DelayedScalingState make_delayed_scaling_state(int64_t history_len, Device device) {
+  MP_CHECK_INPUT(history_len >= 1, "delayed scaling: amax history length must be >= 1, got {}",
+                 history_len);
+  DelayedScalingState s;
+  s.scale = Tensor::from_vector<float>({1}, {1.0f}).to(device);
+  s.amax_history = Tensor::zeros({history_len}, DType::kFloat32, device);
+  return s;
+}
+
+void record_amax(DelayedScalingState& state, const Tensor& amax) {
+  check_scalar(amax, state.amax_history, "record_amax: amax");
+  float* hist = state.amax_history.data<float>();
+  if (amax.device().is_cuda()) {
+    MP_CUDA_DISPATCH(launch_record_amax(hist, amax.data<float>(), stream_of_context()));
+    return;
+  }
+  const uint32_t a = rules::abs_bits(hist[0]);
+  const uint32_t b = rules::abs_bits(amax.data<float>()[0]);
+  hist[0] = fmt8::bits_float(a > b ? a : b);
+}
+
+void update_delayed_scaling(DelayedScalingState& state, AmaxAlgo algo, int margin,
+                            float fp8_max_value) {
+  check_scalar(state.scale, state.amax_history, "update_delayed_scaling: scale");
+  MP_CHECK_INPUT(
+      state.amax_history.dtype() == DType::kFloat32 && state.amax_history.shape().rank() == 1,
+      "update_delayed_scaling: amax_history must be float32[L], got {}",
+      state.amax_history.describe());
+  MP_CHECK_INPUT(margin >= 0 && margin < 127, "update_delayed_scaling: margin {} out of [0, 127)",
+                 margin);
+  const float two_pow_margin = std::ldexp(1.0f, margin);
+  const int64_t len = state.amax_history.numel().value;
+  if (state.scale.device().is_cuda()) {
+    MP_CUDA_DISPATCH(launch_delayed_update(state.amax_history.data<float>(), len,
+                                           state.scale.data<float>(), algo == AmaxAlgo::kMax,
+                                           fp8_max_value, two_pow_margin, stream_of_context()));
+    return;
+  }
+  rules::delayed_update(state.amax_history.data<float>(), len, state.scale.data<float>(),
+                        algo == AmaxAlgo::kMax, fp8_max_value, two_pow_margin);
+}
+
+QuantizedTensor quantize_per_tensor(const Tensor& x, const Tensor& scale, DType format, Usage usage,
+                                    ScalingMode mode, const Tensor& amax) {
+  const bool bf16 = check_input(x, "quantize_per_tensor");
+  const bool e5m2 = is_e5m2(format);
+  check_scalar(scale, x, "quantize_per_tensor: scale");
+  MP_CHECK_INPUT(mode == ScalingMode::kDelayedTensor || mode == ScalingMode::kCurrentTensor,
+                 "quantize_per_tensor: mode must be per-tensor, got {}", scaling_mode_name(mode));
+  MP_CHECK_INPUT(usage.rowwise || usage.columnwise, "quantize_per_tensor: no copy requested");
+  const int64_t M = x.shape().leading();
+  const int64_t K = x.shape().last();
+  const Device dev = x.device();
+  QuantizedTensor q;
+  q.mode = mode;
+  q.format = format;
+  q.logical_shape = Shape{M, K};
+  q.scale = scale;
+  if (amax.defined()) q.amax = amax;
+  Tensor scale_inv = Tensor::empty({1}, DType::kFloat32, dev);
+  if (usage.rowwise) q.rowwise_data = Tensor::empty({M, K}, format, dev);
+  if (usage.columnwise) q.columnwise_data = Tensor::empty({K, M}, format, dev);
+  auto* row = usage.rowwise ? static_cast<uint8_t*>(q.rowwise_data.raw_data()) : nullptr;
+  auto* col = usage.columnwise ? static_cast<uint8_t*>(q.columnwise_data.raw_data()) : nullptr;
+  if (dev.is_cuda()) {
+    MP_CUDA_DISPATCH(launch_quantize_per_tensor(x.raw_data(), bf16, M, K, scale.data<float>(), e5m2,
+                                                row, col, scale_inv.data<float>(),
+                                                stream_of_context()));
+  } else {
+    const float s = scale.data<float>()[0];
+    scale_inv.data<float>()[0] = rules::reciprocal(s);
+    const void* xp = x.raw_data();
+    for (int64_t m = 0; m < M; ++m) {
+      if (row) rules::cast_block(xp, bf16, m * K, 1, K, s, e5m2, row, m * K, 1);
+      if (col) rules::cast_block(xp, bf16, m * K, 1, K, s, e5m2, col, m, M);
+    }
+  }
+  if (usage.rowwise) q.rowwise_scale_inv = scale_inv;
+  if (usage.columnwise) q.columnwise_scale_inv = scale_inv;
+  return q;
+}
+
+QuantizedTensor quantize_current(const Tensor& x, DType format, Usage usage, float eps, bool pow2) {
+  const Tensor amax = compute_amax(x);
+  const Tensor scale = compute_current_scale(amax, format, eps, pow2);
+  return quantize_per_tensor(x, scale, format, usage, ScalingMode::kCurrentTensor, amax);
+}
+
+QuantizedTensor quantize_mxfp8(const Tensor& x, DType format, Usage usage) {
+  const bool bf16 = check_input(x, "quantize_mxfp8");
+  const bool e5m2 = is_e5m2(format);
+  MP_CHECK_INPUT(usage.rowwise || usage.columnwise, "quantize_mxfp8: no copy requested");
+  const int64_t M = x.shape().leading();
+  const int64_t K = x.shape().last();
+  MP_CHECK_INPUT(K % 32 == 0 && M % 32 == 0,
+                 "quantize_mxfp8: tensor {} (M={}, K={}) is not MXFP8-quantizable: needs the last "
+                 "dim K and the product of the leading dims M to be multiples of 32",
+                 x.describe(), M, K);
+  const Device dev = x.device();
+  QuantizedTensor q;
+  q.mode = ScalingMode::kMxfp8;
+  q.format = format;
+  q.logical_shape = Shape{M, K};
+  uint8_t* row = nullptr;
+  uint8_t* row_s = nullptr;
+  uint8_t* col = nullptr;
+  uint8_t* col_s = nullptr;
+  if (usage.rowwise) {
+    q.rowwise_data = Tensor::empty({M, K}, format, dev);
+    q.rowwise_scale_inv = Tensor::empty({M, K / 32}, DType::kE8M0, dev);
+    row = static_cast<uint8_t*>(q.rowwise_data.raw_data());
+    row_s = static_cast<uint8_t*>(q.rowwise_scale_inv.raw_data());
+  }
+  if (usage.columnwise) {
+    q.columnwise_data = Tensor::empty({M, K}, format, dev);
+    q.columnwise_scale_inv = Tensor::empty({M / 32, K}, DType::kE8M0, dev);
+    col = static_cast<uint8_t*>(q.columnwise_data.raw_data());
+    col_s = static_cast<uint8_t*>(q.columnwise_scale_inv.raw_data());
+  }
+  const void* xp = x.raw_data();
+  if (dev.is_cuda()) {
+    MP_CUDA_DISPATCH(
+        launch_quantize_mxfp8(xp, bf16, M, K, e5m2, row, row_s, col, col_s, stream_of_context()));
+    return q;
+  }
+  if (row) {
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t kb = 0; kb < K / 32; ++kb) {
+        const int64_t base = m * K + kb * 32;
+        const float amax = fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, 1, 32));
+        const uint8_t e = rules::mxfp8_scale_exponent(amax, e5m2);
+        row_s[m * (K / 32) + kb] = e;
+        rules::cast_block(xp, bf16, base, 1, 32, fmt8::e8m0_reciprocal(e), e5m2, row, base, 1);
+      }
+    }
+  }
+  if (col) {
+    for (int64_t mb = 0; mb < M / 32; ++mb) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t base = mb * 32 * K + k;
+        const float amax = fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, K, 32));
+        const uint8_t e = rules::mxfp8_scale_exponent(amax, e5m2);
+        col_s[mb * K + k] = e;
+        rules::cast_block(xp, bf16, base, K, 32, fmt8::e8m0_reciprocal(e), e5m2, col, base, K);
+      }
+    }
+  }
+  return q;
+}
+
+QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, Usage usage) {
+  const bool bf16 = check_input(x, "quantize_block");
+  const bool e5m2 = is_e5m2(format);
+  MP_CHECK_INPUT(mode == ScalingMode::kBlock1x128 || mode == ScalingMode::kBlock128x128,
+                 "quantize_block: mode must be block_1x128 or block_128x128, got {}",
+                 scaling_mode_name(mode));
+  MP_CHECK_INPUT(usage.rowwise || usage.columnwise, "quantize_block: no copy requested");
+  const bool tile = mode == ScalingMode::kBlock128x128;
+  const int64_t M = x.shape().leading();
+  const int64_t K = x.shape().last();
+  const int64_t mb = (M + 127) / 128;
+  const int64_t kb = (K + 127) / 128;
+  const Device dev = x.device();
+  QuantizedTensor q;
+  q.mode = mode;
+  q.format = format;
+  q.logical_shape = Shape{M, K};
+  uint8_t* row = nullptr;
+  float* row_s = nullptr;
+  uint8_t* col = nullptr;
+  float* col_s = nullptr;
+  if (usage.rowwise) {
+    q.rowwise_data = Tensor::empty({M, K}, format, dev);
+    q.rowwise_scale_inv = Tensor::empty(tile ? Shape{mb, kb} : Shape{M, kb}, DType::kFloat32, dev);
+    row = static_cast<uint8_t*>(q.rowwise_data.raw_data());
+    row_s = q.rowwise_scale_inv.data<float>();
+  }
+  if (usage.columnwise) {
+    q.columnwise_data = Tensor::empty({K, M}, format, dev);
+    q.columnwise_scale_inv =
+        Tensor::empty(tile ? Shape{kb, mb} : Shape{K, mb}, DType::kFloat32, dev);
+    col = static_cast<uint8_t*>(q.columnwise_data.raw_data());
+    col_s = q.columnwise_scale_inv.data<float>();
+  }
+  const void* xp = x.raw_data();
+  if (dev.is_cuda()) {
+    MP_CUDA_DISPATCH(launch_quantize_block(xp, bf16, M, K, tile, e5m2, row, row_s, col, col_s,
+                                           stream_of_context()));
+    return q;
+  }
+  if (tile) {
+    // One scale per 128x128 tile, shared by the rowwise copy and the transposed copy.
+    for (int64_t bi = 0; bi < mb; ++bi) {
+      for (int64_t bj = 0; bj < kb; ++bj) {
+        const int64_t m0 = bi * 128;
+        const int64_t k0 = bj * 128;
+        const int64_t rows = std::min<int64_t>(128, M - m0);
+        const int64_t cols = std::min<int64_t>(128, K - k0);
+        uint32_t a = 0;
+        for (int64_t m = m0; m < m0 + rows; ++m) {
+          const uint32_t b = rules::block_amax_bits(xp, bf16, m * K + k0, 1, cols);
+          a = b > a ? b : a;
+        }
+        const float s = rules::block_scale(fmt8::bits_float(a), e5m2);
+        const float s_inv = rules::reciprocal(s);
+        if (row) row_s[bi * kb + bj] = s_inv;
+        if (col) col_s[bj * mb + bi] = s_inv;
+        for (int64_t m = m0; m < m0 + rows; ++m) {
+          if (row) rules::cast_block(xp, bf16, m * K + k0, 1, cols, s, e5m2, row, m * K + k0, 1);
+          if (col) rules::cast_block(xp, bf16, m * K + k0, 1, cols, s, e5m2, col, k0 * M + m, M);
+        }
+      }
+    }
+    return q;
+  }
+  if (row) {
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t j = 0; j < kb; ++j) {
+        const int64_t base = m * K + j * 128;
+        const int64_t n = std::min<int64_t>(128, K - j * 128);
+        const float s = rules::block_scale(
+            fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, 1, n)), e5m2);
+        row_s[m * kb + j] = rules::reciprocal(s);
+        rules::cast_block(xp, bf16, base, 1, n, s, e5m2, row, base, 1);
+      }
+    }
+  }
+  if (col) {
+    // 1x128 blocks of the transpose: 128 consecutive rows m of one column k.
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t i = 0; i < mb; ++i) {
+        const int64_t base = i * 128 * K + k;
+        const int64_t n = std::min<int64_t>(128, M - i * 128);
+        const float s = rules::block_scale(
+            fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, K, n)), e5m2);
+        col_s[k * mb + i] = rules::reciprocal(s);
+        rules::cast_block(xp, bf16, base, K, n, s, e5m2, col, k * M + i * 128, 1);
+      }
+    }
+  }
+  return q;
+}
+
+Tensor dequantize(const QuantizedTensor& q, QuantizedCopy which) {
+  const bool rowwise = which == QuantizedCopy::kRowwise;
+  const Tensor& data = rowwise ? q.rowwise_data : q.columnwise_data;
+  const Tensor& scale = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
+  MP_CHECK_INPUT(
+      data.defined() && scale.defined(), "dequantize: the {} copy of a {} tensor {} is absent",
+      rowwise ? "rowwise" : "columnwise", scaling_mode_name(q.mode), q.logical_shape.str());
+  const bool e5m2 = is_e5m2(q.format);
+  QLayout layout;
+  switch (q.mode) {
+    case ScalingMode::kDelayedTensor:
+    case ScalingMode::kCurrentTensor:
+      layout = rowwise ? QLayout::kPerTensorRow : QLayout::kPerTensorCol;
+      break;
+    case ScalingMode::kMxfp8:
+      layout = rowwise ? QLayout::kMxfp8Row : QLayout::kMxfp8Col;
+      break;
+    case ScalingMode::kBlock1x128:
+      layout = rowwise ? QLayout::kBlock1dRow : QLayout::kBlock1dCol;
+      break;
+    case ScalingMode::kBlock128x128:
+      layout = rowwise ? QLayout::kBlock2dRow : QLayout::kBlock2dCol;
+      break;
+    default:
+      MP_FAIL_INPUT("dequantize: scaling mode {} is not supported", scaling_mode_name(q.mode));
+  }
+  const int64_t M = q.rows();
+  const int64_t K = q.cols();
+  Tensor out = Tensor::empty({M, K}, DType::kFloat32, data.device());
+  const auto* d = static_cast<const uint8_t*>(data.raw_data());
+  if (data.device().is_cuda()) {
+    MP_CUDA_DISPATCH(launch_dequantize(static_cast<int>(layout), e5m2, d, scale.raw_data(), M, K,
+                                       out.data<float>(), stream_of_context()));
+    return out;
+  }
+  float* o = out.data<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) {
+      o[m * K + k] = rules::dequant_at(layout, e5m2, d, scale.raw_data(), M, K, m, k);
+    }
+  }
+  return out;
+}
+
+Tensor transpose_2d(const Tensor& t) {
+  MP_CHECK_INPUT(t.defined() && t.shape().rank() == 2, "transpose_2d: {} is not 2-D",
+                 t.defined() ? t.describe() : "undefined tensor");
+  const int bits = dtype_bits(t.dtype());
+  MP_CHECK_INPUT(bits == 8 || bits == 32, "transpose_2d: {} must have 1- or 4-byte elements",
+                 t.describe());
+  const int64_t R = t.shape()[0];
+  const int64_t C = t.shape()[1];
+  Tensor out = Tensor::empty({C, R}, t.dtype(), t.device());
+  if (t.device().is_cuda()) {
+    MP_CUDA_DISPATCH(
+        launch_transpose(t.raw_data(), out.raw_data(), R, C, bits / 8, stream_of_context()));
+    return out;
+  }
+  const auto* in = static_cast<const uint8_t*>(t.raw_data());
+  auto* o = static_cast<uint8_t*>(out.raw_data());
+  const size_t eb = static_cast<size_t>(bits / 8);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < C; ++c) {
+      std::memcpy(o + (c * R + r) * eb, in + (r * C + c) * eb, eb);
+    }
+  }
+  return out;
+}
+
+namespace {
+int64_t roundup(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+}  // namespace
+
+Tensor mxfp8_pad_scales(const Tensor& compact, QuantizedCopy which) {
+  MP_CHECK_INPUT(compact.defined() && compact.shape().rank() == 2 &&
+                     (compact.dtype() == DType::kE8M0 || compact.dtype() == DType::kUInt8),
+                 "mxfp8_pad_scales: scales must be e8m0 2-D, got {}",
+                 compact.defined() ? compact.describe() : "undefined");
+  const Tensor host = compact.device().is_cpu() ? compact : compact.to(Device::cpu());
+  const int64_t R = host.shape()[0];
+  const int64_t C = host.shape()[1];
+  const bool rowwise = which == QuantizedCopy::kRowwise;
+  const int64_t PR = rowwise ? roundup(R, 128) : roundup(R, 4);
+  const int64_t PC = rowwise ? roundup(C, 4) : roundup(C, 128);
+  Tensor out = Tensor::zeros({PR, PC}, compact.dtype(), Device::cpu());
+  const auto* in = static_cast<const uint8_t*>(host.raw_data());
+  auto* o = static_cast<uint8_t*>(out.raw_data());
+  for (int64_t r = 0; r < R; ++r) std::memcpy(o + r * PC, in + r * C, static_cast<size_t>(C));
+  return compact.device().is_cpu() ? out : out.to(compact.device());
+}
+
+int64_t mxfp8_swizzle_offset(int64_t r, int64_t c, int64_t cols) {
+  return ((r / 128) * ((cols + 3) / 4) + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 +
+         c % 4;
+}
+
+Tensor mxfp8_swizzle_scales(const Tensor& padded, QuantizedCopy which) {
+  MP_CHECK_INPUT(padded.defined() && padded.shape().rank() == 2 &&
+                     (padded.dtype() == DType::kE8M0 || padded.dtype() == DType::kUInt8),
+                 "mxfp8_swizzle_scales: scales must be e8m0 2-D, got {}",
+                 padded.defined() ? padded.describe() : "undefined");
+  const bool rowwise = which == QuantizedCopy::kRowwise;
+  const Tensor host = padded.device().is_cpu() ? padded : padded.to(Device::cpu());
+  // (r, c) in the formula's orientation: r along the 128-padded dim, c along the 4-padded one.
+  const int64_t R = rowwise ? host.shape()[0] : host.shape()[1];
+  const int64_t C = rowwise ? host.shape()[1] : host.shape()[0];
+  MP_CHECK_INPUT(R % 128 == 0 && C % 4 == 0,
+                 "mxfp8_swizzle_scales: {} scales {} are not padded to 128x4 tiles",
+                 rowwise ? "rowwise" : "columnwise", host.describe());
+  Tensor out = Tensor::empty({R * C}, padded.dtype(), Device::cpu());
+  const auto* in = static_cast<const uint8_t*>(host.raw_data());
+  auto* o = static_cast<uint8_t*>(out.raw_data());
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t src = rowwise ? r * C + c : c * R + r;
+      o[mxfp8_swizzle_offset(r, c, C)] = in[src];
+    }
+  }
+  return padded.device().is_cpu() ? out : out.to(padded.device());
+}
+
+}  // namespace meshproof::kernels
