@@ -123,14 +123,14 @@ void validate(const Config& c) {
   const RecipeConfig& r = c.recipe;
   switch (r.kind) {
     case RecipeKind::kFp32:
-      break;
     case RecipeKind::kBf16:
+      break;
     case RecipeKind::kDelayed:
     case RecipeKind::kCurrent:
     case RecipeKind::kMxfp8:
     case RecipeKind::kBlock:
       // Only the reference recipe is wired into the engine so far; say so before any work.
-      MP_FAIL_INPUT("recipe = {}: not supported by this engine build yet (supported: fp32)",
+      MP_FAIL_INPUT("recipe = {}: not supported by this engine build yet (supported: fp32, bf16)",
                     recipe_name(r.kind));
   }
   MP_CHECK_INPUT(r.amax_history_len >= 1, "recipe.amax_history_len = {} must be >= 1",

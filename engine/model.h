@@ -6,8 +6,9 @@
 // reduction for FP8 recipes) happens outside, through CommHooks in the trainer.
 //
 // Shapes: B = rows of this micro-batch, S = sequence length, M = B*S, H hidden, A heads,
-// d = H/A, F ffn, V vocab. Activations are float32 (the fp32 recipe's compute dtype) or float64
-// (finite-difference checks of the ops; the GEMM backend computes in float32/bf16).
+// d = H/A, F ffn, V vocab. The compute dtype is the dtype of the weights handed in: float32 (fp32
+// recipe) or bfloat16 (bf16 recipe: bf16 activations, GEMMs with fp32 accumulation and bf16
+// output, weight gradients accumulated in fp32).
 #pragma once
 
 #include <cstdint>

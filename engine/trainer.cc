@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/adamw.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 
 namespace meshproof::engine {
@@ -30,6 +31,15 @@ StepMetrics Trainer::step(
   StepMetrics metrics;
   metrics.step = step_;
 
+  // Compute weights: the fp32 masters themselves for the fp32 recipe, bf16 copies (RNE) otherwise.
+  TensorMap bf16_weights;
+  const TensorMap* weights = &params_;
+  if (config_.recipe.kind != RecipeKind::kFp32) {
+    for (const std::string& n : params_.names())
+      bf16_weights.insert(n, kernels::cast_to(params_.at(n), kernels::DType::kBFloat16));
+    weights = &bf16_weights;
+  }
+
   // Forward/backward over micro-batches; gradients of the mean loss accumulate in fp32.
   grads_.zero_all();
   const int64_t micro_rows = t.batch / t.micro_batches;
@@ -38,7 +48,7 @@ StepMetrics Trainer::step(
   for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
     const int64_t row0 = mb * micro_rows;
     const kernels::Tensor tokens = data_.rows(step_, row0, row0 + micro_rows);
-    loss_sum += model_.forward_backward(params_, tokens, {step_, row0}, 1.0 / positions, grads_);
+    loss_sum += model_.forward_backward(*weights, tokens, {step_, row0}, 1.0 / positions, grads_);
   }
   hooks_.reduce_grads(grads_);
   metrics.loss = hooks_.sum_scalar(loss_sum) / positions;

@@ -28,16 +28,18 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
   detail::check_operand(dy, op, "dy");
   detail::check_float(dy, op, "dy");
   const int64_t n = dy.shape().last(), m = dy.shape().leading();
-  detail::check_operand(dbias, op, "dbias", n);
-  detail::check_same_dtype(dy, dbias, op);
+  detail::check_grad(dbias, op, "dbias", n);
   detail::dispatch_float(dy.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    const T* d = dy.data<T>();
-    T* db = dbias.data<T>();
-    std::vector<double> acc(n, 0.0);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < n; ++c) acc[c] += d[r * n + c];
-    for (int64_t c = 0; c < n; ++c) db[c] = static_cast<T>(db[c] + acc[c]);
+    detail::dispatch_grad(dbias.dtype(), op, [&](auto g) {
+      using G = decltype(g);
+      const T* d = dy.data<T>();
+      G* db = dbias.data<G>();
+      std::vector<double> acc(n, 0.0);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c) acc[c] += d[r * n + c];
+      for (int64_t c = 0; c < n; ++c) db[c] = static_cast<G>(db[c] + acc[c]);
+    });
   });
 }
 

@@ -11,7 +11,7 @@ namespace meshproof::kernels {
 
 // y[r, c] += bias[c]
 void add_bias_(Tensor& y, const Tensor& bias);
-// dbias[c] += sum_r dy[r, c] (accumulated in double, added into dbias)
+// dbias[c] += sum_r dy[r, c] (accumulated in double, added into dbias: float32/float64)
 void bias_grad(const Tensor& dy, Tensor& dbias);
 // x += y
 void add_(Tensor& x, const Tensor& y);

@@ -49,30 +49,32 @@ void embedding_forward(const Tensor& ids, const Tensor& tok, const Tensor& pos, 
 
 void embedding_backward(const Tensor& dx, const Tensor& ids, Tensor& dtok, Tensor& dpos) {
   constexpr std::string_view op = "embedding_backward";
-  detail::check_operand(dtok, op, "dtok");
-  detail::check_float(dtok, op, "dtok");
-  detail::check_operand(dpos, op, "dpos");
+  detail::check_grad(dtok, op, "dtok", dtok.numel().value);
+  detail::check_grad(dpos, op, "dpos", dpos.numel().value);
   detail::check_same_dtype(dtok, dpos, op);
-  detail::check_same_dtype(dtok, dx, op);
+  detail::check_float(dx, op, "dx");
   const int64_t h = dtok.shape().last();
   check_ids(op, ids, dtok.shape()[0], dpos.shape()[0]);
   const int64_t bn = ids.shape()[0], seq = ids.shape()[1];
   detail::check_operand(dx, op, "dx", bn * seq * h);
-  detail::dispatch_float(dtok.dtype(), op, [&](auto t) {
+  detail::dispatch_float(dx.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    const int32_t* id = ids.data<int32_t>();
-    const T* d = dx.data<T>();
-    T* dt = dtok.data<T>();
-    T* dp = dpos.data<T>();
-    for (int64_t b = 0; b < bn; ++b)
-      for (int64_t s = 0; s < seq; ++s) {
-        const T* dr = d + (b * seq + s) * h;
-        T* tr = dt + static_cast<int64_t>(id[b * seq + s]) * h;
-        for (int64_t c = 0; c < h; ++c) {
-          tr[c] += dr[c];
-          dp[s * h + c] += dr[c];
+    detail::dispatch_grad(dtok.dtype(), op, [&](auto g) {
+      using G = decltype(g);
+      const int32_t* id = ids.data<int32_t>();
+      const T* d = dx.data<T>();
+      G* dt = dtok.data<G>();
+      G* dp = dpos.data<G>();
+      for (int64_t b = 0; b < bn; ++b)
+        for (int64_t s = 0; s < seq; ++s) {
+          const T* dr = d + (b * seq + s) * h;
+          G* tr = dt + static_cast<int64_t>(id[b * seq + s]) * h;
+          for (int64_t c = 0; c < h; ++c) {
+            tr[c] += static_cast<G>(dr[c]);
+            dp[s * h + c] += static_cast<G>(dr[c]);
+          }
         }
-      }
+    });
   });
 }
 

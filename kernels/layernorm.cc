@@ -30,9 +30,9 @@ void ln_forward_cpu(const T* x, const T* w, const T* b, double eps, int64_t m, i
 
 // dx = rstd * (g - mean(g) - n * mean(g * n)), g = dy * w, n = normalised x (for RMSNorm the
 // mean(g) term is absent and mean is 0). dw += sum_rows dy * n, db += sum_rows dy.
-template <typename T>
+template <typename T, typename G>
 void ln_backward_cpu(const T* dy, const T* x, const T* w, const T* mean_in, const T* rstd_in,
-                     int64_t m, int64_t h, T* dx, T* dw, T* db) {
+                     int64_t m, int64_t h, T* dx, G* dw, G* db) {
   std::vector<double> dw_acc(h, 0.0), db_acc(h, 0.0);
   for (int64_t r = 0; r < m; ++r) {
     const double mean = mean_in ? static_cast<double>(mean_in[r]) : 0.0;
@@ -55,8 +55,8 @@ void ln_backward_cpu(const T* dy, const T* x, const T* w, const T* mean_in, cons
     }
   }
   for (int64_t c = 0; c < h; ++c) {
-    dw[c] = static_cast<T>(dw[c] + dw_acc[c]);
-    if (db) db[c] = static_cast<T>(db[c] + db_acc[c]);
+    dw[c] = static_cast<G>(dw[c] + dw_acc[c]);
+    if (db) db[c] = static_cast<G>(db[c] + db_acc[c]);
   }
 }
 
@@ -95,12 +95,16 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   detail::check_operand(dx, op, "dx", m * h);
   detail::check_operand(mean, op, "mean", m);
   detail::check_operand(rstd, op, "rstd", m);
-  detail::check_operand(dweight, op, "dweight", h);
-  detail::check_operand(dbias, op, "dbias", h);
+  detail::check_grad(dweight, op, "dweight", h);
+  detail::check_grad(dbias, op, "dbias", h);
+  detail::check_same_dtype(dweight, dbias, op);
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    ln_backward_cpu<T>(dy.data<T>(), x.data<T>(), weight.data<T>(), mean.data<T>(), rstd.data<T>(),
-                       m, h, dx.data<T>(), dweight.data<T>(), dbias.data<T>());
+    detail::dispatch_grad(dweight.dtype(), op, [&](auto g) {
+      using G = decltype(g);
+      ln_backward_cpu<T, G>(dy.data<T>(), x.data<T>(), weight.data<T>(), mean.data<T>(),
+                            rstd.data<T>(), m, h, dx.data<T>(), dweight.data<G>(), dbias.data<G>());
+    });
   });
 }
 
@@ -134,11 +138,14 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   detail::check_operand(dy, op, "dy", m * h);
   detail::check_operand(dx, op, "dx", m * h);
   detail::check_operand(rstd, op, "rstd", m);
-  detail::check_operand(dweight, op, "dweight", h);
+  detail::check_grad(dweight, op, "dweight", h);
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    ln_backward_cpu<T>(dy.data<T>(), x.data<T>(), weight.data<T>(), nullptr, rstd.data<T>(), m, h,
-                       dx.data<T>(), dweight.data<T>(), nullptr);
+    detail::dispatch_grad(dweight.dtype(), op, [&](auto g) {
+      using G = decltype(g);
+      ln_backward_cpu<T, G>(dy.data<T>(), x.data<T>(), weight.data<T>(), nullptr, rstd.data<T>(), m,
+                            h, dx.data<T>(), dweight.data<G>(), nullptr);
+    });
   });
 }
 

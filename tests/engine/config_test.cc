@@ -39,6 +39,8 @@ TEST(Config, BadValuesNameTheField) {
   c = Config{};
   c.recipe.kind = RecipeKind::kMxfp8;
   expect_input_error(c, "recipe = mxfp8");
+  c.recipe.kind = RecipeKind::kBf16;
+  EXPECT_NO_THROW(validate(c));
   c = Config{};
   c.data.markov_order = 5;
   expect_input_error(c, "data.markov_order");

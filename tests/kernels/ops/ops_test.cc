@@ -325,3 +325,50 @@ TEST(Cast, RoundTripsFloat32ThroughFloat64) {
 
 }  // namespace
 }  // namespace meshproof::kernels
+
+namespace meshproof::kernels {
+namespace {
+
+TEST(BFloat16, RoundsToNearestEven) {
+  EXPECT_EQ(BFloat16(1.0f).bits, 0x3F80);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
+  EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 0x1p-8f)), 1.0f);
+  // 1 + 3*2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6).
+  EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+  Tensor a = Tensor::from_vector<float>({2}, {3.0f, -0.1f});
+  Tensor b = cast_to(a, DType::kBFloat16);
+  EXPECT_EQ(b.dtype(), DType::kBFloat16);
+  EXPECT_EQ(cast_to(b, DType::kFloat32).to_vector<float>()[0], 3.0f);
+}
+
+TEST(BFloat16, OpsRoundOnceFromHigherPrecision) {
+  // A bf16 LayerNorm equals the float64 LayerNorm of the same (bf16-representable) inputs rounded
+  // once to bf16: every output within half a bf16 ulp (8 significant bits: 2^-8 relative) of the
+  // float64 result.
+  const int64_t m = 4, h = 16;
+  Tensor x64 = cast_to(cast_to(random_f64({m, h}, 30), DType::kBFloat16), DType::kFloat64);
+  Tensor w64 = cast_to(cast_to(random_f64({h}, 31, 0.3, 1.0), DType::kBFloat16), DType::kFloat64);
+  Tensor b64 = cast_to(cast_to(random_f64({h}, 32), DType::kBFloat16), DType::kFloat64);
+  Tensor y64 = f64({m, h}), mean64 = f64({m}), rstd64 = f64({m});
+  layernorm_forward(x64, w64, b64, 1e-5, y64, mean64, rstd64);
+  auto bf = [](const Tensor& t) { return cast_to(t, DType::kBFloat16); };
+  Tensor x = bf(x64), w = bf(w64), b = bf(b64);
+  Tensor y = Tensor::empty({m, h}, DType::kBFloat16, Device::cpu());
+  Tensor mean = Tensor::empty({m}, DType::kBFloat16, Device::cpu());
+  Tensor rstd = Tensor::empty({m}, DType::kBFloat16, Device::cpu());
+  layernorm_forward(x, w, b, 1e-5, y, mean, rstd);
+  const auto yv = cast_to(y, DType::kFloat32).to_vector<float>();
+  for (int64_t i = 0; i < m * h; ++i) {
+    const double ref = y64.data<double>()[i];
+    EXPECT_LE(std::abs(yv[static_cast<size_t>(i)] - ref), std::abs(ref) * 0x1p-8 + 1e-30) << i;
+  }
+  // Parameter gradients stay float32 with bf16 activations.
+  Tensor dx = Tensor::empty({m, h}, DType::kBFloat16, Device::cpu());
+  Tensor dw = Tensor::zeros({h}, DType::kFloat32, Device::cpu());
+  Tensor db = Tensor::zeros({h}, DType::kFloat32, Device::cpu());
+  layernorm_backward(y, x, w, mean, rstd, dx, dw, db);
+  EXPECT_GT(sum_of_squares(dw), 0.0);
+}
+
+}  // namespace
+}  // namespace meshproof::kernels
