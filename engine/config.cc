@@ -121,17 +121,17 @@ void validate(const Config& c) {
   MP_CHECK_INPUT(d.decay > 0.0 && d.decay <= 1.0, "data.decay = {} must be in (0, 1]", d.decay);
 
   const RecipeConfig& r = c.recipe;
-  switch (r.kind) {
-    case RecipeKind::kFp32:
-    case RecipeKind::kBf16:
-      break;
-    case RecipeKind::kDelayed:
-    case RecipeKind::kCurrent:
-    case RecipeKind::kMxfp8:
-    case RecipeKind::kBlock:
-      // Only the reference recipe is wired into the engine so far; say so before any work.
-      MP_FAIL_INPUT("recipe = {}: not supported by this engine build yet (supported: fp32, bf16)",
-                    recipe_name(r.kind));
+  if (r.kind == RecipeKind::kMxfp8) {
+    // MXFP8 blocks of 32 run along K (rowwise) and along M (columnwise) of every GEMM operand of
+    // qkv/proj/fc1/fc2: K in {H, F}, N in {3H, H, F}, M = micro-batch rows * seq_len.
+    MP_CHECK_INPUT(m.hidden % 32 == 0, "recipe = mxfp8 needs model.hidden % 32 == 0, got {}",
+                   m.hidden);
+    MP_CHECK_INPUT(m.ffn % 32 == 0, "recipe = mxfp8 needs model.ffn % 32 == 0, got {}", m.ffn);
+    const int64_t rows = t.batch / std::max<int64_t>(t.micro_batches, 1) * t.seq_len;
+    MP_CHECK_INPUT(rows % 32 == 0,
+                   "recipe = mxfp8 needs (training.batch / training.micro_batches) * "
+                   "training.seq_len % 32 == 0, got {}",
+                   rows);
   }
   MP_CHECK_INPUT(r.amax_history_len >= 1, "recipe.amax_history_len = {} must be >= 1",
                  r.amax_history_len);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <map>
+
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -21,20 +23,6 @@ namespace {
 
 Tensor new_tensor(const Shape& shape, DType dtype) {
   return Tensor::empty(shape, dtype, kernels::Device::cpu());
-}
-
-// A linear layer y = x·wᵀ + b through the GEMM backend.
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
-  kernels::gemm_fprop(&x, &w, y);
-  kernels::add_bias_(y, b);
-}
-
-// Its backward: dW += dyᵀ·x, db += colsum(dy), dx = dy·W (or dx += when accumulate_dx).
-void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor& db,
-                     Tensor& dx, bool accumulate_dx) {
-  kernels::gemm_wgrad(&dy, &x, dw, {.accumulate = true});
-  kernels::bias_grad(dy, db);
-  kernels::gemm_dgrad(&dy, &w, dx, {.accumulate = accumulate_dx});
 }
 
 // Dropout stream of one site of one layer in one step.
@@ -96,6 +84,51 @@ struct GptModel::LayerActs {
   Tensor up_out;   // [M, F] SwiGLU only
   Tensor act_out;  // [M, F]
   Tensor x_out;    // [M, H] layer output
+};
+
+// The linear layers' GEMMs, quantized by the recipe when it is enabled. Forward operands (X, W)
+// are saved per linear in `saved` (with their columnwise copies) for the backward GEMMs.
+struct GptModel::Linear {
+  Fp8Recipe* recipe = nullptr;  // nullptr or disabled: unquantized fp32/bf16 GEMMs
+  bool backward = false;        // keep columnwise copies for the backward pass
+
+  struct Saved {
+    kernels::QuantizedTensor x, w;  // quantized forward operands
+  };
+  std::map<std::string, Saved>* saved = nullptr;
+
+  bool quantized() const { return recipe != nullptr && recipe->enabled(); }
+
+  // y = x·wᵀ + b
+  void forward(const std::string& name, const Tensor& x, const Tensor& w, const Tensor& b,
+               Tensor& y) {
+    if (!quantized()) {
+      kernels::gemm_fprop(&x, &w, y);
+    } else {
+      const kernels::Usage usage{.rowwise = true, .columnwise = backward};
+      Saved s{recipe->quantize(name, Fp8Role::kInput, x, usage),
+              recipe->quantize(name, Fp8Role::kWeight, w, usage)};
+      kernels::gemm_fprop(&s.x, &s.w, y, recipe->options(kernels::GemmRole::kFprop));
+      if (backward) (*saved)[name] = std::move(s);
+    }
+    kernels::add_bias_(y, b);
+  }
+
+  // dW += dyᵀ·x, db += colsum(dy), dx = dy·W
+  void backward_pass(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
+                     Tensor& dw, Tensor& db, Tensor& dx) {
+    kernels::bias_grad(dy, db);
+    if (!quantized()) {
+      kernels::gemm_wgrad(&dy, &x, dw, {.accumulate = true});
+      kernels::gemm_dgrad(&dy, &w, dx);
+      return;
+    }
+    const Saved& s = saved->at(name);
+    const kernels::QuantizedTensor qdy =
+        recipe->quantize(name, Fp8Role::kGradOutput, dy, {.rowwise = true, .columnwise = true});
+    kernels::gemm_wgrad(&qdy, &s.x, dw, recipe->options(kernels::GemmRole::kWgrad, true));
+    kernels::gemm_dgrad(&qdy, &s.w, dx, recipe->options(kernels::GemmRole::kDgrad));
+  }
 };
 
 GptModel::GptModel(const Config& config) : config_(config) { validate(config_); }
@@ -163,11 +196,12 @@ void GptModel::norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
 // x_out = x_mid + dropout(fc2(act(fc1(ln2(x_mid))))),  x_mid = x_in +
 // dropout(proj(attn(qkv(ln1(x_in)))))
 void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords,
-                             int64_t batch, LayerActs& a) const {
+                             int64_t batch, Linear& linear, LayerActs& a) const {
   const ModelConfig& m = config_.model;
   const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden, f = m.ffn;
   const DType dt = a.x_in.dtype();
   const kernels::AttentionShape attn{batch, seq, m.heads, h / m.heads};
+  const std::string p = fmt::format("layers.{}.", layer);
 
   // Attention block.
   a.ln1_out = new_tensor({rows, h}, dt);
@@ -175,12 +209,12 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   a.ln1_rstd = new_tensor({rows}, dt);
   norm_forward(a.x_in, *w.ln1_w, w.ln1_b, a.ln1_out, a.ln1_mean, a.ln1_rstd);
   a.qkv = new_tensor({rows, 3 * h}, dt);
-  linear_forward(a.ln1_out, *w.qkv_w, *w.qkv_b, a.qkv);
+  linear.forward(p + "attn.qkv", a.ln1_out, *w.qkv_w, *w.qkv_b, a.qkv);
   a.attn_out = new_tensor({rows, h}, dt);
   a.probs = new_tensor({batch, m.heads, seq, seq}, dt);
   kernels::attention_forward(a.qkv, attn, a.attn_out, a.probs);
   Tensor proj_out = new_tensor({rows, h}, dt);
-  linear_forward(a.attn_out, *w.proj_w, *w.proj_b, proj_out);
+  linear.forward(p + "attn.proj", a.attn_out, *w.proj_w, *w.proj_b, proj_out);
   a.x_mid = new_tensor({rows, h}, dt);
   kernels::dropout_forward(proj_out, m.dropout,
                            dropout_key(config_.seed, coords, layer, "attn", seq, h), a.x_mid);
@@ -192,7 +226,7 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   a.ln2_rstd = new_tensor({rows}, dt);
   norm_forward(a.x_mid, *w.ln2_w, w.ln2_b, a.ln2_out, a.ln2_mean, a.ln2_rstd);
   a.fc1_out = new_tensor({rows, f}, dt);
-  linear_forward(a.ln2_out, *w.fc1_w, *w.fc1_b, a.fc1_out);
+  linear.forward(p + "mlp.fc1", a.ln2_out, *w.fc1_w, *w.fc1_b, a.fc1_out);
   a.act_out = new_tensor({rows, f}, dt);
   switch (m.activation) {
     case Activation::kGelu:
@@ -203,12 +237,12 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
       break;
     case Activation::kSwiGlu:
       a.up_out = new_tensor({rows, f}, dt);
-      linear_forward(a.ln2_out, *w.up_w, *w.up_b, a.up_out);
+      linear.forward(p + "mlp.fc1_up", a.ln2_out, *w.up_w, *w.up_b, a.up_out);
       kernels::swiglu_forward(a.fc1_out, a.up_out, a.act_out);
       break;
   }
   Tensor fc2_out = new_tensor({rows, h}, dt);
-  linear_forward(a.act_out, *w.fc2_w, *w.fc2_b, fc2_out);
+  linear.forward(p + "mlp.fc2", a.act_out, *w.fc2_w, *w.fc2_b, fc2_out);
   a.x_out = new_tensor({rows, h}, dt);
   kernels::dropout_forward(fc2_out, m.dropout,
                            dropout_key(config_.seed, coords, layer, "mlp", seq, h), a.x_out);
@@ -217,36 +251,37 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
 
 // On entry dx holds dL/dx_out [M, H]; on return dL/dx_in. Weight gradients are added into g.
 void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
-                              const BatchCoords& coords, int64_t batch, const LayerActs& a,
-                              Tensor& dx) const {
+                              const BatchCoords& coords, int64_t batch, Linear& linear,
+                              const LayerActs& a, Tensor& dx) const {
   const ModelConfig& m = config_.model;
   const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden, f = m.ffn;
   const DType dt = a.x_in.dtype();
   const kernels::AttentionShape attn{batch, seq, m.heads, h / m.heads};
+  const std::string p = fmt::format("layers.{}.", layer);
 
   // MLP block: dx is dL/dx_out = dL/dx_mid (residual path) + the MLP branch below.
   Tensor d_fc2 = new_tensor({rows, h}, dt);
   kernels::dropout_backward(dx, m.dropout, dropout_key(config_.seed, coords, layer, "mlp", seq, h),
                             d_fc2);
   Tensor d_act = new_tensor({rows, f}, dt);
-  linear_backward(d_fc2, a.act_out, *w.fc2_w, *g.fc2_w, *g.fc2_b, d_act, false);
+  linear.backward_pass(p + "mlp.fc2", d_fc2, a.act_out, *w.fc2_w, *g.fc2_w, *g.fc2_b, d_act);
   Tensor d_fc1 = new_tensor({rows, f}, dt);
   Tensor d_ln2 = new_tensor({rows, h}, dt);
   switch (m.activation) {
     case Activation::kGelu:
       kernels::gelu_backward(d_act, a.fc1_out, d_fc1);
-      linear_backward(d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2, false);
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2);
       break;
     case Activation::kRelu:
       kernels::relu_backward(d_act, a.fc1_out, d_fc1);
-      linear_backward(d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2, false);
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2);
       break;
     case Activation::kSwiGlu: {
       Tensor d_up = new_tensor({rows, f}, dt);
       kernels::swiglu_backward(d_act, a.fc1_out, a.up_out, d_fc1, d_up);
-      linear_backward(d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2, false);
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2);
       Tensor d_ln2_up = new_tensor({rows, h}, dt);
-      linear_backward(d_up, a.ln2_out, *w.up_w, *g.up_w, *g.up_b, d_ln2_up, false);
+      linear.backward_pass(p + "mlp.fc1_up", d_up, a.ln2_out, *w.up_w, *g.up_w, *g.up_b, d_ln2_up);
       kernels::add_(d_ln2, d_ln2_up);
       break;
     }
@@ -260,17 +295,18 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   kernels::dropout_backward(d_mid, m.dropout,
                             dropout_key(config_.seed, coords, layer, "attn", seq, h), d_proj);
   Tensor d_attn = new_tensor({rows, h}, dt);
-  linear_backward(d_proj, a.attn_out, *w.proj_w, *g.proj_w, *g.proj_b, d_attn, false);
+  linear.backward_pass(p + "attn.proj", d_proj, a.attn_out, *w.proj_w, *g.proj_w, *g.proj_b,
+                       d_attn);
   Tensor d_qkv = new_tensor({rows, 3 * h}, dt);
   kernels::attention_backward(d_attn, a.qkv, a.probs, attn, d_qkv);
   Tensor d_ln1 = new_tensor({rows, h}, dt);
-  linear_backward(d_qkv, a.ln1_out, *w.qkv_w, *g.qkv_w, *g.qkv_b, d_ln1, false);
+  linear.backward_pass(p + "attn.qkv", d_qkv, a.ln1_out, *w.qkv_w, *g.qkv_w, *g.qkv_b, d_ln1);
   norm_backward(d_ln1, a.x_in, *w.ln1_w, a.ln1_mean, a.ln1_rstd, dx, *g.ln1_w, g.ln1_b);
   kernels::add_(dx, d_mid);  // residual
 }
 
 double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords& coords,
-                     double grad_scale, TensorMap* grads) const {
+                     double grad_scale, TensorMap* grads, Fp8Recipe* recipe) const {
   const ModelConfig& m = config_.model;
   const int64_t seq = config_.training.seq_len;
   MP_CHECK_INPUT(
@@ -296,11 +332,13 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   Tensor x = new_tensor({rows, h}, dt);
   kernels::embedding_forward(ids, tok, w.at("embed.pos"), x);
   const bool recompute = config_.training.recompute && grads != nullptr;
+  std::map<std::string, Linear::Saved> saved;  // quantized GEMM operands for the backward
+  Linear linear{recipe, grads != nullptr, &saved};
   std::vector<LayerActs> acts(static_cast<size_t>(m.layers));
   for (int64_t i = 0; i < m.layers; ++i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
     a.x_in = x;
-    layer_forward(layer_weights(w, i), i, coords, batch, a);
+    layer_forward(layer_weights(w, i), i, coords, batch, linear, a);
     x = a.x_out;
     if (recompute) {  // keep only the layer input; backward re-runs the layer
       Tensor input = a.x_in;
@@ -316,6 +354,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
                f_rstd);
   Tensor logits = new_tensor({rows, v}, dt);
   kernels::gemm_fprop(&xf, &lm_w, logits);
+  if (recipe) recipe->end_forward();
   if (grads == nullptr) return kernels::cross_entropy_forward(logits, targets);
 
   // Loss and backward.
@@ -334,24 +373,29 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   for (int64_t i = m.layers - 1; i >= 0; --i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
     const LayerWeights lw = layer_weights(w, i);
-    if (recompute) layer_forward(lw, i, coords, batch, a);  // same masks: keyed by coordinates
+    if (recompute) {  // same masks (keyed by coordinates) and the forward's FP8 scales
+      if (recipe) recipe->set_recompute(true);
+      layer_forward(lw, i, coords, batch, linear, a);
+      if (recipe) recipe->set_recompute(false);
+    }
     LayerGrads lg = layer_grads(g, i);
-    layer_backward(lw, lg, i, coords, batch, a, dx);
+    layer_backward(lw, lg, i, coords, batch, linear, a, dx);
     a = LayerActs{};  // free this layer's activations
   }
   kernels::embedding_backward(dx, ids, g.at("embed.tok"), g.at("embed.pos"));
+  if (recipe) recipe->end_backward();
   return loss_sum;
 }
 
 double GptModel::forward_backward(const TensorMap& weights, const Tensor& tokens,
-                                  const BatchCoords& coords, double grad_scale,
-                                  TensorMap& grads) const {
-  return run(weights, tokens, coords, grad_scale, &grads);
+                                  const BatchCoords& coords, double grad_scale, TensorMap& grads,
+                                  Fp8Recipe* recipe) const {
+  return run(weights, tokens, coords, grad_scale, &grads, recipe);
 }
 
 double GptModel::forward_loss(const TensorMap& weights, const Tensor& tokens,
-                              const BatchCoords& coords) const {
-  return run(weights, tokens, coords, 0.0, nullptr);
+                              const BatchCoords& coords, Fp8Recipe* recipe) const {
+  return run(weights, tokens, coords, 0.0, nullptr, recipe);
 }
 
 }  // namespace meshproof::engine

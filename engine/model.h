@@ -16,6 +16,7 @@
 
 #include "engine/config.h"
 #include "engine/params.h"
+#include "engine/recipe.h"
 #include "kernels/tensor.h"
 
 namespace meshproof::engine {
@@ -37,12 +38,15 @@ class GptModel {
   //   grad_scale: d(objective)/d(sum of this micro-batch's per-position losses), i.e.
   //     1 / (global positions) for the mean loss over the global batch.
   // Adds weight gradients into `grads` (float32). Returns the SUM of per-position losses.
+  // `recipe` (optional) quantizes the GEMM operands of the linear layers and is told when the
+  // forward and the backward pass end (delayed-scaling updates).
   double forward_backward(const TensorMap& weights, const kernels::Tensor& tokens,
-                          const BatchCoords& coords, double grad_scale, TensorMap& grads) const;
+                          const BatchCoords& coords, double grad_scale, TensorMap& grads,
+                          Fp8Recipe* recipe = nullptr) const;
 
   // Forward only: the sum of per-position losses.
   double forward_loss(const TensorMap& weights, const kernels::Tensor& tokens,
-                      const BatchCoords& coords) const;
+                      const BatchCoords& coords, Fp8Recipe* recipe = nullptr) const;
 
   const Config& config() const { return config_; }
 
@@ -51,14 +55,15 @@ class GptModel {
   struct LayerWeights;
   struct LayerGrads;
 
+  struct Linear;
   double run(const TensorMap& weights, const kernels::Tensor& tokens, const BatchCoords& coords,
-             double grad_scale, TensorMap* grads) const;
+             double grad_scale, TensorMap* grads, Fp8Recipe* recipe) const;
   LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
   LayerGrads layer_grads(TensorMap& g, int64_t i) const;
   void layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords, int64_t batch,
-                     LayerActs& a) const;
+                     Linear& linear, LayerActs& a) const;
   void layer_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
-                      const BatchCoords& coords, int64_t batch, const LayerActs& a,
+                      const BatchCoords& coords, int64_t batch, Linear& linear, const LayerActs& a,
                       kernels::Tensor& dx) const;
   void norm_forward(const kernels::Tensor& x, const kernels::Tensor& w, const kernels::Tensor* b,
                     kernels::Tensor& y, kernels::Tensor& mean, kernels::Tensor& rstd) const;

@@ -23,7 +23,8 @@ Trainer::Trainer(const Config& config, CommHooks hooks)
             config_.training.seq_len),
       params_(init_params(config_.model, config_.seed)),
       grads_(zeros_like_params(config_.model)),
-      optimizer_(config_.model, config_.training) {}
+      optimizer_(config_.model, config_.training),
+      recipe_(config_.recipe, hooks_.reduce_amax) {}
 
 StepMetrics Trainer::step(
     const std::function<void(int64_t step, const TensorMap& grads)>& on_grads) {
@@ -48,7 +49,8 @@ StepMetrics Trainer::step(
   for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
     const int64_t row0 = mb * micro_rows;
     const kernels::Tensor tokens = data_.rows(step_, row0, row0 + micro_rows);
-    loss_sum += model_.forward_backward(*weights, tokens, {step_, row0}, 1.0 / positions, grads_);
+    loss_sum +=
+        model_.forward_backward(*weights, tokens, {step_, row0}, 1.0 / positions, grads_, &recipe_);
   }
   hooks_.reduce_grads(grads_);
   metrics.loss = hooks_.sum_scalar(loss_sum) / positions;

@@ -12,6 +12,7 @@
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
+#include "engine/recipe.h"
 
 namespace meshproof::engine {
 
@@ -42,6 +43,7 @@ class Trainer {
   TensorMap& params() { return params_; }
   const MarkovSource& data() const { return data_; }
   int64_t steps_done() const { return step_; }
+  Fp8Recipe& recipe() { return recipe_; }
 
  private:
   Config config_;
@@ -51,6 +53,7 @@ class Trainer {
   TensorMap params_;  // float32 master weights (fp32 recipe: also the compute weights)
   TensorMap grads_;   // float32 gradients
   AdamW optimizer_;
+  Fp8Recipe recipe_;  // quantization of the linear layers' GEMMs (disabled for fp32/bf16)
   int64_t step_ = 0;
 };
 

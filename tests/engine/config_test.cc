@@ -37,10 +37,14 @@ TEST(Config, BadValuesNameTheField) {
   c.model.dropout = 1.0;
   expect_input_error(c, "model.dropout");
   c = Config{};
+  c.model.ffn = 100;
   c.recipe.kind = RecipeKind::kMxfp8;
-  expect_input_error(c, "recipe = mxfp8");
+  expect_input_error(c, "recipe = mxfp8 needs model.ffn % 32 == 0, got 100");
   c.recipe.kind = RecipeKind::kBf16;
   EXPECT_NO_THROW(validate(c));
+  c = Config{};
+  c.recipe.amax_compute_algo = "mean";
+  expect_input_error(c, "recipe.amax_compute_algo");
   c = Config{};
   c.data.markov_order = 5;
   expect_input_error(c, "data.markov_order");
