@@ -32,6 +32,25 @@ TOL_GRAD0 = 1e-4
 TOL_LOSS = 1e-4
 TOL_FINAL = 1e-3
 
+# Low-precision recipes run the same model on the same data against this float64 reference.
+# Measured on the CTest configuration (V=32, H=32, L=2, F=64, S=16, B=8, 20 steps, clip 0.5):
+#   bf16:    loss 2.3e-4, grad_norm 3.2e-3, step-0 grads 9.1e-3 (worst tensor)
+#   current: loss 2.2e-4, grad_norm 1.4e-2, step-0 grads 1.4e-1
+#   delayed: loss 3.0e-4, grad_norm 9.6e-3, step-0 grads 1.7e-1
+#   mxfp8:   loss 2.2e-4, grad_norm 8.9e-3, step-0 grads 8.4e-2
+#   block:   loss 2.2e-4, grad_norm 7.2e-3, step-0 grads 8.4e-2
+# Bounds are about 4x the worst measurement of the precision class (bf16 has 8 significant bits,
+# e4m3/e5m2 4 and 3; the worst step-0 gradient tensors are small biases). Final parameters are
+# not compared for these recipes: AdamW normalises each element's update, so elements whose
+# gradients are near zero follow the rounding noise (measured norm-wise differences 0.4-0.5).
+LOW_PRECISION_TOLS = {  # recipe: (loss every step, grad_norm, step-0 grads)
+    "bf16": (1e-3, 1.5e-2, 4e-2),
+    "current": (1.5e-3, 6e-2, 0.6),
+    "delayed": (1.5e-3, 6e-2, 0.6),
+    "mxfp8": (1.5e-3, 6e-2, 0.6),
+    "block": (1.5e-3, 6e-2, 0.6),
+}
+
 M32 = np.uint64(0xFFFFFFFF)
 
 
@@ -185,9 +204,6 @@ def main(path):
 
     with h5py.File(path, "r") as f:
         c = Cfg(f["config"].attrs)
-        if c.recipe != "fp32":
-            print(f"recipe {c.recipe}: this reference compares the fp32 recipe only")
-            return 2
         names = list(f["init"].keys())
         init = {n: np.array(f["init"][n]) for n in names}
         grads0 = {n: np.array(f["grads0"][n]) for n in names}
@@ -238,6 +254,17 @@ def main(path):
         worst_init = max(worst_init, err)
         check(err <= 1e-6, f"init of {n}: max error {err:.3e} of std")
 
+    if c.recipe == "fp32":
+        tol_loss0, tol_loss, tol_gnorm, tol_grad0 = TOL_LOSS0, TOL_LOSS, TOL_LOSS, TOL_GRAD0
+        compare_final = True
+    elif c.recipe in LOW_PRECISION_TOLS:
+        tol_loss, tol_gnorm, tol_grad0 = LOW_PRECISION_TOLS[c.recipe]
+        tol_loss0 = tol_loss
+        compare_final = False
+    else:
+        print(f"{path}: unknown recipe {c.recipe}")
+        return 2
+
     torch.manual_seed(0)
     params = {n: torch.tensor(init[n], dtype=torch.float64, requires_grad=True) for n in names}
     decay = [params[n] for n in names if params[n].dim() >= 2]
@@ -256,14 +283,14 @@ def main(path):
         rel = abs(loss_trace[step] - loss.item()) / abs(loss.item())
         relg = abs(gnorm_trace[step] - total) / total
         worst_loss, worst_gnorm = max(worst_loss, rel), max(worst_gnorm, relg)
-        check(rel <= (TOL_LOSS0 if step == 0 else TOL_LOSS),
+        check(rel <= (tol_loss0 if step == 0 else tol_loss),
               f"loss of step {step}: {loss_trace[step]!r} vs {loss.item()!r} (rel {rel:.2e})")
-        check(relg <= TOL_LOSS, f"grad_norm of step {step}: rel {relg:.2e}")
+        check(relg <= tol_gnorm, f"grad_norm of step {step}: rel {relg:.2e}")
         if step == 0:
             for n in names:
                 e = rel_norm(grads0[n], params[n].grad.numpy())
                 worst_grad0 = max(worst_grad0, e)
-                check(e <= TOL_GRAD0, f"step-0 grad of {n}: rel {e:.2e}")
+                check(e <= tol_grad0, f"step-0 grad of {n}: rel {e:.2e}")
         if c.clip > 0:
             coef = min(1.0, c.clip / (total + 1e-6))
             for n in names:
@@ -273,9 +300,9 @@ def main(path):
     for n in names:
         e = rel_norm(final[n], params[n].detach().numpy())
         worst_final = max(worst_final, e)
-        check(e <= TOL_FINAL, f"final {n}: rel {e:.2e}")
+        check(not compare_final or e <= TOL_FINAL, f"final {n}: rel {e:.2e}")
 
-    print(f"{path}: {len(names)} tensors, {c.steps} steps; worst rel errors: "
+    print(f"{path}: recipe {c.recipe}, {len(names)} tensors, {c.steps} steps; worst rel errors: "
           f"loss {worst_loss:.2e}, grad_norm {worst_gnorm:.2e}, grads0 {worst_grad0:.2e}, "
           f"final {worst_final:.2e}, init {worst_init:.2e} (of std)")
     for fmsg in failures[:20]:
