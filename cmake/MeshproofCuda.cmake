@@ -15,12 +15,10 @@ if(NOT MESHPROOF_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 90 100)
     endif()
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 20)
-    # CMake < 3.26 does not know nvcc's C++20 flag (nvcc >= 12 supports it): supply it.
-    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
-      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
-      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
-    endif()
+    # CMake 3.25 does not know nvcc 13's C++20 flag (CUDA_STANDARD 20, or no CUDA_STANDARD, which
+    # falls back to CXX_STANDARD 20, fails at generate time). .cu files are compiled as C++17: they
+    # hold kernels and launchers only and include the C++17-clean headers they need.
+    set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
     set(MESHPROOF_HAVE_CUDA ON)

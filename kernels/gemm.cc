@@ -132,7 +132,11 @@ void check_quantized_copy(const QuantizedTensor& q, const GemmSide& side, GemmRo
   const std::string scale_what = copy + " scale_inv";
   MP_CHECK_INPUT(data.dtype() == q.format, "gemm_{}: {} {} is {}, expected element format {}",
                  gemm_role_name(role), name, data_what, data.describe(), dtype_name(q.format));
-  check_tensor_shape(data, Shape{sr, sc}, role, name, data_what.c_str());
+  // The data may carry leading dims (e.g. [B, S, K]); its 2-D view must be [sr, sc].
+  MP_CHECK_INPUT(
+      data.shape().rank() >= 1 && data.shape().leading() == sr && data.shape().last() == sc,
+      "gemm_{}: {} {} is {}, expected shape [{}, {}] (logical shape {})", gemm_role_name(role),
+      name, data_what, data.describe(), sr, sc, q.logical_shape.str());
   switch (q.mode) {
     case ScalingMode::kDelayedTensor:
     case ScalingMode::kCurrentTensor:
@@ -223,8 +227,8 @@ void check_output(const Tensor& out, int64_t rows, int64_t cols, const GemmOptio
 // Decodes the stored matrix (`rows` x `cols`, row-major) of one quantized copy to fp32.
 std::vector<float> decode_stored(const QuantizedTensor& q, const Tensor& data, const Tensor& sinv,
                                  bool columnwise) {
-  const int64_t rows = data.shape()[0];
-  const int64_t cols = data.shape()[1];
+  const int64_t rows = data.shape().leading();
+  const int64_t cols = data.shape().last();
   const auto* codes = static_cast<const uint8_t*>(data.raw_data());
   std::vector<float> out(static_cast<size_t>(rows * cols));
   auto at = [&](int64_t r, int64_t c) { return decode_fp8(q.format, codes[r * cols + c]); };
@@ -297,8 +301,8 @@ std::vector<float> decode_side(const GemmSide& side, bool want_k_major) {
     const Tensor& data = side.transposed ? q.columnwise_data : q.rowwise_data;
     const Tensor& sinv = side.transposed ? q.columnwise_scale_inv : q.rowwise_scale_inv;
     v = decode_stored(q, data, sinv, side.transposed);
-    rows = data.shape()[0];
-    cols = data.shape()[1];
+    rows = data.shape().leading();
+    cols = data.shape().last();
     // Per-tensor and block columnwise copies are stored transposed already.
     v_is_logical = !(side.transposed && q.mode != ScalingMode::kMxfp8);
   }

@@ -202,8 +202,8 @@ LtOperand decode_side(const GemmSide& s, DType to, Tensor& scratch) {
   const Tensor& sinv = copy_scale(q, s.transposed);
   DecodeArgs a{};
   a.codes = static_cast<const uint8_t*>(data.raw_data());
-  a.rows = data.shape()[0];
-  a.cols = data.shape()[1];
+  a.rows = data.shape().leading();
+  a.cols = data.shape().last();
   a.e4m3 = q.format == DType::kE4M3;
   a.mode = q.mode == ScalingMode::kMxfp8 ? DecodeScaling::kMxfp8
            : (q.mode == ScalingMode::kBlock1x128 || q.mode == ScalingMode::kBlock128x128)
@@ -213,7 +213,7 @@ LtOperand decode_side(const GemmSide& s, DType to, Tensor& scratch) {
   a.scale_cols = sinv.shape().rank() >= 2 ? sinv.shape()[1] : 1;
   a.mx_columnwise = s.transposed;
   a.block_rows = q.mode == ScalingMode::kBlock128x128 ? 128 : 1;
-  scratch = Tensor::empty(Shape{a.rows, a.cols}, to, data.device());
+  scratch = Tensor::empty(Shape{a.rows, a.cols}, to, data.device());  // stored 2-D view
   if (to == DType::kFloat32) {
     MP_CUDA_CHECK(launch_decode_to_f32(a, scratch.data<float>(), stream_now()));
   } else {

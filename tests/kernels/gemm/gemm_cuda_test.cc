@@ -7,6 +7,10 @@
 
 #include "kernels/device.h"
 #include "kernels/gemm.h"
+#include "kernels/quantize.h"
+#if MESHPROOF_HAVE_CUDA
+#include "kernels/gemm_cuda_kernels.h"
+#endif
 #include "tests/kernels/gemm/gemm_test_util.h"
 
 namespace meshproof::kernels {
@@ -150,6 +154,49 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(AllRecipesAndRoles, GemmCudaTest, testing::ValuesIn(all_cases()),
                          case_name);
+
+// The GEMM's device pad+swizzle of MXFP8 scales (used by the native cc 10.x path, which this
+// test can reach on any GPU) must give the same bytes as the quantizer's independent CPU
+// mxfp8_pad_scales + mxfp8_swizzle_scales, for both copies: rowwise S[r, c] = scale[r, c];
+// columnwise (read transposed: r = the K index, c = the M/32 index) S[r, c] = scale[c, r].
+TEST(GemmCudaMxfp8, DeviceSwizzleMatchesQuantizerLayout) {
+  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+#if MESHPROOF_HAVE_CUDA
+  MemoryTracker tracker;
+  ScopedRankContext ctx(RankContext{0, Device::cuda(0), nullptr, &tracker});
+  std::mt19937_64 rng(12);
+  // M = 160 and K = 96 leave partial 128-row tiles and a partial 4-column tile to pad.
+  const int64_t m = 160, k = 96;
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> v(static_cast<size_t>(m * k));
+  for (auto& x : v) x = nd(rng);
+  const Tensor x = Tensor::from_vector<float>(Shape{m, k}, v);
+  const QuantizedTensor q = quantize_mxfp8(x, DType::kE4M3, Usage{true, true});
+  for (QuantizedCopy which : {QuantizedCopy::kRowwise, QuantizedCopy::kColumnwise}) {
+    const bool row = which == QuantizedCopy::kRowwise;
+    const Tensor& compact = row ? q.rowwise_scale_inv : q.columnwise_scale_inv;
+    // e8m0 tensors have no typed accessor: compare raw bytes.
+    auto bytes = [](const Tensor& t) {
+      const Tensor h = t.to(Device::cpu());
+      const auto* p = static_cast<const uint8_t*>(h.raw_data());
+      return std::vector<uint8_t>(p, p + h.nbytes().value);
+    };
+    const std::vector<uint8_t> want =
+        bytes(mxfp8_swizzle_scales(mxfp8_pad_scales(compact, which), which));
+    const Tensor dev = compact.to(Device::cuda(0));
+    const int64_t rows = row ? m : k;            // non-reduction index range
+    const int64_t cols = row ? k / 32 : m / 32;  // 32-block index range
+    Tensor out = Tensor::empty(Shape{detail::swizzled_e8m0_bytes(rows, cols)}, DType::kUInt8,
+                               Device::cuda(0));
+    ASSERT_EQ(detail::launch_swizzle_e8m0(static_cast<const uint8_t*>(dev.raw_data()), rows, cols,
+                                          row ? k / 32 : 1, row ? 1 : k,
+                                          static_cast<uint8_t*>(out.raw_data()), nullptr),
+              cudaSuccess);
+    synchronize_current();
+    EXPECT_EQ(bytes(out), want) << (row ? "rowwise" : "columnwise");
+  }
+#endif
+}
 
 TEST(GemmCudaErrors, Fp8DimsNotMultipleOf16) {
   if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;

@@ -201,6 +201,24 @@ TEST(GemmCpu, MixedOperandKindsAndRank3Input) {
   }
 }
 
+// A quantized activation whose data and logical shape keep leading dims [B, S, K].
+TEST(GemmCpu, QuantizedRank3Operand) {
+  std::mt19937_64 rng(13);
+  TestOperand x =
+      gemm_test::make_per_tensor(ScalingMode::kCurrentTensor, DType::kE4M3, 32, 16, rng);
+  x.q.rowwise_data = x.q.rowwise_data.view(Shape{2, 16, 16});
+  x.q.logical_shape = Shape{2, 16, 16};
+  TestOperand w = gemm_test::make_per_tensor(ScalingMode::kCurrentTensor, DType::kE4M3, 8, 16, rng);
+  const gemm_test::Reference ref = gemm_test::reference(GemmRole::kFprop, x, w);
+  Tensor y = Tensor::empty(Shape{2, 16, 8}, DType::kFloat32, Device::cpu());
+  gemm_fprop(x.op(), w.op(), y);
+  const std::vector<double> got = gemm_test::output_values(y);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::fabs(got[i] - ref.value[i]), bound(16, ref.abs_sum[i], ref.value[i], false))
+        << "element " << i;
+  }
+}
+
 // Expects an input error whose message contains `needle`.
 template <typename F>
 void expect_input_error(F&& f, const std::string& needle) {
