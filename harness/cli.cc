@@ -8,6 +8,7 @@
 #include "harness/env_verb.h"
 #include "harness/exit_codes.h"
 #include "harness/export_verb.h"
+#include "harness/quantize_verb.h"
 #include "kernels/build_info.h"
 #include "kernels/error.h"
 #include "kernels/hdf5_check.h"
@@ -52,6 +53,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   // One line per verb; each verb's options and callback live with its harness function.
   add_env_command(app, out, exit_code);
   add_export_command(app, out, exit_code);
+  add_quantize_command(app, out, exit_code);
 
   try {
     app.parse(argc, argv);

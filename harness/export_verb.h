@@ -17,6 +17,10 @@
 
 #include "engine/config.h"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace meshproof::harness {
 
 // Validates `config`, trains config.training.steps steps and writes the trace atomically.

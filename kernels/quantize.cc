@@ -34,7 +34,7 @@ namespace {
 
 using rules::QLayout;
 
-void* stream_of_context() { return current_context().stream; }
+[[maybe_unused]] void* stream_of_context() { return current_context().stream; }
 
 bool is_e5m2(DType format) {
   MP_CHECK_INPUT(format == DType::kE4M3 || format == DType::kE5M2,

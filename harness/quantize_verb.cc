@@ -1,0 +1,228 @@
+#include "harness/quantize_verb.h"
+
+#include <H5Cpp.h>
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "harness/exit_codes.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/hdf5_check.h"
+#include "kernels/quantize.h"
+
+namespace meshproof::harness {
+namespace {
+
+namespace fs = std::filesystem;
+using kernels::DType;
+using kernels::Tensor;
+
+struct InputSpec {
+  std::string file;
+  std::string dataset = "/x";
+};
+
+// FILE.h5[:/dataset]: the dataset part starts with '/' after the last ':'.
+InputSpec parse_input_spec(const std::string& in) {
+  InputSpec spec;
+  const size_t colon = in.rfind(':');
+  if (colon != std::string::npos && colon + 1 < in.size() && in[colon + 1] == '/') {
+    spec.file = in.substr(0, colon);
+    spec.dataset = in.substr(colon + 1);
+  } else {
+    spec.file = in;
+  }
+  MP_CHECK_INPUT(!spec.file.empty(), "--in '{}' names no file", in);
+  return spec;
+}
+
+// Reads a 2-D float32 dataset into a host tensor [M, K].
+Tensor read_input(const InputSpec& spec) {
+  MP_CHECK_INPUT(fs::is_regular_file(spec.file), "input file '{}' does not exist", spec.file);
+  H5::H5File file =
+      MP_HDF5(kInput, H5::H5File(spec.file, H5F_ACC_RDONLY), "opening '{}' as HDF5", spec.file);
+  MP_CHECK_INPUT(MP_HDF5(kInput, file.nameExists(spec.dataset), "looking up {} in '{}'",
+                         spec.dataset, spec.file),
+                 "dataset {} not found in '{}'", spec.dataset, spec.file);
+  H5::DataSet ds = MP_HDF5(kInput, file.openDataSet(spec.dataset), "opening dataset {} in '{}'",
+                           spec.dataset, spec.file);
+  const H5::DataSpace space = ds.getSpace();
+  const int rank = space.getSimpleExtentNdims();
+  MP_CHECK_INPUT(rank == 2, "dataset {} in '{}' has rank {}; quantize needs a 2-D [M, K] dataset",
+                 spec.dataset, spec.file, rank);
+  hsize_t dims[2] = {0, 0};
+  space.getSimpleExtentDims(dims);
+  const H5::DataType type = ds.getDataType();
+  MP_CHECK_INPUT(type.getClass() == H5T_FLOAT && type.getSize() == 4,
+                 "dataset {} in '{}' is not float32 (HDF5 class {}, {} bytes per element)",
+                 spec.dataset, spec.file, static_cast<int>(type.getClass()), type.getSize());
+  MP_CHECK_INPUT(dims[0] > 0 && dims[1] > 0, "dataset {} in '{}' is empty [{}, {}]", spec.dataset,
+                 spec.file, dims[0], dims[1]);
+  Tensor x = Tensor::empty({static_cast<int64_t>(dims[0]), static_cast<int64_t>(dims[1])},
+                           DType::kFloat32, kernels::Device::cpu());
+  MP_HDF5(kInput, ds.read(x.data<float>(), H5::PredType::NATIVE_FLOAT), "reading {} from '{}'",
+          spec.dataset, spec.file);
+  return x;
+}
+
+// Writer of one output file; every dataset is written from a host tensor.
+class OutputFile {
+ public:
+  explicit OutputFile(const std::string& path)
+      : file_(MP_HDF5(kRuntime, H5::H5File(path, H5F_ACC_TRUNC), "creating '{}'", path)),
+        path_(path) {
+    MP_HDF5(kRuntime, file_.createGroup("/rowwise"), "writing '{}'", path_);
+    MP_HDF5(kRuntime, file_.createGroup("/columnwise"), "writing '{}'", path_);
+  }
+
+  void write(const std::string& name, const Tensor& t) {
+    const Tensor h = t.device().is_cpu() ? t : t.to(kernels::Device::cpu());
+    std::vector<hsize_t> dims;
+    for (int64_t d : h.shape().dims()) dims.push_back(static_cast<hsize_t>(d));
+    const bool f32 = h.dtype() == DType::kFloat32;
+    MP_CHECK(f32 || kernels::dtype_bits(h.dtype()) == 8, "cannot write {} as {}", h.describe(),
+             name);
+    const H5::PredType& type = f32 ? H5::PredType::NATIVE_FLOAT : H5::PredType::NATIVE_UINT8;
+    MP_HDF5(
+        kRuntime,
+        file_.createDataSet(name, type, H5::DataSpace(static_cast<int>(dims.size()), dims.data()))
+            .write(h.raw_data(), type),
+        "writing {} to '{}'", name, path_);
+  }
+
+  void attribute(const std::string& name, const std::string& value) {
+    const H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+    MP_HDF5(kRuntime,
+            file_.openGroup("/")
+                .createAttribute(name, type, H5::DataSpace(H5S_SCALAR))
+                .write(type, value),
+            "writing attribute {} to '{}'", name, path_);
+  }
+
+  void close() { MP_HDF5(kRuntime, file_.close(), "closing '{}'", path_); }
+
+ private:
+  H5::H5File file_;
+  std::string path_;
+};
+
+bool is_per_tensor(kernels::ScalingMode m) {
+  return m == kernels::ScalingMode::kCurrentTensor || m == kernels::ScalingMode::kDelayedTensor;
+}
+
+}  // namespace
+
+void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
+  using kernels::QuantizedCopy;
+  using kernels::ScalingMode;
+  MP_CHECK_INPUT(o.format == "e4m3" || o.format == "e5m2", "--format '{}' is not e4m3 or e5m2",
+                 o.format);
+  MP_CHECK_INPUT(o.block == "1x128" || o.block == "128x128", "--block '{}' is not 1x128 or 128x128",
+                 o.block);
+  MP_CHECK_INPUT(!o.out.empty(), "--out is required");
+  const DType format = o.format == "e5m2" ? DType::kE5M2 : DType::kE4M3;
+  const kernels::Device device = kernels::resolve_backend(o.backend);
+  const InputSpec spec = parse_input_spec(o.in);
+  const Tensor x_host = read_input(spec);
+  const int64_t M = x_host.shape()[0];
+  const int64_t K = x_host.shape()[1];
+  const Tensor x = device.is_cpu() ? x_host : x_host.to(device);
+  const kernels::Usage both{true, true};
+
+  kernels::QuantizedTensor q;
+  if (o.recipe == "current") {
+    q = kernels::quantize_current(x, format, both, 0.0f, o.pow2_scales);
+  } else if (o.recipe == "delayed") {
+    MP_CHECK_INPUT(std::isfinite(o.scale) && o.scale > 0, "--scale {} must be finite and > 0",
+                   o.scale);
+    const Tensor scale = Tensor::from_vector<float>({1}, {o.scale}).to(device);
+    q = kernels::quantize_per_tensor(x, scale, format, both, ScalingMode::kDelayedTensor,
+                                     kernels::compute_amax(x));
+  } else if (o.recipe == "mxfp8") {
+    MP_CHECK_INPUT(M % 32 == 0 && K % 32 == 0,
+                   "dataset {} in '{}' has shape [{}, {}]: mxfp8 needs both dims to be multiples "
+                   "of 32",
+                   spec.dataset, spec.file, M, K);
+    q = kernels::quantize_mxfp8(x, format, both);
+  } else if (o.recipe == "block") {
+    q = kernels::quantize_block(
+        x, o.block == "128x128" ? ScalingMode::kBlock128x128 : ScalingMode::kBlock1x128, format,
+        both);
+  } else {
+    MP_FAIL_INPUT("--recipe '{}' is not current, delayed, mxfp8 or block", o.recipe);
+  }
+
+  // Columnwise copies in the input's element positions: per-tensor and block copies are stored
+  // transposed, so transpose data (and block scales) back.
+  const bool transposed = q.mode != ScalingMode::kMxfp8;
+  const Tensor col_data = transposed ? kernels::transpose_2d(q.columnwise_data) : q.columnwise_data;
+  const Tensor col_scale = (transposed && !is_per_tensor(q.mode))
+                               ? kernels::transpose_2d(q.columnwise_scale_inv)
+                               : q.columnwise_scale_inv;
+
+  // Write to a temp file beside the target and rename, so a failure leaves nothing half-written.
+  const fs::path target(o.out);
+  const fs::path tmp =
+      target.parent_path() / fmt::format(".{}.tmp.{}", target.filename().string(), getpid());
+  try {
+    OutputFile f(tmp.string());
+    f.write("/rowwise/data", q.rowwise_data);
+    f.write("/rowwise/scale_inv", q.rowwise_scale_inv);
+    f.write("/columnwise/data", col_data);
+    f.write("/columnwise/scale_inv", col_scale);
+    if (q.amax.defined()) f.write("/amax", q.amax);
+    if (q.scale.defined()) f.write("/scale", q.scale);
+    f.write("/rowwise/dequantized", kernels::dequantize(q, QuantizedCopy::kRowwise));
+    f.write("/columnwise/dequantized", kernels::dequantize(q, QuantizedCopy::kColumnwise));
+    f.attribute("recipe", o.recipe);
+    f.attribute("format", o.format);
+    f.attribute("backend", device.is_cpu() ? "cpu" : "cuda");
+    f.attribute("scaling_mode", std::string(kernels::scaling_mode_name(q.mode)));
+    if (o.recipe == "block") f.attribute("block", o.block);
+    f.close();
+    std::error_code ec;
+    fs::rename(tmp, target, ec);
+    MP_CHECK(!ec, "renaming '{}' to '{}': {}", tmp.string(), target.string(), ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
+  fmt::print(out, "quantized {}:{} [{}, {}] with {} {} ({}) on {} -> {}\n", spec.file, spec.dataset,
+             M, K, o.recipe, o.format, kernels::scaling_mode_name(q.mode), device.str(), o.out);
+}
+
+void add_quantize_command(CLI::App& app, std::ostream& out, int& exit_code) {
+  auto opts = std::make_shared<QuantizeVerbOptions>();
+  auto* cmd = app.add_subcommand(
+      "quantize",
+      "Quantize a 2-D float32 HDF5 dataset with a recipe (current, delayed, mxfp8, block) on any "
+      "backend and write data, scales and dequantized values to HDF5");
+  cmd->add_option("--recipe", opts->recipe, "current | delayed | mxfp8 | block")
+      ->required()
+      ->check(CLI::IsMember({"current", "delayed", "mxfp8", "block"}));
+  cmd->add_option("--format", opts->format, "Element format: e4m3 (default) | e5m2")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}));
+  cmd->add_option("--scale", opts->scale, "delayed: the scale to quantize with (default 1)");
+  cmd->add_flag("--pow2-scales", opts->pow2_scales, "current: power-of-two scales");
+  cmd->add_option("--block", opts->block, "block: 1x128 (default) | 128x128")
+      ->check(CLI::IsMember({"1x128", "128x128"}));
+  cmd->add_option("--backend", opts->backend, "cpu | cuda | auto (default)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--in", opts->in, "Input FILE.h5[:/dataset] (dataset defaults to /x)")
+      ->required();
+  cmd->add_option("--out", opts->out, "Output HDF5 file")->required();
+  cmd->callback([&out, &exit_code, opts] {
+    run_quantize_verb(*opts, out);
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace meshproof::harness

@@ -1,0 +1,40 @@
+// `meshproof quantize`: quantize a 2-D float32 tensor from HDF5 with any recipe on any backend and
+// write every copy, scale and the dequantized values to HDF5 (for inspecting the numerics contract
+// of DESIGN.md section 4 and for independent reference checks).
+#pragma once
+
+#include <ostream>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace meshproof::harness {
+
+struct QuantizeVerbOptions {
+  std::string recipe;            // current | delayed | mxfp8 | block
+  std::string format = "e4m3";   // e4m3 | e5m2
+  float scale = 1.0f;            // delayed: the scale the state holds
+  bool pow2_scales = false;      // current: power-of-two scales
+  std::string block = "1x128";   // block: 1x128 | 128x128
+  std::string backend = "auto";  // cpu | cuda | auto
+  std::string in;                // FILE.h5[:/dataset], dataset defaults to /x
+  std::string out;               // output FILE.h5, written atomically (temp file + rename)
+};
+
+// Output layout (all in the input's element positions [M, K]):
+//   /rowwise/data uint8 [M,K]; /rowwise/scale_inv (float32 [1] per-tensor; uint8 E8M0 [M,K/32]
+//   mxfp8; float32 [M,ceil(K/128)] block 1x128; float32 [ceil(M/128),ceil(K/128)] 128x128);
+//   /columnwise/data uint8 [M,K] (transposed copies transposed back); /columnwise/scale_inv
+//   (float32 [1]; uint8 [M/32,K] mxfp8; float32 [ceil(M/128),K] 1x128 (block of 128 rows of one
+//   column); float32 [ceil(M/128),ceil(K/128)] 128x128); /amax and /scale float32 [1] for the
+//   per-tensor recipes; /rowwise/dequantized and /columnwise/dequantized float32 [M,K];
+//   root attributes recipe, format, backend (and block).
+// Bad input (file, dataset, rank, dtype, shape, option) throws a kInput kernels::Error.
+void run_quantize_verb(const QuantizeVerbOptions& options, std::ostream& out);
+
+// Registers the `quantize` subcommand; its callback sets exit_code.
+void add_quantize_command(CLI::App& app, std::ostream& out, int& exit_code);
+
+}  // namespace meshproof::harness
