@@ -19,6 +19,7 @@ Config bench_config(RecipeKind recipe) {
   c.training.batch = 8;
   c.training.steps = 1000000;
   c.recipe.kind = recipe;
+  c.recipe.amax_history_len = 16;
   return c;
 }
 
@@ -33,6 +34,11 @@ void BM_TrainStep(benchmark::State& state, RecipeKind recipe) {
 }
 
 BENCHMARK_CAPTURE(BM_TrainStep, fp32, RecipeKind::kFp32)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainStep, bf16, RecipeKind::kBf16)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainStep, current, RecipeKind::kCurrent)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainStep, delayed, RecipeKind::kDelayed)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainStep, mxfp8, RecipeKind::kMxfp8)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainStep, block, RecipeKind::kBlock)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace meshproof::engine
