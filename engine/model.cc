@@ -333,7 +333,9 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   kernels::embedding_forward(ids, tok, w.at("embed.pos"), x);
   const bool recompute = config_.training.recompute && grads != nullptr;
   std::map<std::string, Linear::Saved> saved;  // quantized GEMM operands for the backward
-  Linear linear{recipe, grads != nullptr, &saved};
+  // With recompute the forward keeps nothing for the backward (rowwise copies only); the
+  // recomputed forward produces the columnwise copies.
+  Linear linear{recipe, grads != nullptr && !recompute, &saved};
   std::vector<LayerActs> acts(static_cast<size_t>(m.layers));
   for (int64_t i = 0; i < m.layers; ++i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
@@ -375,12 +377,16 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
     const LayerWeights lw = layer_weights(w, i);
     if (recompute) {  // same masks (keyed by coordinates) and the forward's FP8 scales
       if (recipe) recipe->set_recompute(true);
+      linear.backward = true;
       layer_forward(lw, i, coords, batch, linear, a);
       if (recipe) recipe->set_recompute(false);
     }
     LayerGrads lg = layer_grads(g, i);
     layer_backward(lw, lg, i, coords, batch, linear, a, dx);
-    a = LayerActs{};  // free this layer's activations
+    a = LayerActs{};  // free this layer's activations and quantized operands
+    std::erase_if(saved, [prefix = fmt::format("layers.{}.", i)](const auto& kv) {
+      return kv.first.starts_with(prefix);
+    });
   }
   kernels::embedding_backward(dx, ids, g.at("embed.tok"), g.at("embed.pos"));
   if (recipe) recipe->end_backward();
