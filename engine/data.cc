@@ -72,4 +72,11 @@ kernels::Tensor MarkovSource::rows(int64_t step, int64_t row_begin, int64_t row_
   return out;
 }
 
+kernels::Tensor MarkovSource::rank_rows(int64_t step, int64_t rank, int64_t dp) const {
+  MP_CHECK_INPUT(dp >= 1 && batch_ % dp == 0,
+                 "training.batch = {} is not divisible by the data-parallel size {}", batch_, dp);
+  MP_CHECK(0 <= rank && rank < dp, "data-parallel rank {} outside [0, {})", rank, dp);
+  return rows(step, rank * batch_ / dp, (rank + 1) * batch_ / dp);
+}
+
 }  // namespace meshproof::engine

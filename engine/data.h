@@ -24,6 +24,9 @@ class MarkovSource {
 
   // int32 [row_end - row_begin, S + 1]: rows [row_begin, row_end) of step `step`'s global batch.
   kernels::Tensor rows(int64_t step, int64_t row_begin, int64_t row_end) const;
+  // Data-parallel rank j of dp (over dp_replicate x dp_shard) takes rows [j*B/dp, (j+1)*B/dp);
+  // dp must divide B (input error naming training.batch otherwise).
+  kernels::Tensor rank_rows(int64_t step, int64_t rank, int64_t dp) const;
   // The whole global batch of a step: int32 [B, S + 1].
   kernels::Tensor batch(int64_t step) const { return rows(step, 0, batch_); }
   // Entropy rate in nats per token (the loss floor).

@@ -103,6 +103,9 @@ TEST(Data, RowsAreGlobalAndDeterministic) {
   const kernels::Tensor part = src.rows(4, 2, 6);  // data-parallel rank 1 of 2... of 4
   EXPECT_EQ(part.to_vector<int32_t>(), all.slice_rows(2, 6).to_vector<int32_t>());
   EXPECT_NE(src.batch(5).to_vector<int32_t>(), all.to_vector<int32_t>());
+  // Data-parallel rank 2 of 4 takes rows [4, 6).
+  EXPECT_EQ(src.rank_rows(4, 2, 4).to_vector<int32_t>(), all.slice_rows(4, 6).to_vector<int32_t>());
+  EXPECT_THROW(src.rank_rows(4, 0, 3), kernels::Error);
   for (int32_t t : all.to_vector<int32_t>()) ASSERT_TRUE(t >= 0 && t < 16);
 }
 
