@@ -8,6 +8,8 @@
 // CUDA: each iteration is timed with cudaEvents on the rank's stream; CPU: steady_clock. Inputs
 // rotate over enough buffers that one pass over them is at least twice the last-level cache
 // (GPU L2, host L3), so a timed iteration does not read what the previous one left in the cache.
+// The layer step is the exception: it runs on one set of weights and one batch, like consecutive
+// steps of training do (its activations are produced inside the step).
 // Plain data out: the harness turns it into a report (reports/ is not a dependency of engine/).
 #pragma once
 
