@@ -71,6 +71,23 @@ std::vector<std::pair<std::string, std::optional<double>>> metrics(const nlohman
                      number(colls[i], "busbw_gbps", cp));
     better.push_back(true);
   }
+  // Benchmark figures (bench verbs); reports written before the table existed have no key.
+  if (s.is_object() && s.contains("benchmarks")) {
+    const nlohmann::json& bench = s.at("benchmarks");
+    if (!bench.is_array()) input_error(fmt::format("{}.benchmarks: expected an array", path));
+    for (size_t i = 0; i < bench.size(); ++i) {
+      const std::string bp = fmt::format("{}.benchmarks[{}]", path, i);
+      out.emplace_back(fmt::format("{} {}", string_field(bench[i], "name", bp),
+                                   string_field(bench[i], "metric", bp)),
+                       number(bench[i], "value", bp));
+      const nlohmann::json& hib = field(bench[i], "higher_is_better", bp);
+      if (!hib.is_boolean()) {
+        input_error(
+            fmt::format("{}.higher_is_better: expected a boolean, got {}", bp, hib.type_name()));
+      }
+      better.push_back(hib.get<bool>());
+    }
+  }
   return out;
 }
 

@@ -274,6 +274,22 @@ std::string scenario_section(const ScenarioRecord& s, size_t index) {
     }
     out += "</tbody></table>\n";
   }
+  if (!s.benchmarks.empty()) {
+    out +=
+        "<h3>Benchmarks</h3><table><thead><tr><th>benchmark</th><th>metric</th><th>value</th>"
+        "<th>unit</th><th>ceiling</th><th>ceiling source</th><th>ratio</th></tr></thead><tbody>\n";
+    auto opt = [](const std::optional<double>& v, const char* f) {
+      return v ? fmt::format(fmt::runtime(f), *v) : std::string("n/a");
+    };
+    for (const BenchmarkFigure& b : s.benchmarks) {
+      out += fmt::format(
+          R"(<tr><td>{}</td><td>{}</td><td class="num">{:.4g}</td><td>{}</td><td class="num">{}</td><td>{}</td><td class="num">{}</td></tr>)"
+          "\n",
+          esc(b.name), esc(b.metric), b.value, esc(b.unit), opt(b.ceiling, "{:.4g}"),
+          esc(b.ceiling_source), opt(b.ratio, "{:.3f}"));
+    }
+    out += "</tbody></table>\n";
+  }
   if (!s.notes.empty()) {
     out += "<h3>Notes</h3><ul>\n";
     for (const std::string& n : s.notes) out += "<li>" + esc(n) + "</li>\n";

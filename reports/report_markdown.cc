@@ -103,6 +103,15 @@ std::string render_markdown(const RunRecord& r) {
                            format_bytes(c.bytes), c.time_s * 1e3, c.algbw_gbps, c.busbw_gbps);
       }
     }
+    if (!s.benchmarks.empty()) {
+      out += "\n| benchmark | metric | value | unit | ceiling | ceiling source | ratio |\n";
+      out += "| --- | --- | ---: | --- | ---: | --- | ---: |\n";
+      for (const BenchmarkFigure& b : s.benchmarks) {
+        out += fmt::format("| {} | {} | {:.4g} | {} | {} | {} | {} |\n", cell(b.name),
+                           cell(b.metric), b.value, cell(b.unit), fmt_opt(b.ceiling),
+                           cell(b.ceiling_source), fmt_opt(b.ratio, "{:.3f}"));
+      }
+    }
     if (!s.notes.empty()) {
       out += "\nNotes:\n\n";
       for (const std::string& n : s.notes) out += fmt::format("- {}\n", cell(n));

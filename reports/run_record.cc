@@ -126,6 +126,17 @@ nlohmann::json to_json(const ScenarioRecord& s) {
                      {"algbw_gbps", num(c.algbw_gbps)},
                      {"busbw_gbps", num(c.busbw_gbps)}});
   }
+  nlohmann::json benchmarks = nlohmann::json::array();
+  for (const BenchmarkFigure& b : s.benchmarks) {
+    benchmarks.push_back({{"name", b.name},
+                          {"metric", b.metric},
+                          {"value", num(b.value)},
+                          {"unit", b.unit},
+                          {"ceiling", opt(b.ceiling)},
+                          {"ceiling_source", b.ceiling_source},
+                          {"ratio", opt(b.ratio)},
+                          {"higher_is_better", b.higher_is_better}});
+  }
   return {{"name", s.name},
           {"verdict", verdict_name(scenario_verdict(s))},
           {"expectation", expectation_name(s.expectation)},
@@ -141,6 +152,7 @@ nlohmann::json to_json(const ScenarioRecord& s) {
           {"performance", perf},
           {"memory", memory},
           {"collectives", colls},
+          {"benchmarks", benchmarks},
           {"notes", s.notes}};
 }
 
@@ -268,6 +280,18 @@ void validate_record(const RunRecord& r) {
     }
     for (const RankMemory& m : s.memory) {
       if (m.rank < 0) fail(fmt::format("scenario '{}': memory of rank {}", s.name, m.rank));
+    }
+    std::set<std::string> figures;
+    for (size_t k = 0; k < s.benchmarks.size(); ++k) {
+      const BenchmarkFigure& b = s.benchmarks[k];
+      if (b.name.empty() || b.metric.empty() || b.unit.empty()) {
+        fail(fmt::format("scenario '{}': benchmarks[{}] needs a name, a metric and a unit", s.name,
+                         k));
+      }
+      if (!figures.insert(b.name + "\n" + b.metric).second) {
+        fail(fmt::format("scenario '{}': benchmark '{}' metric '{}' appears twice", s.name, b.name,
+                         b.metric));
+      }
     }
   }
 }

@@ -166,6 +166,19 @@ struct CollectiveStats {
   double busbw_gbps = 0;  // algbw scaled by the nccl-tests bus factor (perf_metrics.h)
 };
 
+// One figure of a benchmark (`meshproof bench recipes`): a measured median beside the ceiling
+// that bounds it. (name, metric) is unique within a scenario; report compare matches on it.
+struct BenchmarkFigure {
+  std::string name;    // what was measured: "gemm fprop 256x256x256", "quantize weight 256x256"
+  std::string metric;  // "tflops", "gbps", "step_time_ms", ...
+  double value = 0;    // the median over the timed iterations, in `unit`
+  std::string unit;    // "TFLOP/s", "GB/s", "ms"
+  std::optional<double> ceiling;  // the bound in the same unit; absent when unknown
+  std::string ceiling_source;     // "table:H100 fp8", "measured:copy", "measured:bf16 gemm", ""
+  std::optional<double> ratio;    // value / ceiling (a time figure: ceiling / value)
+  bool higher_is_better = true;   // false for times
+};
+
 // ---- scenario and run -------------------------------------------------------------------------
 
 struct ScenarioRecord {
@@ -182,8 +195,9 @@ struct ScenarioRecord {
   std::optional<PerformanceFigures> performance;  // absent when the run did not train
   std::vector<RankMemory> memory;                 // one entry per rank, rank order
   std::vector<CollectiveStats> collectives;
-  std::vector<std::string> notes;  // things the user must know, e.g. fallbacks taken
-  std::string error;               // set when the scenario itself failed to run (runtime error)
+  std::vector<BenchmarkFigure> benchmarks;  // benchmark verbs only; empty for training runs
+  std::vector<std::string> notes;           // things the user must know, e.g. fallbacks taken
+  std::string error;  // set when the scenario itself failed to run (runtime error)
 };
 
 struct RunRecord {
@@ -210,7 +224,8 @@ Verdict run_verdict(const RunRecord& r);
 std::string format_utc(int64_t unix_seconds);
 
 // Checks what the writers rely on: scenario names non-empty and unique, check names non-empty
-// and unique within their scenario, configs JSON objects, ranks and steps non-negative. Throws
+// and unique within their scenario, configs JSON objects, ranks and steps non-negative, benchmark
+// figures named with a unique (name, metric) and a unit. Throws
 // ReportError(kInput) naming the scenario and field. write_reports calls it before writing.
 void validate_record(const RunRecord& r);
 

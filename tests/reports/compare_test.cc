@@ -73,6 +73,47 @@ TEST(CompareTest, MissingPeakGivesNoRatio) {
   EXPECT_FALSE(r->ratio);
 }
 
+TEST(CompareTest, BenchmarkFiguresComparedByNameAndMetric) {
+  RunRecord a = testing::sample_record();
+  BenchmarkFigure gemm;
+  gemm.name = "gemm fprop 256x256x256";
+  gemm.metric = "tflops";
+  gemm.value = 100;
+  gemm.unit = "TFLOP/s";
+  BenchmarkFigure step;
+  step.name = "layer step";
+  step.metric = "step_time_ms";
+  step.value = 4;
+  step.unit = "ms";
+  step.higher_is_better = false;
+  a.scenarios[1].benchmarks = {gemm, step};
+  RunRecord b = a;
+  b.scenarios[1].benchmarks[0].value = 150;  // faster GEMM
+  b.scenarios[1].benchmarks[1].value = 5;    // slower step
+  const CompareTable t = compare_reports(to_json(a), to_json(b));
+  const std::string s1 = a.scenarios[1].name;
+  const CompareRow* g = find(t, s1, "gemm fprop 256x256x256 tflops");
+  ASSERT_NE(g, nullptr);
+  EXPECT_NEAR(*g->ratio, 1.5, 1e-12);
+  EXPECT_TRUE(g->higher_is_better);
+  const CompareRow* st = find(t, s1, "layer step step_time_ms");
+  ASSERT_NE(st, nullptr);
+  EXPECT_NEAR(*st->ratio, 1.25, 1e-12);
+  EXPECT_FALSE(st->higher_is_better);
+  const std::string text = format_compare_table(t, "a.json", "b.json");
+  EXPECT_NE(text.find("1.500 +"), std::string::npos) << text;
+  EXPECT_NE(text.find("1.250 -"), std::string::npos) << text;
+
+  // Reports written before the benchmarks table existed still compare (no figures).
+  nlohmann::json old = to_json(testing::sample_record());
+  for (auto& s : old["scenarios"]) s.erase("benchmarks");
+  EXPECT_EQ(find(compare_reports(old, to_json(b)), s1, "layer step step_time_ms")->a, std::nullopt);
+
+  // A duplicated (name, metric) is an invalid record.
+  a.scenarios[1].benchmarks.push_back(gemm);
+  EXPECT_THROW(to_json(a), ReportError);
+}
+
 TEST(CompareTest, MalformedReportsAreInputErrorsNamingTheKey) {
   nlohmann::json a = to_json(testing::sample_record());
   nlohmann::json b = a;

@@ -1,0 +1,45 @@
+// `bench recipes` on the CUDA backend (skipped without a usable device): every recipe's quantizer
+// and GEMM figures are measured with cudaEvents, the copy ceiling is a device-to-device copy, the
+// layer step is absent with a note, and the record uses the device's table peak when it has one.
+#include <gtest/gtest.h>
+
+#include "engine/bench_recipes.h"
+#include "harness/bench_recipes_verb.h"
+#include "kernels/device.h"
+
+namespace meshproof::harness {
+namespace {
+
+TEST(BenchRecipesGpu, MeasuresEveryRecipeOnTheDevice) {
+  if (!kernels::cuda_status().usable) GTEST_SKIP() << kernels::cuda_status().reason;
+  engine::RecipeBenchOptions o;
+  o.device = kernels::Device::cuda(0);
+  o.shapes = {{256, 512, 128}};
+  o.iters = 3;
+  o.warmup = 1;
+  kernels::RankContext ctx;
+  ctx.device = o.device;
+  kernels::ScopedRankContext scoped(ctx);
+  const engine::RecipeBenchReport rep = engine::run_recipe_bench(o);
+  EXPECT_EQ(rep.device_name, kernels::cuda_status().gpus[0].name);
+  EXPECT_GT(rep.copy.seconds, 0);
+  ASSERT_EQ(rep.recipes.size(), 6u);
+  for (const auto& r : rep.recipes) {
+    SCOPED_TRACE(std::string(engine::recipe_name(r.recipe)));
+    const bool quantized =
+        r.recipe != engine::RecipeKind::kFp32 && r.recipe != engine::RecipeKind::kBf16;
+    EXPECT_EQ(r.quantize.size(), quantized ? 2u : 0u);
+    for (const auto& q : r.quantize) EXPECT_GT(q.m.seconds, 0);
+    ASSERT_EQ(r.gemms.size(), 3u);
+    for (const auto& g : r.gemms) EXPECT_GT(g.m.seconds, 0);
+    EXPECT_FALSE(r.layer);
+    EXPECT_FALSE(r.notes.empty());
+  }
+  const reports::RunRecord run = bench_recipes_record(rep, o, o.device.str(), rep.device_name);
+  for (const auto& s : run.scenarios) {
+    EXPECT_EQ(reports::scenario_verdict(s), reports::Verdict::kPass) << s.name;
+  }
+}
+
+}  // namespace
+}  // namespace meshproof::harness
