@@ -195,11 +195,11 @@ struct TrainingSession::Impl {
     MP_CHECK_INPUT(mesh == ms.device_mesh(),
                    "session: communicators are for mesh {}, options ask {}", mesh.str(),
                    ms.device_mesh().str());
-    MP_CHECK_INPUT(ms.tp == 1,
-                   "mesh.tp = {}: tensor parallelism is not available in this build "
-                   "of the engine (dp_replicate x dp_shard meshes only)",
-                   ms.tp);
-    MP_CHECK_INPUT(!ms.sequence_parallel, "mesh.sequence_parallel needs tensor parallelism");
+    MP_CHECK_INPUT(config.model.heads % ms.tp == 0,
+                   "mesh.tp = {} must divide model.heads = {} (TP shards hold whole heads)", ms.tp,
+                   config.model.heads);
+    MP_CHECK_INPUT(!ms.sequence_parallel,
+                   "mesh.sequence_parallel is not available in this build of the engine");
     const int64_t dp = mesh.group_size(kData);
     const TrainingConfig& t = config.training;
     MP_CHECK_INPUT(t.batch % (dp * t.micro_batches) == 0,
@@ -210,9 +210,7 @@ struct TrainingSession::Impl {
                    "fsdp.fp8_all_gather / fsdp.fp8_params are not available in this build");
 
     for (const ParamSpec& s : param_specs(config.model)) {
-      std::vector<Placement> p(3, Placement::replicate());
-      p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::shard(0);
-      Layout layout(mesh, s.shape, p);
+      Layout layout(mesh, s.shape, placements(s.name, ms.tp));
       const Box& b = layout.box(rank);
       Param prm{s, layout, compute_box(layout, rank), {}, {}, {}, {}};
       // Philox init keyed by global element index: materialise only the rows of this box.
@@ -249,6 +247,27 @@ struct TrainingSession::Impl {
       mem.grads += p.grad.nbytes().value;
       mem.optimizer += p.exp_avg.nbytes().value + p.exp_avg_sq.nbytes().value;
     }
+  }
+
+  // DESIGN.md section 5: column-parallel qkv/fc1 Shard(0) over tp, with FSDP StridedShard(0,
+  // sf=tp) over dp_shard so that dp_shard ranks hold pieces of their own TP shard; row-parallel
+  // proj/fc2 weights Shard(1) over tp; everything else replicated over tp; Shard(0) over dp_shard
+  // and Replicate over dp_replicate.
+  std::vector<Placement> placements(const std::string& name, int tp) const {
+    std::vector<Placement> p(3, Placement::replicate());
+    p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::shard(0);
+    if (tp == 1) return p;
+    const bool column =
+        name.find(".attn.qkv.") != std::string::npos || name.find(".mlp.fc1") != std::string::npos;
+    const bool row = name.ends_with(".attn.proj.weight") || name.ends_with(".mlp.fc2.weight");
+    if (column) {
+      p[static_cast<size_t>(MeshDim::kTp)] = Placement::shard(0);
+      if (mesh.size(MeshDim::kDpShard) > 1)
+        p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::strided_shard(0, tp);
+    } else if (row) {
+      p[static_cast<size_t>(MeshDim::kTp)] = Placement::shard(1);
+    }
+    return p;
   }
 
   void store_scalars() {
@@ -316,8 +335,8 @@ struct TrainingSession::Impl {
     for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
       const int64_t row0 = j * local_rows + mb * micro_rows;
       const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
-      loss_sum +=
-          model.forward_backward(weights, tokens, {cursor, row0}, grad_scale, grads, &recipe);
+      loss_sum += model.forward_backward(weights, tokens, {cursor, row0}, grad_scale, grads,
+                                         &recipe, TpContext{&comms.group(kTp)});
     }
     weights = TensorMap{};  // free the gathered weights
     time.compute = seconds_since(tc);
@@ -334,11 +353,16 @@ struct TrainingSession::Impl {
     grads = TensorMap{};
     metrics.loss = sum_doubles(comms.group(kData), loss_sum) / positions;
 
-    // Global norm: the dp_shard shards are disjoint; replicas (dp_replicate) counted once.
+    // Global norm: the shards over dp_shard x tp are disjoint except for tp-replicated
+    // parameters, which only tp rank 0 counts; dp_replicate replicas are not summed.
     const auto to = Clock::now();
     double sq = 0;
-    for (const Param& p : params) sq += kernels::sum_of_squares(p.grad);
-    metrics.grad_norm = std::sqrt(sum_doubles(shard, sq));
+    const bool tp_lead = mesh.coord(rank, MeshDim::kTp) == 0;
+    for (const Param& p : params)
+      if (tp_lead || p.layout.placement(MeshDim::kTp).is_shard())
+        sq += kernels::sum_of_squares(p.grad);
+    metrics.grad_norm =
+        std::sqrt(sum_doubles(comms.group(DimSet{MeshDim::kDpShard, MeshDim::kTp}), sq));
     const double coef = clip_coefficient(metrics.grad_norm, t.max_grad_norm);
     metrics.lr = learning_rate(t, step);
     for (Param& p : params) {

@@ -12,7 +12,7 @@ Config tiny() {
   Config c;
   c.model.vocab = 32;
   c.model.hidden = 16;
-  c.model.heads = 2;
+  c.model.heads = 4;
   c.model.layers = 1;
   c.model.ffn = 32;
   c.model.max_positions = 8;
@@ -26,12 +26,12 @@ Config tiny() {
 }
 
 // Shapes no mesh up to 8 divides: vocab 37 (chunks of 5 and a last of 2 over 8 ranks), ffn 36,
-// positions 13 (chunks of 2, then 1, then an empty chunk over 8 ranks), hidden 12.
+// positions 13 (chunks of 2, then 1, then an empty chunk over 8 ranks), hidden 12 (head dim 3).
 Config uneven() {
   Config c = tiny();
   c.model.vocab = 37;
   c.model.hidden = 12;
-  c.model.heads = 2;
+  c.model.heads = 4;
   c.model.ffn = 36;
   c.model.max_positions = 13;
   return c;
@@ -86,9 +86,24 @@ void expect_matches_single_rank(const Config& c, const MeshSpec& m) {
   const RunResult one = run_training(options(c, m, 1));
   for (const auto& [name, want] : ref.params_after_1) {
     ASSERT_TRUE(one.final_params.count(name)) << name;
-    const std::vector<float> got = one.final_params.at(name).to_vector<float>();
+    std::vector<float> got = one.final_params.at(name).to_vector<float>();
     ASSERT_EQ(got.size(), want.size()) << name;
-    EXPECT_LE(rel_norm_diff(got, want), kFp32Rel) << mesh_name(m) << " " << name;
+    std::vector<float> expect = want;
+    if (name.ends_with("attn.qkv.bias")) {
+      // The key bias adds q·b_k to every score of a query row, which softmax ignores: its true
+      // gradient is exactly 0 and the computed one is fp32 rounding noise (~1e-10) whose sign
+      // depends on the summation order. AdamW normalises any nonzero gradient to a ±lr step on
+      // the first step, so those entries are mesh-dependent by construction (measured: the only
+      // entries above rel 1e-5). Excluded here; the 10-step losses below cover the rest.
+      const int64_t d = c.model.hidden / c.model.heads;
+      for (int64_t h = 0; h < c.model.heads; ++h)
+        for (int64_t k = 0; k < d; ++k) {
+          const size_t i = static_cast<size_t>(h * 3 * d + d + k);
+          EXPECT_LE(std::abs(got[i]), 1.01 * c.training.lr) << name << " key bias " << i;
+          got[i] = expect[i] = 0;
+        }
+    }
+    EXPECT_LE(rel_norm_diff(got, expect), kFp32Rel) << mesh_name(m) << " " << name;
   }
   const RunResult run = run_training(options(c, m, kSteps));
   ASSERT_EQ(run.metrics.size(), static_cast<size_t>(kSteps));
@@ -110,7 +125,9 @@ TEST_P(Fp32Mesh, UnevenShapesMatchSingleRank) { expect_matches_single_rank(uneve
 
 INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh,
                          ::testing::Values(MeshSpec{1, 1, 1}, MeshSpec{1, 2, 1}, MeshSpec{1, 4, 1},
-                                           MeshSpec{1, 8, 1}, MeshSpec{2, 2, 1}, MeshSpec{2, 1, 1}),
+                                           MeshSpec{1, 8, 1}, MeshSpec{2, 2, 1}, MeshSpec{2, 1, 1},
+                                           MeshSpec{1, 1, 2}, MeshSpec{1, 1, 4}, MeshSpec{1, 2, 2},
+                                           MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2}),
                          [](const auto& info) {
                            const MeshSpec& m = info.param;
                            return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
