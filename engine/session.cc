@@ -281,12 +281,21 @@ struct TrainingSession::Impl {
     cursor = state.scalars.at("data/cursor");
   }
 
-  // Amax of activations/gradients: the data-parallel ranks see different rows of the same
-  // tensors, weights are gathered whole before quantization; MAX over the data-parallel group
-  // makes every rank quantize with the single-rank scale of the global batch... except that the
-  // single-rank recipe quantizes each micro-batch separately, so the amax group is the ranks that
-  // share the tensor: for weights every rank (same gathered weight), for activations none.
-  void reduce_amax(float*, int64_t) {}
+  // FP8 amax reduction (DESIGN.md section 4): every amax the recipe records is MAX-reduced over
+  // the whole mesh. Weights: the dp ranks hold the same gathered weight and the tp ranks disjoint
+  // shards of it, so the result is the amax of the global weight; activations and gradients:
+  // the dp ranks hold disjoint rows of the global micro-batch and the tp ranks disjoint columns
+  // (or copies), so the result is the single-rank amax of that micro-batch when every rank runs
+  // one micro-batch per step. Every rank therefore quantizes with the single-rank scales.
+  // amax_not_reduced (fault): no reduction, each rank scales by its own piece.
+  void reduce_amax(float* amax, int64_t n) {
+    if (options.faults.amax_not_reduced && options.faults.active(step)) return;
+    mesh::Communicator& world = comms.group(kWorld);
+    if (world.size() == 1) return;
+    Tensor buf = Tensor::from_vector<float>({n}, std::vector<float>(amax, amax + n));
+    world.all_reduce(buf, mesh::ReduceOp::kMax);
+    std::memcpy(amax, buf.raw_data(), static_cast<size_t>(n) * sizeof(float));
+  }
 
   std::map<std::string, double> collective_seconds() {
     std::map<std::string, double> s;
