@@ -198,8 +198,15 @@ struct TrainingSession::Impl {
     MP_CHECK_INPUT(config.model.heads % ms.tp == 0,
                    "mesh.tp = {} must divide model.heads = {} (TP shards hold whole heads)", ms.tp,
                    config.model.heads);
-    MP_CHECK_INPUT(!ms.sequence_parallel,
-                   "mesh.sequence_parallel is not available in this build of the engine");
+    MP_CHECK_INPUT(!ms.sequence_parallel || ms.tp > 1,
+                   "mesh.sequence_parallel needs tensor parallelism (mesh.tp > 1)");
+    MP_CHECK_INPUT(!ms.sequence_parallel || config.training.seq_len % ms.tp == 0,
+                   "mesh.sequence_parallel: training.seq_len = {} is not divisible by mesh.tp = {}",
+                   config.training.seq_len, ms.tp);
+    // Dropout masks are keyed by contiguous global element ranges of [B*S, H]; a sequence shard
+    // is not contiguous, so sequence parallelism is limited to dropout 0.
+    MP_CHECK_INPUT(!ms.sequence_parallel || config.model.dropout == 0.0,
+                   "mesh.sequence_parallel needs model.dropout = 0 (got {})", config.model.dropout);
     const int64_t dp = mesh.group_size(kData);
     const TrainingConfig& t = config.training;
     MP_CHECK_INPUT(t.batch % (dp * t.micro_batches) == 0,
@@ -344,8 +351,9 @@ struct TrainingSession::Impl {
     for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
       const int64_t row0 = j * local_rows + mb * micro_rows;
       const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
-      loss_sum += model.forward_backward(weights, tokens, {cursor, row0}, grad_scale, grads,
-                                         &recipe, TpContext{&comms.group(kTp)});
+      loss_sum +=
+          model.forward_backward(weights, tokens, {cursor, row0}, grad_scale, grads, &recipe,
+                                 TpContext{&comms.group(kTp), options.mesh.sequence_parallel});
     }
     weights = TensorMap{};  // free the gathered weights
     time.compute = seconds_since(tc);
@@ -353,6 +361,13 @@ struct TrainingSession::Impl {
     // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP).
     const bool skip_replicas =
         options.faults.hsdp_replicas_not_reduced && options.faults.active(step);
+    // Sequence parallelism: gradients of TP-replicated parameters are partial sums over the
+    // sequence shards of the tp ranks.
+    const bool sp = options.mesh.sequence_parallel && mesh.size(MeshDim::kTp) > 1;
+    if (sp)
+      for (Param& p : params)
+        if (!p.layout.placement(MeshDim::kTp).is_shard())
+          comms.group(kTp).all_reduce(grads.at(p.spec.name), mesh::ReduceOp::kSum);
     for (Param& p : params) {
       p.grad = reduce_scatter_box(shard, p.layout, grads.at(p.spec.name), p.compute,
                                   mesh::ReduceOp::kAvg);
@@ -360,7 +375,7 @@ struct TrainingSession::Impl {
         replicate.all_reduce(p.grad, mesh::ReduceOp::kAvg);
     }
     grads = TensorMap{};
-    metrics.loss = sum_doubles(comms.group(kData), loss_sum) / positions;
+    metrics.loss = sum_doubles(comms.group(sp ? kWorld : kData), loss_sum) / positions;
 
     // Global norm: the shards over dp_shard x tp are disjoint except for tp-replicated
     // parameters, which only tp rank 0 counts; dp_replicate replicas are not summed.

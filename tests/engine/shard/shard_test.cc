@@ -127,7 +127,8 @@ INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh,
                          ::testing::Values(MeshSpec{1, 1, 1}, MeshSpec{1, 2, 1}, MeshSpec{1, 4, 1},
                                            MeshSpec{1, 8, 1}, MeshSpec{2, 2, 1}, MeshSpec{2, 1, 1},
                                            MeshSpec{1, 1, 2}, MeshSpec{1, 1, 4}, MeshSpec{1, 2, 2},
-                                           MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2}),
+                                           MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2},
+                                           MeshSpec{1, 1, 2, true}, MeshSpec{1, 2, 2, true}),
                          [](const auto& info) {
                            const MeshSpec& m = info.param;
                            return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
@@ -247,7 +248,8 @@ TEST_P(RecipeMesh, LossTracksSingleRank) {
   // shifts the loss slightly. DESIGN.md section 8 allows 1e-2 for bf16; the same bound is used
   // for the FP8 recipes. Measured worst relative loss deviation over 4 steps: bf16 1.5e-5 (dp2),
   // 2.5e-3 (dp2 x tp2); delayed 1.5e-3 (dp2), 3.7e-3 (tp2); current 0 (dp2), 3.3e-3 (HSDP-style
-  // dp_replicate2 x tp2); mxfp8 0 (dp2), 1.4e-3 (tp2); block 0 (dp2). Pure data parallelism is
+  // dp_replicate2 x tp2), 3.3e-3 (tp2 + SP); bf16 2.5e-3 (tp2 + SP); mxfp8 0 (dp2), 1.4e-3 (tp2);
+  // block 0 (dp2). Pure data parallelism is
   // exact for current/mxfp8/block because the amax is MAX-reduced over the mesh and the FP8
   // GEMMs see the same operands; TP changes GEMM reduction lengths (bf16 partial sums).
   EXPECT_LE(worst, 1e-2) << recipe_name(rc.kind) << " on " << mesh_name(rc.mesh);
@@ -268,21 +270,20 @@ TEST(ShardedFaults, AmaxNotReducedChangesCurrentScalingOnDataParallelRanks) {
   EXPECT_GT(diff, 0.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, RecipeMesh,
-                         ::testing::Values(RecipeCase{RecipeKind::kBf16, {1, 2, 1}},
-                                           RecipeCase{RecipeKind::kBf16, {1, 2, 2}},
-                                           RecipeCase{RecipeKind::kDelayed, {1, 2, 1}},
-                                           RecipeCase{RecipeKind::kDelayed, {1, 1, 2}},
-                                           RecipeCase{RecipeKind::kCurrent, {1, 2, 1}},
-                                           RecipeCase{RecipeKind::kCurrent, {2, 1, 2}},
-                                           RecipeCase{RecipeKind::kMxfp8, {1, 2, 1}},
-                                           RecipeCase{RecipeKind::kMxfp8, {1, 1, 2}},
-                                           RecipeCase{RecipeKind::kBlock, {1, 2, 1}}),
-                         [](const auto& info) {
-                           const RecipeCase& rc = info.param;
-                           return fmt::format("{}_r{}_s{}_t{}", recipe_name(rc.kind),
-                                              rc.mesh.dp_replicate, rc.mesh.dp_shard, rc.mesh.tp);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Recipes, RecipeMesh,
+    ::testing::Values(
+        RecipeCase{RecipeKind::kBf16, {1, 2, 1}}, RecipeCase{RecipeKind::kBf16, {1, 2, 2}},
+        RecipeCase{RecipeKind::kDelayed, {1, 2, 1}}, RecipeCase{RecipeKind::kDelayed, {1, 1, 2}},
+        RecipeCase{RecipeKind::kCurrent, {1, 2, 1}}, RecipeCase{RecipeKind::kCurrent, {2, 1, 2}},
+        RecipeCase{RecipeKind::kMxfp8, {1, 2, 1}}, RecipeCase{RecipeKind::kMxfp8, {1, 1, 2}},
+        RecipeCase{RecipeKind::kBlock, {1, 2, 1}}, RecipeCase{RecipeKind::kBf16, {1, 1, 2, true}},
+        RecipeCase{RecipeKind::kCurrent, {1, 1, 2, true}}),
+    [](const auto& info) {
+      const RecipeCase& rc = info.param;
+      return fmt::format("{}_r{}_s{}_t{}{}", recipe_name(rc.kind), rc.mesh.dp_replicate,
+                         rc.mesh.dp_shard, rc.mesh.tp, rc.mesh.sequence_parallel ? "_sp" : "");
+    });
 
 }  // namespace
 }  // namespace meshproof::engine
