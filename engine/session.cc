@@ -16,6 +16,7 @@
 #include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels/error.h"
+#include "kernels/quantize.h"
 #include "mesh/local_comm.h"
 #include "mesh/mpi_comm.h"
 
@@ -239,6 +240,25 @@ struct TrainingSession::Impl {
       state.entries.push_back({"model/" + p.spec.name, p.layout, p.master});
       state.entries.push_back({"optim/" + p.spec.name + "/exp_avg", p.layout, p.exp_avg});
       state.entries.push_back({"optim/" + p.spec.name + "/exp_avg_sq", p.layout, p.exp_avg_sq});
+    }
+    // Delayed-scaling states exist from the start (the recipe would create them at the first
+    // quantization) so that the state entries cover them before step 0 and a checkpoint loaded
+    // before the first step writes into the live tensors.
+    if (config.recipe.kind == RecipeKind::kDelayed) {
+      std::vector<std::string> linears;
+      for (int64_t i = 0; i < config.model.layers; ++i) {
+        const std::string p = fmt::format("layers.{}.", i);
+        linears.push_back(p + "attn.qkv");
+        linears.push_back(p + "attn.proj");
+        linears.push_back(p + "mlp.fc1");
+        if (config.model.activation == Activation::kSwiGlu) linears.push_back(p + "mlp.fc1_up");
+        linears.push_back(p + "mlp.fc2");
+      }
+      for (const std::string& l : linears)
+        for (const char* role : {"input", "weight", "grad_output"})
+          recipe.delayed_states().emplace(
+              l + "/" + role, kernels::make_delayed_scaling_state(config.recipe.amax_history_len,
+                                                                  kernels::Device::cpu()));
     }
     // Delayed-scaling states are replicated: every rank holds the reduced amax history.
     for (auto& [name, st] : recipe.delayed_states()) {

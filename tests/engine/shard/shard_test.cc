@@ -4,6 +4,7 @@
 
 #include "engine/session.h"
 #include "engine/trainer.h"
+#include "mesh/local_comm.h"
 
 namespace meshproof::engine {
 namespace {
@@ -194,6 +195,35 @@ TEST(ShardedFaults, HsdpReplicasNotReducedDiverge) {
     worst = std::max(worst,
                      rel_norm_diff(rb.final_params.at(n).to_vector<float>(), t.to_vector<float>()));
   EXPECT_GT(worst, 1e-3);
+}
+
+TEST(ShardedState, EntriesCoverModelOptimizerAndDelayedScalingState) {
+  Config c = tiny();
+  c.model.hidden = 32;
+  c.model.ffn = 64;
+  c.recipe.kind = RecipeKind::kDelayed;
+  c.recipe.amax_history_len = 4;
+  mesh::LocalWorld world(mesh::DeviceMesh(1, 2, 2));
+  world.run([&](mesh::RankComms& comms) {
+    RunOptions o = options(c, {1, 2, 2}, 1);
+    TrainingSession s(o, comms);
+    const ShardedState& st = s.state();
+    const size_t nparams = param_specs(c.model).size();
+    // 3 entries per parameter + (scale, amax_history) x 3 roles x 4 linears per layer.
+    EXPECT_EQ(st.entries.size(), 3 * nparams + 2 * 3 * 4 * c.model.layers);
+    for (const StateEntry& e : st.entries)
+      EXPECT_EQ(e.local.shape(), e.layout.local_shape(comms.rank())) << e.key;
+    EXPECT_EQ(st.scalars.at("optim/step"), 0);
+    s.step();
+    // The entries alias the live tensors: after a step the amax history holds the step's amax.
+    bool any_nonzero = false;
+    for (const StateEntry& e : s.state().entries)
+      if (e.key.ends_with("attn.qkv/weight/amax_history"))
+        for (float v : e.local.to_vector<float>()) any_nonzero |= v != 0.0f;
+    EXPECT_TRUE(any_nonzero);
+    EXPECT_EQ(s.state().scalars.at("optim/step"), 1);
+    EXPECT_EQ(s.state().scalars.at("data/cursor"), 1);
+  });
 }
 
 TEST(ShardedInput, BadMeshAndBatchAreInputErrors) {
