@@ -57,12 +57,9 @@ Outcome gather_on(int n, const Tensor& full, RecipeKind kind, const Tensor* scal
     mesh::Communicator& g = comms.group({MeshDim::kDpShard});
     const Fp8GatherResult r =
         fp8_all_gather(g, g, layout, local, mesh::Box::whole(full.shape()), kind, scale, reduce);
-    Gathered out{bytes(r.weight.rowwise_data),
-                 bytes(r.weight.rowwise_scale_inv),
-                 bytes(r.weight.columnwise_data),
-                 bytes(r.weight.columnwise_scale_inv),
-                 r.high_precision_fallback,
-                 r.note};
+    Gathered out{bytes(r.weight.rowwise_data),    bytes(r.weight.rowwise_scale_inv),
+                 bytes(r.weight.columnwise_data), bytes(r.weight.columnwise_scale_inv),
+                 r.high_precision_fallback,       r.note};
     std::lock_guard<std::mutex> lock(mu);
     o.per_rank[static_cast<size_t>(comms.rank())] = std::move(out);
   });
