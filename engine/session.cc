@@ -219,8 +219,10 @@ struct TrainingSession::Impl {
     MP_CHECK_INPUT(!options.fsdp.fp8_params,
                    "fsdp.fp8_params (FP8 primary weights) is not available in this build");
     const RecipeKind rk = config.recipe.kind;
+    // stale_columnwise_copy (fault) needs the executor to hold the quantized weights, so it also
+    // takes the FP8 all-gather path (bitwise equal to the high-precision gather, see tests).
     fp8_gather =
-        options.fsdp.fp8_all_gather &&
+        (options.fsdp.fp8_all_gather || options.faults.stale_columnwise_copy) &&
         (rk == RecipeKind::kCurrent || rk == RecipeKind::kDelayed || rk == RecipeKind::kMxfp8);
     if (options.fsdp.fp8_all_gather && !fp8_gather)
       notes.push_back(
@@ -248,9 +250,20 @@ struct TrainingSession::Impl {
       params.push_back(std::move(prm));
     }
     for (Param& p : params) {
-      state.entries.push_back({"model/" + p.spec.name, p.layout, p.master});
-      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg", p.layout, p.exp_avg});
-      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg_sq", p.layout, p.exp_avg_sq});
+      // tp_fsdp_left_to_right (fault): the shards are the strided ones, but the state describes
+      // them as Shard(0) over dp_shard then tp (left to right), so a checkpoint puts their rows
+      // at the wrong global offsets (visible when it is loaded on another mesh).
+      Layout described = p.layout;
+      if (options.faults.tp_fsdp_left_to_right &&
+          p.layout.placement(MeshDim::kDpShard).kind == Placement::Kind::kStridedShard) {
+        std::vector<Placement> pl = p.layout.placements();
+        pl[static_cast<size_t>(MeshDim::kDpShard)] = Placement::shard(0);
+        Layout l2r(mesh, p.spec.shape, pl);
+        if (l2r.box(rank).shape() == p.layout.box(rank).shape()) described = l2r;
+      }
+      state.entries.push_back({"model/" + p.spec.name, described, p.master});
+      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg", described, p.exp_avg});
+      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg_sq", described, p.exp_avg_sq});
     }
     // Delayed-scaling states exist from the start (the recipe would create them at the first
     // quantization) so that the state entries cover them before step 0 and a checkpoint loaded
@@ -306,6 +319,21 @@ struct TrainingSession::Impl {
       p[static_cast<size_t>(MeshDim::kTp)] = Placement::shard(1);
     }
     return p;
+  }
+
+  // stale_columnwise_copy (fault): from faults.from_step on, backward (dgrad) uses the columnwise
+  // copy of the weight quantized before the previous optimizer step instead of this step's.
+  std::map<std::string, std::pair<Tensor, Tensor>> previous_columnwise;  // data, scale_inv
+  void stale_columnwise(const std::string& linear, kernels::QuantizedTensor& w) {
+    const int64_t layer = options.faults.stale_columnwise_layer;
+    const bool this_layer = layer < 0 || linear.starts_with(fmt::format("layers.{}.", layer));
+    auto prev = previous_columnwise.find(linear);
+    std::pair<Tensor, Tensor> current{w.columnwise_data, w.columnwise_scale_inv};
+    if (this_layer && options.faults.active(step) && prev != previous_columnwise.end()) {
+      w.columnwise_data = prev->second.first;
+      w.columnwise_scale_inv = prev->second.second;
+    }
+    previous_columnwise[linear] = std::move(current);
   }
 
   bool rk_delayed() const { return config.recipe.kind == RecipeKind::kDelayed; }
@@ -390,6 +418,7 @@ struct TrainingSession::Impl {
           notes.push_back(g.note);
         gathered_bytes +=
             g.weight.rowwise_data.nbytes().value + g.weight.columnwise_data.nbytes().value;
+        if (options.faults.stale_columnwise_copy) stale_columnwise(linear, g.weight);
         recipe.set_prequantized_weight(linear, std::move(g.weight), kernels::compute_amax(local));
         // The layer code reads only the shape of a prequantized weight.
         weights.insert(p.spec.name, host_empty(p.compute.shape(), DType::kBFloat16));

@@ -321,6 +321,8 @@ INSTANTIATE_TEST_SUITE_P(
 namespace meshproof::engine {
 namespace {
 
+std::vector<float> bytes_of(const kernels::Tensor& t) { return t.to_vector<float>(); }
+
 struct GatherCase {
   RecipeKind kind;
   MeshSpec mesh;
@@ -355,6 +357,40 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8GatherRun,
                            return fmt::format("{}_r{}_s{}_t{}", recipe_name(g.kind),
                                               g.mesh.dp_replicate, g.mesh.dp_shard, g.mesh.tp);
                          });
+
+TEST(ShardedFaults, StaleColumnwiseCopyChangesTheRun) {
+  // Step 0 has no previous copy; from step 1 on dgrad uses the weight of the previous step.
+  const Config c = fp8_model(RecipeKind::kCurrent);
+  RunOptions good = options(c, {1, 2, 1}, 3), bad = good;
+  bad.faults.stale_columnwise_copy = true;
+  const RunResult rg = run_training(good), rb = run_training(bad);
+  EXPECT_EQ(rg.metrics[0].loss, rb.metrics[0].loss);
+  EXPECT_EQ(rg.metrics[1].loss, rb.metrics[1].loss);  // step 1's forward is still right
+  EXPECT_NE(rg.metrics[1].grad_norm, rb.metrics[1].grad_norm);
+  EXPECT_NE(rg.metrics[2].loss, rb.metrics[2].loss);
+}
+
+TEST(ShardedFaults, TpFsdpLeftToRightDescribesTheWrongRows) {
+  const Config c = tiny();
+  mesh::LocalWorld world(mesh::DeviceMesh(1, 2, 2));
+  world.run([&](mesh::RankComms& comms) {
+    RunOptions o = options(c, {1, 2, 2}, 1);
+    TrainingSession good(o, comms);
+    o.faults.tp_fsdp_left_to_right = true;
+    TrainingSession bad(o, comms);
+    for (size_t i = 0; i < good.state().entries.size(); ++i) {
+      const StateEntry& g = good.state().entries[i];
+      const StateEntry& b = bad.state().entries[i];
+      EXPECT_EQ(bytes_of(g.local), bytes_of(b.local)) << g.key;  // same data
+      if (g.key == "model/layers.0.attn.qkv.weight") {
+        EXPECT_EQ(g.layout.placement(mesh::MeshDim::kDpShard).str(), "StridedShard(0, sf=2)");
+        EXPECT_EQ(b.layout.placement(mesh::MeshDim::kDpShard).str(), "Shard(0)");
+        // (dp=1, tp=0) holds rows 12..23 of 48 (strided); left-to-right says rows 24..35.
+        if (comms.rank() == 2) EXPECT_NE(g.layout.box(2), b.layout.box(2));
+      }
+    }
+  });
+}
 
 TEST(Fp8GatherRunNotes, Mxfp8UnalignedShardsReportTheFallback) {
   Config c = fp8_model(RecipeKind::kMxfp8);
