@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "engine/session.h"
@@ -401,6 +402,50 @@ TEST(Fp8GatherRunNotes, Mxfp8UnalignedShardsReportTheFallback) {
   ASSERT_FALSE(r.notes.empty());
   EXPECT_NE(r.notes.front().find("fell back to a high-precision gather"), std::string::npos)
       << r.notes.front();
+}
+
+}  // namespace
+}  // namespace meshproof::engine
+
+namespace meshproof::engine {
+namespace {
+
+TEST(ShardedRun, TraceHooksAndReports) {
+  const Config c = tiny();
+  RunOptions o = options(c, {1, 2, 2}, 2);
+  o.trace = true;
+  std::atomic<int> saves{0};
+  int progress = 0;
+  o.on_step = [&](const StepMetrics&) { ++progress; };
+  o.after_step = [&](ShardedState& st, int, int64_t done) {
+    EXPECT_EQ(st.scalars.at("optim/step"), done);
+    ++saves;
+  };
+  const RunResult r = run_training(o);
+  EXPECT_EQ(progress, 2);
+  EXPECT_EQ(saves.load(), 2 * 4);  // every rank, every step
+  ASSERT_EQ(r.trace.size(), 2u);
+  const size_t nparams = param_specs(c.model).size();
+  EXPECT_EQ(r.trace[0].size(), 2 * nparams);  // grads and params
+  // The traced parameters after the last step are the final parameters.
+  for (const TensorDigest& d : r.trace[1])
+    if (d.name == "param/embed.tok") {
+      const std::vector<float> v = r.final_params.at("embed.tok").to_vector<float>();
+      double sum = 0;
+      for (float x : v) sum += x;
+      EXPECT_EQ(d.sum, sum);
+    }
+  ASSERT_EQ(r.ranks.size(), 4u);
+  for (const RankReport& rr : r.ranks) {
+    EXPECT_GT(rr.memory.params, 0);
+    EXPECT_GT(rr.memory.peak, 0);
+    bool tp_all_reduce = false;
+    for (const CollectiveRecord& cr : rr.collectives)
+      tp_all_reduce |= cr.kind == "all_reduce" && cr.group == "tp" && cr.count > 0;
+    EXPECT_TRUE(tp_all_reduce) << rr.rank;
+  }
+  ASSERT_EQ(r.times.size(), 2u);
+  EXPECT_GT(r.times[0].total, 0.0);
 }
 
 }  // namespace
