@@ -55,11 +55,8 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   int exit_code = kExitOk;
   // One line per verb; each verb's options and callback live with its harness function.
   add_env_command(app, out, exit_code);
-<<<<<<< HEAD
   add_validate_command(app, out, err, exit_code);
-=======
   add_export_command(app, out, exit_code);
->>>>>>> engine
   add_quantize_command(app, out, exit_code);
   add_bench_comm_command(app, out, exit_code);
   add_report_command(app, out, exit_code);
