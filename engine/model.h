@@ -18,8 +18,28 @@
 #include "engine/params.h"
 #include "engine/recipe.h"
 #include "kernels/tensor.h"
+#include "mesh/communicator.h"
 
 namespace meshproof::engine {
+
+// Tensor parallelism seen from the layer code (DESIGN.md section 5). With a tp communicator the
+// weights handed in are this rank's TP shards: qkv and fc1 (gate/up) rows [Shard(0)] holding
+// whole heads / a slice of F, proj and fc2 columns [Shard(1)]; norms, embeddings, lm_head and the
+// proj/fc2 biases whole. The row-parallel outputs are all-reduced (sum) over tp before their bias
+// is added; the column-parallel input gradients are all-reduced after their dgrad GEMMs.
+//
+// Sequence parallelism (sequence_parallel): the residual stream, norms, final norm, lm_head and
+// loss run on this rank's sequence shard (positions [t*S/tp, (t+1)*S/tp) of every row); the
+// normed activations are all-gathered along the sequence before a column-parallel GEMM and the
+// row-parallel outputs reduce-scattered along it (the input gradients the other way round). The
+// returned loss sum and the gradients of TP-replicated parameters are then partial sums over
+// the tp ranks: the caller sums them over tp. Needs S % tp == 0 and dropout 0.
+struct TpContext {
+  mesh::Communicator* comm = nullptr;  // tp group; nullptr or size 1: no tensor parallelism
+  bool sequence_parallel = false;
+  bool active() const { return comm != nullptr && comm->size() > 1; }
+  bool sp() const { return active() && sequence_parallel; }
+};
 
 // Identifies a micro-batch inside the global batch: dropout masks are keyed by the global
 // coordinates (step, global row, position, feature), so they do not depend on micro-batching or
@@ -42,7 +62,7 @@ class GptModel {
   // forward and the backward pass end (delayed-scaling updates).
   double forward_backward(const TensorMap& weights, const kernels::Tensor& tokens,
                           const BatchCoords& coords, double grad_scale, TensorMap& grads,
-                          Fp8Recipe* recipe = nullptr) const;
+                          Fp8Recipe* recipe = nullptr, const TpContext& tp = {}) const;
 
   // Forward only: the sum of per-position losses.
   double forward_loss(const TensorMap& weights, const kernels::Tensor& tokens,
@@ -57,7 +77,7 @@ class GptModel {
 
   struct Linear;
   double run(const TensorMap& weights, const kernels::Tensor& tokens, const BatchCoords& coords,
-             double grad_scale, TensorMap* grads, Fp8Recipe* recipe) const;
+             double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp) const;
   LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
   LayerGrads layer_grads(TensorMap& g, int64_t i) const;
   void layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords, int64_t batch,
