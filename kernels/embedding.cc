@@ -89,15 +89,15 @@ void embedding_backward(const Tensor& dx, const Tensor& ids, Tensor& dtok, Tenso
     for (size_t f = 0; f < id.size(); ++f)
       row_pos[static_cast<size_t>(fill[static_cast<size_t>(slot[static_cast<size_t>(id[f])])]++)] =
           static_cast<int32_t>(f);
-    const int64_t rows = static_cast<int64_t>(row_ids.size());
     const auto upload = [&](const std::vector<int32_t>& v) {
       return Tensor::from_vector<int32_t>({static_cast<int64_t>(v.size())}, v).to(dx.device());
     };
     const Tensor d_ids = upload(row_ids), d_start = upload(row_start), d_pos = upload(row_pos);
     MP_OP_CUDA(op, launch_embedding_backward(dx.raw_data(), dx.dtype() == DType::kBFloat16, bn, seq,
                                              h, d_ids.data<int32_t>(), d_start.data<int32_t>(),
-                                             d_pos.data<int32_t>(), rows, dtok.data<float>(),
-                                             dpos.data<float>(), detail::cuda_stream()));
+                                             d_pos.data<int32_t>(), d_ids.numel().value,
+                                             dtok.data<float>(), dpos.data<float>(),
+                                             detail::cuda_stream()));
     return;
   }
   detail::dispatch_float(dx.dtype(), op, [&](auto t) {
