@@ -12,7 +12,8 @@
 //     P_ij dO_i and dK_j = sum_{i>=j} dS_ij Q_i in increasing i, the CPU's accumulation order.
 //     Given the same probs the backward therefore reproduces the CPU's double arithmetic
 //     operation for operation: bitwise equal.
-// A row of S doubles lives in shared memory: S <= 6144 (attention.cc checks it).
+// A row of S doubles lives in shared memory: S <= 6000, under the 48 KiB default with the static
+// shared scalars (attention.cc checks it).
 #include "kernels/ops_cuda.h"
 #include "kernels/ops_cuda_util.cuh"
 
