@@ -25,6 +25,12 @@ int64_t check_elementwise(std::string_view op, const Tensor& first, const Ts&...
 
 void gelu_forward(const Tensor& x, Tensor& y) {
   const int64_t n = check_elementwise("gelu_forward", x, y);
+  if (detail::on_cuda("gelu_forward", {&x, &y})) {
+    MP_OP_CUDA("gelu_forward",
+               launch_gelu_forward(x.raw_data(), y.raw_data(), x.dtype() == DType::kBFloat16, n,
+                                   detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), "gelu_forward", [&](auto t) {
     using T = decltype(t);
     const T* xp = x.data<T>();
@@ -39,6 +45,12 @@ void gelu_forward(const Tensor& x, Tensor& y) {
 
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const int64_t n = check_elementwise("gelu_backward", x, dy, dx);
+  if (detail::on_cuda("gelu_backward", {&x, &dy, &dx})) {
+    MP_OP_CUDA("gelu_backward",
+               launch_gelu_backward(dy.raw_data(), x.raw_data(), dx.raw_data(),
+                                    x.dtype() == DType::kBFloat16, n, detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), "gelu_backward", [&](auto t) {
     using T = decltype(t);
     const T* xp = x.data<T>();
@@ -57,6 +69,12 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 
 void relu_forward(const Tensor& x, Tensor& y) {
   const int64_t n = check_elementwise("relu_forward", x, y);
+  if (detail::on_cuda("relu_forward", {&x, &y})) {
+    MP_OP_CUDA("relu_forward",
+               launch_relu_forward(x.raw_data(), y.raw_data(), x.dtype() == DType::kBFloat16, n,
+                                   detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), "relu_forward", [&](auto t) {
     using T = decltype(t);
     const T* xp = x.data<T>();
@@ -67,6 +85,12 @@ void relu_forward(const Tensor& x, Tensor& y) {
 
 void relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const int64_t n = check_elementwise("relu_backward", x, dy, dx);
+  if (detail::on_cuda("relu_backward", {&x, &dy, &dx})) {
+    MP_OP_CUDA("relu_backward",
+               launch_relu_backward(dy.raw_data(), x.raw_data(), dx.raw_data(),
+                                    x.dtype() == DType::kBFloat16, n, detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), "relu_backward", [&](auto t) {
     using T = decltype(t);
     const T* xp = x.data<T>();
@@ -78,6 +102,12 @@ void relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
   const int64_t n = check_elementwise("swiglu_forward", gate, up, y);
+  if (detail::on_cuda("swiglu_forward", {&gate, &up, &y})) {
+    MP_OP_CUDA("swiglu_forward",
+               launch_swiglu_forward(gate.raw_data(), up.raw_data(), y.raw_data(),
+                                     gate.dtype() == DType::kBFloat16, n, detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(gate.dtype(), "swiglu_forward", [&](auto t) {
     using T = decltype(t);
     const T* g = gate.data<T>();
@@ -93,6 +123,13 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
 void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup) {
   const int64_t n = check_elementwise("swiglu_backward", gate, up, dy, dgate, dup);
+  if (detail::on_cuda("swiglu_backward", {&gate, &up, &dy, &dgate, &dup})) {
+    MP_OP_CUDA("swiglu_backward",
+               launch_swiglu_backward(dy.raw_data(), gate.raw_data(), up.raw_data(),
+                                      dgate.raw_data(), dup.raw_data(),
+                                      gate.dtype() == DType::kBFloat16, n, detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(gate.dtype(), "swiglu_backward", [&](auto t) {
     using T = decltype(t);
     const T* g = gate.data<T>();

@@ -29,6 +29,13 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
   const float step_size = static_cast<float>(hp.lr / bc1);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float eps = static_cast<float>(hp.eps);
+  if (detail::on_cuda(op, {&param, &grad, &exp_avg, &exp_avg_sq})) {
+    MP_OP_CUDA(op, launch_adamw(param.data<float>(), grad.data<float>(), exp_avg.data<float>(),
+                                exp_avg_sq.data<float>(), n, hp.weight_decay != 0.0, decay, b1, b2,
+                                one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps,
+                                detail::cuda_stream()));
+    return;
+  }
   float* p = param.data<float>();
   const float* g = grad.data<float>();
   float* m = exp_avg.data<float>();
@@ -45,6 +52,13 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
 double sum_of_squares(const Tensor& t) {
   detail::check_operand(t, "sum_of_squares", "t");
   detail::check_float(t, "sum_of_squares", "t");
+  if (detail::on_cuda("sum_of_squares", {&t})) {
+    Tensor out = Tensor::empty({1}, DType::kFloat64, t.device());
+    MP_OP_CUDA("sum_of_squares",
+               launch_sum_of_squares(t.raw_data(), t.dtype() == DType::kBFloat16, t.numel().value,
+                                     out.data<double>(), detail::cuda_stream()));
+    return out.to(Device::cpu()).data<double>()[0];  // to() synchronises the stream
+  }
   return detail::dispatch_float(t.dtype(), "sum_of_squares", [&](auto z) -> double {
     using T = decltype(z);
     const T* p = t.data<T>();

@@ -15,6 +15,17 @@ void check_shapes(std::string_view op, const Tensor& qkv, const AttentionShape& 
   detail::check_float(qkv, op, "qkv");
 }
 
+// The CUDA kernels keep one row of S doubles (plus a few static bytes) in shared memory (48 KiB
+// without opt-in) and launch one block per (batch, head, row).
+constexpr int64_t kCudaMaxSeq = 6000;
+
+void check_cuda_shape(std::string_view op, const AttentionShape& s) {
+  MP_CHECK(s.seq <= kCudaMaxSeq, "{}: the CUDA attention supports S <= {}, got S={}", op,
+           kCudaMaxSeq, s.seq);
+  MP_CHECK(s.batch * s.heads * s.seq < (int64_t{1} << 31), "{}: B*A*S={} blocks exceed the grid",
+           op, s.batch * s.heads * s.seq);
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& qkv, const AttentionShape& s, Tensor& out, Tensor& probs) {
@@ -25,6 +36,13 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, Tensor& out, 
   detail::check_operand(probs, op, "probs", b_n * a_n * seq * seq);
   detail::check_same_dtype(qkv, out, op);
   detail::check_same_dtype(qkv, probs, op);
+  if (detail::on_cuda(op, {&qkv, &out, &probs})) {
+    check_cuda_shape(op, s);
+    MP_OP_CUDA(op, launch_attention_forward(qkv.raw_data(), qkv.dtype() == DType::kBFloat16,
+                                            s.batch, s.seq, s.heads, s.head_dim, out.raw_data(),
+                                            probs.raw_data(), detail::cuda_stream()));
+    return;
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   detail::dispatch_float(qkv.dtype(), op, [&](auto t) {
     using T = decltype(t);
@@ -77,6 +95,16 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& pro
   detail::check_operand(dqkv, op, "dqkv", b_n * seq * 3 * h);
   detail::check_same_dtype(qkv, dout, op);
   detail::check_same_dtype(qkv, dqkv, op);
+  if (detail::on_cuda(op, {&dout, &qkv, &probs, &dqkv})) {
+    check_cuda_shape(op, s);
+    // rowsum(P ∘ dP) per (b, head, row), shared by the two backward kernels; freed stream-ordered.
+    Tensor row_scratch = Tensor::empty({b_n * a_n * seq}, DType::kFloat64, qkv.device());
+    MP_OP_CUDA(op, launch_attention_backward(dout.raw_data(), qkv.raw_data(), probs.raw_data(),
+                                             qkv.dtype() == DType::kBFloat16, s.batch, s.seq,
+                                             s.heads, s.head_dim, row_scratch.data<double>(),
+                                             dqkv.raw_data(), detail::cuda_stream()));
+    return;
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   detail::dispatch_float(qkv.dtype(), op, [&](auto t) {
     using T = decltype(t);

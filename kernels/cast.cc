@@ -10,6 +10,12 @@ void cast(const Tensor& src, Tensor& dst) {
   detail::check_float(src, op, "src");
   detail::check_operand(dst, op, "dst", src.numel().value);
   detail::check_float(dst, op, "dst");
+  if (detail::on_cuda(op, {&src, &dst})) {
+    MP_OP_CUDA(
+        op, launch_cast(src.raw_data(), src.dtype() == DType::kBFloat16, dst.raw_data(),
+                        dst.dtype() == DType::kBFloat16, src.numel().value, detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(src.dtype(), op, [&](auto s) {
     using S = decltype(s);
     detail::dispatch_float(dst.dtype(), op, [&](auto d) {

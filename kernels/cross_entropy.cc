@@ -20,6 +20,25 @@ double run(const Tensor& logits, const Tensor& targets, double grad_scale, Tenso
     detail::check_operand(*dlogits, op, "dlogits", m * v);
     detail::check_same_dtype(logits, *dlogits, op);
   }
+  const bool cuda = dlogits ? detail::on_cuda(op, {&logits, &targets, dlogits})
+                            : detail::on_cuda(op, {&logits, &targets});
+  if (cuda) {
+    // Targets are validated on the host (m int32 values) before the kernel reads them.
+    const std::vector<int32_t> tg = targets.to_vector<int32_t>();
+    for (int64_t r = 0; r < m; ++r)
+      MP_CHECK_INPUT(tg[r] >= 0 && tg[r] < v, "{}: target {} at row {} outside [0, {})", op, tg[r],
+                     r, v);
+    Tensor row_loss = Tensor::empty({m}, DType::kFloat64, logits.device());
+    MP_OP_CUDA(
+        op, launch_cross_entropy(logits.raw_data(), targets.data<int32_t>(),
+                                 logits.dtype() == DType::kBFloat16, m, v, grad_scale,
+                                 row_loss.data<double>(), dlogits ? dlogits->raw_data() : nullptr,
+                                 detail::cuda_stream()));
+    // Summed on the host in row order, like the CPU (to_vector synchronises the stream).
+    double total = 0;
+    for (double l : row_loss.to_vector<double>()) total += l;
+    return total;
+  }
   return detail::dispatch_float(logits.dtype(), op, [&](auto t) -> double {
     using T = decltype(t);
     const T* lp = logits.data<T>();

@@ -14,6 +14,11 @@ void add_bias_(Tensor& y, const Tensor& bias) {
   const int64_t n = y.shape().last(), m = y.shape().leading();
   detail::check_operand(bias, op, "bias", n);
   detail::check_same_dtype(y, bias, op);
+  if (detail::on_cuda(op, {&y, &bias})) {
+    MP_OP_CUDA(op, launch_add_bias(y.raw_data(), bias.raw_data(), y.dtype() == DType::kBFloat16, m,
+                                   n, detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(y.dtype(), op, [&](auto t) {
     using T = decltype(t);
     T* yp = y.data<T>();
@@ -29,6 +34,11 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
   detail::check_float(dy, op, "dy");
   const int64_t n = dy.shape().last(), m = dy.shape().leading();
   detail::check_grad(dbias, op, "dbias", n);
+  if (detail::on_cuda(op, {&dy, &dbias})) {
+    MP_OP_CUDA(op, launch_bias_grad(dy.raw_data(), dy.dtype() == DType::kBFloat16, m, n,
+                                    dbias.data<float>(), detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(dy.dtype(), op, [&](auto t) {
     using T = decltype(t);
     detail::dispatch_grad(dbias.dtype(), op, [&](auto g) {
@@ -49,6 +59,11 @@ void add_(Tensor& x, const Tensor& y) {
   detail::check_float(x, op, "x");
   detail::check_operand(y, op, "y", x.numel().value);
   detail::check_same_dtype(x, y, op);
+  if (detail::on_cuda(op, {&x, &y})) {
+    MP_OP_CUDA(op, launch_add(x.raw_data(), y.raw_data(), x.dtype() == DType::kBFloat16,
+                              x.numel().value, detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
     T* xp = x.data<T>();
@@ -61,6 +76,11 @@ void scale_(Tensor& x, double alpha) {
   constexpr std::string_view op = "scale_";
   detail::check_operand(x, op, "x");
   detail::check_float(x, op, "x");
+  if (detail::on_cuda(op, {&x})) {
+    MP_OP_CUDA(op, launch_scale(x.raw_data(), x.dtype() == DType::kBFloat16, x.numel().value, alpha,
+                                detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
     T* xp = x.data<T>();
@@ -78,6 +98,12 @@ void apply_dropout(std::string_view op, const Tensor& in, double p, const Dropou
   detail::check_operand(out, op, "output", in.numel().value);
   detail::check_same_dtype(in, out, op);
   MP_CHECK(p >= 0.0 && p < 1.0, "{}: dropout probability {} outside [0, 1)", op, p);
+  if (detail::on_cuda(op, {&in, &out})) {
+    MP_OP_CUDA(op, launch_dropout(in.raw_data(), out.raw_data(), in.dtype() == DType::kBFloat16,
+                                  in.numel().value, p, key.seed, key.stream, key.first_index,
+                                  detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(in.dtype(), op, [&](auto t) {
     using T = decltype(t);
     const T* ip = in.data<T>();

@@ -79,6 +79,13 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   detail::check_operand(y, op, "y", m * h);
   detail::check_operand(mean, op, "mean", m);
   detail::check_operand(rstd, op, "rstd", m);
+  if (detail::on_cuda(op, {&x, &weight, &bias, &y, &mean, &rstd})) {
+    MP_OP_CUDA(op, launch_norm_forward(x.raw_data(), weight.raw_data(), bias.raw_data(),
+                                       x.dtype() == DType::kBFloat16, /*rms=*/false, eps, m, h,
+                                       y.raw_data(), mean.raw_data(), rstd.raw_data(),
+                                       detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
     ln_forward_cpu<T>(x.data<T>(), weight.data<T>(), bias.data<T>(), eps, m, h, y.data<T>(),
@@ -98,6 +105,13 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   detail::check_grad(dweight, op, "dweight", h);
   detail::check_grad(dbias, op, "dbias", h);
   detail::check_same_dtype(dweight, dbias, op);
+  if (detail::on_cuda(op, {&dy, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias})) {
+    MP_OP_CUDA(op, launch_norm_backward(
+                       dy.raw_data(), x.raw_data(), weight.raw_data(), mean.raw_data(),
+                       rstd.raw_data(), x.dtype() == DType::kBFloat16, m, h, dx.raw_data(),
+                       dweight.data<float>(), dbias.data<float>(), detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
     detail::dispatch_grad(dweight.dtype(), op, [&](auto g) {
@@ -114,6 +128,13 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& 
   const int64_t m = x.shape().leading(), h = x.shape().last();
   detail::check_operand(y, op, "y", m * h);
   detail::check_operand(rstd, op, "rstd", m);
+  if (detail::on_cuda(op, {&x, &weight, &y, &rstd})) {
+    MP_OP_CUDA(op,
+               launch_norm_forward(x.raw_data(), weight.raw_data(), nullptr,
+                                   x.dtype() == DType::kBFloat16, /*rms=*/true, eps, m, h,
+                                   y.raw_data(), nullptr, rstd.raw_data(), detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
     const T* xp = x.data<T>();
@@ -139,6 +160,13 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   detail::check_operand(dx, op, "dx", m * h);
   detail::check_operand(rstd, op, "rstd", m);
   detail::check_grad(dweight, op, "dweight", h);
+  if (detail::on_cuda(op, {&dy, &x, &weight, &rstd, &dx, &dweight})) {
+    MP_OP_CUDA(op, launch_norm_backward(dy.raw_data(), x.raw_data(), weight.raw_data(), nullptr,
+                                        rstd.raw_data(), x.dtype() == DType::kBFloat16, m, h,
+                                        dx.raw_data(), dweight.data<float>(), nullptr,
+                                        detail::cuda_stream()));
+    return;
+  }
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
     detail::dispatch_grad(dweight.dtype(), op, [&](auto g) {

@@ -2,29 +2,69 @@
 // checks. Every op dispatches on the device of its tensors; the CPU reference is implemented for
 // float32, bfloat16 (bf16 recipe; math in float/double, one rounding on store) and float64
 // (finite-difference checks). Gradients of parameters (dweight, dbias, dtok, dpos) are float32 or
-// float64 whatever the activation dtype (DESIGN.md: weight gradients accumulate in fp32). CUDA
-// kernels are added per op family later and until then a CUDA tensor is a clear runtime error,
-// never a silent host fallback.
+// float64 whatever the activation dtype (DESIGN.md: weight gradients accumulate in fp32).
+// CUDA tensors run the family's kernel (kernels/<family>.cu, launchers in kernels/ops_cuda.h) on
+// the rank's stream, for float32 and bfloat16; float64 on CUDA and CUDA tensors in a build without
+// the backend are clear runtime errors, never a silent host fallback.
 #pragma once
 
+#include <initializer_list>
 #include <string_view>
 
 #include "kernels/cast.h"
 #include "kernels/error.h"
+#include "kernels/runtime.h"
 #include "kernels/tensor.h"
+
+#if MESHPROOF_HAVE_CUDA
+#include "kernels/cuda_check.h"
+#include "kernels/ops_cuda.h"
+#endif
 
 namespace meshproof::kernels::detail {
 
-// Checks that `t` is defined, on the CPU, of a float dtype this CPU op computes in, and has
-// `numel` elements (pass -1 to skip).
+// Checks that `t` is defined and has `numel` elements (pass -1 to skip). The device is checked
+// once per op by on_cuda().
 inline void check_operand(const Tensor& t, std::string_view op, std::string_view name,
                           int64_t numel = -1) {
   MP_CHECK(t.defined(), "{}: tensor '{}' is undefined", op, name);
-  MP_CHECK(t.device().is_cpu(), "{}: '{}' is {}; the CUDA kernel of this op family is not built",
-           op, name, t.describe());
   MP_CHECK(numel < 0 || t.numel().value == numel, "{}: '{}' is {}, expected {} elements", op, name,
            t.describe(), numel);
 }
+
+// Checks that every (defined) operand lives on the first one's device and returns whether that is
+// a CUDA device. A CUDA operand needs the CUDA backend, and the CUDA kernels do not compute in
+// float64 (float64 is the CPU's finite-difference dtype).
+inline bool on_cuda(std::string_view op, std::initializer_list<const Tensor*> operands) {
+  const Tensor& first = **operands.begin();
+  for (const Tensor* t : operands)
+    MP_CHECK(t->device() == first.device(), "{}: operands on different devices: {} and {}", op,
+             first.describe(), t->describe());
+  if (!first.device().is_cuda()) return false;
+  MP_CHECK(MESHPROOF_HAVE_CUDA,
+           "{}: {} is on a CUDA device but meshproof was built without the CUDA backend", op,
+           first.describe());
+  for (const Tensor* t : operands)
+    MP_CHECK(t->dtype() != DType::kFloat64,
+             "{}: {} is float64, which the CUDA kernels do not support (float64 is CPU-only)", op,
+             t->describe());
+  return true;
+}
+
+// The stream CUDA launches go to: the current rank's.
+inline void* cuda_stream() { return current_context().stream; }
+
+[[noreturn]] inline void no_cuda_backend(std::string_view op) {
+  MP_FAIL("{}: CUDA tensor but meshproof was built without the CUDA backend", op);
+}
+
+// Calls the launcher `cuda::call` and checks its cudaError_t (only reached when on_cuda() is true,
+// so the non-CUDA build never gets here).
+#if MESHPROOF_HAVE_CUDA
+#define MP_OP_CUDA(op, call) MP_CUDA_CHECK(::meshproof::kernels::cuda::call)
+#else
+#define MP_OP_CUDA(op, call) ::meshproof::kernels::detail::no_cuda_backend(op)
+#endif
 
 inline void check_float(const Tensor& t, std::string_view op, std::string_view name) {
   MP_CHECK(

@@ -12,11 +12,19 @@
 #include <cstdint>
 #include <string_view>
 
+// The generator and the uniform draw are __host__ __device__ so the CUDA dropout kernel
+// (elementwise.cu) derives bit-identical masks from the same code.
+#if defined(__CUDACC__)
+#define MP_PHILOX_HD __host__ __device__
+#else
+#define MP_PHILOX_HD
+#endif
+
 namespace meshproof::kernels {
 
 using PhiloxBlock = std::array<uint32_t, 4>;
 
-inline PhiloxBlock philox4x32_10(PhiloxBlock ctr, uint64_t seed) {
+MP_PHILOX_HD inline PhiloxBlock philox4x32_10(PhiloxBlock ctr, uint64_t seed) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
@@ -32,7 +40,7 @@ inline PhiloxBlock philox4x32_10(PhiloxBlock ctr, uint64_t seed) {
 }
 
 // The 128 random bits of element `index` of `stream`.
-inline PhiloxBlock philox_bits(uint64_t seed, uint64_t stream, uint64_t index) {
+MP_PHILOX_HD inline PhiloxBlock philox_bits(uint64_t seed, uint64_t stream, uint64_t index) {
   return philox4x32_10({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
                         static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
                        seed);
@@ -40,7 +48,7 @@ inline PhiloxBlock philox_bits(uint64_t seed, uint64_t stream, uint64_t index) {
 
 // A uniform double in (0, 1): 53 random bits from words 0 and 1, offset by half an ulp so that
 // log() in Box-Muller never sees 0.
-inline double philox_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+MP_PHILOX_HD inline double philox_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
   const PhiloxBlock b = philox_bits(seed, stream, index);
   const uint64_t bits = ((static_cast<uint64_t>(b[0]) << 32) | b[1]) >> 11;
   return (static_cast<double>(bits) + 0.5) * 0x1.0p-53;

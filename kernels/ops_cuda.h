@@ -1,0 +1,110 @@
+// Launchers of the CUDA kernels of the model's op families (one .cu per family: activation.cu,
+// adamw.cu, attention.cu, cast.cu, cross_entropy.cu, elementwise.cu, embedding.cu,
+// layernorm.cu), called by the device dispatch in the matching .cc after its shape/dtype checks.
+// Plain pointers and sizes only; every pointer is a device pointer, `stream` is the rank's
+// cudaStream_t (kernels::current_context().stream). Kernels are enqueued asynchronously and each
+// launcher returns the launch status (the .cc checks it with MP_CUDA_CHECK; the .cu files use no
+// MP_* macros and no fmt).
+//
+// Element types: activations are float32 or bfloat16 (`bf16` selects; bf16 is read as float and
+// written with RNE via kernels/formats.h, like the CPU BFloat16); parameter gradients are float32.
+// float64 is CPU-only (the dispatch rejects it).
+//
+// Numerics against the CPU reference (the same formulas, evaluated in double where the CPU uses
+// double; explicit __*_rn intrinsics wherever the CPU result must be matched bit for bit, so nvcc
+// cannot contract a*b+c into an FMA the CPU does not do):
+//   bitwise: cast, add_bias_, add_, scale_, dropout masks and outputs, AdamW, embedding forward,
+//     embedding backward (same per-row summation order), bias_grad and the LayerNorm/RMSNorm
+//     dweight/dbias (one thread per column sums the rows in the CPU's order, in double).
+//   bitwise given the same saved probabilities: attention backward.
+//   1 ulp of the stored dtype, plus ~1e-15 of the largest magnitude where the formula cancels:
+//     activations (device tanh/exp in double differ from glibc's by ~1 ulp of double), norm
+//     outputs and dx (block tree reductions in double instead of a serial double sum: ~1e-15
+//     relative before the final rounding), attention forward (max/sum serial in the CPU order;
+//     only the device exp differs; out within 2 ulp(1) * max|v| since it sums rounded probs),
+//     cross entropy (block reductions in double; the loss within ~1e-15 relative).
+// tests/kernels/ops_cuda/ops_cuda_test.cc checks each of these statements.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace meshproof::kernels::cuda {
+
+// cast.cu: dst[i] = src[i] converted (float32 <-> bfloat16, RNE).
+cudaError_t launch_cast(const void* src, bool src_bf16, void* dst, bool dst_bf16, int64_t n,
+                        void* stream);
+
+// elementwise.cu
+cudaError_t launch_add_bias(void* y, const void* bias, bool bf16, int64_t m, int64_t n,
+                            void* stream);
+// dbias[c] = float(dbias[c] + sum_r dy[r, c]) (sum in double, rows in order).
+cudaError_t launch_bias_grad(const void* dy, bool bf16, int64_t m, int64_t n, float* dbias,
+                             void* stream);
+cudaError_t launch_add(void* x, const void* y, bool bf16, int64_t n, void* stream);
+cudaError_t launch_scale(void* x, bool bf16, int64_t n, double alpha, void* stream);
+// out[i] = keep(i) ? in[i] / (1-p) : 0 with keep(i) = philox_uniform(seed, stream_id, first + i)
+// >= p; p == 0 copies.
+cudaError_t launch_dropout(const void* in, void* out, bool bf16, int64_t n, double p, uint64_t seed,
+                           uint64_t stream_id, uint64_t first_index, void* stream);
+
+// activation.cu
+cudaError_t launch_gelu_forward(const void* x, void* y, bool bf16, int64_t n, void* stream);
+cudaError_t launch_gelu_backward(const void* dy, const void* x, void* dx, bool bf16, int64_t n,
+                                 void* stream);
+cudaError_t launch_relu_forward(const void* x, void* y, bool bf16, int64_t n, void* stream);
+cudaError_t launch_relu_backward(const void* dy, const void* x, void* dx, bool bf16, int64_t n,
+                                 void* stream);
+cudaError_t launch_swiglu_forward(const void* gate, const void* up, void* y, bool bf16, int64_t n,
+                                  void* stream);
+cudaError_t launch_swiglu_backward(const void* dy, const void* gate, const void* up, void* dgate,
+                                   void* dup, bool bf16, int64_t n, void* stream);
+
+// layernorm.cu: x [m, h]; mean (nullptr for RMSNorm) and rstd [m] in x's dtype; bias may be
+// nullptr (RMSNorm); dweight/dbias float32 [h], accumulated into (dbias nullptr for RMSNorm).
+cudaError_t launch_norm_forward(const void* x, const void* weight, const void* bias, bool bf16,
+                                bool rms, double eps, int64_t m, int64_t h, void* y, void* mean,
+                                void* rstd, void* stream);
+cudaError_t launch_norm_backward(const void* dy, const void* x, const void* weight,
+                                 const void* mean, const void* rstd, bool bf16, int64_t m,
+                                 int64_t h, void* dx, float* dweight, float* dbias, void* stream);
+
+// attention.cu: layouts of kernels/attention.h. `row_scratch` is a device double buffer of
+// batch*heads*seq elements (backward only).
+cudaError_t launch_attention_forward(const void* qkv, bool bf16, int64_t batch, int64_t seq,
+                                     int64_t heads, int64_t head_dim, void* out, void* probs,
+                                     void* stream);
+cudaError_t launch_attention_backward(const void* dout, const void* qkv, const void* probs,
+                                      bool bf16, int64_t batch, int64_t seq, int64_t heads,
+                                      int64_t head_dim, double* row_scratch, void* dqkv,
+                                      void* stream);
+
+// cross_entropy.cu: row_loss[r] = logsumexp(logits[r]) - logits[r, target[r]] (double, device);
+// dlogits (nullptr = forward only) = grad_scale * (softmax - onehot). Targets must be in range
+// (the dispatch validates them on the host first).
+cudaError_t launch_cross_entropy(const void* logits, const int32_t* targets, bool bf16, int64_t m,
+                                 int64_t v, double grad_scale, double* row_loss, void* dlogits,
+                                 void* stream);
+
+// embedding.cu: x[b*S + s] = tok[ids[b, s]] + pos[s] (ids validated on the host first).
+cudaError_t launch_embedding_forward(const int32_t* ids, const void* tok, const void* pos,
+                                     bool bf16, int64_t batch, int64_t seq, int64_t h, void* x,
+                                     void* stream);
+// Deterministic backward without atomics. dtok: for each of the `num_rows` distinct token rows
+// row_ids[k], positions row_pos[row_start[k] .. row_start[k+1]) (flat b*S + s, increasing) are
+// added in that order (the CPU's order). dpos: for each s, batches b = 0..B-1 in order.
+cudaError_t launch_embedding_backward(const void* dx, bool bf16, int64_t batch, int64_t seq,
+                                      int64_t h, const int32_t* row_ids, const int32_t* row_start,
+                                      const int32_t* row_pos, int64_t num_rows, float* dtok,
+                                      float* dpos, void* stream);
+
+// adamw.cu: the float32 update of kernels/adamw.h, operation for operation.
+cudaError_t launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                         int64_t n, bool decay_on, float decay, float beta1, float beta2,
+                         float one_minus_beta1, float one_minus_beta2, float step_size,
+                         float bc2_sqrt, float eps, void* stream);
+// out[0] = sum of squares (double, fixed single-block tree order: deterministic).
+cudaError_t launch_sum_of_squares(const void* x, bool bf16, int64_t n, double* out, void* stream);
+
+}  // namespace meshproof::kernels::cuda

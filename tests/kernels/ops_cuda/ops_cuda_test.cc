@@ -1,0 +1,336 @@
+// CUDA kernels of the model's op families against the CPU reference on random inputs, float32
+// and bfloat16. Bitwise where kernels/ops_cuda.h promises it (cast, bias add, residual, scale,
+// dropout, AdamW, bias/norm-weight gradients, embedding, relu, attention backward given the same
+// probabilities); otherwise within the stated bound: 1 ulp of the stored dtype plus a tiny
+// absolute slack for results that cancel (documented per test). Skips without a usable device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/cast.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/device.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/error.h"
+#include "kernels/layernorm.h"
+
+namespace meshproof::kernels {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                                 \
+  do {                                                                                     \
+    if (!cuda_status().usable) GTEST_SKIP() << "no CUDA device: " << cuda_status().reason; \
+  } while (0)
+
+const Device kGpu = Device::cuda(0);
+const DType kActDtypes[] = {DType::kFloat32, DType::kBFloat16};
+
+// Random N(0, stddev) values in `dtype` on the CPU (bf16 rounded from float32 by cast()).
+Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed, double stddev = 1.0) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
+  std::vector<float> v(static_cast<size_t>(shape.numel().value));
+  for (float& x : v) x = dist(gen);
+  return cast_to(Tensor::from_vector<float>(shape, v), dtype);
+}
+
+Tensor on_gpu(const Tensor& t) { return t.to(kGpu); }
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+  const auto* p = static_cast<const uint8_t*>(h.raw_data());
+  return std::vector<uint8_t>(p, p + h.nbytes().value);
+}
+
+// Values as float32 on the host (bf16 widens exactly).
+std::vector<float> floats_of(const Tensor& t) {
+  const Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+  return cast_to(h, DType::kFloat32).to_vector<float>();
+}
+
+void expect_bitwise(const Tensor& cpu, const Tensor& gpu, const char* what) {
+  EXPECT_EQ(bytes_of(cpu), bytes_of(gpu)) << what << " differs from the CPU reference bitwise";
+}
+
+// The spacing of `dtype` at |x| (float32: 2^-23 relative, bf16: 2^-7 relative; smallest normal
+// spacing near zero).
+double ulp_at(double x, DType dtype) {
+  const int mant = dtype == DType::kBFloat16 ? 7 : 23;
+  const double ax = std::max(std::fabs(x), 1.1754943508222875e-38);
+  return std::ldexp(1.0, std::ilogb(ax) - mant);
+}
+
+double max_abs_of(const Tensor& t) {
+  double m = 0;
+  for (float x : floats_of(t)) m = std::max(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+
+// |gpu - cpu| <= 1 ulp(cpu) + atol_rel * scale for every element; scale defaults to max|cpu|.
+void expect_close(const Tensor& cpu, const Tensor& gpu, double atol_rel, const char* what,
+                  double scale = -1.0) {
+  const std::vector<float> a = floats_of(cpu), b = floats_of(gpu);
+  ASSERT_EQ(a.size(), b.size());
+  const double max_abs = scale >= 0 ? scale : max_abs_of(cpu);
+  int bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double tol = ulp_at(a[i], cpu.dtype()) + atol_rel * max_abs;
+    if (!(std::fabs(static_cast<double>(a[i]) - b[i]) <= tol) && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: cpu " << a[i] << " gpu " << b[i] << " tol " << tol;
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " elements outside the bound";
+}
+
+TEST(OpsCuda, CastAllPairsBitwise) {
+  SKIP_WITHOUT_GPU();
+  for (DType from : kActDtypes)
+    for (DType to : kActDtypes) {
+      const Tensor x = random_tensor({37, 41}, from, 1, 3.0);
+      Tensor cpu = Tensor::empty(x.shape(), to, Device::cpu());
+      Tensor gpu = Tensor::empty(x.shape(), to, kGpu);
+      cast(x, cpu);
+      cast(on_gpu(x), gpu);
+      expect_bitwise(cpu, gpu, "cast");
+    }
+}
+
+TEST(OpsCuda, Float64OnCudaIsAClearError) {
+  SKIP_WITHOUT_GPU();
+  Tensor x = Tensor::zeros({4}, DType::kFloat64, kGpu);
+  EXPECT_THROW(scale_(x, 2.0), Error);
+}
+
+TEST(OpsCuda, ElementwiseBitwise) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : kActDtypes) {
+    const Tensor y0 = random_tensor({33, 70}, dt, 2), bias = random_tensor({70}, dt, 3);
+    const Tensor r = random_tensor({33, 70}, dt, 4);
+    Tensor cpu = y0.clone(), gpu = on_gpu(y0);
+    add_bias_(cpu, bias);
+    add_bias_(gpu, on_gpu(bias));
+    expect_bitwise(cpu, gpu, "add_bias_");
+    add_(cpu, r);
+    add_(gpu, on_gpu(r));
+    expect_bitwise(cpu, gpu, "add_");
+    scale_(cpu, 0.3);
+    scale_(gpu, 0.3);
+    expect_bitwise(cpu, gpu, "scale_");
+    for (double p : {0.0, 0.1, 0.5}) {
+      const DropoutKey key{.seed = 1234, .stream = 77, .first_index = 1000003};
+      Tensor dc = Tensor::empty(y0.shape(), dt, Device::cpu());
+      Tensor dg = Tensor::empty(y0.shape(), dt, kGpu);
+      dropout_forward(y0, p, key, dc);
+      dropout_forward(on_gpu(y0), p, key, dg);
+      expect_bitwise(dc, dg, "dropout_forward");
+      dropout_backward(r, p, key, dc);
+      dropout_backward(on_gpu(r), p, key, dg);
+      expect_bitwise(dc, dg, "dropout_backward");
+    }
+    // bias_grad accumulates into a non-zero float32 gradient; per-column row order as the CPU.
+    const Tensor db0 = random_tensor({70}, DType::kFloat32, 5);
+    Tensor dbc = db0.clone(), dbg = on_gpu(db0);
+    bias_grad(r, dbc);
+    bias_grad(on_gpu(r), dbg);
+    expect_bitwise(dbc, dbg, "bias_grad");
+  }
+}
+
+TEST(OpsCuda, Activations) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : kActDtypes) {
+    const Tensor x = random_tensor({19, 130}, dt, 6, 2.0), u = random_tensor({19, 130}, dt, 7);
+    const Tensor dy = random_tensor({19, 130}, dt, 8);
+    auto out = [&](Device d) { return Tensor::empty(x.shape(), dt, d); };
+    Tensor c1 = out(Device::cpu()), g1 = out(kGpu), c2 = out(Device::cpu()), g2 = out(kGpu);
+    relu_forward(x, c1);
+    relu_forward(on_gpu(x), g1);
+    expect_bitwise(c1, g1, "relu_forward");
+    relu_backward(dy, x, c1);
+    relu_backward(on_gpu(dy), on_gpu(x), g1);
+    expect_bitwise(c1, g1, "relu_backward");
+    // Device tanh/exp in double differ from glibc by ~1 ulp of double (~1e-16 absolute on the
+    // O(1) terms). Away from cancellation that is at most 1 ulp of the stored dtype; where terms
+    // cancel (0.5 v (1 + tanh) for v << 0, 1 + g (1 - s) near g = -1.28) the absolute error stays
+    // ~|v| 1e-16, so 1e-14 of max|out| (a 100x margin) is allowed on top.
+    constexpr double kSlack = 1e-14;
+    gelu_forward(x, c1);
+    gelu_forward(on_gpu(x), g1);
+    expect_close(c1, g1, kSlack, "gelu_forward");
+    gelu_backward(dy, x, c1);
+    gelu_backward(on_gpu(dy), on_gpu(x), g1);
+    expect_close(c1, g1, kSlack, "gelu_backward");
+    swiglu_forward(x, u, c1);
+    swiglu_forward(on_gpu(x), on_gpu(u), g1);
+    expect_close(c1, g1, kSlack, "swiglu_forward");
+    swiglu_backward(dy, x, u, c1, c2);
+    swiglu_backward(on_gpu(dy), on_gpu(x), on_gpu(u), g1, g2);
+    expect_close(c1, g1, kSlack, "swiglu_backward dgate");
+    expect_close(c2, g2, kSlack, "swiglu_backward dup");
+  }
+}
+
+// Row statistics are block tree sums in double (CPU: serial double sums): ~1e-15 relative before
+// rounding. y and dx can cancel (y = n w + b, dx = rstd (g - mean g - n mean gn)), so besides
+// 1 ulp we allow 1e-9 of the tensor's largest magnitude: ~1e6 times the double error, far below
+// any float32 ulp of a non-cancelled value.
+constexpr double kCancelSlack = 1e-9;
+
+TEST(OpsCuda, LayerNormAndRmsNorm) {
+  SKIP_WITHOUT_GPU();
+  const int64_t m = 23, h = 300;  // h > block size: several columns per thread
+  for (DType dt : kActDtypes) {
+    const Tensor x = random_tensor({m, h}, dt, 9, 2.0), w = random_tensor({h}, dt, 10);
+    const Tensor b = random_tensor({h}, dt, 11), dy = random_tensor({m, h}, dt, 12);
+    auto t = [&](const Shape& s, Device d) { return Tensor::empty(s, dt, d); };
+    Tensor yc = t({m, h}, Device::cpu()), yg = t({m, h}, kGpu);
+    Tensor mc = t({m}, Device::cpu()), mg = t({m}, kGpu), rc = t({m}, Device::cpu()),
+           rg = t({m}, kGpu);
+    layernorm_forward(x, w, b, 1e-5, yc, mc, rc);
+    layernorm_forward(on_gpu(x), on_gpu(w), on_gpu(b), 1e-5, yg, mg, rg);
+    expect_close(yc, yg, kCancelSlack, "layernorm y");
+    expect_close(mc, mg, kCancelSlack, "layernorm mean");
+    expect_close(rc, rg, 0.0, "layernorm rstd");
+    // Backward from the CPU's saved statistics so dweight/dbias are comparable bitwise.
+    const Tensor dw0 = random_tensor({h}, DType::kFloat32, 13),
+                 db0 = random_tensor({h}, DType::kFloat32, 14);
+    Tensor dxc = t({m, h}, Device::cpu()), dxg = t({m, h}, kGpu);
+    Tensor dwc = dw0.clone(), dwg = on_gpu(dw0), dbc = db0.clone(), dbg = on_gpu(db0);
+    layernorm_backward(dy, x, w, mc, rc, dxc, dwc, dbc);
+    layernorm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mc), on_gpu(rc), dxg, dwg, dbg);
+    expect_close(dxc, dxg, kCancelSlack, "layernorm dx");
+    expect_bitwise(dwc, dwg, "layernorm dweight");
+    expect_bitwise(dbc, dbg, "layernorm dbias");
+
+    rmsnorm_forward(x, w, 1e-5, yc, rc);
+    rmsnorm_forward(on_gpu(x), on_gpu(w), 1e-5, yg, rg);
+    expect_close(yc, yg, 0.0, "rmsnorm y");
+    expect_close(rc, rg, 0.0, "rmsnorm rstd");
+    dwc = dw0.clone();
+    dwg = on_gpu(dw0);
+    rmsnorm_backward(dy, x, w, rc, dxc, dwc);
+    rmsnorm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(rc), dxg, dwg);
+    expect_close(dxc, dxg, kCancelSlack, "rmsnorm dx");
+    expect_bitwise(dwc, dwg, "rmsnorm dweight");
+  }
+}
+
+TEST(OpsCuda, Attention) {
+  SKIP_WITHOUT_GPU();
+  const AttentionShape s{.batch = 2, .seq = 37, .heads = 3, .head_dim = 16};
+  const int64_t rows = s.batch * s.seq, h = s.heads * s.head_dim;
+  for (DType dt : kActDtypes) {
+    const Tensor qkv = random_tensor({rows, 3 * h}, dt, 15),
+                 dout = random_tensor({rows, h}, dt, 16);
+    Tensor oc = Tensor::empty({rows, h}, dt, Device::cpu()),
+           og = Tensor::empty({rows, h}, dt, kGpu);
+    const Shape ps{s.batch, s.heads, s.seq, s.seq};
+    Tensor pc = Tensor::empty(ps, dt, Device::cpu()), pg = Tensor::empty(ps, dt, kGpu);
+    attention_forward(qkv, s, oc, pc);
+    attention_forward(on_gpu(qkv), s, og, pg);
+    // Only the device exp differs (a few ulp of double): probs within 1 ulp. out = sum_j p_j v_j
+    // from the rounded probs, each at most 1 ulp (<= 2^(1-mant) p_j) off, so
+    // |d out| <= 2^(1-mant) * sum_j p_j |v_j| <= 2^(1-mant) * max|v| (sum_j p_j = 1), on top of
+    // out's own 1-ulp rounding; max|qkv| bounds max|v|.
+    expect_close(pc, pg, 0.0, "attention probs");
+    expect_close(oc, og, std::ldexp(1.0, dt == DType::kBFloat16 ? -6 : -22), "attention out",
+                 max_abs_of(qkv));
+    // Given the same (CPU) probabilities the backward repeats the CPU's double arithmetic.
+    Tensor dc = Tensor::empty({rows, 3 * h}, dt, Device::cpu()),
+           dg = Tensor::empty({rows, 3 * h}, dt, kGpu);
+    attention_backward(dout, qkv, pc, s, dc);
+    attention_backward(on_gpu(dout), on_gpu(qkv), on_gpu(pc), s, dg);
+    expect_bitwise(dc, dg, "attention dqkv");
+  }
+}
+
+TEST(OpsCuda, CrossEntropy) {
+  SKIP_WITHOUT_GPU();
+  const int64_t m = 29, v = 1000;
+  std::vector<int32_t> tg(m);
+  for (int64_t r = 0; r < m; ++r) tg[static_cast<size_t>(r)] = static_cast<int32_t>((r * 97) % v);
+  const Tensor targets = Tensor::from_vector<int32_t>({m}, tg);
+  for (DType dt : kActDtypes) {
+    const Tensor logits = random_tensor({m, v}, dt, 17, 3.0);
+    Tensor dc = Tensor::empty({m, v}, dt, Device::cpu()), dg = Tensor::empty({m, v}, dt, kGpu);
+    const double lc = cross_entropy_forward_backward(logits, targets, 1.0 / m, dc);
+    const double lg = cross_entropy_forward_backward(on_gpu(logits), on_gpu(targets), 1.0 / m, dg);
+    // Tree vs serial double sums of exp over V: ~V * 2^-53 relative; 1e-12 leaves a 100x margin.
+    EXPECT_NEAR(lg, lc, 1e-12 * std::fabs(lc));
+    EXPECT_NEAR(cross_entropy_forward(on_gpu(logits), on_gpu(targets)), lc, 1e-12 * std::fabs(lc));
+    // dlogits = scale (p - onehot): cancels at the target column only by a bounded amount.
+    expect_close(dc, dg, kCancelSlack, "dlogits");
+  }
+  // Out-of-range targets are an input error on CUDA too.
+  const Tensor bad = Tensor::from_vector<int32_t>({1}, {static_cast<int32_t>(v)});
+  Tensor l = on_gpu(random_tensor({1, v}, DType::kFloat32, 18));
+  try {
+    cross_entropy_forward(l, on_gpu(bad));
+    ADD_FAILURE() << "expected an input error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+  }
+}
+
+TEST(OpsCuda, EmbeddingBitwise) {
+  SKIP_WITHOUT_GPU();
+  const int64_t vocab = 50, positions = 40, hidden = 270, batch = 3, seq = 31;
+  std::mt19937 gen(19);
+  std::vector<int32_t> ids(batch * seq);
+  // Few distinct ids so rows repeat (the accumulation order matters).
+  for (int32_t& id : ids) id = static_cast<int32_t>(gen() % 7) * 3;
+  const Tensor idt = Tensor::from_vector<int32_t>({batch, seq}, ids);
+  for (DType dt : kActDtypes) {
+    const Tensor tok = random_tensor({vocab, hidden}, dt, 20),
+                 pos = random_tensor({positions, hidden}, dt, 21);
+    Tensor xc = Tensor::empty({batch * seq, hidden}, dt, Device::cpu()),
+           xg = Tensor::empty({batch * seq, hidden}, dt, kGpu);
+    embedding_forward(idt, tok, pos, xc);
+    embedding_forward(on_gpu(idt), on_gpu(tok), on_gpu(pos), xg);
+    expect_bitwise(xc, xg, "embedding x");
+    const Tensor dx = random_tensor({batch * seq, hidden}, dt, 22);
+    const Tensor dt0 = random_tensor({vocab, hidden}, DType::kFloat32, 23),
+                 dp0 = random_tensor({positions, hidden}, DType::kFloat32, 24);
+    Tensor dtc = dt0.clone(), dtg = on_gpu(dt0), dpc = dp0.clone(), dpg = on_gpu(dp0);
+    embedding_backward(dx, idt, dtc, dpc);
+    embedding_backward(on_gpu(dx), on_gpu(idt), dtg, dpg);
+    expect_bitwise(dtc, dtg, "embedding dtok");
+    expect_bitwise(dpc, dpg, "embedding dpos");
+  }
+}
+
+TEST(OpsCuda, AdamWBitwise) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 5003;
+  const Tensor p0 = random_tensor({n}, DType::kFloat32, 25),
+               g = random_tensor({n}, DType::kFloat32, 26, 0.01);
+  const Tensor m0 = random_tensor({n}, DType::kFloat32, 27, 0.01);
+  Tensor v0 = random_tensor({n}, DType::kFloat32, 28, 0.001);
+  std::vector<float> vv = v0.to_vector<float>();
+  for (float& x : vv) x = x * x;  // second moments are non-negative
+  v0 = Tensor::from_vector<float>({n}, vv);
+  for (double wd : {0.0, 0.1}) {
+    const AdamWHyper hp{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = wd};
+    Tensor pc = p0.clone(), mc = m0.clone(), vc = v0.clone();
+    Tensor pg = on_gpu(p0), mg = on_gpu(m0), vg = on_gpu(v0);
+    const Tensor gg = on_gpu(g);
+    for (int64_t step = 1; step <= 3; ++step) {
+      adamw_step(pc, g, mc, vc, step, hp);
+      adamw_step(pg, gg, mg, vg, step, hp);
+    }
+    expect_bitwise(pc, pg, "adamw param");
+    expect_bitwise(mc, mg, "adamw exp_avg");
+    expect_bitwise(vc, vg, "adamw exp_avg_sq");
+  }
+  // Tree vs serial double sum of n squares: ~n * 2^-53 relative; 1e-12 is a 1000x margin.
+  EXPECT_NEAR(sum_of_squares(on_gpu(p0)), sum_of_squares(p0), 1e-12 * sum_of_squares(p0));
+}
+
+}  // namespace
+}  // namespace meshproof::kernels
