@@ -1,0 +1,182 @@
+#include "engine/config.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "kernels/error.h"
+
+namespace meshproof::engine {
+
+std::string_view norm_name(NormKind k) {
+  return k == NormKind::kLayerNorm ? "layernorm" : "rmsnorm";
+}
+
+std::string_view activation_name(Activation a) {
+  switch (a) {
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kSwiGlu:
+      return "swiglu";
+  }
+  return "?";
+}
+
+std::string_view recipe_name(RecipeKind r) {
+  switch (r) {
+    case RecipeKind::kFp32:
+      return "fp32";
+    case RecipeKind::kBf16:
+      return "bf16";
+    case RecipeKind::kDelayed:
+      return "delayed";
+    case RecipeKind::kCurrent:
+      return "current";
+    case RecipeKind::kMxfp8:
+      return "mxfp8";
+    case RecipeKind::kBlock:
+      return "block";
+  }
+  return "?";
+}
+
+std::string_view schedule_name(LrSchedule s) {
+  return s == LrSchedule::kConstant ? "constant" : "warmup_cosine";
+}
+
+NormKind parse_norm(std::string_view s, std::string_view field) {
+  if (s == "layernorm") return NormKind::kLayerNorm;
+  if (s == "rmsnorm") return NormKind::kRmsNorm;
+  MP_FAIL_INPUT("{} = '{}': expected layernorm or rmsnorm", field, s);
+}
+
+Activation parse_activation(std::string_view s, std::string_view field) {
+  if (s == "gelu") return Activation::kGelu;
+  if (s == "relu") return Activation::kRelu;
+  if (s == "swiglu") return Activation::kSwiGlu;
+  MP_FAIL_INPUT("{} = '{}': expected gelu, relu or swiglu", field, s);
+}
+
+RecipeKind parse_recipe(std::string_view s, std::string_view field) {
+  for (RecipeKind r : {RecipeKind::kFp32, RecipeKind::kBf16, RecipeKind::kDelayed,
+                       RecipeKind::kCurrent, RecipeKind::kMxfp8, RecipeKind::kBlock}) {
+    if (s == recipe_name(r)) return r;
+  }
+  MP_FAIL_INPUT("{} = '{}': expected fp32, bf16, delayed, current, mxfp8 or block", field, s);
+}
+
+LrSchedule parse_schedule(std::string_view s, std::string_view field) {
+  if (s == "constant") return LrSchedule::kConstant;
+  if (s == "warmup_cosine") return LrSchedule::kWarmupCosine;
+  MP_FAIL_INPUT("{} = '{}': expected constant or warmup_cosine", field, s);
+}
+
+void validate(const Config& c) {
+  const ModelConfig& m = c.model;
+  const TrainingConfig& t = c.training;
+  MP_CHECK_INPUT(m.vocab >= 2, "model.vocab = {} must be >= 2", m.vocab);
+  MP_CHECK_INPUT(m.vocab <= (int64_t{1} << 30), "model.vocab = {} too large for int32 token ids",
+                 m.vocab);
+  MP_CHECK_INPUT(m.hidden >= 1, "model.hidden = {} must be >= 1", m.hidden);
+  MP_CHECK_INPUT(m.heads >= 1, "model.heads = {} must be >= 1", m.heads);
+  MP_CHECK_INPUT(m.hidden % m.heads == 0, "model.heads = {} does not divide model.hidden = {}",
+                 m.heads, m.hidden);
+  MP_CHECK_INPUT(m.layers >= 1, "model.layers = {} must be >= 1", m.layers);
+  MP_CHECK_INPUT(m.ffn >= 1, "model.ffn = {} must be >= 1", m.ffn);
+  MP_CHECK_INPUT(m.max_positions >= 1, "model.max_positions = {} must be >= 1", m.max_positions);
+  MP_CHECK_INPUT(m.dropout >= 0.0 && m.dropout < 1.0, "model.dropout = {} must be in [0, 1)",
+                 m.dropout);
+  MP_CHECK_INPUT(m.norm_eps > 0.0, "model.norm_eps = {} must be > 0", m.norm_eps);
+
+  MP_CHECK_INPUT(t.batch >= 1, "training.batch = {} must be >= 1", t.batch);
+  MP_CHECK_INPUT(t.seq_len >= 1, "training.seq_len = {} must be >= 1", t.seq_len);
+  MP_CHECK_INPUT(t.seq_len <= m.max_positions,
+                 "training.seq_len = {} exceeds model.max_positions = {}", t.seq_len,
+                 m.max_positions);
+  MP_CHECK_INPUT(t.steps >= 1, "training.steps = {} must be >= 1", t.steps);
+  MP_CHECK_INPUT(t.micro_batches >= 1 && t.batch % t.micro_batches == 0,
+                 "training.micro_batches = {} must be >= 1 and divide training.batch = {}",
+                 t.micro_batches, t.batch);
+  MP_CHECK_INPUT(std::isfinite(t.lr) && t.lr >= 0.0, "training.lr = {} must be finite and >= 0",
+                 t.lr);
+  MP_CHECK_INPUT(t.min_lr >= 0.0 && t.min_lr <= t.lr,
+                 "training.min_lr = {} must be in [0, lr = {}]", t.min_lr, t.lr);
+  MP_CHECK_INPUT(t.warmup_steps >= 0, "training.warmup_steps = {} must be >= 0", t.warmup_steps);
+  MP_CHECK_INPUT(t.beta1 >= 0.0 && t.beta1 < 1.0, "training.beta1 = {} must be in [0, 1)", t.beta1);
+  MP_CHECK_INPUT(t.beta2 >= 0.0 && t.beta2 < 1.0, "training.beta2 = {} must be in [0, 1)", t.beta2);
+  MP_CHECK_INPUT(t.adam_eps > 0.0, "training.adam_eps = {} must be > 0", t.adam_eps);
+  MP_CHECK_INPUT(t.weight_decay >= 0.0, "training.weight_decay = {} must be >= 0", t.weight_decay);
+
+  const DataConfig& d = c.data;
+  MP_CHECK_INPUT(d.markov_order >= 1 && d.markov_order <= 4,
+                 "data.markov_order = {} must be in [1, 4]", d.markov_order);
+  MP_CHECK_INPUT(std::pow(static_cast<double>(m.vocab), static_cast<double>(d.markov_order)) *
+                         static_cast<double>(m.vocab) <=
+                     static_cast<double>(int64_t{1} << 26),
+                 "data.markov_order = {} with model.vocab = {}: the transition table (V^(k+1) "
+                 "entries) exceeds 2^26",
+                 d.markov_order, m.vocab);
+  MP_CHECK_INPUT(d.decay > 0.0 && d.decay <= 1.0, "data.decay = {} must be in (0, 1]", d.decay);
+
+  const RecipeConfig& r = c.recipe;
+  if (r.kind == RecipeKind::kMxfp8) {
+    // MXFP8 blocks of 32 run along K (rowwise) and along M (columnwise) of every GEMM operand of
+    // qkv/proj/fc1/fc2: K in {H, F}, N in {3H, H, F}, M = micro-batch rows * seq_len.
+    MP_CHECK_INPUT(m.hidden % 32 == 0, "recipe = mxfp8 needs model.hidden % 32 == 0, got {}",
+                   m.hidden);
+    MP_CHECK_INPUT(m.ffn % 32 == 0, "recipe = mxfp8 needs model.ffn % 32 == 0, got {}", m.ffn);
+    const int64_t rows = t.batch / std::max<int64_t>(t.micro_batches, 1) * t.seq_len;
+    MP_CHECK_INPUT(rows % 32 == 0,
+                   "recipe = mxfp8 needs (training.batch / training.micro_batches) * "
+                   "training.seq_len % 32 == 0, got {}",
+                   rows);
+  }
+  MP_CHECK_INPUT(r.amax_history_len >= 1, "recipe.amax_history_len = {} must be >= 1",
+                 r.amax_history_len);
+  MP_CHECK_INPUT(r.amax_compute_algo == "max" || r.amax_compute_algo == "most_recent",
+                 "recipe.amax_compute_algo = '{}': expected max or most_recent",
+                 r.amax_compute_algo);
+}
+
+std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  auto add = [&kv](std::string k, auto v) { kv.emplace_back(std::move(k), fmt::format("{}", v)); };
+  add("model.vocab", c.model.vocab);
+  add("model.hidden", c.model.hidden);
+  add("model.heads", c.model.heads);
+  add("model.layers", c.model.layers);
+  add("model.ffn", c.model.ffn);
+  add("model.max_positions", c.model.max_positions);
+  add("model.norm", norm_name(c.model.norm));
+  add("model.activation", activation_name(c.model.activation));
+  add("model.tied_embeddings", c.model.tied_embeddings ? 1 : 0);
+  add("model.dropout", c.model.dropout);
+  add("model.norm_eps", c.model.norm_eps);
+  add("recipe.name", recipe_name(c.recipe.kind));
+  add("recipe.amax_history_len", c.recipe.amax_history_len);
+  add("recipe.amax_compute_algo", c.recipe.amax_compute_algo);
+  add("recipe.margin", c.recipe.margin);
+  add("recipe.power_2_scale", c.recipe.power_2_scale ? 1 : 0);
+  add("training.batch", c.training.batch);
+  add("training.seq_len", c.training.seq_len);
+  add("training.steps", c.training.steps);
+  add("training.micro_batches", c.training.micro_batches);
+  add("training.lr", c.training.lr);
+  add("training.min_lr", c.training.min_lr);
+  add("training.warmup_steps", c.training.warmup_steps);
+  add("training.schedule", schedule_name(c.training.schedule));
+  add("training.beta1", c.training.beta1);
+  add("training.beta2", c.training.beta2);
+  add("training.adam_eps", c.training.adam_eps);
+  add("training.weight_decay", c.training.weight_decay);
+  add("training.max_grad_norm", c.training.max_grad_norm);
+  add("training.recompute", c.training.recompute ? 1 : 0);
+  add("data.markov_order", c.data.markov_order);
+  add("data.decay", c.data.decay);
+  add("seed", c.seed);
+  return kv;
+}
+
+}  // namespace meshproof::engine

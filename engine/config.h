@@ -1,0 +1,89 @@
+// Everything a training run is made of, as plain data (DESIGN.md sections 3 and 4): model dims,
+// norm, activation, tying, dropout, recipe and its options, training plan, data source and seed.
+// validate() checks it all up front so that bad configuration is a kInput error naming the field
+// before any tensor is allocated.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshproof::engine {
+
+enum class NormKind : uint8_t { kLayerNorm, kRmsNorm };
+enum class Activation : uint8_t { kGelu, kRelu, kSwiGlu };
+enum class RecipeKind : uint8_t { kFp32, kBf16, kDelayed, kCurrent, kMxfp8, kBlock };
+enum class LrSchedule : uint8_t { kConstant, kWarmupCosine };
+
+std::string_view norm_name(NormKind k);
+std::string_view activation_name(Activation a);
+std::string_view recipe_name(RecipeKind r);
+std::string_view schedule_name(LrSchedule s);
+// Parsers throw a kInput error naming `field` and the accepted values.
+NormKind parse_norm(std::string_view s, std::string_view field);
+Activation parse_activation(std::string_view s, std::string_view field);
+RecipeKind parse_recipe(std::string_view s, std::string_view field);
+LrSchedule parse_schedule(std::string_view s, std::string_view field);
+
+struct ModelConfig {
+  int64_t vocab = 64;          // V
+  int64_t hidden = 32;         // H
+  int64_t heads = 4;           // A (head dim d = H / A)
+  int64_t layers = 2;          // L
+  int64_t ffn = 128;           // F
+  int64_t max_positions = 16;  // rows of embed.pos (>= seq_len)
+  NormKind norm = NormKind::kLayerNorm;
+  Activation activation = Activation::kGelu;
+  bool tied_embeddings = false;  // lm_head uses embed.tok when set
+  double dropout = 0.0;          // hidden dropout after attn.proj and mlp.fc2
+  double norm_eps = 1e-5;
+};
+
+// Recipe options (DESIGN.md section 4). Only the fields of the chosen recipe are used.
+struct RecipeConfig {
+  RecipeKind kind = RecipeKind::kFp32;
+  int64_t amax_history_len = 1024;        // delayed
+  std::string amax_compute_algo = "max";  // delayed: "max" or "most_recent"
+  int64_t margin = 0;                     // delayed
+  bool power_2_scale = false;             // current
+};
+
+struct TrainingConfig {
+  int64_t batch = 4;     // B: global batch (sequences per step)
+  int64_t seq_len = 16;  // S
+  int64_t steps = 20;
+  int64_t micro_batches = 1;  // gradient accumulation: B is split into this many micro-batches
+  double lr = 1e-3;
+  double min_lr = 0.0;  // cosine floor
+  int64_t warmup_steps = 0;
+  LrSchedule schedule = LrSchedule::kConstant;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;  // <= 0 disables clipping
+  bool recompute = false;      // activation recompute per layer
+};
+
+struct DataConfig {
+  int64_t markov_order = 1;  // k: each token depends on the previous k
+  double decay = 0.5;        // next-token probabilities proportional to decay^rank
+};
+
+struct Config {
+  ModelConfig model;
+  RecipeConfig recipe;
+  TrainingConfig training;
+  DataConfig data;
+  uint64_t seed = 1234;
+};
+
+// Throws kernels::Error (kInput) naming the offending field, e.g.
+// "model.heads = 3 does not divide model.hidden = 32".
+void validate(const Config& config);
+
+// (key, value) pairs of every setting, for /config attributes and reports.
+std::vector<std::pair<std::string, std::string>> config_items(const Config& config);
+
+}  // namespace meshproof::engine

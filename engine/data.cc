@@ -1,0 +1,82 @@
+#include "engine/data.h"
+
+#include <cmath>
+
+#include "kernels/error.h"
+#include "kernels/philox.h"
+
+namespace meshproof::engine {
+
+namespace {
+constexpr uint64_t kTableStream = kernels::philox_stream("data.table");
+constexpr uint64_t kTokenStream = kernels::philox_stream("data.tokens");
+}  // namespace
+
+MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, uint64_t seed, int64_t batch,
+                           int64_t seq_len)
+    : vocab_(vocab), order_(data.markov_order), batch_(batch), seq_len_(seq_len), seed_(seed) {
+  int64_t contexts = 1;
+  for (int64_t i = 0; i < order_; ++i) contexts *= vocab_;
+  // Rank probabilities p_r = decay^r / Z and their entropy.
+  std::vector<double> p(vocab_);
+  double z = 0;
+  for (int64_t r = 0; r < vocab_; ++r) z += (p[r] = std::pow(data.decay, static_cast<double>(r)));
+  cdf_.resize(vocab_);
+  double acc = 0;
+  for (int64_t r = 0; r < vocab_; ++r) {
+    p[r] /= z;
+    acc += p[r];
+    cdf_[r] = acc;
+    if (p[r] > 0) entropy_ -= p[r] * std::log(p[r]);
+  }
+  cdf_.back() = 1.0;
+  // A Fisher-Yates permutation per context.
+  ranked_.resize(static_cast<size_t>(contexts * vocab_));
+  for (int64_t c = 0; c < contexts; ++c) {
+    int32_t* perm = ranked_.data() + c * vocab_;
+    for (int64_t i = 0; i < vocab_; ++i) perm[i] = static_cast<int32_t>(i);
+    for (int64_t i = vocab_ - 1; i > 0; --i) {
+      const double u =
+          kernels::philox_uniform(seed_, kTableStream, static_cast<uint64_t>(c * vocab_ + i));
+      const int64_t j = std::min<int64_t>(i, static_cast<int64_t>(u * static_cast<double>(i + 1)));
+      std::swap(perm[i], perm[j]);
+    }
+  }
+}
+
+kernels::Tensor MarkovSource::rows(int64_t step, int64_t row_begin, int64_t row_end) const {
+  MP_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= batch_,
+           "MarkovSource: rows [{}, {}) outside the global batch of {}", row_begin, row_end,
+           batch_);
+  const int64_t width = seq_len_ + 1;
+  kernels::Tensor out = kernels::Tensor::empty({row_end - row_begin, width}, kernels::DType::kInt32,
+                                               kernels::Device::cpu());
+  int32_t* t = out.data<int32_t>();
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    int32_t* row = t + (r - row_begin) * width;
+    for (int64_t s = 0; s < width; ++s) {
+      const uint64_t index = static_cast<uint64_t>((step * batch_ + r) * width + s);
+      const double u = kernels::philox_uniform(seed_, kTokenStream, index);
+      if (s < order_) {  // no full context yet: uniform
+        row[s] = static_cast<int32_t>(
+            std::min<int64_t>(vocab_ - 1, static_cast<int64_t>(u * static_cast<double>(vocab_))));
+        continue;
+      }
+      int64_t context = 0;
+      for (int64_t j = s - order_; j < s; ++j) context = context * vocab_ + row[j];
+      int64_t rank = 0;
+      while (rank < vocab_ - 1 && u >= cdf_[rank]) ++rank;
+      row[s] = ranked_[context * vocab_ + rank];
+    }
+  }
+  return out;
+}
+
+kernels::Tensor MarkovSource::rank_rows(int64_t step, int64_t rank, int64_t dp) const {
+  MP_CHECK_INPUT(dp >= 1 && batch_ % dp == 0,
+                 "training.batch = {} is not divisible by the data-parallel size {}", batch_, dp);
+  MP_CHECK(0 <= rank && rank < dp, "data-parallel rank {} outside [0, {})", rank, dp);
+  return rows(step, rank * batch_ / dp, (rank + 1) * batch_ / dp);
+}
+
+}  // namespace meshproof::engine

@@ -1,0 +1,43 @@
+// Seeded synthetic token source with a known entropy rate (DESIGN.md section 3): an order-k
+// Markov chain over V tokens. Every context (the previous k tokens) ranks the V next tokens by a
+// context-specific permutation (Fisher-Yates driven by Philox), and the token of rank r has
+// probability decay^r / Z. All contexts share the same distribution up to relabelling, so the
+// entropy of the next token given its full context is H = -sum_r p_r ln p_r for every context:
+// that is the entropy rate and the loss floor (in nats) for every position with k tokens of
+// context; the first k-1 predictions of a sequence see less context and sit above it.
+// Tokens depend only on (seed, step, global row, position), so a data-parallel rank generates its
+// rows [j*B/dp, (j+1)*B/dp) alone.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/config.h"
+#include "kernels/tensor.h"
+
+namespace meshproof::engine {
+
+class MarkovSource {
+ public:
+  MarkovSource(int64_t vocab, const DataConfig& data, uint64_t seed, int64_t batch,
+               int64_t seq_len);
+
+  // int32 [row_end - row_begin, S + 1]: rows [row_begin, row_end) of step `step`'s global batch.
+  kernels::Tensor rows(int64_t step, int64_t row_begin, int64_t row_end) const;
+  // Data-parallel rank j of dp (over dp_replicate x dp_shard) takes rows [j*B/dp, (j+1)*B/dp);
+  // dp must divide B (input error naming training.batch otherwise).
+  kernels::Tensor rank_rows(int64_t step, int64_t rank, int64_t dp) const;
+  // The whole global batch of a step: int32 [B, S + 1].
+  kernels::Tensor batch(int64_t step) const { return rows(step, 0, batch_); }
+  // Entropy rate in nats per token (the loss floor).
+  double entropy_rate() const { return entropy_; }
+
+ private:
+  int64_t vocab_, order_, batch_, seq_len_;
+  uint64_t seed_;
+  std::vector<double> cdf_;      // [V] cumulative probabilities by rank
+  std::vector<int32_t> ranked_;  // [V^k, V] token of rank r for each context
+  double entropy_ = 0;
+};
+
+}  // namespace meshproof::engine

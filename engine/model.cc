@@ -1,0 +1,407 @@
+#include "engine/model.h"
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/layernorm.h"
+#include "kernels/philox.h"
+
+namespace meshproof::engine {
+
+using kernels::DType;
+using kernels::Shape;
+using kernels::Tensor;
+
+namespace {
+
+Tensor new_tensor(const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, kernels::Device::cpu());
+}
+
+// Dropout stream of one site of one layer in one step.
+kernels::DropoutKey dropout_key(uint64_t seed, const BatchCoords& c, int64_t layer,
+                                std::string_view site, int64_t seq, int64_t hidden) {
+  return {seed,
+          kernels::philox_stream(fmt::format("dropout.step{}.layers.{}.{}", c.step, layer, site)),
+          static_cast<uint64_t>(c.row_begin * seq * hidden)};
+}
+
+}  // namespace
+
+// Weights of one layer as handed in (norm biases absent for RMSNorm; fc1_up only for SwiGLU,
+// where fc1 is the gate).
+struct GptModel::LayerWeights {
+  const Tensor* ln1_w;
+  const Tensor* ln1_b;   // [H] or nullptr (RMSNorm)
+  const Tensor* qkv_w;   // [3H, H]
+  const Tensor* qkv_b;   // [3H]
+  const Tensor* proj_w;  // [H, H]
+  const Tensor* proj_b;  // [H]
+  const Tensor* ln2_w;
+  const Tensor* ln2_b;
+  const Tensor* fc1_w;  // [F, H] (fc1, or fc1_gate for SwiGLU)
+  const Tensor* fc1_b;  // [F]
+  const Tensor* up_w;   // [F, H] fc1_up (SwiGLU) or nullptr
+  const Tensor* up_b;
+  const Tensor* fc2_w;  // [H, F]
+  const Tensor* fc2_b;  // [H]
+};
+
+struct GptModel::LayerGrads {
+  Tensor* ln1_w;
+  Tensor* ln1_b;
+  Tensor* qkv_w;
+  Tensor* qkv_b;
+  Tensor* proj_w;
+  Tensor* proj_b;
+  Tensor* ln2_w;
+  Tensor* ln2_b;
+  Tensor* fc1_w;
+  Tensor* fc1_b;
+  Tensor* up_w;
+  Tensor* up_b;
+  Tensor* fc2_w;
+  Tensor* fc2_b;
+};
+
+// Saved activations of one layer (M = B*S rows).
+struct GptModel::LayerActs {
+  Tensor x_in;                         // [M, H] layer input
+  Tensor ln1_out, ln1_mean, ln1_rstd;  // [M, H], [M], [M]
+  Tensor qkv;                          // [M, 3H]
+  Tensor probs;                        // [B, A, S, S]
+  Tensor attn_out;                     // [M, H]
+  Tensor x_mid;                        // [M, H] after the attention residual
+  Tensor ln2_out, ln2_mean, ln2_rstd;
+  Tensor fc1_out;  // [M, F] (gate for SwiGLU)
+  Tensor up_out;   // [M, F] SwiGLU only
+  Tensor act_out;  // [M, F]
+  Tensor x_out;    // [M, H] layer output
+};
+
+// The linear layers' GEMMs, quantized by the recipe when it is enabled. Forward operands (X, W)
+// are saved per linear in `saved` (with their columnwise copies) for the backward GEMMs.
+struct GptModel::Linear {
+  Fp8Recipe* recipe = nullptr;  // nullptr or disabled: unquantized fp32/bf16 GEMMs
+  bool backward = false;        // keep columnwise copies for the backward pass
+
+  struct Saved {
+    kernels::QuantizedTensor x, w;  // quantized forward operands
+  };
+  std::map<std::string, Saved>* saved = nullptr;
+
+  bool quantized() const { return recipe != nullptr && recipe->enabled(); }
+
+  // y = x·wᵀ + b
+  void forward(const std::string& name, const Tensor& x, const Tensor& w, const Tensor& b,
+               Tensor& y) {
+    if (!quantized()) {
+      kernels::gemm_fprop(&x, &w, y);
+    } else {
+      const kernels::Usage usage{.rowwise = true, .columnwise = backward};
+      Saved s{recipe->quantize(name, Fp8Role::kInput, x, usage),
+              recipe->quantize(name, Fp8Role::kWeight, w, usage)};
+      kernels::gemm_fprop(&s.x, &s.w, y, recipe->options(kernels::GemmRole::kFprop));
+      if (backward) (*saved)[name] = std::move(s);
+    }
+    kernels::add_bias_(y, b);
+  }
+
+  // dW += dyᵀ·x, db += colsum(dy), dx = dy·W
+  void backward_pass(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
+                     Tensor& dw, Tensor& db, Tensor& dx) {
+    kernels::bias_grad(dy, db);
+    if (!quantized()) {
+      kernels::gemm_wgrad(&dy, &x, dw, {.accumulate = true});
+      kernels::gemm_dgrad(&dy, &w, dx);
+      return;
+    }
+    const Saved& s = saved->at(name);
+    const kernels::QuantizedTensor qdy =
+        recipe->quantize(name, Fp8Role::kGradOutput, dy, {.rowwise = true, .columnwise = true});
+    kernels::gemm_wgrad(&qdy, &s.x, dw, recipe->options(kernels::GemmRole::kWgrad, true));
+    kernels::gemm_dgrad(&qdy, &s.w, dx, recipe->options(kernels::GemmRole::kDgrad));
+  }
+};
+
+GptModel::GptModel(const Config& config) : config_(config) { validate(config_); }
+
+GptModel::LayerWeights GptModel::layer_weights(const TensorMap& w, int64_t i) const {
+  const std::string p = fmt::format("layers.{}.", i);
+  const bool ln = config_.model.norm == NormKind::kLayerNorm;
+  const bool glu = config_.model.activation == Activation::kSwiGlu;
+  const std::string fc1 = glu ? "mlp.fc1_gate" : "mlp.fc1";
+  return {&w.at(p + "ln1.weight"),
+          ln ? &w.at(p + "ln1.bias") : nullptr,
+          &w.at(p + "attn.qkv.weight"),
+          &w.at(p + "attn.qkv.bias"),
+          &w.at(p + "attn.proj.weight"),
+          &w.at(p + "attn.proj.bias"),
+          &w.at(p + "ln2.weight"),
+          ln ? &w.at(p + "ln2.bias") : nullptr,
+          &w.at(p + fc1 + ".weight"),
+          &w.at(p + fc1 + ".bias"),
+          glu ? &w.at(p + "mlp.fc1_up.weight") : nullptr,
+          glu ? &w.at(p + "mlp.fc1_up.bias") : nullptr,
+          &w.at(p + "mlp.fc2.weight"),
+          &w.at(p + "mlp.fc2.bias")};
+}
+
+GptModel::LayerGrads GptModel::layer_grads(TensorMap& g, int64_t i) const {
+  const std::string p = fmt::format("layers.{}.", i);
+  const bool ln = config_.model.norm == NormKind::kLayerNorm;
+  const bool glu = config_.model.activation == Activation::kSwiGlu;
+  const std::string fc1 = glu ? "mlp.fc1_gate" : "mlp.fc1";
+  return {&g.at(p + "ln1.weight"),
+          ln ? &g.at(p + "ln1.bias") : nullptr,
+          &g.at(p + "attn.qkv.weight"),
+          &g.at(p + "attn.qkv.bias"),
+          &g.at(p + "attn.proj.weight"),
+          &g.at(p + "attn.proj.bias"),
+          &g.at(p + "ln2.weight"),
+          ln ? &g.at(p + "ln2.bias") : nullptr,
+          &g.at(p + fc1 + ".weight"),
+          &g.at(p + fc1 + ".bias"),
+          glu ? &g.at(p + "mlp.fc1_up.weight") : nullptr,
+          glu ? &g.at(p + "mlp.fc1_up.bias") : nullptr,
+          &g.at(p + "mlp.fc2.weight"),
+          &g.at(p + "mlp.fc2.bias")};
+}
+
+void GptModel::norm_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y,
+                            Tensor& mean, Tensor& rstd) const {
+  if (b) {
+    kernels::layernorm_forward(x, w, *b, config_.model.norm_eps, y, mean, rstd);
+  } else {
+    kernels::rmsnorm_forward(x, w, config_.model.norm_eps, y, rstd);
+  }
+}
+
+void GptModel::norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                             const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor* db) const {
+  if (db) {
+    kernels::layernorm_backward(dy, x, w, mean, rstd, dx, dw, *db);
+  } else {
+    kernels::rmsnorm_backward(dy, x, w, rstd, dx, dw);
+  }
+}
+
+// x_out = x_mid + dropout(fc2(act(fc1(ln2(x_mid))))),  x_mid = x_in +
+// dropout(proj(attn(qkv(ln1(x_in)))))
+void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords,
+                             int64_t batch, Linear& linear, LayerActs& a) const {
+  const ModelConfig& m = config_.model;
+  const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden, f = m.ffn;
+  const DType dt = a.x_in.dtype();
+  const kernels::AttentionShape attn{batch, seq, m.heads, h / m.heads};
+  const std::string p = fmt::format("layers.{}.", layer);
+
+  // Attention block.
+  a.ln1_out = new_tensor({rows, h}, dt);
+  a.ln1_mean = new_tensor({rows}, dt);
+  a.ln1_rstd = new_tensor({rows}, dt);
+  norm_forward(a.x_in, *w.ln1_w, w.ln1_b, a.ln1_out, a.ln1_mean, a.ln1_rstd);
+  a.qkv = new_tensor({rows, 3 * h}, dt);
+  linear.forward(p + "attn.qkv", a.ln1_out, *w.qkv_w, *w.qkv_b, a.qkv);
+  a.attn_out = new_tensor({rows, h}, dt);
+  a.probs = new_tensor({batch, m.heads, seq, seq}, dt);
+  kernels::attention_forward(a.qkv, attn, a.attn_out, a.probs);
+  Tensor proj_out = new_tensor({rows, h}, dt);
+  linear.forward(p + "attn.proj", a.attn_out, *w.proj_w, *w.proj_b, proj_out);
+  a.x_mid = new_tensor({rows, h}, dt);
+  kernels::dropout_forward(proj_out, m.dropout,
+                           dropout_key(config_.seed, coords, layer, "attn", seq, h), a.x_mid);
+  kernels::add_(a.x_mid, a.x_in);
+
+  // MLP block.
+  a.ln2_out = new_tensor({rows, h}, dt);
+  a.ln2_mean = new_tensor({rows}, dt);
+  a.ln2_rstd = new_tensor({rows}, dt);
+  norm_forward(a.x_mid, *w.ln2_w, w.ln2_b, a.ln2_out, a.ln2_mean, a.ln2_rstd);
+  a.fc1_out = new_tensor({rows, f}, dt);
+  linear.forward(p + "mlp.fc1", a.ln2_out, *w.fc1_w, *w.fc1_b, a.fc1_out);
+  a.act_out = new_tensor({rows, f}, dt);
+  switch (m.activation) {
+    case Activation::kGelu:
+      kernels::gelu_forward(a.fc1_out, a.act_out);
+      break;
+    case Activation::kRelu:
+      kernels::relu_forward(a.fc1_out, a.act_out);
+      break;
+    case Activation::kSwiGlu:
+      a.up_out = new_tensor({rows, f}, dt);
+      linear.forward(p + "mlp.fc1_up", a.ln2_out, *w.up_w, *w.up_b, a.up_out);
+      kernels::swiglu_forward(a.fc1_out, a.up_out, a.act_out);
+      break;
+  }
+  Tensor fc2_out = new_tensor({rows, h}, dt);
+  linear.forward(p + "mlp.fc2", a.act_out, *w.fc2_w, *w.fc2_b, fc2_out);
+  a.x_out = new_tensor({rows, h}, dt);
+  kernels::dropout_forward(fc2_out, m.dropout,
+                           dropout_key(config_.seed, coords, layer, "mlp", seq, h), a.x_out);
+  kernels::add_(a.x_out, a.x_mid);
+}
+
+// On entry dx holds dL/dx_out [M, H]; on return dL/dx_in. Weight gradients are added into g.
+void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
+                              const BatchCoords& coords, int64_t batch, Linear& linear,
+                              const LayerActs& a, Tensor& dx) const {
+  const ModelConfig& m = config_.model;
+  const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden, f = m.ffn;
+  const DType dt = a.x_in.dtype();
+  const kernels::AttentionShape attn{batch, seq, m.heads, h / m.heads};
+  const std::string p = fmt::format("layers.{}.", layer);
+
+  // MLP block: dx is dL/dx_out = dL/dx_mid (residual path) + the MLP branch below.
+  Tensor d_fc2 = new_tensor({rows, h}, dt);
+  kernels::dropout_backward(dx, m.dropout, dropout_key(config_.seed, coords, layer, "mlp", seq, h),
+                            d_fc2);
+  Tensor d_act = new_tensor({rows, f}, dt);
+  linear.backward_pass(p + "mlp.fc2", d_fc2, a.act_out, *w.fc2_w, *g.fc2_w, *g.fc2_b, d_act);
+  Tensor d_fc1 = new_tensor({rows, f}, dt);
+  Tensor d_ln2 = new_tensor({rows, h}, dt);
+  switch (m.activation) {
+    case Activation::kGelu:
+      kernels::gelu_backward(d_act, a.fc1_out, d_fc1);
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2);
+      break;
+    case Activation::kRelu:
+      kernels::relu_backward(d_act, a.fc1_out, d_fc1);
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2);
+      break;
+    case Activation::kSwiGlu: {
+      Tensor d_up = new_tensor({rows, f}, dt);
+      kernels::swiglu_backward(d_act, a.fc1_out, a.up_out, d_fc1, d_up);
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2);
+      Tensor d_ln2_up = new_tensor({rows, h}, dt);
+      linear.backward_pass(p + "mlp.fc1_up", d_up, a.ln2_out, *w.up_w, *g.up_w, *g.up_b, d_ln2_up);
+      kernels::add_(d_ln2, d_ln2_up);
+      break;
+    }
+  }
+  Tensor d_mid = new_tensor({rows, h}, dt);
+  norm_backward(d_ln2, a.x_mid, *w.ln2_w, a.ln2_mean, a.ln2_rstd, d_mid, *g.ln2_w, g.ln2_b);
+  kernels::add_(d_mid, dx);  // residual
+
+  // Attention block.
+  Tensor d_proj = new_tensor({rows, h}, dt);
+  kernels::dropout_backward(d_mid, m.dropout,
+                            dropout_key(config_.seed, coords, layer, "attn", seq, h), d_proj);
+  Tensor d_attn = new_tensor({rows, h}, dt);
+  linear.backward_pass(p + "attn.proj", d_proj, a.attn_out, *w.proj_w, *g.proj_w, *g.proj_b,
+                       d_attn);
+  Tensor d_qkv = new_tensor({rows, 3 * h}, dt);
+  kernels::attention_backward(d_attn, a.qkv, a.probs, attn, d_qkv);
+  Tensor d_ln1 = new_tensor({rows, h}, dt);
+  linear.backward_pass(p + "attn.qkv", d_qkv, a.ln1_out, *w.qkv_w, *g.qkv_w, *g.qkv_b, d_ln1);
+  norm_backward(d_ln1, a.x_in, *w.ln1_w, a.ln1_mean, a.ln1_rstd, dx, *g.ln1_w, g.ln1_b);
+  kernels::add_(dx, d_mid);  // residual
+}
+
+double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords& coords,
+                     double grad_scale, TensorMap* grads, Fp8Recipe* recipe) const {
+  const ModelConfig& m = config_.model;
+  const int64_t seq = config_.training.seq_len;
+  MP_CHECK_INPUT(
+      tokens.dtype() == DType::kInt32 && tokens.shape().rank() == 2 && tokens.shape()[1] == seq + 1,
+      "GptModel: tokens must be int32 [B, {}], got {}", seq + 1, tokens.describe());
+  const int64_t batch = tokens.shape()[0], rows = batch * seq, h = m.hidden, v = m.vocab;
+  const Tensor& tok = w.at("embed.tok");
+  const DType dt = tok.dtype();
+
+  // Split tokens into inputs [B, S] and next-token targets [B*S].
+  Tensor ids = new_tensor({batch, seq}, DType::kInt32);
+  Tensor targets = new_tensor({rows}, DType::kInt32);
+  {
+    const int32_t* t = tokens.data<int32_t>();
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t s = 0; s < seq; ++s) {
+        ids.data<int32_t>()[b * seq + s] = t[b * (seq + 1) + s];
+        targets.data<int32_t>()[b * seq + s] = t[b * (seq + 1) + s + 1];
+      }
+  }
+
+  // Forward.
+  Tensor x = new_tensor({rows, h}, dt);
+  kernels::embedding_forward(ids, tok, w.at("embed.pos"), x);
+  const bool recompute = config_.training.recompute && grads != nullptr;
+  std::map<std::string, Linear::Saved> saved;  // quantized GEMM operands for the backward
+  // With recompute the forward keeps nothing for the backward (rowwise copies only); the
+  // recomputed forward produces the columnwise copies.
+  Linear linear{recipe, grads != nullptr && !recompute, &saved};
+  std::vector<LayerActs> acts(static_cast<size_t>(m.layers));
+  for (int64_t i = 0; i < m.layers; ++i) {
+    LayerActs& a = acts[static_cast<size_t>(i)];
+    a.x_in = x;
+    layer_forward(layer_weights(w, i), i, coords, batch, linear, a);
+    x = a.x_out;
+    if (recompute) {  // keep only the layer input; backward re-runs the layer
+      Tensor input = a.x_in;
+      a = LayerActs{};
+      a.x_in = input;
+    }
+  }
+  const bool ln = m.norm == NormKind::kLayerNorm;
+  const Tensor& lm_w = m.tied_embeddings ? tok : w.at("lm_head.weight");
+  Tensor xf = new_tensor({rows, h}, dt), f_mean = new_tensor({rows}, dt),
+         f_rstd = new_tensor({rows}, dt);
+  norm_forward(x, w.at("final_ln.weight"), ln ? &w.at("final_ln.bias") : nullptr, xf, f_mean,
+               f_rstd);
+  Tensor logits = new_tensor({rows, v}, dt);
+  kernels::gemm_fprop(&xf, &lm_w, logits);
+  if (recipe) recipe->end_forward();
+  if (grads == nullptr) return kernels::cross_entropy_forward(logits, targets);
+
+  // Loss and backward.
+  Tensor d_logits = new_tensor({rows, v}, dt);
+  const double loss_sum =
+      kernels::cross_entropy_forward_backward(logits, targets, grad_scale, d_logits);
+  TensorMap& g = *grads;
+  Tensor d_xf = new_tensor({rows, h}, dt);
+  kernels::gemm_wgrad(&d_logits, &xf,
+                      m.tied_embeddings ? g.at("embed.tok") : g.at("lm_head.weight"),
+                      {.accumulate = true});
+  kernels::gemm_dgrad(&d_logits, &lm_w, d_xf);
+  Tensor dx = new_tensor({rows, h}, dt);
+  norm_backward(d_xf, x, w.at("final_ln.weight"), f_mean, f_rstd, dx, g.at("final_ln.weight"),
+                ln ? &g.at("final_ln.bias") : nullptr);
+  for (int64_t i = m.layers - 1; i >= 0; --i) {
+    LayerActs& a = acts[static_cast<size_t>(i)];
+    const LayerWeights lw = layer_weights(w, i);
+    if (recompute) {  // same masks (keyed by coordinates) and the forward's FP8 scales
+      if (recipe) recipe->set_recompute(true);
+      linear.backward = true;
+      layer_forward(lw, i, coords, batch, linear, a);
+      if (recipe) recipe->set_recompute(false);
+    }
+    LayerGrads lg = layer_grads(g, i);
+    layer_backward(lw, lg, i, coords, batch, linear, a, dx);
+    a = LayerActs{};  // free this layer's activations and quantized operands
+    std::erase_if(saved, [prefix = fmt::format("layers.{}.", i)](const auto& kv) {
+      return kv.first.starts_with(prefix);
+    });
+  }
+  kernels::embedding_backward(dx, ids, g.at("embed.tok"), g.at("embed.pos"));
+  if (recipe) recipe->end_backward();
+  return loss_sum;
+}
+
+double GptModel::forward_backward(const TensorMap& weights, const Tensor& tokens,
+                                  const BatchCoords& coords, double grad_scale, TensorMap& grads,
+                                  Fp8Recipe* recipe) const {
+  return run(weights, tokens, coords, grad_scale, &grads, recipe);
+}
+
+double GptModel::forward_loss(const TensorMap& weights, const Tensor& tokens,
+                              const BatchCoords& coords, Fp8Recipe* recipe) const {
+  return run(weights, tokens, coords, 0.0, nullptr, recipe);
+}
+
+}  // namespace meshproof::engine

@@ -1,0 +1,77 @@
+// The GPT model of DESIGN.md section 3, forward and backward written out layer by layer.
+//
+// Rank-local math only: the model is handed its weights as a TensorMap keyed by the DESIGN names
+// (whole tensors here; a sharded executor gathers them first) and adds weight gradients into a
+// TensorMap of float32 tensors with the same keys. Communication (gradient reduction, amax
+// reduction for FP8 recipes) happens outside, through CommHooks in the trainer.
+//
+// Shapes: B = rows of this micro-batch, S = sequence length, M = B*S, H hidden, A heads,
+// d = H/A, F ffn, V vocab. The compute dtype is the dtype of the weights handed in: float32 (fp32
+// recipe) or bfloat16 (bf16 recipe: bf16 activations, GEMMs with fp32 accumulation and bf16
+// output, weight gradients accumulated in fp32).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/params.h"
+#include "engine/recipe.h"
+#include "kernels/tensor.h"
+
+namespace meshproof::engine {
+
+// Identifies a micro-batch inside the global batch: dropout masks are keyed by the global
+// coordinates (step, global row, position, feature), so they do not depend on micro-batching or
+// the mesh, and recompute regenerates them exactly.
+struct BatchCoords {
+  int64_t step = 0;
+  int64_t row_begin = 0;  // global row of the first sequence of this micro-batch
+};
+
+class GptModel {
+ public:
+  explicit GptModel(const Config& config);
+
+  // Forward and backward of one micro-batch.
+  //   tokens: int32 [B, S+1]; inputs are columns [0, S), targets columns [1, S+1).
+  //   grad_scale: d(objective)/d(sum of this micro-batch's per-position losses), i.e.
+  //     1 / (global positions) for the mean loss over the global batch.
+  // Adds weight gradients into `grads` (float32). Returns the SUM of per-position losses.
+  // `recipe` (optional) quantizes the GEMM operands of the linear layers and is told when the
+  // forward and the backward pass end (delayed-scaling updates).
+  double forward_backward(const TensorMap& weights, const kernels::Tensor& tokens,
+                          const BatchCoords& coords, double grad_scale, TensorMap& grads,
+                          Fp8Recipe* recipe = nullptr) const;
+
+  // Forward only: the sum of per-position losses.
+  double forward_loss(const TensorMap& weights, const kernels::Tensor& tokens,
+                      const BatchCoords& coords, Fp8Recipe* recipe = nullptr) const;
+
+  const Config& config() const { return config_; }
+
+ private:
+  struct LayerActs;
+  struct LayerWeights;
+  struct LayerGrads;
+
+  struct Linear;
+  double run(const TensorMap& weights, const kernels::Tensor& tokens, const BatchCoords& coords,
+             double grad_scale, TensorMap* grads, Fp8Recipe* recipe) const;
+  LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
+  LayerGrads layer_grads(TensorMap& g, int64_t i) const;
+  void layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords, int64_t batch,
+                     Linear& linear, LayerActs& a) const;
+  void layer_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
+                      const BatchCoords& coords, int64_t batch, Linear& linear, const LayerActs& a,
+                      kernels::Tensor& dx) const;
+  void norm_forward(const kernels::Tensor& x, const kernels::Tensor& w, const kernels::Tensor* b,
+                    kernels::Tensor& y, kernels::Tensor& mean, kernels::Tensor& rstd) const;
+  void norm_backward(const kernels::Tensor& dy, const kernels::Tensor& x, const kernels::Tensor& w,
+                     const kernels::Tensor& mean, const kernels::Tensor& rstd, kernels::Tensor& dx,
+                     kernels::Tensor& dw, kernels::Tensor* db) const;
+
+  Config config_;
+};
+
+}  // namespace meshproof::engine

@@ -1,0 +1,41 @@
+#include "engine/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/adamw.h"
+
+namespace meshproof::engine {
+
+double learning_rate(const TrainingConfig& t, int64_t step) {
+  if (t.schedule == LrSchedule::kConstant) return t.lr;
+  if (step < t.warmup_steps) {
+    return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
+  }
+  const double span = static_cast<double>(std::max<int64_t>(1, t.steps - t.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - t.warmup_steps) / span);
+  return t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0.0) return 1.0;
+  return std::min(1.0, max_norm / (norm + 1e-6));
+}
+
+AdamW::AdamW(const ModelConfig& model, const TrainingConfig& training)
+    : specs_(param_specs(model)),
+      training_(training),
+      exp_avg_(zeros_like_params(model)),
+      exp_avg_sq_(zeros_like_params(model)) {}
+
+void AdamW::step(TensorMap& params, const TensorMap& grads, double lr) {
+  ++step_;
+  for (const ParamSpec& s : specs_) {
+    kernels::AdamWHyper hp{lr, training_.beta1, training_.beta2, training_.adam_eps,
+                           s.weight_decay() ? training_.weight_decay : 0.0};
+    kernels::adamw_step(params.at(s.name), grads.at(s.name), exp_avg_.at(s.name),
+                        exp_avg_sq_.at(s.name), step_, hp);
+  }
+}
+
+}  // namespace meshproof::engine

@@ -1,0 +1,112 @@
+#include "engine/recipe.h"
+
+#include "kernels/error.h"
+
+namespace meshproof::engine {
+
+using kernels::DType;
+using kernels::QuantizedTensor;
+using kernels::Tensor;
+
+namespace {
+
+std::string_view role_name(Fp8Role r) {
+  switch (r) {
+    case Fp8Role::kInput:
+      return "input";
+    case Fp8Role::kWeight:
+      return "weight";
+    case Fp8Role::kGradOutput:
+      return "grad_output";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Fp8Recipe::Fp8Recipe(const RecipeConfig& config, AmaxHook reduce_amax)
+    : config_(config),
+      reduce_amax_(std::move(reduce_amax)),
+      enabled_(config.kind != RecipeKind::kFp32 && config.kind != RecipeKind::kBf16) {}
+
+DType Fp8Recipe::format(Fp8Role role) const {
+  const bool hybrid = config_.kind == RecipeKind::kDelayed || config_.kind == RecipeKind::kCurrent;
+  return hybrid && role == Fp8Role::kGradOutput ? DType::kE5M2 : DType::kE4M3;
+}
+
+kernels::GemmOptions Fp8Recipe::options(kernels::GemmRole role, bool accumulate) const {
+  const bool per_tensor =
+      config_.kind == RecipeKind::kDelayed || config_.kind == RecipeKind::kCurrent;
+  return {.accumulate = accumulate,
+          .fast_accumulation = per_tensor && role == kernels::GemmRole::kFprop};
+}
+
+QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, const Tensor& x,
+                                    kernels::Usage usage) {
+  MP_CHECK(enabled_, "Fp8Recipe::quantize called for recipe {}", recipe_name(config_.kind));
+  const DType fmt = format(role);
+  const std::string key = fmt::format("{}/{}", linear, role_name(role));
+  switch (config_.kind) {
+    case RecipeKind::kCurrent: {
+      // amax -> MAX-reduce over the amax group -> scale, as three separate steps.
+      Tensor amax = kernels::compute_amax(x);
+      reduce_amax_(amax.data<float>(), 1);
+      const Tensor scale = kernels::compute_current_scale(amax, fmt, 0.0f, config_.power_2_scale);
+      return kernels::quantize_per_tensor(x, scale, fmt, usage,
+                                          kernels::ScalingMode::kCurrentTensor, amax);
+    }
+    case RecipeKind::kDelayed: {
+      auto it = states_.find(key);
+      if (it == states_.end()) {
+        it = states_
+                 .emplace(key,
+                          kernels::make_delayed_scaling_state(config_.amax_history_len, x.device()))
+                 .first;
+      }
+      Tensor amax = kernels::compute_amax(x);
+      if (recompute_ && role != Fp8Role::kGradOutput) {
+        const auto used = forward_scales_.find(key);
+        MP_CHECK(used != forward_scales_.end(), "recompute of {} before its forward", key);
+        return kernels::quantize_per_tensor(x, used->second, fmt, usage,
+                                            kernels::ScalingMode::kDelayedTensor, amax);
+      }
+      kernels::record_amax(it->second, amax);
+      if (role != Fp8Role::kGradOutput) forward_scales_[key] = it->second.scale.clone();
+      return kernels::quantize_per_tensor(x, it->second.scale, fmt, usage,
+                                          kernels::ScalingMode::kDelayedTensor, amax);
+    }
+    case RecipeKind::kMxfp8:
+      return kernels::quantize_mxfp8(x, fmt, usage);
+    case RecipeKind::kBlock:
+      return kernels::quantize_block(x,
+                                     role == Fp8Role::kWeight ? kernels::ScalingMode::kBlock128x128
+                                                              : kernels::ScalingMode::kBlock1x128,
+                                     fmt, usage);
+    case RecipeKind::kFp32:
+    case RecipeKind::kBf16:
+      break;
+  }
+  MP_FAIL("Fp8Recipe: unreachable recipe {}", recipe_name(config_.kind));
+}
+
+void Fp8Recipe::update(bool forward_roles) {
+  if (config_.kind != RecipeKind::kDelayed) return;
+  const auto algo =
+      config_.amax_compute_algo == "max" ? kernels::AmaxAlgo::kMax : kernels::AmaxAlgo::kMostRecent;
+  const std::string grad_suffix = "/grad_output";
+  for (auto& [key, state] : states_) {
+    const bool is_grad =
+        key.size() > grad_suffix.size() &&
+        key.compare(key.size() - grad_suffix.size(), grad_suffix.size(), grad_suffix) == 0;
+    if (is_grad == forward_roles) continue;
+    // The current slot is history[0]: MAX-reduce it over the amax group, then update.
+    reduce_amax_(state.amax_history.data<float>(), 1);
+    kernels::update_delayed_scaling(state, algo, static_cast<int>(config_.margin),
+                                    kernels::fp8_max(is_grad ? DType::kE5M2 : DType::kE4M3));
+  }
+}
+
+void Fp8Recipe::end_forward() { update(true); }
+void Fp8Recipe::end_backward() { update(false); }
+
+}  // namespace meshproof::engine

@@ -1,0 +1,58 @@
+// Quantization recipes applied to the GEMMs of the four linear layers (qkv, proj, fc1 [gate/up],
+// fc2), DESIGN.md section 4. For each linear "layers.{i}.<linear>" three tensors are quantized:
+//   input X and weight W in the forward (rowwise for fprop, columnwise kept for wgrad/dgrad),
+//   output gradient dY in the backward (rowwise for dgrad, columnwise for wgrad).
+// Formats: delayed/current HYBRID (X, W e4m3; dY e5m2); mxfp8 and block e4m3 everywhere.
+// Fast accumulation: fprop on, dgrad/wgrad off (delayed, current); off everywhere otherwise.
+//
+// Every amax reduction goes through the `reduce_amax` hook (identity on one rank; the sharded
+// executor MAX-reduces over the amax group). Delayed scaling updates the input/weight states after
+// each forward pass and the gradient states after each backward pass. During activation recompute
+// the forward tensors are re-quantized with the scales the forward pass used and record nothing,
+// so recompute reproduces the forward's bytes.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "engine/config.h"
+#include "kernels/gemm.h"
+#include "kernels/quantize.h"
+
+namespace meshproof::engine {
+
+enum class Fp8Role : uint8_t { kInput, kWeight, kGradOutput };
+
+class Fp8Recipe {
+ public:
+  using AmaxHook = std::function<void(float* amax, int64_t n)>;
+  Fp8Recipe(const RecipeConfig& config, AmaxHook reduce_amax);
+
+  // True for delayed, current, mxfp8 and block; false for fp32/bf16 (GEMMs unquantized).
+  bool enabled() const { return enabled_; }
+  // Quantizes `x` (float32/bf16) for linear `linear` (e.g. "layers.0.attn.qkv") in `role`.
+  kernels::QuantizedTensor quantize(const std::string& linear, Fp8Role role,
+                                    const kernels::Tensor& x, kernels::Usage usage);
+  kernels::GemmOptions options(kernels::GemmRole role, bool accumulate = false) const;
+  kernels::DType format(Fp8Role role) const;
+
+  void end_forward();   // delayed: reduce + update input/weight states
+  void end_backward();  // delayed: reduce + update gradient states
+  void set_recompute(bool on) { recompute_ = on; }
+
+  // Delayed-scaling state per "<linear>/<input|weight|grad_output>" (checkpoint state).
+  std::map<std::string, kernels::DelayedScalingState>& delayed_states() { return states_; }
+
+ private:
+  void update(bool forward_roles);
+
+  RecipeConfig config_;
+  AmaxHook reduce_amax_;
+  bool enabled_ = false;
+  bool recompute_ = false;
+  std::map<std::string, kernels::DelayedScalingState> states_;
+  std::map<std::string, kernels::Tensor> forward_scales_;  // scale each forward tensor used
+};
+
+}  // namespace meshproof::engine

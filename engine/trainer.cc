@@ -1,0 +1,74 @@
+#include "engine/trainer.h"
+
+#include <cmath>
+
+#include "kernels/adamw.h"
+#include "kernels/cast.h"
+#include "kernels/elementwise.h"
+
+namespace meshproof::engine {
+
+namespace {
+const Config& validated(const Config& c) {
+  validate(c);
+  return c;
+}
+}  // namespace
+
+Trainer::Trainer(const Config& config, CommHooks hooks)
+    : config_(validated(config)),
+      hooks_(std::move(hooks)),
+      model_(config_),
+      data_(config_.model.vocab, config_.data, config_.seed, config_.training.batch,
+            config_.training.seq_len),
+      params_(init_params(config_.model, config_.seed)),
+      grads_(zeros_like_params(config_.model)),
+      optimizer_(config_.model, config_.training),
+      recipe_(config_.recipe, hooks_.reduce_amax) {}
+
+StepMetrics Trainer::step(
+    const std::function<void(int64_t step, const TensorMap& grads)>& on_grads) {
+  const TrainingConfig& t = config_.training;
+  StepMetrics metrics;
+  metrics.step = step_;
+
+  // Compute weights: the fp32 masters themselves for the fp32 recipe, bf16 copies (RNE) otherwise.
+  TensorMap bf16_weights;
+  const TensorMap* weights = &params_;
+  if (config_.recipe.kind != RecipeKind::kFp32) {
+    for (const std::string& n : params_.names())
+      bf16_weights.insert(n, kernels::cast_to(params_.at(n), kernels::DType::kBFloat16));
+    weights = &bf16_weights;
+  }
+
+  // Forward/backward over micro-batches; gradients of the mean loss accumulate in fp32.
+  grads_.zero_all();
+  const int64_t micro_rows = t.batch / t.micro_batches;
+  const double positions = static_cast<double>(t.batch * t.seq_len);
+  double loss_sum = 0;
+  for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
+    const int64_t row0 = mb * micro_rows;
+    const kernels::Tensor tokens = data_.rows(step_, row0, row0 + micro_rows);
+    loss_sum +=
+        model_.forward_backward(*weights, tokens, {step_, row0}, 1.0 / positions, grads_, &recipe_);
+  }
+  hooks_.reduce_grads(grads_);
+  metrics.loss = hooks_.sum_scalar(loss_sum) / positions;
+
+  // Global norm in double, summed over parameters in canonical order.
+  double sq = 0;
+  for (const std::string& n : grads_.names()) sq += kernels::sum_of_squares(grads_.at(n));
+  metrics.grad_norm = std::sqrt(hooks_.sum_scalar(sq));
+  if (on_grads) on_grads(step_, grads_);
+
+  const double coef = clip_coefficient(metrics.grad_norm, t.max_grad_norm);
+  if (coef < 1.0) {
+    for (const std::string& n : grads_.names()) kernels::scale_(grads_.at(n), coef);
+  }
+  metrics.lr = learning_rate(t, step_);
+  optimizer_.step(params_, grads_, metrics.lr);
+  ++step_;
+  return metrics;
+}
+
+}  // namespace meshproof::engine

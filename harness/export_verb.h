@@ -1,0 +1,32 @@
+// `meshproof export --out trace.h5 [model/training flags]`: trains the configured model on one
+// rank and writes a trace that independent references (tests/reference/model_reference.py) can
+// replay:
+//   /config         attributes: every setting (strings) plus entropy_rate (float64)
+//   /init/<param>   float32 global tensors before training
+//   /data/tokens    int32 [steps, global_batch, seq_len + 1]
+//   /metrics/loss, /metrics/grad_norm, /metrics/lr   float64 [steps]
+//   /grads0/<param> float32 step-0 gradients (reduced, before clipping)
+//   /final/<param>  float32 parameters after the last step
+// The file is written as <out>.partial and renamed when complete, so a failure leaves no trace
+// file behind.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <ostream>
+#include <string>
+
+#include "engine/config.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace meshproof::harness {
+
+// Validates `config`, trains config.training.steps steps and writes the trace atomically.
+void export_trace(const engine::Config& config, const std::string& out_path, std::ostream& log);
+
+// Registers the `export` verb.
+void add_export_command(CLI::App& app, std::ostream& out, int& exit_code);
+
+}  // namespace meshproof::harness

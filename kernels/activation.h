@@ -1,0 +1,21 @@
+// MLP activations (DESIGN.md section 3), elementwise over same-shape tensors.
+//   GELU (tanh approximation): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//   ReLU: y = max(x, 0) (gradient 0 at x = 0)
+//   SwiGLU: y = silu(gate) * up, silu(g) = g * sigmoid(g); gate/up are the logical fc1_gate and
+//   fc1_up outputs [M, F].
+// Backward ops write (not accumulate) the input gradients.
+#pragma once
+
+#include "kernels/tensor.h"
+
+namespace meshproof::kernels {
+
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+void relu_forward(const Tensor& x, Tensor& y);
+void relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y);
+void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                     Tensor& dup);
+
+}  // namespace meshproof::kernels

@@ -1,0 +1,57 @@
+#include "kernels/adamw.h"
+
+#include <cmath>
+
+#include "kernels/op_util.h"
+
+namespace meshproof::kernels {
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                int64_t step, const AdamWHyper& hp) {
+  constexpr std::string_view op = "adamw_step";
+  detail::check_operand(param, op, "param");
+  MP_CHECK(param.dtype() == DType::kFloat32, "{}: master weights must be float32, got {}", op,
+           param.describe());
+  const int64_t n = param.numel().value;
+  for (const Tensor* t :
+       {&grad, const_cast<const Tensor*>(&exp_avg), const_cast<const Tensor*>(&exp_avg_sq)}) {
+    detail::check_operand(*t, op, "state", n);
+    detail::check_same_dtype(param, *t, op);
+  }
+  MP_CHECK(step >= 1, "{}: step must be >= 1, got {}", op, step);
+  // Scalars are formed in double (as Python floats in PyTorch) and enter the fp32 ops as float.
+  const float decay = static_cast<float>(1.0 - hp.lr * hp.weight_decay);
+  const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
+  const float one_minus_b1 = static_cast<float>(1.0 - hp.beta1);
+  const float one_minus_b2 = static_cast<float>(1.0 - hp.beta2);
+  const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(step));
+  const float step_size = static_cast<float>(hp.lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float eps = static_cast<float>(hp.eps);
+  float* p = param.data<float>();
+  const float* g = grad.data<float>();
+  float* m = exp_avg.data<float>();
+  float* v = exp_avg_sq.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (hp.weight_decay != 0.0) p[i] *= decay;
+    m[i] = m[i] * b1 + g[i] * one_minus_b1;
+    v[i] = v[i] * b2 + one_minus_b2 * (g[i] * g[i]);
+    const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    p[i] += -step_size * (m[i] / denom);
+  }
+}
+
+double sum_of_squares(const Tensor& t) {
+  detail::check_operand(t, "sum_of_squares", "t");
+  detail::check_float(t, "sum_of_squares", "t");
+  return detail::dispatch_float(t.dtype(), "sum_of_squares", [&](auto z) -> double {
+    using T = decltype(z);
+    const T* p = t.data<T>();
+    double acc = 0;
+    for (int64_t i = 0; i < t.numel().value; ++i) acc += static_cast<double>(p[i]) * p[i];
+    return acc;
+  });
+}
+
+}  // namespace meshproof::kernels

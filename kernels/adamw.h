@@ -1,0 +1,30 @@
+// AdamW with PyTorch semantics (torch.optim.AdamW, single-tensor path), DESIGN.md section 3:
+//   p *= 1 - lr*wd                         (decoupled decay; callers pass wd = 0 for ndim < 2)
+//   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
+//   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// param, grad, exp_avg, exp_avg_sq: float32 tensors of equal size (the local shard); step t >= 1.
+// Elementwise in float32 in PyTorch's operation order, so a sharded update equals the unsharded
+// one bit for bit.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace meshproof::kernels {
+
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                int64_t step, const AdamWHyper& hyper);
+
+// Sum of squares of a float32/float64 tensor, accumulated in double in index order.
+double sum_of_squares(const Tensor& t);
+
+}  // namespace meshproof::kernels

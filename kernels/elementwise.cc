@@ -1,0 +1,109 @@
+#include "kernels/elementwise.h"
+
+#include <vector>
+
+#include "kernels/op_util.h"
+#include "kernels/philox.h"
+
+namespace meshproof::kernels {
+
+void add_bias_(Tensor& y, const Tensor& bias) {
+  constexpr std::string_view op = "add_bias_";
+  detail::check_operand(y, op, "y");
+  detail::check_float(y, op, "y");
+  const int64_t n = y.shape().last(), m = y.shape().leading();
+  detail::check_operand(bias, op, "bias", n);
+  detail::check_same_dtype(y, bias, op);
+  detail::dispatch_float(y.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    T* yp = y.data<T>();
+    const T* b = bias.data<T>();
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) yp[r * n + c] += b[c];
+  });
+}
+
+void bias_grad(const Tensor& dy, Tensor& dbias) {
+  constexpr std::string_view op = "bias_grad";
+  detail::check_operand(dy, op, "dy");
+  detail::check_float(dy, op, "dy");
+  const int64_t n = dy.shape().last(), m = dy.shape().leading();
+  detail::check_grad(dbias, op, "dbias", n);
+  detail::dispatch_float(dy.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    detail::dispatch_grad(dbias.dtype(), op, [&](auto g) {
+      using G = decltype(g);
+      const T* d = dy.data<T>();
+      G* db = dbias.data<G>();
+      std::vector<double> acc(n, 0.0);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c) acc[c] += d[r * n + c];
+      for (int64_t c = 0; c < n; ++c) db[c] = static_cast<G>(db[c] + acc[c]);
+    });
+  });
+}
+
+void add_(Tensor& x, const Tensor& y) {
+  constexpr std::string_view op = "add_";
+  detail::check_operand(x, op, "x");
+  detail::check_float(x, op, "x");
+  detail::check_operand(y, op, "y", x.numel().value);
+  detail::check_same_dtype(x, y, op);
+  detail::dispatch_float(x.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    T* xp = x.data<T>();
+    const T* yp = y.data<T>();
+    for (int64_t i = 0; i < x.numel().value; ++i) xp[i] += yp[i];
+  });
+}
+
+void scale_(Tensor& x, double alpha) {
+  constexpr std::string_view op = "scale_";
+  detail::check_operand(x, op, "x");
+  detail::check_float(x, op, "x");
+  detail::dispatch_float(x.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    T* xp = x.data<T>();
+    for (int64_t i = 0; i < x.numel().value; ++i) xp[i] = static_cast<T>(xp[i] * alpha);
+  });
+}
+
+namespace {
+
+// Shared by forward and backward: out = in * mask / (1 - p).
+void apply_dropout(std::string_view op, const Tensor& in, double p, const DropoutKey& key,
+                   Tensor& out) {
+  detail::check_operand(in, op, "input");
+  detail::check_float(in, op, "input");
+  detail::check_operand(out, op, "output", in.numel().value);
+  detail::check_same_dtype(in, out, op);
+  MP_CHECK(p >= 0.0 && p < 1.0, "{}: dropout probability {} outside [0, 1)", op, p);
+  detail::dispatch_float(in.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    const T* ip = in.data<T>();
+    T* op_ = out.data<T>();
+    const int64_t n = in.numel().value;
+    if (p == 0.0) {
+      for (int64_t i = 0; i < n; ++i) op_[i] = ip[i];
+      return;
+    }
+    const double keep_scale = 1.0 / (1.0 - p);
+    for (int64_t i = 0; i < n; ++i) {
+      const bool keep =
+          philox_uniform(key.seed, key.stream, key.first_index + static_cast<uint64_t>(i)) >= p;
+      op_[i] = keep ? static_cast<T>(ip[i] * keep_scale) : T(0);
+    }
+  });
+}
+
+}  // namespace
+
+void dropout_forward(const Tensor& x, double p, const DropoutKey& key, Tensor& y) {
+  apply_dropout("dropout_forward", x, p, key, y);
+}
+
+void dropout_backward(const Tensor& dy, double p, const DropoutKey& key, Tensor& dx) {
+  apply_dropout("dropout_backward", dy, p, key, dx);
+}
+
+}  // namespace meshproof::kernels

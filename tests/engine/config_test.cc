@@ -1,0 +1,140 @@
+#include "engine/config.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/data.h"
+#include "engine/params.h"
+#include "engine/trainer.h"
+#include "kernels/error.h"
+
+namespace meshproof::engine {
+namespace {
+
+// Expects validate() to throw a kInput error whose message contains `needle`.
+void expect_input_error(const Config& c, const std::string& needle) {
+  try {
+    validate(c);
+    FAIL() << "expected an input error mentioning '" << needle << "'";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+  }
+}
+
+TEST(Config, DefaultsAreValid) { EXPECT_NO_THROW(validate(Config{})); }
+
+TEST(Config, BadValuesNameTheField) {
+  Config c;
+  c.model.heads = 3;
+  expect_input_error(c, "model.heads = 3 does not divide model.hidden = 32");
+  c = Config{};
+  c.training.seq_len = 17;
+  expect_input_error(c, "training.seq_len = 17 exceeds model.max_positions = 16");
+  c = Config{};
+  c.training.micro_batches = 3;
+  expect_input_error(c, "training.micro_batches");
+  c = Config{};
+  c.model.dropout = 1.0;
+  expect_input_error(c, "model.dropout");
+  c = Config{};
+  c.model.ffn = 100;
+  c.recipe.kind = RecipeKind::kMxfp8;
+  expect_input_error(c, "recipe = mxfp8 needs model.ffn % 32 == 0, got 100");
+  c.recipe.kind = RecipeKind::kBf16;
+  EXPECT_NO_THROW(validate(c));
+  c = Config{};
+  c.recipe.amax_compute_algo = "mean";
+  expect_input_error(c, "recipe.amax_compute_algo");
+  c = Config{};
+  c.data.markov_order = 5;
+  expect_input_error(c, "data.markov_order");
+  c = Config{};
+  c.training.lr = -1;
+  expect_input_error(c, "training.lr");
+  EXPECT_THROW(parse_activation("silu", "model.activation"), kernels::Error);
+}
+
+TEST(Config, TrainerRejectsBadConfigBeforeWork) {
+  Config c;
+  c.model.heads = 5;
+  EXPECT_THROW(Trainer{c}, kernels::Error);
+}
+
+TEST(Init, ShardsEqualRowsOfTheWholeTensor) {
+  ModelConfig m;
+  for (const ParamSpec& s : param_specs(m)) {
+    const kernels::Tensor whole = init_param_rows(s, 99, 0, s.shape[0]);
+    const int64_t mid = s.shape[0] / 3, end = 2 * s.shape[0] / 3 + 1;
+    const kernels::Tensor part = init_param_rows(s, 99, mid, end);
+    const auto w = whole.slice_rows(mid, end).to_vector<float>();
+    EXPECT_EQ(part.to_vector<float>(), w) << s.name;
+  }
+}
+
+TEST(Init, FollowsTheDesignTable) {
+  ModelConfig m;
+  m.layers = 4;
+  const TensorMap p = init_params(m, 5);
+  auto stddev = [](const kernels::Tensor& t) {
+    double sq = 0;
+    for (float v : t.to_vector<float>()) sq += double(v) * v;
+    return std::sqrt(sq / static_cast<double>(t.numel().value));
+  };
+  // 0.02 and 0.02/sqrt(2L) = 0.00707 within sampling error (thousands of samples: < 5%).
+  EXPECT_NEAR(stddev(p.at("layers.0.attn.qkv.weight")), 0.02, 0.001);
+  EXPECT_NEAR(stddev(p.at("layers.3.mlp.fc2.weight")), 0.02 / std::sqrt(8.0), 0.00035);
+  EXPECT_EQ(p.at("layers.1.ln2.weight").to_vector<float>(), std::vector<float>(32, 1.0f));
+  EXPECT_EQ(p.at("final_ln.bias").to_vector<float>(), std::vector<float>(32, 0.0f));
+  EXPECT_TRUE(p.contains("lm_head.weight"));
+  m.tied_embeddings = true;
+  m.activation = Activation::kSwiGlu;
+  m.norm = NormKind::kRmsNorm;
+  const TensorMap q = init_params(m, 5);
+  EXPECT_FALSE(q.contains("lm_head.weight"));
+  EXPECT_FALSE(q.contains("layers.0.ln1.bias"));
+  EXPECT_EQ(q.at("layers.0.mlp.fc1_up.weight").shape(), (kernels::Shape{128, 32}));
+}
+
+TEST(Data, RowsAreGlobalAndDeterministic) {
+  DataConfig d;
+  d.markov_order = 2;
+  MarkovSource src(16, d, 3, 8, 10);
+  const kernels::Tensor all = src.batch(4);
+  const kernels::Tensor part = src.rows(4, 2, 6);  // data-parallel rank 1 of 2... of 4
+  EXPECT_EQ(part.to_vector<int32_t>(), all.slice_rows(2, 6).to_vector<int32_t>());
+  EXPECT_NE(src.batch(5).to_vector<int32_t>(), all.to_vector<int32_t>());
+  // Data-parallel rank 2 of 4 takes rows [4, 6).
+  EXPECT_EQ(src.rank_rows(4, 2, 4).to_vector<int32_t>(), all.slice_rows(4, 6).to_vector<int32_t>());
+  EXPECT_THROW(src.rank_rows(4, 0, 3), kernels::Error);
+  for (int32_t t : all.to_vector<int32_t>()) ASSERT_TRUE(t >= 0 && t < 16);
+}
+
+TEST(Data, EmpiricalConditionalEntropyMatchesTheFloor) {
+  // Order 1 over V = 8: estimate H(next | previous) from counts over many tokens.
+  DataConfig d;
+  d.decay = 0.6;
+  const int64_t v = 8, b = 64, s = 64;
+  MarkovSource src(v, d, 11, b, s);
+  std::vector<double> counts(v * v, 0.0);
+  for (int64_t step = 0; step < 8; ++step) {
+    const auto t = src.batch(step).to_vector<int32_t>();
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t j = 0; j < s; ++j) counts[t[r * (s + 1) + j] * v + t[r * (s + 1) + j + 1]] += 1;
+  }
+  double h = 0, total = 0;
+  for (int64_t c = 0; c < v; ++c) {
+    double row = 0;
+    for (int64_t n = 0; n < v; ++n) row += counts[c * v + n];
+    for (int64_t n = 0; n < v; ++n)
+      if (counts[c * v + n] > 0) h -= counts[c * v + n] * std::log(counts[c * v + n] / row);
+    total += row;
+  }
+  // 32768 transitions: the plug-in estimate is biased low by ~(V-1)V/(2N) = 0.001 and has
+  // standard error ~0.005; 0.02 is 4 standard errors.
+  EXPECT_NEAR(h / total, src.entropy_rate(), 0.02);
+  MarkovSource uniform(8, DataConfig{1, 1.0}, 1, 1, 4);
+  EXPECT_NEAR(uniform.entropy_rate(), std::log(8.0), 1e-12);
+}
+
+}  // namespace
+}  // namespace meshproof::engine
