@@ -1,0 +1,50 @@
+// The harness's one door into the engine: maps a harness::Scenario onto the engine's run options
+// (scenario -> engine::Config, fault names -> engine::FaultInjection) and trains it, reporting each
+// step. Everything engine-specific the runner and the checks need goes through here, so that the
+// runner does not care whether the single-rank Trainer or the sharded session executes the run.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/faults.h"
+#include "engine/params.h"
+#include "harness/scenario.h"
+#include "reports/run_record.h"
+
+namespace meshproof::harness {
+
+// scenario -> engine::Config. Throws kInput (naming the scenario key) for settings the engine
+// does not support, and runs engine::validate().
+engine::Config to_engine_config(const Scenario& s);
+
+// The scenario's faults as an engine::FaultInjection. Scenario `from_step` is 1-based (the first
+// optimizer step at which the fault is active); the engine counts steps from 0.
+engine::FaultInjection to_fault_injection(const std::vector<FaultSpec>& faults);
+
+// Whether this build can execute the scenario's mesh/launcher; on false `why` says what is
+// missing (the runner reports the scenario as an error with that reason).
+bool can_execute(const Scenario& s, std::string* why);
+
+struct TrainRequest {
+  engine::FaultInjection faults;
+  int64_t steps = -1;  // -1: s.train.steps
+  // Called after each step with the step's metrics (1-based step) and the steps planned.
+  std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
+};
+
+struct TrainOutcome {
+  std::vector<reports::StepMetrics> steps;  // 1-based, in order
+  engine::TensorMap final_params;           // global (unsharded) fp32 parameters after training
+  std::vector<reports::RankMemory> memory;  // per rank
+  std::vector<reports::CollectiveStats> collectives;
+  std::vector<std::string> notes;  // engine fallbacks and limitations the user must know
+  std::string device;              // "cpu" or "cuda:0"
+};
+
+TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);
+
+}  // namespace meshproof::harness
