@@ -6,6 +6,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/cast.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -97,11 +98,31 @@ struct GptModel::Linear {
   };
   std::map<std::string, Saved>* saved = nullptr;
 
+  TpContext tp;  // row-parallel outputs and column-parallel input gradients are reduced over it
+
   bool quantized() const { return recipe != nullptr && recipe->enabled(); }
 
   // y = x·wᵀ + b
   void forward(const std::string& name, const Tensor& x, const Tensor& w, const Tensor& b,
-               Tensor& y) {
+               Tensor& y, bool row_parallel = false) {
+    gemm_forward(name, x, w, y);
+    if (row_parallel) tp_sum(y);  // partial sums over the K shards; bias once, after
+    kernels::add_bias_(y, b);
+  }
+
+  // Sums `t` over the tp group in place (fp32 reduction; bf16 tensors travel as fp32).
+  void tp_sum(Tensor& t) const {
+    if (!tp.active()) return;
+    if (t.dtype() == DType::kFloat32) {
+      tp.comm->all_reduce(t, mesh::ReduceOp::kSum);
+      return;
+    }
+    Tensor f = kernels::cast_to(t, DType::kFloat32);
+    tp.comm->all_reduce(f, mesh::ReduceOp::kSum);
+    t.copy_from(kernels::cast_to(f, t.dtype()));
+  }
+
+  void gemm_forward(const std::string& name, const Tensor& x, const Tensor& w, Tensor& y) {
     if (!quantized()) {
       kernels::gemm_fprop(&x, &w, y);
     } else {
@@ -111,12 +132,18 @@ struct GptModel::Linear {
       kernels::gemm_fprop(&s.x, &s.w, y, recipe->options(kernels::GemmRole::kFprop));
       if (backward) (*saved)[name] = std::move(s);
     }
-    kernels::add_bias_(y, b);
   }
 
   // dW += dyᵀ·x, db += colsum(dy), dx = dy·W
+  // column_parallel: dx is a partial sum over the tp shards of W's rows; all-reduce it.
   void backward_pass(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     Tensor& dw, Tensor& db, Tensor& dx) {
+                     Tensor& dw, Tensor& db, Tensor& dx, bool column_parallel = false) {
+    backward_gemms(name, dy, x, w, dw, db, dx);
+    if (column_parallel) tp_sum(dx);
+  }
+
+  void backward_gemms(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
+                      Tensor& dw, Tensor& db, Tensor& dx) {
     kernels::bias_grad(dy, db);
     if (!quantized()) {
       kernels::gemm_wgrad(&dy, &x, dw, {.accumulate = true});
@@ -198,9 +225,13 @@ void GptModel::norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
 void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords,
                              int64_t batch, Linear& linear, LayerActs& a) const {
   const ModelConfig& m = config_.model;
-  const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden, f = m.ffn;
+  const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden;
   const DType dt = a.x_in.dtype();
-  const kernels::AttentionShape attn{batch, seq, m.heads, h / m.heads};
+  // This rank's share of the heads and of F (everything under tensor parallelism; TP-local
+  // weights hold whole heads: QKV rows are interleaved per head).
+  const int64_t d = h / m.heads, heads = w.qkv_w->shape()[0] / (3 * d), hl = heads * d;
+  const int64_t f = w.fc1_w->shape()[0];
+  const kernels::AttentionShape attn{batch, seq, heads, d};
   const std::string p = fmt::format("layers.{}.", layer);
 
   // Attention block.
@@ -208,13 +239,13 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   a.ln1_mean = new_tensor({rows}, dt);
   a.ln1_rstd = new_tensor({rows}, dt);
   norm_forward(a.x_in, *w.ln1_w, w.ln1_b, a.ln1_out, a.ln1_mean, a.ln1_rstd);
-  a.qkv = new_tensor({rows, 3 * h}, dt);
+  a.qkv = new_tensor({rows, 3 * hl}, dt);
   linear.forward(p + "attn.qkv", a.ln1_out, *w.qkv_w, *w.qkv_b, a.qkv);
-  a.attn_out = new_tensor({rows, h}, dt);
-  a.probs = new_tensor({batch, m.heads, seq, seq}, dt);
+  a.attn_out = new_tensor({rows, hl}, dt);
+  a.probs = new_tensor({batch, heads, seq, seq}, dt);
   kernels::attention_forward(a.qkv, attn, a.attn_out, a.probs);
   Tensor proj_out = new_tensor({rows, h}, dt);
-  linear.forward(p + "attn.proj", a.attn_out, *w.proj_w, *w.proj_b, proj_out);
+  linear.forward(p + "attn.proj", a.attn_out, *w.proj_w, *w.proj_b, proj_out, true);
   a.x_mid = new_tensor({rows, h}, dt);
   kernels::dropout_forward(proj_out, m.dropout,
                            dropout_key(config_.seed, coords, layer, "attn", seq, h), a.x_mid);
@@ -242,7 +273,7 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
       break;
   }
   Tensor fc2_out = new_tensor({rows, h}, dt);
-  linear.forward(p + "mlp.fc2", a.act_out, *w.fc2_w, *w.fc2_b, fc2_out);
+  linear.forward(p + "mlp.fc2", a.act_out, *w.fc2_w, *w.fc2_b, fc2_out, true);
   a.x_out = new_tensor({rows, h}, dt);
   kernels::dropout_forward(fc2_out, m.dropout,
                            dropout_key(config_.seed, coords, layer, "mlp", seq, h), a.x_out);
@@ -254,9 +285,11 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
                               const BatchCoords& coords, int64_t batch, Linear& linear,
                               const LayerActs& a, Tensor& dx) const {
   const ModelConfig& m = config_.model;
-  const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden, f = m.ffn;
+  const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden;
   const DType dt = a.x_in.dtype();
-  const kernels::AttentionShape attn{batch, seq, m.heads, h / m.heads};
+  const int64_t d = h / m.heads, heads = w.qkv_w->shape()[0] / (3 * d), hl = heads * d;
+  const int64_t f = w.fc1_w->shape()[0];
+  const kernels::AttentionShape attn{batch, seq, heads, d};
   const std::string p = fmt::format("layers.{}.", layer);
 
   // MLP block: dx is dL/dx_out = dL/dx_mid (residual path) + the MLP branch below.
@@ -270,18 +303,22 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   switch (m.activation) {
     case Activation::kGelu:
       kernels::gelu_backward(d_act, a.fc1_out, d_fc1);
-      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2);
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2,
+                           true);
       break;
     case Activation::kRelu:
       kernels::relu_backward(d_act, a.fc1_out, d_fc1);
-      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2);
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2,
+                           true);
       break;
     case Activation::kSwiGlu: {
       Tensor d_up = new_tensor({rows, f}, dt);
       kernels::swiglu_backward(d_act, a.fc1_out, a.up_out, d_fc1, d_up);
-      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2);
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2,
+                           true);
       Tensor d_ln2_up = new_tensor({rows, h}, dt);
-      linear.backward_pass(p + "mlp.fc1_up", d_up, a.ln2_out, *w.up_w, *g.up_w, *g.up_b, d_ln2_up);
+      linear.backward_pass(p + "mlp.fc1_up", d_up, a.ln2_out, *w.up_w, *g.up_w, *g.up_b, d_ln2_up,
+                           true);
       kernels::add_(d_ln2, d_ln2_up);
       break;
     }
@@ -294,19 +331,20 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   Tensor d_proj = new_tensor({rows, h}, dt);
   kernels::dropout_backward(d_mid, m.dropout,
                             dropout_key(config_.seed, coords, layer, "attn", seq, h), d_proj);
-  Tensor d_attn = new_tensor({rows, h}, dt);
+  Tensor d_attn = new_tensor({rows, hl}, dt);
   linear.backward_pass(p + "attn.proj", d_proj, a.attn_out, *w.proj_w, *g.proj_w, *g.proj_b,
                        d_attn);
-  Tensor d_qkv = new_tensor({rows, 3 * h}, dt);
+  Tensor d_qkv = new_tensor({rows, 3 * hl}, dt);
   kernels::attention_backward(d_attn, a.qkv, a.probs, attn, d_qkv);
   Tensor d_ln1 = new_tensor({rows, h}, dt);
-  linear.backward_pass(p + "attn.qkv", d_qkv, a.ln1_out, *w.qkv_w, *g.qkv_w, *g.qkv_b, d_ln1);
+  linear.backward_pass(p + "attn.qkv", d_qkv, a.ln1_out, *w.qkv_w, *g.qkv_w, *g.qkv_b, d_ln1, true);
   norm_backward(d_ln1, a.x_in, *w.ln1_w, a.ln1_mean, a.ln1_rstd, dx, *g.ln1_w, g.ln1_b);
   kernels::add_(dx, d_mid);  // residual
 }
 
 double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords& coords,
-                     double grad_scale, TensorMap* grads, Fp8Recipe* recipe) const {
+                     double grad_scale, TensorMap* grads, Fp8Recipe* recipe,
+                     const TpContext& tp) const {
   const ModelConfig& m = config_.model;
   const int64_t seq = config_.training.seq_len;
   MP_CHECK_INPUT(
@@ -335,7 +373,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   std::map<std::string, Linear::Saved> saved;  // quantized GEMM operands for the backward
   // With recompute the forward keeps nothing for the backward (rowwise copies only); the
   // recomputed forward produces the columnwise copies.
-  Linear linear{recipe, grads != nullptr && !recompute, &saved};
+  Linear linear{recipe, grads != nullptr && !recompute, &saved, tp};
   std::vector<LayerActs> acts(static_cast<size_t>(m.layers));
   for (int64_t i = 0; i < m.layers; ++i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
@@ -395,13 +433,13 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
 
 double GptModel::forward_backward(const TensorMap& weights, const Tensor& tokens,
                                   const BatchCoords& coords, double grad_scale, TensorMap& grads,
-                                  Fp8Recipe* recipe) const {
-  return run(weights, tokens, coords, grad_scale, &grads, recipe);
+                                  Fp8Recipe* recipe, const TpContext& tp) const {
+  return run(weights, tokens, coords, grad_scale, &grads, recipe, tp);
 }
 
 double GptModel::forward_loss(const TensorMap& weights, const Tensor& tokens,
                               const BatchCoords& coords, Fp8Recipe* recipe) const {
-  return run(weights, tokens, coords, 0.0, nullptr, recipe);
+  return run(weights, tokens, coords, 0.0, nullptr, recipe, TpContext{});
 }
 
 }  // namespace meshproof::engine

@@ -18,8 +18,19 @@
 #include "engine/params.h"
 #include "engine/recipe.h"
 #include "kernels/tensor.h"
+#include "mesh/communicator.h"
 
 namespace meshproof::engine {
+
+// Tensor parallelism seen from the layer code (DESIGN.md section 5). With a tp communicator the
+// weights handed in are this rank's TP shards: qkv and fc1 (gate/up) rows [Shard(0)] holding
+// whole heads / a slice of F, proj and fc2 columns [Shard(1)]; norms, embeddings, lm_head and the
+// proj/fc2 biases whole. The row-parallel outputs are all-reduced (sum) over tp before their bias
+// is added; the column-parallel input gradients are all-reduced after their dgrad GEMMs.
+struct TpContext {
+  mesh::Communicator* comm = nullptr;  // tp group; nullptr or size 1: no tensor parallelism
+  bool active() const { return comm != nullptr && comm->size() > 1; }
+};
 
 // Identifies a micro-batch inside the global batch: dropout masks are keyed by the global
 // coordinates (step, global row, position, feature), so they do not depend on micro-batching or
@@ -42,7 +53,7 @@ class GptModel {
   // forward and the backward pass end (delayed-scaling updates).
   double forward_backward(const TensorMap& weights, const kernels::Tensor& tokens,
                           const BatchCoords& coords, double grad_scale, TensorMap& grads,
-                          Fp8Recipe* recipe = nullptr) const;
+                          Fp8Recipe* recipe = nullptr, const TpContext& tp = {}) const;
 
   // Forward only: the sum of per-position losses.
   double forward_loss(const TensorMap& weights, const kernels::Tensor& tokens,
@@ -57,7 +68,7 @@ class GptModel {
 
   struct Linear;
   double run(const TensorMap& weights, const kernels::Tensor& tokens, const BatchCoords& coords,
-             double grad_scale, TensorMap* grads, Fp8Recipe* recipe) const;
+             double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp) const;
   LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
   LayerGrads layer_grads(TensorMap& g, int64_t i) const;
   void layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords, int64_t batch,

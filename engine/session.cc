@@ -1,0 +1,502 @@
+#include "engine/session.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include "engine/data.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "engine/params.h"
+#include "engine/recipe.h"
+#include "kernels/adamw.h"
+#include "kernels/cast.h"
+#include "kernels/elementwise.h"
+#include "kernels/error.h"
+#include "mesh/local_comm.h"
+#include "mesh/mpi_comm.h"
+
+namespace meshproof::engine {
+
+using kernels::DType;
+using kernels::Shape;
+using kernels::Tensor;
+using mesh::Box;
+using mesh::DimSet;
+using mesh::Layout;
+using mesh::MeshDim;
+using mesh::Placement;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+Tensor host_empty(const Shape& s, DType dt) { return Tensor::empty(s, dt, kernels::Device::cpu()); }
+Tensor host_zeros(const Shape& s, DType dt) { return Tensor::zeros(s, dt, kernels::Device::cpu()); }
+
+// Elements [begin, begin + n) of a dense tensor's flat storage, as a tensor of `shape`.
+Tensor flat_slice(const Tensor& t, int64_t begin, const Shape& shape) {
+  const int64_t n = shape.numel().value;
+  if (n == 0) return host_empty(shape, t.dtype());
+  return t.view({t.numel().value}).slice_rows(begin, begin + n).view(shape);
+}
+
+// The box of the tensor each rank computes with: the layout with every data-parallel placement
+// replaced by Replicate (what the all-gather over dp_shard reassembles).
+Box compute_box(const Layout& layout, int rank) {
+  std::vector<Placement> p = layout.placements();
+  p[static_cast<size_t>(MeshDim::kDpReplicate)] = Placement::replicate();
+  p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::replicate();
+  return Layout(layout.mesh(), layout.global_shape(), p).box(rank);
+}
+
+// The largest local element count over the members of `comm` (the padded chunk size).
+int64_t padded_numel(const mesh::Communicator& comm, const Layout& layout) {
+  int64_t n = 0;
+  for (int r : comm.ranks()) n = std::max(n, layout.box(r).numel().value);
+  return n;
+}
+
+// Reassembles `target` (a box of the global tensor covered by the members' boxes) from the
+// members' local tensors: each member's local tensor is padded with zeros to the largest member
+// size, the padded buffers are all-gathered, and only each member's real box is copied out, so
+// the padding never reaches the result.
+Tensor gather_box(mesh::Communicator& comm, const Layout& layout, const Tensor& local,
+                  const Box& target) {
+  const int64_t chunk = padded_numel(comm, layout);
+  Tensor out = host_empty(target.shape(), DType::kFloat32);
+  if (comm.size() == 1) {
+    mesh::copy_region(local, layout.box(comm.ranks()[0]), out, target, target);
+    return out;
+  }
+  Tensor send = host_zeros({std::max<int64_t>(chunk, 1)}, DType::kFloat32);
+  if (local.numel().value > 0) std::memcpy(send.raw_data(), local.raw_data(), local.nbytes().value);
+  Tensor recv = host_empty({comm.size() * send.numel().value}, DType::kFloat32);
+  comm.all_gather(send, recv);
+  for (int s = 0; s < comm.size(); ++s) {
+    const Box& b = layout.box(comm.ranks()[static_cast<size_t>(s)]);
+    const Box region = b.intersect(target);
+    if (region.empty()) continue;
+    const Tensor member = flat_slice(recv, s * send.numel().value, b.shape());
+    mesh::copy_region(member, b, out, target, region);
+  }
+  return out;
+}
+
+// The inverse: `full` holds box `source` on every member (each member's own contribution);
+// member s receives the reduction (op) of everybody's copy of its box. Each member's box is cut
+// out and padded to the largest member size, then reduce-scattered.
+Tensor reduce_scatter_box(mesh::Communicator& comm, const Layout& layout, const Tensor& full,
+                          const Box& source, mesh::ReduceOp op) {
+  const Box& mine = layout.box(comm.ranks()[static_cast<size_t>(comm.rank())]);
+  Tensor out = host_empty(mine.shape(), DType::kFloat32);
+  if (comm.size() == 1) {
+    mesh::copy_region(full, source, out, mine, mine);
+    return out;
+  }
+  const int64_t chunk = std::max<int64_t>(padded_numel(comm, layout), 1);
+  Tensor send = host_zeros({comm.size() * chunk}, DType::kFloat32);
+  for (int s = 0; s < comm.size(); ++s) {
+    const Box& b = layout.box(comm.ranks()[static_cast<size_t>(s)]);
+    if (b.empty()) continue;
+    Tensor piece = flat_slice(send, s * chunk, b.shape());
+    mesh::copy_region(full, source, piece, b, b);
+  }
+  Tensor recv = host_empty({chunk}, DType::kFloat32);
+  comm.reduce_scatter(send, recv, op);
+  if (mine.numel().value > 0) std::memcpy(out.raw_data(), recv.raw_data(), out.nbytes().value);
+  return out;
+}
+
+// Sum of one double per member, identical on every member (gathered, then summed in rank order).
+double sum_doubles(mesh::Communicator& comm, double v) {
+  if (comm.size() == 1) return v;
+  Tensor send = Tensor::from_vector<double>({1}, {v});
+  Tensor recv = host_empty({comm.size()}, DType::kFloat64);
+  comm.all_gather(send, recv);
+  double s = 0;
+  for (int i = 0; i < comm.size(); ++i) s += recv.data<double>()[i];
+  return s;
+}
+
+uint64_t fnv1a(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+TensorDigest digest(const std::string& name, const Tensor& t) {
+  TensorDigest d{name, t.shape(), fnv1a(t.raw_data(), static_cast<size_t>(t.nbytes().value)), 0, 0};
+  const float* x = t.data<float>();
+  for (int64_t i = 0; i < t.numel().value; ++i) {
+    d.sum += x[i];
+    d.l2 += static_cast<double>(x[i]) * x[i];
+  }
+  d.l2 = std::sqrt(d.l2);
+  return d;
+}
+
+const DimSet kShard{MeshDim::kDpShard};
+const DimSet kReplicate{MeshDim::kDpReplicate};
+const DimSet kTp{MeshDim::kTp};
+const DimSet kData{MeshDim::kDpReplicate, MeshDim::kDpShard};
+const DimSet kWorld{MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+struct TrainingSession::Impl {
+  struct Param {
+    ParamSpec spec;
+    Layout layout;   // master / moments / gradient shard layout
+    Box compute;     // box of the compute tensor after the dp_shard gather
+    Tensor master;   // fp32, layout.box(rank)
+    Tensor exp_avg;  // fp32, same
+    Tensor exp_avg_sq;
+    Tensor grad;  // fp32, same (reduced gradient of the last step)
+  };
+
+  RunOptions options;
+  const Config& config;
+  mesh::RankComms& comms;
+  mesh::DeviceMesh mesh;
+  int rank;
+  GptModel model;
+  MarkovSource data;
+  Fp8Recipe recipe;
+  std::vector<Param> params;
+  ShardedState state;
+  int64_t step = 0;    // optimizer steps taken
+  int64_t cursor = 0;  // next global batch
+  std::vector<std::string> notes;
+  StepTime time;
+  MemoryBreakdown mem;
+
+  Impl(const RunOptions& o, mesh::RankComms& c)
+      : options(o),
+        config(options.config),
+        comms(c),
+        mesh(c.mesh()),
+        rank(c.rank()),
+        model(options.config),
+        data(config.model.vocab, config.data, config.seed, config.training.batch,
+             config.training.seq_len),
+        recipe(config.recipe, [this](float* amax, int64_t n) { reduce_amax(amax, n); }) {
+    validate(config);
+    const MeshSpec& ms = options.mesh;
+    MP_CHECK_INPUT(mesh == ms.device_mesh(),
+                   "session: communicators are for mesh {}, options ask {}", mesh.str(),
+                   ms.device_mesh().str());
+    MP_CHECK_INPUT(config.model.heads % ms.tp == 0,
+                   "mesh.tp = {} must divide model.heads = {} (TP shards hold whole heads)", ms.tp,
+                   config.model.heads);
+    MP_CHECK_INPUT(!ms.sequence_parallel,
+                   "mesh.sequence_parallel is not available in this build of the engine");
+    const int64_t dp = mesh.group_size(kData);
+    const TrainingConfig& t = config.training;
+    MP_CHECK_INPUT(t.batch % (dp * t.micro_batches) == 0,
+                   "training.batch = {} must be divisible by the data-parallel size {} times "
+                   "training.micro_batches = {}",
+                   t.batch, dp, t.micro_batches);
+    MP_CHECK_INPUT(!options.fsdp.fp8_all_gather && !options.fsdp.fp8_params,
+                   "fsdp.fp8_all_gather / fsdp.fp8_params are not available in this build");
+
+    for (const ParamSpec& s : param_specs(config.model)) {
+      Layout layout(mesh, s.shape, placements(s.name, ms.tp));
+      const Box& b = layout.box(rank);
+      Param prm{s, layout, compute_box(layout, rank), {}, {}, {}, {}};
+      // Philox init keyed by global element index: materialise only the rows of this box.
+      prm.master = host_empty(b.shape(), DType::kFloat32);
+      if (!b.empty()) {
+        const int64_t r0 = b.offset[0].value, r1 = r0 + b.extent[0].value;
+        const Tensor rows = init_param_rows(s, config.seed, r0, r1);
+        Box rows_box = Box::whole(s.shape);
+        rows_box.offset[0] = b.offset[0];
+        rows_box.extent[0] = b.extent[0];
+        mesh::copy_region(rows, rows_box, prm.master, b, b);
+      }
+      prm.exp_avg = host_zeros(b.shape(), DType::kFloat32);
+      prm.exp_avg_sq = host_zeros(b.shape(), DType::kFloat32);
+      prm.grad = host_zeros(b.shape(), DType::kFloat32);
+      params.push_back(std::move(prm));
+    }
+    for (Param& p : params) {
+      state.entries.push_back({"model/" + p.spec.name, p.layout, p.master});
+      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg", p.layout, p.exp_avg});
+      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg_sq", p.layout, p.exp_avg_sq});
+    }
+    // Delayed-scaling states are replicated: every rank holds the reduced amax history.
+    for (auto& [name, st] : recipe.delayed_states()) {
+      const std::vector<Placement> rep(3, Placement::replicate());
+      state.entries.push_back(
+          {"fp8/" + name + "/scale", Layout(mesh, st.scale.shape(), rep), st.scale});
+      state.entries.push_back({"fp8/" + name + "/amax_history",
+                               Layout(mesh, st.amax_history.shape(), rep), st.amax_history});
+    }
+    store_scalars();
+    for (const Param& p : params) {
+      mem.params += p.master.nbytes().value;
+      mem.grads += p.grad.nbytes().value;
+      mem.optimizer += p.exp_avg.nbytes().value + p.exp_avg_sq.nbytes().value;
+    }
+  }
+
+  // DESIGN.md section 5: column-parallel qkv/fc1 Shard(0) over tp, with FSDP StridedShard(0,
+  // sf=tp) over dp_shard so that dp_shard ranks hold pieces of their own TP shard; row-parallel
+  // proj/fc2 weights Shard(1) over tp; everything else replicated over tp; Shard(0) over dp_shard
+  // and Replicate over dp_replicate.
+  std::vector<Placement> placements(const std::string& name, int tp) const {
+    std::vector<Placement> p(3, Placement::replicate());
+    p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::shard(0);
+    if (tp == 1) return p;
+    const bool column =
+        name.find(".attn.qkv.") != std::string::npos || name.find(".mlp.fc1") != std::string::npos;
+    const bool row = name.ends_with(".attn.proj.weight") || name.ends_with(".mlp.fc2.weight");
+    if (column) {
+      p[static_cast<size_t>(MeshDim::kTp)] = Placement::shard(0);
+      if (mesh.size(MeshDim::kDpShard) > 1)
+        p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::strided_shard(0, tp);
+    } else if (row) {
+      p[static_cast<size_t>(MeshDim::kTp)] = Placement::shard(1);
+    }
+    return p;
+  }
+
+  void store_scalars() {
+    state.scalars["optim/step"] = step;
+    state.scalars["data/cursor"] = cursor;
+    state.scalars["rng/offset"] = cursor;
+    state.scalars["lr/step"] = step;
+  }
+  void load_scalars() {
+    step = state.scalars.at("optim/step");
+    cursor = state.scalars.at("data/cursor");
+  }
+
+  // Amax of activations/gradients: the data-parallel ranks see different rows of the same
+  // tensors, weights are gathered whole before quantization; MAX over the data-parallel group
+  // makes every rank quantize with the single-rank scale of the global batch... except that the
+  // single-rank recipe quantizes each micro-batch separately, so the amax group is the ranks that
+  // share the tensor: for weights every rank (same gathered weight), for activations none.
+  void reduce_amax(float*, int64_t) {}
+
+  std::map<std::string, double> collective_seconds() {
+    std::map<std::string, double> s;
+    for (DimSet d : {kShard, kReplicate, kData, kTp, kWorld}) {
+      mesh::Communicator& c = comms.group(d);
+      for (int k = 0; k < mesh::kNumCollectiveKinds; ++k) {
+        const auto kind = static_cast<mesh::CollectiveKind>(k);
+        s[std::string(mesh::collective_name(kind))] += c.stats(kind).seconds;
+      }
+    }
+    return s;
+  }
+
+  StepMetrics run_step() {
+    const TrainingConfig& t = config.training;
+    const auto t0 = Clock::now();
+    const std::map<std::string, double> coll0 = collective_seconds();
+    StepMetrics metrics;
+    metrics.step = step;
+    mesh::Communicator& shard = comms.group(kShard);
+    mesh::Communicator& replicate = comms.group(kReplicate);
+
+    // All-gather the weights over dp_shard into compute tensors (bf16 copies for non-fp32).
+    TensorMap weights, grads;
+    int64_t gathered_bytes = 0;
+    for (const Param& p : params) {
+      Tensor full = gather_box(shard, p.layout, p.master, p.compute);
+      if (config.recipe.kind != RecipeKind::kFp32) full = kernels::cast_to(full, DType::kBFloat16);
+      gathered_bytes += full.nbytes().value;
+      weights.insert(p.spec.name, full);
+      grads.insert(p.spec.name, host_zeros(p.compute.shape(), DType::kFloat32));
+    }
+    mem.gathered_weights = std::max(mem.gathered_weights, gathered_bytes);
+
+    // Forward/backward over this data-parallel rank's rows, micro-batched; fp32 gradients
+    // accumulate locally (deferred sync: one reduction per step after the last micro-batch).
+    const auto tc = Clock::now();
+    const int64_t dp = mesh.group_size(kData);
+    const int64_t j = mesh.group_index(rank, kData);
+    const int64_t local_rows = t.batch / dp, micro_rows = local_rows / t.micro_batches;
+    const double positions = static_cast<double>(t.batch * t.seq_len);
+    // Gradients are averaged over the data-parallel ranks, so each rank's objective is its rows'
+    // loss sum scaled by dp / global positions.
+    const double grad_scale = static_cast<double>(dp) / positions;
+    double loss_sum = 0;
+    for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
+      const int64_t row0 = j * local_rows + mb * micro_rows;
+      const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
+      loss_sum += model.forward_backward(weights, tokens, {cursor, row0}, grad_scale, grads,
+                                         &recipe, TpContext{&comms.group(kTp)});
+    }
+    weights = TensorMap{};  // free the gathered weights
+    time.compute = seconds_since(tc);
+
+    // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP).
+    const bool skip_replicas =
+        options.faults.hsdp_replicas_not_reduced && options.faults.active(step);
+    for (Param& p : params) {
+      p.grad = reduce_scatter_box(shard, p.layout, grads.at(p.spec.name), p.compute,
+                                  mesh::ReduceOp::kAvg);
+      if (replicate.size() > 1 && !skip_replicas && p.grad.numel().value > 0)
+        replicate.all_reduce(p.grad, mesh::ReduceOp::kAvg);
+    }
+    grads = TensorMap{};
+    metrics.loss = sum_doubles(comms.group(kData), loss_sum) / positions;
+
+    // Global norm: the shards over dp_shard x tp are disjoint except for tp-replicated
+    // parameters, which only tp rank 0 counts; dp_replicate replicas are not summed.
+    const auto to = Clock::now();
+    double sq = 0;
+    const bool tp_lead = mesh.coord(rank, MeshDim::kTp) == 0;
+    for (const Param& p : params)
+      if (tp_lead || p.layout.placement(MeshDim::kTp).is_shard())
+        sq += kernels::sum_of_squares(p.grad);
+    metrics.grad_norm =
+        std::sqrt(sum_doubles(comms.group(DimSet{MeshDim::kDpShard, MeshDim::kTp}), sq));
+    const double coef = clip_coefficient(metrics.grad_norm, t.max_grad_norm);
+    metrics.lr = learning_rate(t, step);
+    for (Param& p : params) {
+      if (coef < 1.0) kernels::scale_(p.grad, coef);
+      if (p.master.numel().value == 0) continue;
+      kernels::AdamWHyper hp{metrics.lr, t.beta1, t.beta2, t.adam_eps,
+                             p.spec.weight_decay() ? t.weight_decay : 0.0};
+      kernels::adamw_step(p.master, p.grad, p.exp_avg, p.exp_avg_sq, step + 1, hp);
+    }
+    time.optimizer = seconds_since(to);
+    ++step;
+    ++cursor;
+    store_scalars();
+
+    const std::map<std::string, double> coll1 = collective_seconds();
+    time.collectives.clear();
+    for (const auto& [k, v] : coll1)
+      if (v - coll0.at(k) > 0) time.collectives[k] = v - coll0.at(k);
+    time.total = seconds_since(t0);
+    if (kernels::MemoryTracker* m = kernels::current_context().memory)
+      mem.peak = m->peak(kernels::DeviceType::kCpu).value;
+    mem.activations = std::max<int64_t>(
+        0, mem.peak - mem.params - mem.grads - mem.optimizer - mem.gathered_weights);
+    return metrics;
+  }
+
+  std::map<std::string, Tensor> gather_all(bool grad) {
+    std::map<std::string, Tensor> out;
+    mesh::Communicator& world = comms.group(kWorld);
+    for (const Param& p : params)
+      out[p.spec.name] =
+          gather_box(world, p.layout, grad ? p.grad : p.master, Box::whole(p.spec.shape));
+    return out;
+  }
+};
+
+TrainingSession::TrainingSession(const RunOptions& options, mesh::RankComms& comms)
+    : impl_(std::make_unique<Impl>(options, comms)) {}
+TrainingSession::~TrainingSession() = default;
+StepMetrics TrainingSession::step() { return impl_->run_step(); }
+ShardedState& TrainingSession::state() { return impl_->state; }
+void TrainingSession::load_scalars() { impl_->load_scalars(); }
+std::map<std::string, Tensor> TrainingSession::gather_params() { return impl_->gather_all(false); }
+std::vector<TensorDigest> TrainingSession::digests() {
+  std::vector<TensorDigest> d;
+  for (const auto& [n, t] : impl_->gather_all(true)) d.push_back(digest("grad/" + n, t));
+  for (const auto& [n, t] : impl_->gather_all(false)) d.push_back(digest("param/" + n, t));
+  return d;
+}
+int64_t TrainingSession::steps_done() const { return impl_->step; }
+MemoryBreakdown TrainingSession::memory() const { return impl_->mem; }
+const std::vector<std::string>& TrainingSession::notes() const { return impl_->notes; }
+const StepTime& TrainingSession::last_time() const { return impl_->time; }
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+RankReport rank_report(TrainingSession& s, mesh::RankComms& comms) {
+  RankReport r;
+  r.rank = comms.rank();
+  r.coords = comms.mesh().coords(r.rank);
+  r.memory = s.memory();
+  for (DimSet d : {kShard, kReplicate, kData, kTp, kWorld}) {
+    mesh::Communicator& c = comms.group(d);
+    if (c.size() == 1) continue;
+    for (int k = 0; k < mesh::kNumCollectiveKinds; ++k) {
+      const auto kind = static_cast<mesh::CollectiveKind>(k);
+      const mesh::CollectiveStats& st = c.stats(kind);
+      if (st.count == 0) continue;
+      r.collectives.push_back({std::string(mesh::collective_name(kind)), d.str(), st.count,
+                               st.bytes.value, st.seconds});
+    }
+  }
+  return r;
+}
+
+// The body every rank runs; rank 0 (or the only rank) fills `result`'s global parts.
+void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& result,
+              std::mutex& mu) {
+  TrainingSession session(options, comms);
+  if (options.before_start) {
+    options.before_start(session.state(), comms.rank());
+    session.load_scalars();
+  }
+  const int64_t steps = options.steps > 0 ? options.steps : options.config.training.steps;
+  const bool lead = comms.rank() == 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    const StepMetrics m = session.step();
+    std::vector<TensorDigest> d;
+    if (options.trace) d = session.digests();
+    if (options.after_step) options.after_step(session.state(), comms.rank(), session.steps_done());
+    if (lead) {
+      result.metrics.push_back(m);
+      result.times.push_back(session.last_time());
+      if (options.trace) result.trace.push_back(std::move(d));
+      if (options.on_step) options.on_step(m);
+    }
+  }
+  std::map<std::string, Tensor> final_params = session.gather_params();
+  RankReport report = rank_report(session, comms);
+  std::lock_guard<std::mutex> lock(mu);
+  result.ranks.push_back(std::move(report));
+  if (lead) {
+    result.final_params = std::move(final_params);
+    result.notes = session.notes();
+  }
+}
+
+}  // namespace
+
+RunResult run_training(const RunOptions& options) {
+  const mesh::DeviceMesh dmesh = options.mesh.device_mesh();
+  MP_CHECK_INPUT(options.backend.type == kernels::DeviceType::kCpu,
+                 "run_training: backend {} is not available for sharded runs (cpu only)",
+                 options.backend.str());
+  RunResult result;
+  std::mutex mu;
+  if (options.launcher == "local") {
+    mesh::LocalWorld world(dmesh, {.device = options.backend});
+    world.run([&](mesh::RankComms& comms) { run_rank(options, comms, result, mu); });
+    // Tensors made on a rank thread are accounted to that rank's tracker, which dies with the
+    // world: hand out copies owned by the caller's context.
+    for (auto& [name, t] : result.final_params) t = t.clone();
+    std::sort(result.ranks.begin(), result.ranks.end(),
+              [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+  } else if (options.launcher == "mpi") {
+    mesh::MpiSession mpi(nullptr, nullptr);
+    mesh::MpiRankComms comms(dmesh);
+    run_rank(options, comms, result, mu);
+  } else {
+    MP_FAIL_INPUT("launcher '{}': expected 'local' or 'mpi'", options.launcher);
+  }
+  return result;
+}
+
+}  // namespace meshproof::engine

@@ -1,0 +1,158 @@
+// The engine's entry point for a whole run on any mesh (DESIGN.md sections 2 and 5): options in,
+// per-step metrics, per-rank reports and the final global parameters out.
+//
+// run_training() builds the mesh's communicators (LocalWorld threads for launcher "local", this
+// process as one rank of MPI_COMM_WORLD for "mpi"), constructs one TrainingSession per rank and
+// runs `steps` optimizer steps. A TrainingSession is one rank's share of the run: it materialises
+// only its own shards (Philox init keyed by global element index, so every mesh builds the same
+// global model) and runs the single-rank model math (engine/model.h) on gathered weights.
+//
+// Sharded execution (DESIGN.md section 5):
+//   - parameters: Shard(0) over dp_shard (FSDP), Replicate over dp_replicate (HSDP);
+//   - per step: all-gather the weights over dp_shard (padded to equal chunk sizes, torch.chunk
+//     boxes; padding never reaches the math), forward/backward on this data-parallel rank's rows
+//     (rows [j*B/dp, (j+1)*B/dp) with j over dp_replicate x dp_shard), reduce-scatter (avg) of
+//     the fp32 gradients over dp_shard, all-reduce (avg) over dp_replicate, global gradient norm
+//     from the disjoint local shards (summed over dp_shard only: replicas counted once), AdamW on
+//     the local shards.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/faults.h"
+#include "engine/sharded_state.h"
+#include "engine/trainer.h"
+#include "kernels/runtime.h"
+#include "kernels/tensor.h"
+#include "mesh/communicator.h"
+#include "mesh/layout.h"
+
+namespace meshproof::engine {
+
+struct MeshSpec {
+  int dp_replicate = 1;
+  int dp_shard = 1;
+  int tp = 1;
+  bool sequence_parallel = false;  // needs tp > 1
+  mesh::DeviceMesh device_mesh() const { return mesh::DeviceMesh(dp_replicate, dp_shard, tp); }
+  int world_size() const { return dp_replicate * dp_shard * tp; }
+};
+
+struct FsdpOptions {
+  bool reshard_after_forward = true;  // free gathered weights after forward, re-gather for bwd
+  bool fp8_all_gather = false;        // gather FP8 bytes + scales instead of fp32/bf16
+  bool fp8_params = false;            // FP8 primary weights
+};
+
+// A digest of one tensor at one point of a step (first-diverging-tensor reports).
+struct TensorDigest {
+  std::string name;      // e.g. "grad/layers.0.attn.qkv.weight", "param/embed.tok"
+  kernels::Shape shape;  // global shape
+  uint64_t hash = 0;     // FNV-1a of the fp32 bytes of the global tensor
+  double sum = 0;        // sum of elements (double)
+  double l2 = 0;         // L2 norm (double)
+};
+
+struct RunOptions {
+  Config config;  // model, recipe, training, data, seed (engine/config.h)
+  MeshSpec mesh;
+  FsdpOptions fsdp;
+  kernels::Device backend = kernels::Device::cpu();
+  std::string launcher = "local";  // "local" (ranks are threads) or "mpi" (this process = 1 rank)
+  FaultInjection faults;           // engine/faults.h
+  int64_t steps = 0;               // optimizer steps to run in this call (0: config.training.steps)
+  bool trace = false;              // per-step per-tensor digests (RunResult::trace)
+  // Progress, called on rank 0 after each step.
+  std::function<void(const StepMetrics&)> on_step;
+  // Checkpoint hooks (the checkpoint module fills them). Called on every rank, collectively:
+  //   before_start(state, rank): after construction, before the first step (load: write into
+  //     the entries' tensors and scalars, then the session re-reads the scalars);
+  //   after_step(state, rank, step_done): after each optimizer step (step_done = steps taken).
+  std::function<void(ShardedState& state, int rank)> before_start;
+  std::function<void(ShardedState& state, int rank, int64_t steps_done)> after_step;
+};
+
+struct MemoryBreakdown {
+  int64_t params = 0;            // bytes of local fp32 master shards
+  int64_t grads = 0;             // bytes of local fp32 gradient shards
+  int64_t optimizer = 0;         // bytes of local AdamW moments
+  int64_t gathered_weights = 0;  // bytes of the gathered (unsharded) compute weights, at peak
+  int64_t activations = 0;       // tracker peak minus the above (activations, temporaries)
+  int64_t peak = 0;              // peak bytes of the rank's memory tracker during the run
+};
+
+struct CollectiveRecord {
+  std::string kind;   // "all_gather", "reduce_scatter", "all_reduce", ...
+  std::string group;  // "dp_shard", "dp_replicate", "tp", "dp_replicate+dp_shard", ...
+  int64_t count = 0;
+  int64_t bytes = 0;  // nccl-tests sizes summed (mesh/communicator.h)
+  double seconds = 0;
+};
+
+struct RankReport {
+  int rank = 0;
+  mesh::Coords coords{};  // (dp_replicate, dp_shard, tp) coordinates
+  MemoryBreakdown memory;
+  std::vector<CollectiveRecord> collectives;  // non-zero counts only
+};
+
+// Wall time of one step on rank 0, by phase.
+struct StepTime {
+  double compute = 0;                         // forward + backward
+  std::map<std::string, double> collectives;  // seconds per collective kind
+  double optimizer = 0;                       // clipping + AdamW
+  double total = 0;
+};
+
+struct RunResult {
+  std::vector<StepMetrics> metrics;              // one per step run, from rank 0
+  std::vector<std::vector<TensorDigest>> trace;  // [step][tensor] when RunOptions::trace
+  std::vector<RankReport> ranks;                 // every rank (launcher mpi: this rank only)
+  std::vector<std::string> notes;                // reported fallbacks and behaviour changes
+  std::vector<StepTime> times;                   // per step, rank 0
+  // Final fp32 master weights, global (unsharded), keyed by parameter name.
+  std::map<std::string, kernels::Tensor> final_params;
+};
+
+// Runs options.steps steps on options.mesh. Input errors (bad mesh, mesh size != MPI world size,
+// batch not divisible by the data-parallel size, unsupported combination) are kInput.
+RunResult run_training(const RunOptions& options);
+
+// One rank's share of a run. Construct on every rank of `comms` (collective order: every rank
+// calls the same methods in the same order).
+class TrainingSession {
+ public:
+  TrainingSession(const RunOptions& options, mesh::RankComms& comms);
+  ~TrainingSession();
+  TrainingSession(const TrainingSession&) = delete;
+  TrainingSession& operator=(const TrainingSession&) = delete;
+
+  // One optimizer step (collective). Metrics are global (identical on every rank).
+  StepMetrics step();
+  // Live state: entries share storage with the training tensors (see engine/sharded_state.h).
+  ShardedState& state();
+  // Re-reads the scalars of state() (after a checkpoint load wrote them).
+  void load_scalars();
+  // Global fp32 master weights gathered from all shards (collective).
+  std::map<std::string, kernels::Tensor> gather_params();
+  // Digests of the last step's gradients and the current weights (collective).
+  std::vector<TensorDigest> digests();
+
+  int64_t steps_done() const;
+  MemoryBreakdown memory() const;
+  const std::vector<std::string>& notes() const;
+  const StepTime& last_time() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meshproof::engine
