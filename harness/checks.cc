@@ -33,13 +33,24 @@ bool same_bits(double a, double b) {
 
 const char* golden_key(Metric m) { return m == Metric::kLoss ? "loss" : "grad_norm"; }
 
-void add_tensor_evidence(reports::Evidence& ev, const engine::TensorMap& a,
-                         const engine::TensorMap& b) {
-  if (auto d = first_diverging_tensor(a, b)) {
-    ev.tensor = d->tensor;
-    ev.max_abs_err = d->max_abs_err;
-    ev.max_rel_err = d->max_rel_err;
-    ev.ulp_distance = d->ulp;
+// Tensor-level evidence: the first diverging traced tensor (when both runs were traced) and the
+// max abs/rel error and ULP distance of the first diverging final parameter.
+void add_tensor_evidence(reports::Evidence& ev, const RunView& a, const RunView& b) {
+  if (a.trace && b.trace) {
+    if (auto d = first_diverging_digest(*a.trace, *b.trace)) {
+      ev.tensor = fmt::format("{} at step {}", d->tensor, d->step);
+    }
+  }
+  if (a.final_params && b.final_params) {
+    if (auto d = first_diverging_tensor(*a.final_params, *b.final_params)) {
+      if (ev.tensor.empty())
+        ev.tensor = d->tensor;
+      else
+        ev.tensor += fmt::format(" (final {} differs)", d->tensor);
+      ev.max_abs_err = d->max_abs_err;
+      ev.max_rel_err = d->max_rel_err;
+      ev.ulp_distance = d->ulp;
+    }
   }
 }
 
@@ -96,6 +107,21 @@ std::optional<TensorDiff> first_diverging_tensor(const engine::TensorMap& actual
       d.ulp = std::max(d.ulp, ulp_distance(a[i], e[i]));
     }
     return d;
+  }
+  return std::nullopt;
+}
+
+std::optional<DigestDiff> first_diverging_digest(
+    const std::vector<std::vector<engine::TensorDigest>>& actual,
+    const std::vector<std::vector<engine::TensorDigest>>& expected) {
+  const size_t steps = std::min(actual.size(), expected.size());
+  for (size_t i = 0; i < steps; ++i) {
+    const size_t n = std::min(actual[i].size(), expected[i].size());
+    for (size_t j = 0; j < n; ++j) {
+      if (actual[i][j].hash != expected[i][j].hash) {
+        return DigestDiff{static_cast<int64_t>(i) + 1, actual[i][j].name};
+      }
+    }
   }
   return std::nullopt;
 }
@@ -243,9 +269,7 @@ reports::CheckResult compare_bitwise(const std::string& name, const std::string&
     ev.max_rel_err = params_diff->max_rel_err;
     ev.ulp_distance = params_diff->ulp;
   }
-  if (trace && actual.final_params && expected.final_params && ev.metric != "params") {
-    add_tensor_evidence(ev, *actual.final_params, *expected.final_params);
-  }
+  if (trace && ev.metric != "params") add_tensor_evidence(ev, actual, expected);
   if (!ev.tensor.empty() && trace) {
     r.message += fmt::format("; first diverging tensor {}: max abs {:.3g}, max rel {:.3g}, {} ULP",
                              ev.tensor, ev.max_abs_err.value_or(0), ev.max_rel_err.value_or(0),
@@ -301,8 +325,8 @@ reports::CheckResult compare_tolerance(const std::string& name, const std::strin
       "{} failing steps)",
       what, *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected, *ev.max_rel_err,
       rtol.at(ev.metric == "loss" ? Metric::kLoss : Metric::kGradNorm), ev.failing_steps);
-  if (trace && actual.final_params && expected.final_params) {
-    add_tensor_evidence(ev, *actual.final_params, *expected.final_params);
+  if (trace) {
+    add_tensor_evidence(ev, actual, expected);
     if (!ev.tensor.empty()) {
       r.message += fmt::format("; first differing final tensor {}: max abs {:.3g}, max rel {:.3g}",
                                ev.tensor, ev.max_abs_err.value_or(0), ev.max_rel_err.value_or(0));

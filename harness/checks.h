@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/params.h"
+#include "engine/session.h"
 #include "harness/golden.h"
 #include "harness/scenario.h"
 #include "reports/run_record.h"
@@ -31,6 +32,16 @@ struct TensorDiff {
 std::optional<TensorDiff> first_diverging_tensor(const engine::TensorMap& actual,
                                                  const engine::TensorMap& expected);
 
+// The first (step, tensor) whose digest differs between two traces: "grad/<param>" or
+// "param/<param>" and the 1-based step. nullopt when the traces agree on their common steps.
+struct DigestDiff {
+  int64_t step = 0;
+  std::string tensor;
+};
+std::optional<DigestDiff> first_diverging_digest(
+    const std::vector<std::vector<engine::TensorDigest>>& actual,
+    const std::vector<std::vector<engine::TensorDigest>>& expected);
+
 // golden: `steps` against a golden file. `golden` nullopt means the file is missing: a failure
 // whose message names `golden_file` and the `update_command` that creates it. On return
 // `record` (when given) holds the golden steps and band for the report's plots.
@@ -43,6 +54,8 @@ reports::CheckResult check_golden(const std::vector<reports::StepMetrics>& steps
 struct RunView {
   const std::vector<reports::StepMetrics>* steps = nullptr;
   const engine::TensorMap* final_params = nullptr;  // may be null (metrics-only comparison)
+  // Per-step per-tensor digests (runs made with tracing); may be null.
+  const std::vector<std::vector<engine::TensorDigest>>* trace = nullptr;
 };
 
 // determinism and same-mesh resume: per-step loss and grad_norm and the final parameters must be

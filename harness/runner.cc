@@ -245,6 +245,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
     }
     TrainRequest req;
     req.faults = to_fault_injection(run.faults);
+    req.trace = opts.trace;
     req.on_step = [&progress](const reports::StepMetrics& m, int64_t total) {
       progress.step(m, total);
     };
@@ -265,7 +266,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
         "data.seed = {} is not used: the engine derives its data from train.seed", s.data.seed));
   }
 
-  const RunView main_view{&main.steps, &main.final_params};
+  const RunView main_view{&main.steps, &main.final_params, &main.trace};
   const engine::FaultInjection faults = to_fault_injection(run.faults);
 
   if (s.checks.golden.enabled) {
@@ -297,27 +298,30 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
                          to_string(ref.recipe.name));
       std::string why;
       if (!can_execute(ref, &why)) MP_FAIL("reference run: {}", why);
-      TrainOutcome r = train_scenario(ref, TrainRequest{});
+      TrainRequest req;
+      req.trace = opts.trace;
+      TrainOutcome r = train_scenario(ref, req);
       return compare_tolerance("reference", "reference", main_view,
-                               RunView{&r.steps, &r.final_params}, s.checks.reference.rtol, what,
-                               opts.trace);
+                               RunView{&r.steps, &r.final_params, &r.trace},
+                               s.checks.reference.rtol, what, opts.trace);
     }));
   }
   if (s.checks.allgather_parity) {
     rec.checks.push_back(guarded("allgather_parity", [&]() -> reports::CheckResult {
       MP_FAIL(
-          "allgather_parity needs FP8 all-gathered weights from the sharded engine "
-          "(engine/session.h), which this build does not have");
+          "allgather_parity needs FP8 all-gathered weights (fsdp.fp8_all_gather), which this "
+          "build of the engine does not have");
     }));
   }
   if (s.checks.determinism) {
     rec.checks.push_back(guarded("determinism", [&] {
       TrainRequest req;
       req.faults = faults;
+      req.trace = opts.trace;
       TrainOutcome again = train_scenario(run, req);
       return compare_bitwise("determinism", "determinism",
-                             RunView{&again.steps, &again.final_params}, main_view, "rerun",
-                             opts.trace);
+                             RunView{&again.steps, &again.final_params, &again.trace}, main_view,
+                             "rerun", opts.trace);
     }));
   }
 

@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
-#include "engine/trainer.h"
+#include "engine/session.h"
 #include "kernels/error.h"
 #include "kernels/runtime.h"
+#include "reports/perf_metrics.h"
 
 namespace meshproof::harness {
 
@@ -124,21 +126,42 @@ engine::FaultInjection to_fault_injection(const std::vector<FaultSpec>& faults) 
   return f;
 }
 
+namespace {
+
+// Faults whose engine side exists in this build. The others are refused (a fault that is not
+// injected would make its scenario "not caught" for the wrong reason).
+bool fault_implemented(const std::string& name) { return name == "hsdp_replicas_not_reduced"; }
+
+int group_size(const std::string& group, const MeshConfig& m) {
+  int n = 1;
+  size_t begin = 0;
+  while (begin <= group.size()) {
+    const size_t end = std::min(group.find('+', begin), group.size());
+    const std::string dim = group.substr(begin, end - begin);
+    if (dim == "dp_replicate") n *= static_cast<int>(m.dp_replicate);
+    if (dim == "dp_shard") n *= static_cast<int>(m.dp_shard);
+    if (dim == "tp") n *= static_cast<int>(m.tp);
+    begin = end + 1;
+  }
+  return n;
+}
+
+}  // namespace
+
 bool can_execute(const Scenario& s, std::string* why) {
-  if (s.mesh.world_size() != 1) {
-    *why = fmt::format(
-        "mesh {} needs the sharded engine (engine/session.h), which this build does not have; "
-        "only 1-rank meshes run",
-        describe_mesh(s.mesh));
+  if (s.mesh.sequence_parallel) {
+    *why = "mesh.sequence_parallel is not available in this build of the engine";
     return false;
   }
-  if (s.launcher == Launcher::kMpi) {
-    *why = "launcher mpi needs the sharded engine (engine/session.h), not in this build";
+  if (s.fsdp.fp8_all_gather || s.fsdp.fp8_params) {
+    *why = "fsdp.fp8_all_gather / fsdp.fp8_params are not available in this build of the engine";
     return false;
   }
-  if (!s.faults.empty()) {
-    *why = "fault injection needs the sharded engine (engine/session.h), not in this build";
-    return false;
+  for (const FaultSpec& f : s.faults) {
+    if (!fault_implemented(f.name)) {
+      *why = fmt::format("fault {} has no engine side in this build", f.name);
+      return false;
+    }
   }
   return true;
 }
@@ -146,45 +169,93 @@ bool can_execute(const Scenario& s, std::string* why) {
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   std::string why;
   if (!can_execute(s, &why)) MP_FAIL("{}: {}", s.name, why);
-  engine::Config config = to_engine_config(s);
+  engine::RunOptions o;
+  o.config = to_engine_config(s);
+  o.mesh.dp_replicate = static_cast<int>(s.mesh.dp_replicate);
+  o.mesh.dp_shard = static_cast<int>(s.mesh.dp_shard);
+  o.mesh.tp = static_cast<int>(s.mesh.tp);
+  o.mesh.sequence_parallel = s.mesh.sequence_parallel;
+  o.fsdp.reshard_after_forward = s.fsdp.reshard_after_forward;
+  o.fsdp.fp8_all_gather = s.fsdp.fp8_all_gather;
+  o.fsdp.fp8_params = s.fsdp.fp8_params;
+  o.backend = kernels::Device::cpu();
+  o.launcher = s.launcher == Launcher::kMpi ? "mpi" : "local";
+  o.faults = request.faults;
   const int64_t steps = request.steps < 0 ? s.train.steps : request.steps;
-  config.training.steps = s.train.steps;  // the schedule always spans the planned run
-
-  kernels::MemoryTracker tracker;
-  kernels::RankContext ctx;
-  ctx.rank = 0;
-  ctx.memory = &tracker;
-  kernels::ScopedRankContext scope(ctx);
+  o.steps = steps;
+  o.trace = request.trace;
+  const int64_t tokens = s.train.global_batch * s.model.seq_len;
+  // Step wall clock as the caller sees it (rank 0 calls on_step after each step).
+  auto last = std::chrono::steady_clock::now();
+  if (request.on_step) {
+    o.on_step = [&](const engine::StepMetrics& m) {
+      reports::StepMetrics r;
+      r.step = m.step + 1;
+      r.loss = m.loss;
+      r.grad_norm = m.grad_norm;
+      r.lr = m.lr;
+      r.tokens = tokens;
+      const auto now = std::chrono::steady_clock::now();
+      r.time.total_s = std::chrono::duration<double>(now - last).count();
+      last = now;
+      request.on_step(r, steps);
+    };
+  }
+  engine::RunResult res = engine::run_training(o);
 
   TrainOutcome out;
   out.device = "cpu";
-  engine::Trainer trainer(config);
-  for (int64_t i = 0; i < steps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const engine::StepMetrics m = trainer.step();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (size_t i = 0; i < res.metrics.size(); ++i) {
+    const engine::StepMetrics& m = res.metrics[i];
     reports::StepMetrics r;
     r.step = m.step + 1;
     r.loss = m.loss;
     r.grad_norm = m.grad_norm;
     r.lr = m.lr;
-    r.tokens = s.train.global_batch * s.model.seq_len;
-    r.time.total_s = dt;
+    r.tokens = tokens;
+    if (i < res.times.size()) {
+      const engine::StepTime& t = res.times[i];
+      r.time.total_s = t.total;
+      r.time.compute_s = t.compute;
+      r.time.optimizer_s = t.optimizer;
+      for (const auto& [kind, sec] : t.collectives) {
+        r.time.collectives.push_back({reports::parse_collective(kind), sec});
+      }
+    }
     out.steps.push_back(r);
-    if (request.on_step) request.on_step(r, steps);
   }
-  out.final_params = trainer.params();
-
-  reports::RankMemory mem;
-  mem.rank = 0;
-  for (const std::string& n : out.final_params.names()) {
-    const int64_t b = out.final_params.at(n).nbytes().value;
-    mem.params_bytes += b;
-    mem.grads_bytes += b;
-    mem.optimizer_bytes += 2 * b;
+  // Final parameters in canonical order.
+  for (const engine::ParamSpec& spec : engine::param_specs(o.config.model)) {
+    auto it = res.final_params.find(spec.name);
+    MP_CHECK(it != res.final_params.end(), "{}: the engine returned no final {}", s.name,
+             spec.name);
+    out.final_params.insert(spec.name, it->second);
   }
-  mem.peak_bytes = tracker.peak(kernels::DeviceType::kCpu).value;
-  out.memory.push_back(mem);
+  for (const engine::RankReport& rr : res.ranks) {
+    reports::RankMemory mem;
+    mem.rank = rr.rank;
+    mem.params_bytes = rr.memory.params;
+    mem.grads_bytes = rr.memory.grads;
+    mem.optimizer_bytes = rr.memory.optimizer;
+    mem.gathered_weights_bytes = rr.memory.gathered_weights;
+    mem.activations_bytes = rr.memory.activations;
+    mem.peak_bytes = rr.memory.peak;
+    out.memory.push_back(mem);
+    if (rr.rank != 0) continue;
+    for (const engine::CollectiveRecord& c : rr.collectives) {
+      reports::CollectiveStats st;
+      st.kind = reports::parse_collective(c.kind);
+      st.group = c.group;
+      st.group_size = group_size(c.group, s.mesh);
+      st.count = c.count;
+      st.bytes = c.bytes;
+      st.time_s = c.seconds;
+      reports::fill_bandwidths(st);
+      out.collectives.push_back(st);
+    }
+  }
+  out.notes = std::move(res.notes);
+  out.trace = std::move(res.trace);
   return out;
 }
 

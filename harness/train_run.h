@@ -1,7 +1,8 @@
-// The harness's one door into the engine: maps a harness::Scenario onto the engine's run options
-// (scenario -> engine::Config, fault names -> engine::FaultInjection) and trains it, reporting each
-// step. Everything engine-specific the runner and the checks need goes through here, so that the
-// runner does not care whether the single-rank Trainer or the sharded session executes the run.
+// The harness's one door into the engine (engine::run_training, engine/session.h): maps a
+// harness::Scenario onto the engine's run options (scenario -> engine::Config, fault names ->
+// engine::FaultInjection) and trains it, reporting each step. Everything engine-specific the runner
+// and the checks need goes through here, so that the runner does not care whether the single-rank
+// Trainer or the sharded session executes the run.
 #pragma once
 
 #include <functional>
@@ -12,6 +13,7 @@
 #include "engine/config.h"
 #include "engine/faults.h"
 #include "engine/params.h"
+#include "engine/session.h"
 #include "harness/scenario.h"
 #include "reports/run_record.h"
 
@@ -32,6 +34,7 @@ bool can_execute(const Scenario& s, std::string* why);
 struct TrainRequest {
   engine::FaultInjection faults;
   int64_t steps = -1;  // -1: s.train.steps
+  bool trace = false;  // per-step per-tensor digests (TrainOutcome::trace)
   // Called after each step with the step's metrics (1-based step) and the steps planned.
   std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
 };
@@ -43,6 +46,7 @@ struct TrainOutcome {
   std::vector<reports::CollectiveStats> collectives;
   std::vector<std::string> notes;  // engine fallbacks and limitations the user must know
   std::string device;              // "cpu" or "cuda:0"
+  std::vector<std::vector<engine::TensorDigest>> trace;  // [step][tensor] with request.trace
 };
 
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);
