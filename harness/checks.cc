@@ -328,7 +328,7 @@ reports::CheckResult compare_tolerance(const std::string& name, const std::strin
   if (trace) {
     add_tensor_evidence(ev, actual, expected);
     if (!ev.tensor.empty()) {
-      r.message += fmt::format("; first differing final tensor {}: max abs {:.3g}, max rel {:.3g}",
+      r.message += fmt::format("; first diverging tensor {}: max abs {:.3g}, max rel {:.3g}",
                                ev.tensor, ev.max_abs_err.value_or(0), ev.max_rel_err.value_or(0));
     }
   }
