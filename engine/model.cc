@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <map>
 
 #include "kernels/activation.h"
@@ -32,6 +33,65 @@ kernels::DropoutKey dropout_key(uint64_t seed, const BatchCoords& c, int64_t lay
   return {seed,
           kernels::philox_stream(fmt::format("dropout.step{}.layers.{}.{}", c.step, layer, site)),
           static_cast<uint64_t>(c.row_begin * seq * hidden)};
+}
+
+// Sequence-parallel layout of activations [B*S, C]: tp rank t holds rows b*S + s for
+// s in [t*S/tp, (t+1)*S/tp), stored as [B, S/tp, C].
+Tensor seq_slice(const Tensor& full, int64_t batch, int64_t seq, int tp, int t) {
+  const int64_t sl = seq / tp, c = full.numel().value / (batch * seq);
+  const int64_t esize = full.nbytes().value / full.numel().value;
+  Tensor out = new_tensor({batch * sl, c}, full.dtype());
+  for (int64_t b = 0; b < batch; ++b)
+    std::memcpy(static_cast<char*>(out.raw_data()) + b * sl * c * esize,
+                static_cast<const char*>(full.raw_data()) + (b * seq + t * sl) * c * esize,
+                static_cast<size_t>(sl * c * esize));
+  return out;
+}
+
+// The inverse placement: local rows written into a zero [B*S, C] tensor at their positions.
+Tensor seq_place(const Tensor& local, int64_t batch, int64_t seq, int tp, int t) {
+  const int64_t sl = seq / tp, c = local.numel().value / (batch * sl);
+  const int64_t esize = local.nbytes().value / std::max<int64_t>(local.numel().value, 1);
+  Tensor out = Tensor::zeros({batch * seq, c}, local.dtype(), kernels::Device::cpu());
+  for (int64_t b = 0; b < batch; ++b)
+    std::memcpy(static_cast<char*>(out.raw_data()) + (b * seq + t * sl) * c * esize,
+                static_cast<const char*>(local.raw_data()) + b * sl * c * esize,
+                static_cast<size_t>(sl * c * esize));
+  return out;
+}
+
+// All-gather along the sequence: local [B*S/tp, C] -> full [B*S, C] (any dtype, bytes moved).
+Tensor seq_gather(mesh::Communicator& comm, const Tensor& local, int64_t batch, int64_t seq) {
+  const int tp = comm.size();
+  const int64_t sl = seq / tp, c = local.numel().value / (batch * sl);
+  const int64_t esize = local.nbytes().value / local.numel().value;
+  Tensor all = new_tensor({tp * batch * sl, c}, local.dtype());
+  comm.all_gather(local, all);
+  Tensor out = new_tensor({batch * seq, c}, local.dtype());
+  for (int t = 0; t < tp; ++t)
+    for (int64_t b = 0; b < batch; ++b)
+      std::memcpy(static_cast<char*>(out.raw_data()) + (b * seq + t * sl) * c * esize,
+                  static_cast<const char*>(all.raw_data()) + ((t * batch + b) * sl) * c * esize,
+                  static_cast<size_t>(sl * c * esize));
+  return out;
+}
+
+// Reduce-scatter (sum) along the sequence: full partial sums [B*S, C] -> this rank's summed
+// sequence shard [B*S/tp, C]. fp32 reduction; bf16 travels as fp32 and is rounded once after.
+Tensor seq_reduce_scatter(mesh::Communicator& comm, const Tensor& full, int64_t batch,
+                          int64_t seq) {
+  const int tp = comm.size();
+  const int64_t sl = seq / tp, c = full.numel().value / (batch * seq);
+  const Tensor f32 =
+      full.dtype() == DType::kFloat32 ? full : kernels::cast_to(full, DType::kFloat32);
+  Tensor send = new_tensor({tp * batch * sl, c}, DType::kFloat32);
+  for (int t = 0; t < tp; ++t)
+    for (int64_t b = 0; b < batch; ++b)
+      std::memcpy(send.data<float>() + ((t * batch + b) * sl) * c,
+                  f32.data<float>() + (b * seq + t * sl) * c, static_cast<size_t>(sl * c) * 4);
+  Tensor out = new_tensor({batch * sl, c}, DType::kFloat32);
+  comm.reduce_scatter(send, out, mesh::ReduceOp::kSum);
+  return full.dtype() == DType::kFloat32 ? out : kernels::cast_to(out, full.dtype());
 }
 
 }  // namespace
@@ -99,14 +159,23 @@ struct GptModel::Linear {
   std::map<std::string, Saved>* saved = nullptr;
 
   TpContext tp;  // row-parallel outputs and column-parallel input gradients are reduced over it
+  int64_t batch = 0, seq = 0;  // of this micro-batch (sequence-parallel layouts)
 
   bool quantized() const { return recipe != nullptr && recipe->enabled(); }
 
   // y = x·wᵀ + b
+  // row_parallel: y holds partial sums over the tp shards of K: all-reduced (or, with sequence
+  // parallelism, reduce-scattered along the sequence into y's sequence shard), then the bias.
   void forward(const std::string& name, const Tensor& x, const Tensor& w, const Tensor& b,
                Tensor& y, bool row_parallel = false) {
-    gemm_forward(name, x, w, y);
-    if (row_parallel) tp_sum(y);  // partial sums over the K shards; bias once, after
+    if (row_parallel && tp.sp()) {
+      Tensor full = new_tensor({batch * seq, y.shape()[1]}, y.dtype());
+      gemm_forward(name, x, w, full);
+      y.copy_from(seq_reduce_scatter(*tp.comm, full, batch, seq));
+    } else {
+      gemm_forward(name, x, w, y);
+      if (row_parallel) tp_sum(y);  // partial sums over the K shards; bias once, after
+    }
     kernels::add_bias_(y, b);
   }
 
@@ -136,15 +205,34 @@ struct GptModel::Linear {
 
   // dW += dyᵀ·x, db += colsum(dy), dx = dy·W
   // column_parallel: dx is a partial sum over the tp shards of W's rows; all-reduce it.
+  // With sequence parallelism dx is this rank's sequence shard of the reduced input gradient.
   void backward_pass(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
                      Tensor& dw, Tensor& db, Tensor& dx, bool column_parallel = false) {
-    backward_gemms(name, dy, x, w, dw, db, dx);
+    kernels::bias_grad(dy, db);
+    if (column_parallel && tp.sp()) {
+      Tensor full = new_tensor({batch * seq, dx.shape()[1]}, dx.dtype());
+      backward_gemms(name, dy, x, w, dw, full);
+      dx.copy_from(seq_reduce_scatter(*tp.comm, full, batch, seq));
+      return;
+    }
+    backward_gemms(name, dy, x, w, dw, dx);
     if (column_parallel) tp_sum(dx);
   }
 
-  void backward_gemms(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
-                      Tensor& dw, Tensor& db, Tensor& dx) {
+  // Row-parallel backward: with sequence parallelism dy is a sequence shard; its bias gradient is
+  // a partial sum (reduced over tp by the caller) and the GEMMs use dy gathered along the sequence.
+  void backward_row(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
+                    Tensor& dw, Tensor& db, Tensor& dx) {
     kernels::bias_grad(dy, db);
+    if (tp.sp()) {
+      backward_gemms(name, seq_gather(*tp.comm, dy, batch, seq), x, w, dw, dx);
+    } else {
+      backward_gemms(name, dy, x, w, dw, dx);
+    }
+  }
+
+  void backward_gemms(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
+                      Tensor& dw, Tensor& dx) {
     if (!quantized()) {
       kernels::gemm_wgrad(&dy, &x, dw, {.accumulate = true});
       kernels::gemm_dgrad(&dy, &w, dx);
@@ -233,29 +321,34 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   const int64_t f = w.fc1_w->shape()[0];
   const kernels::AttentionShape attn{batch, seq, heads, d};
   const std::string p = fmt::format("layers.{}.", layer);
+  // Rows of the residual stream on this rank (the sequence shard under sequence parallelism).
+  const bool sp = linear.tp.sp();
+  const int64_t rl = sp ? rows / linear.tp.comm->size() : rows;
 
   // Attention block.
-  a.ln1_out = new_tensor({rows, h}, dt);
-  a.ln1_mean = new_tensor({rows}, dt);
-  a.ln1_rstd = new_tensor({rows}, dt);
+  a.ln1_out = new_tensor({rl, h}, dt);
+  a.ln1_mean = new_tensor({rl}, dt);
+  a.ln1_rstd = new_tensor({rl}, dt);
   norm_forward(a.x_in, *w.ln1_w, w.ln1_b, a.ln1_out, a.ln1_mean, a.ln1_rstd);
+  if (sp) a.ln1_out = seq_gather(*linear.tp.comm, a.ln1_out, batch, seq);
   a.qkv = new_tensor({rows, 3 * hl}, dt);
   linear.forward(p + "attn.qkv", a.ln1_out, *w.qkv_w, *w.qkv_b, a.qkv);
   a.attn_out = new_tensor({rows, hl}, dt);
   a.probs = new_tensor({batch, heads, seq, seq}, dt);
   kernels::attention_forward(a.qkv, attn, a.attn_out, a.probs);
-  Tensor proj_out = new_tensor({rows, h}, dt);
+  Tensor proj_out = new_tensor({rl, h}, dt);
   linear.forward(p + "attn.proj", a.attn_out, *w.proj_w, *w.proj_b, proj_out, true);
-  a.x_mid = new_tensor({rows, h}, dt);
+  a.x_mid = new_tensor({rl, h}, dt);
   kernels::dropout_forward(proj_out, m.dropout,
                            dropout_key(config_.seed, coords, layer, "attn", seq, h), a.x_mid);
   kernels::add_(a.x_mid, a.x_in);
 
   // MLP block.
-  a.ln2_out = new_tensor({rows, h}, dt);
-  a.ln2_mean = new_tensor({rows}, dt);
-  a.ln2_rstd = new_tensor({rows}, dt);
+  a.ln2_out = new_tensor({rl, h}, dt);
+  a.ln2_mean = new_tensor({rl}, dt);
+  a.ln2_rstd = new_tensor({rl}, dt);
   norm_forward(a.x_mid, *w.ln2_w, w.ln2_b, a.ln2_out, a.ln2_mean, a.ln2_rstd);
+  if (sp) a.ln2_out = seq_gather(*linear.tp.comm, a.ln2_out, batch, seq);
   a.fc1_out = new_tensor({rows, f}, dt);
   linear.forward(p + "mlp.fc1", a.ln2_out, *w.fc1_w, *w.fc1_b, a.fc1_out);
   a.act_out = new_tensor({rows, f}, dt);
@@ -272,9 +365,9 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
       kernels::swiglu_forward(a.fc1_out, a.up_out, a.act_out);
       break;
   }
-  Tensor fc2_out = new_tensor({rows, h}, dt);
+  Tensor fc2_out = new_tensor({rl, h}, dt);
   linear.forward(p + "mlp.fc2", a.act_out, *w.fc2_w, *w.fc2_b, fc2_out, true);
-  a.x_out = new_tensor({rows, h}, dt);
+  a.x_out = new_tensor({rl, h}, dt);
   kernels::dropout_forward(fc2_out, m.dropout,
                            dropout_key(config_.seed, coords, layer, "mlp", seq, h), a.x_out);
   kernels::add_(a.x_out, a.x_mid);
@@ -291,15 +384,16 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   const int64_t f = w.fc1_w->shape()[0];
   const kernels::AttentionShape attn{batch, seq, heads, d};
   const std::string p = fmt::format("layers.{}.", layer);
+  const int64_t rl = linear.tp.sp() ? rows / linear.tp.comm->size() : rows;
 
   // MLP block: dx is dL/dx_out = dL/dx_mid (residual path) + the MLP branch below.
-  Tensor d_fc2 = new_tensor({rows, h}, dt);
+  Tensor d_fc2 = new_tensor({rl, h}, dt);
   kernels::dropout_backward(dx, m.dropout, dropout_key(config_.seed, coords, layer, "mlp", seq, h),
                             d_fc2);
   Tensor d_act = new_tensor({rows, f}, dt);
-  linear.backward_pass(p + "mlp.fc2", d_fc2, a.act_out, *w.fc2_w, *g.fc2_w, *g.fc2_b, d_act);
+  linear.backward_row(p + "mlp.fc2", d_fc2, a.act_out, *w.fc2_w, *g.fc2_w, *g.fc2_b, d_act);
   Tensor d_fc1 = new_tensor({rows, f}, dt);
-  Tensor d_ln2 = new_tensor({rows, h}, dt);
+  Tensor d_ln2 = new_tensor({rl, h}, dt);
   switch (m.activation) {
     case Activation::kGelu:
       kernels::gelu_backward(d_act, a.fc1_out, d_fc1);
@@ -316,27 +410,26 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
       kernels::swiglu_backward(d_act, a.fc1_out, a.up_out, d_fc1, d_up);
       linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2,
                            true);
-      Tensor d_ln2_up = new_tensor({rows, h}, dt);
+      Tensor d_ln2_up = new_tensor({rl, h}, dt);
       linear.backward_pass(p + "mlp.fc1_up", d_up, a.ln2_out, *w.up_w, *g.up_w, *g.up_b, d_ln2_up,
                            true);
       kernels::add_(d_ln2, d_ln2_up);
       break;
     }
   }
-  Tensor d_mid = new_tensor({rows, h}, dt);
+  Tensor d_mid = new_tensor({rl, h}, dt);
   norm_backward(d_ln2, a.x_mid, *w.ln2_w, a.ln2_mean, a.ln2_rstd, d_mid, *g.ln2_w, g.ln2_b);
   kernels::add_(d_mid, dx);  // residual
 
   // Attention block.
-  Tensor d_proj = new_tensor({rows, h}, dt);
+  Tensor d_proj = new_tensor({rl, h}, dt);
   kernels::dropout_backward(d_mid, m.dropout,
                             dropout_key(config_.seed, coords, layer, "attn", seq, h), d_proj);
   Tensor d_attn = new_tensor({rows, hl}, dt);
-  linear.backward_pass(p + "attn.proj", d_proj, a.attn_out, *w.proj_w, *g.proj_w, *g.proj_b,
-                       d_attn);
+  linear.backward_row(p + "attn.proj", d_proj, a.attn_out, *w.proj_w, *g.proj_w, *g.proj_b, d_attn);
   Tensor d_qkv = new_tensor({rows, 3 * hl}, dt);
   kernels::attention_backward(d_attn, a.qkv, a.probs, attn, d_qkv);
-  Tensor d_ln1 = new_tensor({rows, h}, dt);
+  Tensor d_ln1 = new_tensor({rl, h}, dt);
   linear.backward_pass(p + "attn.qkv", d_qkv, a.ln1_out, *w.qkv_w, *g.qkv_w, *g.qkv_b, d_ln1, true);
   norm_backward(d_ln1, a.x_in, *w.ln1_w, a.ln1_mean, a.ln1_rstd, dx, *g.ln1_w, g.ln1_b);
   kernels::add_(dx, d_mid);  // residual
@@ -373,7 +466,19 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   std::map<std::string, Linear::Saved> saved;  // quantized GEMM operands for the backward
   // With recompute the forward keeps nothing for the backward (rowwise copies only); the
   // recomputed forward produces the columnwise copies.
-  Linear linear{recipe, grads != nullptr && !recompute, &saved, tp};
+  Linear linear{recipe, grads != nullptr && !recompute, &saved, tp, batch, seq};
+  // Sequence parallelism: the residual stream, final norm, lm_head and loss on this rank's
+  // sequence shard (rl rows); the loss and TP-replicated gradients become partial sums.
+  const bool sp = tp.sp();
+  const int tp_size = sp ? tp.comm->size() : 1, tp_rank = sp ? tp.comm->rank() : 0;
+  const int64_t rl = rows / tp_size;
+  if (sp) {
+    MP_CHECK_INPUT(seq % tp_size == 0,
+                   "sequence parallelism: training.seq_len = {} is not divisible by tp = {}", seq,
+                   tp_size);
+    x = seq_slice(x, batch, seq, tp_size, tp_rank);
+    targets = seq_slice(targets.view({rows, 1}), batch, seq, tp_size, tp_rank).view({rl});
+  }
   std::vector<LayerActs> acts(static_cast<size_t>(m.layers));
   for (int64_t i = 0; i < m.layers; ++i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
@@ -388,26 +493,25 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   }
   const bool ln = m.norm == NormKind::kLayerNorm;
   const Tensor& lm_w = m.tied_embeddings ? tok : w.at("lm_head.weight");
-  Tensor xf = new_tensor({rows, h}, dt), f_mean = new_tensor({rows}, dt),
-         f_rstd = new_tensor({rows}, dt);
+  Tensor xf = new_tensor({rl, h}, dt), f_mean = new_tensor({rl}, dt), f_rstd = new_tensor({rl}, dt);
   norm_forward(x, w.at("final_ln.weight"), ln ? &w.at("final_ln.bias") : nullptr, xf, f_mean,
                f_rstd);
-  Tensor logits = new_tensor({rows, v}, dt);
+  Tensor logits = new_tensor({rl, v}, dt);
   kernels::gemm_fprop(&xf, &lm_w, logits);
   if (recipe) recipe->end_forward();
   if (grads == nullptr) return kernels::cross_entropy_forward(logits, targets);
 
   // Loss and backward.
-  Tensor d_logits = new_tensor({rows, v}, dt);
+  Tensor d_logits = new_tensor({rl, v}, dt);
   const double loss_sum =
       kernels::cross_entropy_forward_backward(logits, targets, grad_scale, d_logits);
   TensorMap& g = *grads;
-  Tensor d_xf = new_tensor({rows, h}, dt);
+  Tensor d_xf = new_tensor({rl, h}, dt);
   kernels::gemm_wgrad(&d_logits, &xf,
                       m.tied_embeddings ? g.at("embed.tok") : g.at("lm_head.weight"),
                       {.accumulate = true});
   kernels::gemm_dgrad(&d_logits, &lm_w, d_xf);
-  Tensor dx = new_tensor({rows, h}, dt);
+  Tensor dx = new_tensor({rl, h}, dt);
   norm_backward(d_xf, x, w.at("final_ln.weight"), f_mean, f_rstd, dx, g.at("final_ln.weight"),
                 ln ? &g.at("final_ln.bias") : nullptr);
   for (int64_t i = m.layers - 1; i >= 0; --i) {
@@ -426,6 +530,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
       return kv.first.starts_with(prefix);
     });
   }
+  if (sp) dx = seq_place(dx, batch, seq, tp_size, tp_rank);  // zeros at the other positions
   kernels::embedding_backward(dx, ids, g.at("embed.tok"), g.at("embed.pos"));
   if (recipe) recipe->end_backward();
   return loss_sum;

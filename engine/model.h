@@ -27,9 +27,18 @@ namespace meshproof::engine {
 // whole heads / a slice of F, proj and fc2 columns [Shard(1)]; norms, embeddings, lm_head and the
 // proj/fc2 biases whole. The row-parallel outputs are all-reduced (sum) over tp before their bias
 // is added; the column-parallel input gradients are all-reduced after their dgrad GEMMs.
+//
+// Sequence parallelism (sequence_parallel): the residual stream, norms, final norm, lm_head and
+// loss run on this rank's sequence shard (positions [t*S/tp, (t+1)*S/tp) of every row); the
+// normed activations are all-gathered along the sequence before a column-parallel GEMM and the
+// row-parallel outputs reduce-scattered along it (the input gradients the other way round). The
+// returned loss sum and the gradients of TP-replicated parameters are then partial sums over
+// the tp ranks: the caller sums them over tp. Needs S % tp == 0 and dropout 0.
 struct TpContext {
   mesh::Communicator* comm = nullptr;  // tp group; nullptr or size 1: no tensor parallelism
+  bool sequence_parallel = false;
   bool active() const { return comm != nullptr && comm->size() > 1; }
+  bool sp() const { return active() && sequence_parallel; }
 };
 
 // Identifies a micro-batch inside the global batch: dropout masks are keyed by the global

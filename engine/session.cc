@@ -16,6 +16,7 @@
 #include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels/error.h"
+#include "kernels/quantize.h"
 #include "mesh/local_comm.h"
 #include "mesh/mpi_comm.h"
 
@@ -198,8 +199,15 @@ struct TrainingSession::Impl {
     MP_CHECK_INPUT(config.model.heads % ms.tp == 0,
                    "mesh.tp = {} must divide model.heads = {} (TP shards hold whole heads)", ms.tp,
                    config.model.heads);
-    MP_CHECK_INPUT(!ms.sequence_parallel,
-                   "mesh.sequence_parallel is not available in this build of the engine");
+    MP_CHECK_INPUT(!ms.sequence_parallel || ms.tp > 1,
+                   "mesh.sequence_parallel needs tensor parallelism (mesh.tp > 1)");
+    MP_CHECK_INPUT(!ms.sequence_parallel || config.training.seq_len % ms.tp == 0,
+                   "mesh.sequence_parallel: training.seq_len = {} is not divisible by mesh.tp = {}",
+                   config.training.seq_len, ms.tp);
+    // Dropout masks are keyed by contiguous global element ranges of [B*S, H]; a sequence shard
+    // is not contiguous, so sequence parallelism is limited to dropout 0.
+    MP_CHECK_INPUT(!ms.sequence_parallel || config.model.dropout == 0.0,
+                   "mesh.sequence_parallel needs model.dropout = 0 (got {})", config.model.dropout);
     const int64_t dp = mesh.group_size(kData);
     const TrainingConfig& t = config.training;
     MP_CHECK_INPUT(t.batch % (dp * t.micro_batches) == 0,
@@ -232,6 +240,25 @@ struct TrainingSession::Impl {
       state.entries.push_back({"model/" + p.spec.name, p.layout, p.master});
       state.entries.push_back({"optim/" + p.spec.name + "/exp_avg", p.layout, p.exp_avg});
       state.entries.push_back({"optim/" + p.spec.name + "/exp_avg_sq", p.layout, p.exp_avg_sq});
+    }
+    // Delayed-scaling states exist from the start (the recipe would create them at the first
+    // quantization) so that the state entries cover them before step 0 and a checkpoint loaded
+    // before the first step writes into the live tensors.
+    if (config.recipe.kind == RecipeKind::kDelayed) {
+      std::vector<std::string> linears;
+      for (int64_t i = 0; i < config.model.layers; ++i) {
+        const std::string p = fmt::format("layers.{}.", i);
+        linears.push_back(p + "attn.qkv");
+        linears.push_back(p + "attn.proj");
+        linears.push_back(p + "mlp.fc1");
+        if (config.model.activation == Activation::kSwiGlu) linears.push_back(p + "mlp.fc1_up");
+        linears.push_back(p + "mlp.fc2");
+      }
+      for (const std::string& l : linears)
+        for (const char* role : {"input", "weight", "grad_output"})
+          recipe.delayed_states().emplace(
+              l + "/" + role, kernels::make_delayed_scaling_state(config.recipe.amax_history_len,
+                                                                  kernels::Device::cpu()));
     }
     // Delayed-scaling states are replicated: every rank holds the reduced amax history.
     for (auto& [name, st] : recipe.delayed_states()) {
@@ -281,12 +308,21 @@ struct TrainingSession::Impl {
     cursor = state.scalars.at("data/cursor");
   }
 
-  // Amax of activations/gradients: the data-parallel ranks see different rows of the same
-  // tensors, weights are gathered whole before quantization; MAX over the data-parallel group
-  // makes every rank quantize with the single-rank scale of the global batch... except that the
-  // single-rank recipe quantizes each micro-batch separately, so the amax group is the ranks that
-  // share the tensor: for weights every rank (same gathered weight), for activations none.
-  void reduce_amax(float*, int64_t) {}
+  // FP8 amax reduction (DESIGN.md section 4): every amax the recipe records is MAX-reduced over
+  // the whole mesh. Weights: the dp ranks hold the same gathered weight and the tp ranks disjoint
+  // shards of it, so the result is the amax of the global weight; activations and gradients:
+  // the dp ranks hold disjoint rows of the global micro-batch and the tp ranks disjoint columns
+  // (or copies), so the result is the single-rank amax of that micro-batch when every rank runs
+  // one micro-batch per step. Every rank therefore quantizes with the single-rank scales.
+  // amax_not_reduced (fault): no reduction, each rank scales by its own piece.
+  void reduce_amax(float* amax, int64_t n) {
+    if (options.faults.amax_not_reduced && options.faults.active(step)) return;
+    mesh::Communicator& world = comms.group(kWorld);
+    if (world.size() == 1) return;
+    Tensor buf = Tensor::from_vector<float>({n}, std::vector<float>(amax, amax + n));
+    world.all_reduce(buf, mesh::ReduceOp::kMax);
+    std::memcpy(amax, buf.raw_data(), static_cast<size_t>(n) * sizeof(float));
+  }
 
   std::map<std::string, double> collective_seconds() {
     std::map<std::string, double> s;
@@ -335,8 +371,9 @@ struct TrainingSession::Impl {
     for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
       const int64_t row0 = j * local_rows + mb * micro_rows;
       const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
-      loss_sum += model.forward_backward(weights, tokens, {cursor, row0}, grad_scale, grads,
-                                         &recipe, TpContext{&comms.group(kTp)});
+      loss_sum +=
+          model.forward_backward(weights, tokens, {cursor, row0}, grad_scale, grads, &recipe,
+                                 TpContext{&comms.group(kTp), options.mesh.sequence_parallel});
     }
     weights = TensorMap{};  // free the gathered weights
     time.compute = seconds_since(tc);
@@ -344,6 +381,13 @@ struct TrainingSession::Impl {
     // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP).
     const bool skip_replicas =
         options.faults.hsdp_replicas_not_reduced && options.faults.active(step);
+    // Sequence parallelism: gradients of TP-replicated parameters are partial sums over the
+    // sequence shards of the tp ranks.
+    const bool sp = options.mesh.sequence_parallel && mesh.size(MeshDim::kTp) > 1;
+    if (sp)
+      for (Param& p : params)
+        if (!p.layout.placement(MeshDim::kTp).is_shard())
+          comms.group(kTp).all_reduce(grads.at(p.spec.name), mesh::ReduceOp::kSum);
     for (Param& p : params) {
       p.grad = reduce_scatter_box(shard, p.layout, grads.at(p.spec.name), p.compute,
                                   mesh::ReduceOp::kAvg);
@@ -351,7 +395,7 @@ struct TrainingSession::Impl {
         replicate.all_reduce(p.grad, mesh::ReduceOp::kAvg);
     }
     grads = TensorMap{};
-    metrics.loss = sum_doubles(comms.group(kData), loss_sum) / positions;
+    metrics.loss = sum_doubles(comms.group(sp ? kWorld : kData), loss_sum) / positions;
 
     // Global norm: the shards over dp_shard x tp are disjoint except for tp-replicated
     // parameters, which only tp rank 0 counts; dp_replicate replicas are not summed.

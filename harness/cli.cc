@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "harness/bench_comm_verb.h"
+#include "harness/ckpt_verb.h"
 #include "harness/env_verb.h"
 #include "harness/exit_codes.h"
 #include "harness/export_verb.h"
@@ -64,6 +65,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   add_quantize_command(app, out, exit_code);
   add_bench_comm_command(app, out, exit_code);
   add_report_command(app, out, exit_code);
+  add_ckpt_command(app, out, exit_code);
 
   try {
     app.parse(argc, argv);

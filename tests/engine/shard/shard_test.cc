@@ -4,6 +4,7 @@
 
 #include "engine/session.h"
 #include "engine/trainer.h"
+#include "mesh/local_comm.h"
 
 namespace meshproof::engine {
 namespace {
@@ -127,7 +128,8 @@ INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh,
                          ::testing::Values(MeshSpec{1, 1, 1}, MeshSpec{1, 2, 1}, MeshSpec{1, 4, 1},
                                            MeshSpec{1, 8, 1}, MeshSpec{2, 2, 1}, MeshSpec{2, 1, 1},
                                            MeshSpec{1, 1, 2}, MeshSpec{1, 1, 4}, MeshSpec{1, 2, 2},
-                                           MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2}),
+                                           MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2},
+                                           MeshSpec{1, 1, 2, true}, MeshSpec{1, 2, 2, true}),
                          [](const auto& info) {
                            const MeshSpec& m = info.param;
                            return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
@@ -195,6 +197,35 @@ TEST(ShardedFaults, HsdpReplicasNotReducedDiverge) {
   EXPECT_GT(worst, 1e-3);
 }
 
+TEST(ShardedState, EntriesCoverModelOptimizerAndDelayedScalingState) {
+  Config c = tiny();
+  c.model.hidden = 32;
+  c.model.ffn = 64;
+  c.recipe.kind = RecipeKind::kDelayed;
+  c.recipe.amax_history_len = 4;
+  mesh::LocalWorld world(mesh::DeviceMesh(1, 2, 2));
+  world.run([&](mesh::RankComms& comms) {
+    RunOptions o = options(c, {1, 2, 2}, 1);
+    TrainingSession s(o, comms);
+    const ShardedState& st = s.state();
+    const size_t nparams = param_specs(c.model).size();
+    // 3 entries per parameter + (scale, amax_history) x 3 roles x 4 linears per layer.
+    EXPECT_EQ(st.entries.size(), 3 * nparams + 2 * 3 * 4 * c.model.layers);
+    for (const StateEntry& e : st.entries)
+      EXPECT_EQ(e.local.shape(), e.layout.local_shape(comms.rank())) << e.key;
+    EXPECT_EQ(st.scalars.at("optim/step"), 0);
+    s.step();
+    // The entries alias the live tensors: after a step the amax history holds the step's amax.
+    bool any_nonzero = false;
+    for (const StateEntry& e : s.state().entries)
+      if (e.key.ends_with("attn.qkv/weight/amax_history"))
+        for (float v : e.local.to_vector<float>()) any_nonzero |= v != 0.0f;
+    EXPECT_TRUE(any_nonzero);
+    EXPECT_EQ(s.state().scalars.at("optim/step"), 1);
+    EXPECT_EQ(s.state().scalars.at("data/cursor"), 1);
+  });
+}
+
 TEST(ShardedInput, BadMeshAndBatchAreInputErrors) {
   Config c = tiny();
   c.training.batch = 6;
@@ -206,6 +237,83 @@ TEST(ShardedInput, BadMeshAndBatchAreInputErrors) {
     EXPECT_NE(std::string(e.what()).find("training.batch"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace
+}  // namespace meshproof::engine
+
+namespace meshproof::engine {
+namespace {
+
+Config fp8_model(RecipeKind kind) {
+  Config c = tiny();
+  c.model.hidden = 64;
+  c.model.heads = 4;
+  c.model.ffn = 128;
+  c.model.vocab = 64;
+  c.training.batch = 16;
+  c.recipe.kind = kind;
+  return c;
+}
+
+struct RecipeCase {
+  RecipeKind kind;
+  MeshSpec mesh;
+};
+
+class RecipeMesh : public ::testing::TestWithParam<RecipeCase> {};
+
+TEST_P(RecipeMesh, LossTracksSingleRank) {
+  const RecipeCase& rc = GetParam();
+  const Config c = fp8_model(rc.kind);
+  constexpr int kSteps = 4;
+  const Reference ref = single_rank(c, kSteps);
+  const RunResult run = run_training(options(c, rc.mesh, kSteps));
+  double worst = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    const double want = ref.metrics[static_cast<size_t>(s)].loss;
+    worst = std::max(worst, std::abs(run.metrics[static_cast<size_t>(s)].loss - want) / want);
+  }
+  // Sharding changes GEMM reduction lengths (TP) and gradient summation order (DP); in bf16 and
+  // FP8 the rounding of reordered sums and of re-quantized operands near a rounding boundary
+  // shifts the loss slightly. DESIGN.md section 8 allows 1e-2 for bf16; the same bound is used
+  // for the FP8 recipes. Measured worst relative loss deviation over 4 steps: bf16 1.5e-5 (dp2),
+  // 2.5e-3 (dp2 x tp2); delayed 1.5e-3 (dp2), 3.7e-3 (tp2); current 0 (dp2), 3.3e-3 (HSDP-style
+  // dp_replicate2 x tp2), 3.3e-3 (tp2 + SP); bf16 2.5e-3 (tp2 + SP); mxfp8 0 (dp2), 1.4e-3 (tp2);
+  // block 0 (dp2). Pure data parallelism is
+  // exact for current/mxfp8/block because the amax is MAX-reduced over the mesh and the FP8
+  // GEMMs see the same operands; TP changes GEMM reduction lengths (bf16 partial sums).
+  EXPECT_LE(worst, 1e-2) << recipe_name(rc.kind) << " on " << mesh_name(rc.mesh);
+  RecordProperty("worst_rel_loss", std::to_string(worst));
+}
+
+TEST(ShardedFaults, AmaxNotReducedChangesCurrentScalingOnDataParallelRanks) {
+  // With the amax reduced, current scaling on dp_shard=2 reproduces the single-rank losses
+  // exactly (measured above); without it each rank scales its half of the rows by its own amax.
+  const Config c = fp8_model(RecipeKind::kCurrent);
+  RunOptions good = options(c, {1, 2, 1}, 3), bad = good;
+  bad.faults.amax_not_reduced = true;
+  const RunResult rg = run_training(good), rb = run_training(bad);
+  double diff = 0;
+  for (int s = 0; s < 3; ++s)
+    diff = std::max(diff, std::abs(rg.metrics[static_cast<size_t>(s)].loss -
+                                   rb.metrics[static_cast<size_t>(s)].loss));
+  EXPECT_GT(diff, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Recipes, RecipeMesh,
+    ::testing::Values(
+        RecipeCase{RecipeKind::kBf16, {1, 2, 1}}, RecipeCase{RecipeKind::kBf16, {1, 2, 2}},
+        RecipeCase{RecipeKind::kDelayed, {1, 2, 1}}, RecipeCase{RecipeKind::kDelayed, {1, 1, 2}},
+        RecipeCase{RecipeKind::kCurrent, {1, 2, 1}}, RecipeCase{RecipeKind::kCurrent, {2, 1, 2}},
+        RecipeCase{RecipeKind::kMxfp8, {1, 2, 1}}, RecipeCase{RecipeKind::kMxfp8, {1, 1, 2}},
+        RecipeCase{RecipeKind::kBlock, {1, 2, 1}}, RecipeCase{RecipeKind::kBf16, {1, 1, 2, true}},
+        RecipeCase{RecipeKind::kCurrent, {1, 1, 2, true}}),
+    [](const auto& info) {
+      const RecipeCase& rc = info.param;
+      return fmt::format("{}_r{}_s{}_t{}{}", recipe_name(rc.kind), rc.mesh.dp_replicate,
+                         rc.mesh.dp_shard, rc.mesh.tp, rc.mesh.sequence_parallel ? "_sp" : "");
+    });
 
 }  // namespace
 }  // namespace meshproof::engine
