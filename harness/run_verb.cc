@@ -86,6 +86,7 @@ int run_verb(const RunVerbOptions& o, std::ostream& out, std::ostream& err) {
                                ? fs::path("out") / compact_timestamp(record.start_time)
                                : fs::path(o.out_dir);
 
+  opts.out_dir = out_dir;
   bool any_error = false, any_missed = false;
   for (const Scenario& s : scenarios) {
     if (!o.quiet && !opts.progress) {

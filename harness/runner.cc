@@ -281,10 +281,37 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
     }));
   }
   if (s.checks.resume.enabled) {
-    rec.checks.push_back(guarded("resume", [&]() -> reports::CheckResult {
-      MP_FAIL(
-          "checkpoint support not built: the resume check needs engine/checkpoint.h (save/load), "
-          "which this build does not have");
+    rec.checks.push_back(guarded("resume", [&] {
+      ResumeRequest req;
+      req.at_step = s.checks.resume.at_step;
+      req.mesh = s.checks.resume.mesh;
+      req.faults = faults;
+      req.keep_last = s.checkpoint.keep_last;
+      // The check owns a folder of its own under the checkpoint root and starts it empty, so
+      // that a rerun into the same --out never meets its previous checkpoint.
+      const fs::path root = s.checkpoint.dir.empty()
+                                ? opts.out_dir / golden_scenario_dir(s.name) / "checkpoints"
+                                : fs::path(s.checkpoint.dir);
+      req.checkpoint_root = root / fmt::format("resume_check_step{}", req.at_step);
+      std::error_code ec;
+      fs::remove_all(req.checkpoint_root, ec);
+      MP_CHECK(!ec, "clearing {}: {}", req.checkpoint_root.string(), ec.message());
+      TrainOutcome resumed = resume_scenario(run, req);
+      rec.notes.insert(rec.notes.end(), resumed.notes.begin(), resumed.notes.end());
+      const RunView view{&resumed.steps, &resumed.final_params, nullptr};
+      const RunView straight{&main.steps, &main.final_params, nullptr};
+      if (!s.checks.resume.mesh || *s.checks.resume.mesh == s.mesh) {
+        return compare_bitwise("resume", "resume", view, straight,
+                               fmt::format("resumed run (saved after step {})", req.at_step),
+                               opts.trace);
+      }
+      // Another mesh reorders reductions: loss and grad_norm within the scenario's rtol.
+      const std::map<Metric, double> rtol = {{Metric::kLoss, s.checks.resume.rtol},
+                                             {Metric::kGradNorm, s.checks.resume.rtol}};
+      return compare_tolerance("resume", "resume", view, straight, rtol,
+                               fmt::format("run resumed on {} (saved after step {})",
+                                           describe_mesh(*s.checks.resume.mesh), req.at_step),
+                               opts.trace);
     }));
   }
   if (s.checks.reference.enabled) {

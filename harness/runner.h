@@ -20,7 +20,8 @@ struct RunnerOptions {
   std::optional<Backend> backend;    // --backend: overrides every scenario's backend
   std::optional<Launcher> launcher;  // --launcher
   std::filesystem::path golden_dir = "golden";
-  bool trace = false;     // first diverging tensor in check evidence
+  std::filesystem::path out_dir = "out";  // report folder; checkpoints go under it
+  bool trace = false;                     // first diverging tensor in check evidence
   bool progress = false;  // live per-step progress (terminal); else one line per scenario
   // How the user invoked the loader, for the `golden update` command printed by a missing golden.
   std::vector<std::string> sets;

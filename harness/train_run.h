@@ -5,6 +5,7 @@
 // Trainer or the sharded session executes the run.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -50,5 +51,21 @@ struct TrainOutcome {
 };
 
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);
+
+// The scenario as engine::RunOptions (launcher, mesh, FSDP options, faults, steps, trace).
+engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& request);
+
+struct ResumeRequest {
+  int64_t at_step = 1;             // save after this step (1-based)
+  std::optional<MeshConfig> mesh;  // resume on this mesh (default: the scenario's)
+  engine::FaultInjection faults;   // engine and checkpoint faults (save/load side)
+  std::filesystem::path checkpoint_root;
+  int64_t keep_last = 2;
+};
+
+// The resume half of the resume check: train to at_step on the scenario's mesh, save a checkpoint
+// under checkpoint_root, construct a fresh engine (on the resume mesh), load, and train to the
+// end. Returns the stitched per-step metrics (1..steps) and the final global parameters.
+TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request);
 
 }  // namespace meshproof::harness
