@@ -46,6 +46,17 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
   MP_CHECK(enabled_, "Fp8Recipe::quantize called for recipe {}", recipe_name(config_.kind));
   const DType fmt = format(role);
   const std::string key = fmt::format("{}/{}", linear, role_name(role));
+  if (role == Fp8Role::kWeight) {
+    const auto pre = prequantized_.find(linear);
+    if (pre != prequantized_.end()) {
+      if (config_.kind == RecipeKind::kDelayed && !recompute_) {
+        kernels::DelayedScalingState& st = states_.at(key);
+        kernels::record_amax(st, pre->second.local_amax);
+        forward_scales_[key] = st.scale.clone();
+      }
+      return pre->second.q;
+    }
+  }
   switch (config_.kind) {
     case RecipeKind::kCurrent: {
       // amax -> MAX-reduce over the amax group -> scale, as three separate steps.
@@ -104,6 +115,11 @@ void Fp8Recipe::update(bool forward_roles) {
     kernels::update_delayed_scaling(state, algo, static_cast<int>(config_.margin),
                                     kernels::fp8_max(is_grad ? DType::kE5M2 : DType::kE4M3));
   }
+}
+
+void Fp8Recipe::set_prequantized_weight(const std::string& linear, QuantizedTensor q,
+                                        Tensor local_amax) {
+  prequantized_[linear] = {std::move(q), std::move(local_amax)};
 }
 
 void Fp8Recipe::end_forward() { update(true); }

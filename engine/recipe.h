@@ -37,6 +37,14 @@ class Fp8Recipe {
   kernels::GemmOptions options(kernels::GemmRole role, bool accumulate = false) const;
   kernels::DType format(Fp8Role role) const;
 
+  // FP8 all-gather (engine/fp8_all_gather.h): the sharded executor hands in weights it already
+  // quantized shard-wise and gathered; quantize(linear, kWeight, ...) returns them instead of
+  // quantizing again. `local_amax` (float32 [1], the shard's amax) is recorded for delayed
+  // scaling, whose end_forward MAX-reduces it into the weight's amax.
+  void set_prequantized_weight(const std::string& linear, kernels::QuantizedTensor q,
+                               kernels::Tensor local_amax);
+  void clear_prequantized_weights() { prequantized_.clear(); }
+
   void end_forward();   // delayed: reduce + update input/weight states
   void end_backward();  // delayed: reduce + update gradient states
   void set_recompute(bool on) { recompute_ = on; }
@@ -53,6 +61,11 @@ class Fp8Recipe {
   bool recompute_ = false;
   std::map<std::string, kernels::DelayedScalingState> states_;
   std::map<std::string, kernels::Tensor> forward_scales_;  // scale each forward tensor used
+  struct Prequantized {
+    kernels::QuantizedTensor q;
+    kernels::Tensor local_amax;
+  };
+  std::map<std::string, Prequantized> prequantized_;  // by linear name
 };
 
 }  // namespace meshproof::engine

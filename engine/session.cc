@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "engine/data.h"
+#include "engine/fp8_all_gather.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
@@ -175,8 +176,9 @@ struct TrainingSession::Impl {
   Fp8Recipe recipe;
   std::vector<Param> params;
   ShardedState state;
-  int64_t step = 0;    // optimizer steps taken
-  int64_t cursor = 0;  // next global batch
+  bool fp8_gather = false;  // FP8 all-gather of the linear layers' weights
+  int64_t step = 0;         // optimizer steps taken
+  int64_t cursor = 0;       // next global batch
   std::vector<std::string> notes;
   StepTime time;
   MemoryBreakdown mem;
@@ -214,8 +216,19 @@ struct TrainingSession::Impl {
                    "training.batch = {} must be divisible by the data-parallel size {} times "
                    "training.micro_batches = {}",
                    t.batch, dp, t.micro_batches);
-    MP_CHECK_INPUT(!options.fsdp.fp8_all_gather && !options.fsdp.fp8_params,
-                   "fsdp.fp8_all_gather / fsdp.fp8_params are not available in this build");
+    MP_CHECK_INPUT(!options.fsdp.fp8_params,
+                   "fsdp.fp8_params (FP8 primary weights) is not available in this build");
+    const RecipeKind rk = config.recipe.kind;
+    // stale_columnwise_copy (fault) needs the executor to hold the quantized weights, so it also
+    // takes the FP8 all-gather path (bitwise equal to the high-precision gather, see tests).
+    fp8_gather =
+        (options.fsdp.fp8_all_gather || options.faults.stale_columnwise_copy) &&
+        (rk == RecipeKind::kCurrent || rk == RecipeKind::kDelayed || rk == RecipeKind::kMxfp8);
+    if (options.fsdp.fp8_all_gather && !fp8_gather)
+      notes.push_back(
+          fmt::format("fsdp.fp8_all_gather has no effect with recipe {}: weights are "
+                      "gathered in high precision",
+                      recipe_name(rk)));
 
     for (const ParamSpec& s : param_specs(config.model)) {
       Layout layout(mesh, s.shape, placements(s.name, ms.tp));
@@ -237,9 +250,20 @@ struct TrainingSession::Impl {
       params.push_back(std::move(prm));
     }
     for (Param& p : params) {
-      state.entries.push_back({"model/" + p.spec.name, p.layout, p.master});
-      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg", p.layout, p.exp_avg});
-      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg_sq", p.layout, p.exp_avg_sq});
+      // tp_fsdp_left_to_right (fault): the shards are the strided ones, but the state describes
+      // them as Shard(0) over dp_shard then tp (left to right), so a checkpoint puts their rows
+      // at the wrong global offsets (visible when it is loaded on another mesh).
+      Layout described = p.layout;
+      if (options.faults.tp_fsdp_left_to_right &&
+          p.layout.placement(MeshDim::kDpShard).kind == Placement::Kind::kStridedShard) {
+        std::vector<Placement> pl = p.layout.placements();
+        pl[static_cast<size_t>(MeshDim::kDpShard)] = Placement::shard(0);
+        Layout l2r(mesh, p.spec.shape, pl);
+        if (l2r.box(rank).shape() == p.layout.box(rank).shape()) described = l2r;
+      }
+      state.entries.push_back({"model/" + p.spec.name, described, p.master});
+      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg", described, p.exp_avg});
+      state.entries.push_back({"optim/" + p.spec.name + "/exp_avg_sq", described, p.exp_avg_sq});
     }
     // Delayed-scaling states exist from the start (the recipe would create them at the first
     // quantization) so that the state entries cover them before step 0 and a checkpoint loaded
@@ -297,6 +321,35 @@ struct TrainingSession::Impl {
     return p;
   }
 
+  // stale_columnwise_copy (fault): from faults.from_step on, backward (dgrad) uses the columnwise
+  // copy of the weight quantized before the previous optimizer step instead of this step's.
+  std::map<std::string, std::pair<Tensor, Tensor>> previous_columnwise;  // data, scale_inv
+  void stale_columnwise(const std::string& linear, kernels::QuantizedTensor& w) {
+    const int64_t layer = options.faults.stale_columnwise_layer;
+    const bool this_layer = layer < 0 || linear.starts_with(fmt::format("layers.{}.", layer));
+    auto prev = previous_columnwise.find(linear);
+    std::pair<Tensor, Tensor> current{w.columnwise_data, w.columnwise_scale_inv};
+    if (this_layer && options.faults.active(step) && prev != previous_columnwise.end()) {
+      w.columnwise_data = prev->second.first;
+      w.columnwise_scale_inv = prev->second.second;
+    }
+    previous_columnwise[linear] = std::move(current);
+  }
+
+  bool rk_delayed() const { return config.recipe.kind == RecipeKind::kDelayed; }
+  // "layers.0.attn.qkv" for the weight of a quantized linear layer, "" otherwise.
+  static std::string quantized_linear(const std::string& name) {
+    for (const char* l : {".attn.qkv.weight", ".attn.proj.weight", ".mlp.fc1.weight",
+                          ".mlp.fc1_gate.weight", ".mlp.fc1_up.weight", ".mlp.fc2.weight"})
+      if (name.ends_with(l)) {
+        std::string base = name.substr(0, name.size() - std::string(".weight").size());
+        // SwiGLU's gate projection is the recipe's "mlp.fc1" linear.
+        if (base.ends_with(".mlp.fc1_gate")) base = base.substr(0, base.size() - 5);
+        return base;
+      }
+    return "";
+  }
+
   void store_scalars() {
     state.scalars["optim/step"] = step;
     state.scalars["data/cursor"] = cursor;
@@ -348,7 +401,30 @@ struct TrainingSession::Impl {
     // All-gather the weights over dp_shard into compute tensors (bf16 copies for non-fp32).
     TensorMap weights, grads;
     int64_t gathered_bytes = 0;
+    recipe.clear_prequantized_weights();
     for (const Param& p : params) {
+      const std::string linear = quantized_linear(p.spec.name);
+      if (fp8_gather && !linear.empty()) {
+        // Quantize the local shard (bf16 compute copy), gather FP8 bytes + scales; the amax
+        // group is the whole mesh, as for the recipe's own weight quantization (reduce_amax).
+        const Tensor local = kernels::cast_to(p.master, DType::kBFloat16);
+        const Tensor* scale =
+            rk_delayed() ? &recipe.delayed_states().at(linear + "/weight").scale : nullptr;
+        Fp8GatherResult g = fp8_all_gather(
+            shard, comms.group(kWorld), p.layout, local, p.compute, config.recipe.kind, scale,
+            !(options.faults.amax_not_reduced && options.faults.active(step)));
+        if (g.high_precision_fallback &&
+            std::find(notes.begin(), notes.end(), g.note) == notes.end())
+          notes.push_back(g.note);
+        gathered_bytes +=
+            g.weight.rowwise_data.nbytes().value + g.weight.columnwise_data.nbytes().value;
+        if (options.faults.stale_columnwise_copy) stale_columnwise(linear, g.weight);
+        recipe.set_prequantized_weight(linear, std::move(g.weight), kernels::compute_amax(local));
+        // The layer code reads only the shape of a prequantized weight.
+        weights.insert(p.spec.name, host_empty(p.compute.shape(), DType::kBFloat16));
+        grads.insert(p.spec.name, host_zeros(p.compute.shape(), DType::kFloat32));
+        continue;
+      }
       Tensor full = gather_box(shard, p.layout, p.master, p.compute);
       if (config.recipe.kind != RecipeKind::kFp32) full = kernels::cast_to(full, DType::kBFloat16);
       gathered_bytes += full.nbytes().value;
@@ -376,6 +452,7 @@ struct TrainingSession::Impl {
                                  TpContext{&comms.group(kTp), options.mesh.sequence_parallel});
     }
     weights = TensorMap{};  // free the gathered weights
+    recipe.clear_prequantized_weights();
     time.compute = seconds_since(tc);
 
     // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP).

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "engine/session.h"
@@ -314,6 +315,138 @@ INSTANTIATE_TEST_SUITE_P(
       return fmt::format("{}_r{}_s{}_t{}{}", recipe_name(rc.kind), rc.mesh.dp_replicate,
                          rc.mesh.dp_shard, rc.mesh.tp, rc.mesh.sequence_parallel ? "_sp" : "");
     });
+
+}  // namespace
+}  // namespace meshproof::engine
+
+namespace meshproof::engine {
+namespace {
+
+std::vector<float> bytes_of(const kernels::Tensor& t) { return t.to_vector<float>(); }
+
+struct GatherCase {
+  RecipeKind kind;
+  MeshSpec mesh;
+};
+class Fp8GatherRun : public ::testing::TestWithParam<GatherCase> {};
+
+TEST_P(Fp8GatherRun, BitwiseEqualToHighPrecisionGather) {
+  // gather(quantize(shard)) is bitwise quantize(gather(shard)) (amax reduced over the same
+  // group), so the FP8 all-gather run must reproduce the high-precision-gather run exactly.
+  const GatherCase& gc = GetParam();
+  const Config c = fp8_model(gc.kind);
+  RunOptions hp = options(c, gc.mesh, 3), f8 = hp;
+  f8.fsdp.fp8_all_gather = true;
+  const RunResult a = run_training(hp), b = run_training(f8);
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(a.metrics[static_cast<size_t>(s)].loss, b.metrics[static_cast<size_t>(s)].loss) << s;
+    EXPECT_EQ(a.metrics[static_cast<size_t>(s)].grad_norm,
+              b.metrics[static_cast<size_t>(s)].grad_norm)
+        << s;
+  }
+  // Gathered weight bytes: FP8 rowwise + columnwise copies (1 byte each) instead of bf16.
+  EXPECT_TRUE(b.notes.empty()) << b.notes.front();
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, Fp8GatherRun,
+                         ::testing::Values(GatherCase{RecipeKind::kCurrent, {1, 2, 1}},
+                                           GatherCase{RecipeKind::kCurrent, {1, 2, 2}},
+                                           GatherCase{RecipeKind::kDelayed, {1, 2, 1}},
+                                           GatherCase{RecipeKind::kMxfp8, {1, 2, 1}}),
+                         [](const auto& info) {
+                           const GatherCase& g = info.param;
+                           return fmt::format("{}_r{}_s{}_t{}", recipe_name(g.kind),
+                                              g.mesh.dp_replicate, g.mesh.dp_shard, g.mesh.tp);
+                         });
+
+TEST(ShardedFaults, StaleColumnwiseCopyChangesTheRun) {
+  // Step 0 has no previous copy; from step 1 on dgrad uses the weight of the previous step.
+  const Config c = fp8_model(RecipeKind::kCurrent);
+  RunOptions good = options(c, {1, 2, 1}, 3), bad = good;
+  bad.faults.stale_columnwise_copy = true;
+  const RunResult rg = run_training(good), rb = run_training(bad);
+  EXPECT_EQ(rg.metrics[0].loss, rb.metrics[0].loss);
+  EXPECT_EQ(rg.metrics[1].loss, rb.metrics[1].loss);  // step 1's forward is still right
+  EXPECT_NE(rg.metrics[1].grad_norm, rb.metrics[1].grad_norm);
+  EXPECT_NE(rg.metrics[2].loss, rb.metrics[2].loss);
+}
+
+TEST(ShardedFaults, TpFsdpLeftToRightDescribesTheWrongRows) {
+  const Config c = tiny();
+  mesh::LocalWorld world(mesh::DeviceMesh(1, 2, 2));
+  world.run([&](mesh::RankComms& comms) {
+    RunOptions o = options(c, {1, 2, 2}, 1);
+    TrainingSession good(o, comms);
+    o.faults.tp_fsdp_left_to_right = true;
+    TrainingSession bad(o, comms);
+    for (size_t i = 0; i < good.state().entries.size(); ++i) {
+      const StateEntry& g = good.state().entries[i];
+      const StateEntry& b = bad.state().entries[i];
+      EXPECT_EQ(bytes_of(g.local), bytes_of(b.local)) << g.key;  // same data
+      if (g.key == "model/layers.0.attn.qkv.weight") {
+        EXPECT_EQ(g.layout.placement(mesh::MeshDim::kDpShard).str(), "StridedShard(0, sf=2)");
+        EXPECT_EQ(b.layout.placement(mesh::MeshDim::kDpShard).str(), "Shard(0)");
+        // (dp=1, tp=0) holds rows 12..23 of 48 (strided); left-to-right says rows 24..35.
+        if (comms.rank() == 2) EXPECT_NE(g.layout.box(2), b.layout.box(2));
+      }
+    }
+  });
+}
+
+TEST(Fp8GatherRunNotes, Mxfp8UnalignedShardsReportTheFallback) {
+  Config c = fp8_model(RecipeKind::kMxfp8);
+  // qkv [192, 64] over 4 ranks: 48-row shards, not multiples of 32 (fc1 [128, 64]: 32, aligned).
+  RunOptions o = options(c, {1, 4, 1}, 1);
+  o.fsdp.fp8_all_gather = true;
+  const RunResult r = run_training(o);
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes.front().find("fell back to a high-precision gather"), std::string::npos)
+      << r.notes.front();
+}
+
+}  // namespace
+}  // namespace meshproof::engine
+
+namespace meshproof::engine {
+namespace {
+
+TEST(ShardedRun, TraceHooksAndReports) {
+  const Config c = tiny();
+  RunOptions o = options(c, {1, 2, 2}, 2);
+  o.trace = true;
+  std::atomic<int> saves{0};
+  int progress = 0;
+  o.on_step = [&](const StepMetrics&) { ++progress; };
+  o.after_step = [&](ShardedState& st, int, int64_t done) {
+    EXPECT_EQ(st.scalars.at("optim/step"), done);
+    ++saves;
+  };
+  const RunResult r = run_training(o);
+  EXPECT_EQ(progress, 2);
+  EXPECT_EQ(saves.load(), 2 * 4);  // every rank, every step
+  ASSERT_EQ(r.trace.size(), 2u);
+  const size_t nparams = param_specs(c.model).size();
+  EXPECT_EQ(r.trace[0].size(), 2 * nparams);  // grads and params
+  // The traced parameters after the last step are the final parameters.
+  for (const TensorDigest& d : r.trace[1])
+    if (d.name == "param/embed.tok") {
+      const std::vector<float> v = r.final_params.at("embed.tok").to_vector<float>();
+      double sum = 0;
+      for (float x : v) sum += x;
+      EXPECT_EQ(d.sum, sum);
+    }
+  ASSERT_EQ(r.ranks.size(), 4u);
+  for (const RankReport& rr : r.ranks) {
+    EXPECT_GT(rr.memory.params, 0);
+    EXPECT_GT(rr.memory.peak, 0);
+    bool tp_all_reduce = false;
+    for (const CollectiveRecord& cr : rr.collectives)
+      tp_all_reduce |= cr.kind == "all_reduce" && cr.group == "tp" && cr.count > 0;
+    EXPECT_TRUE(tp_all_reduce) << rr.rank;
+  }
+  ASSERT_EQ(r.times.size(), 2u);
+  EXPECT_GT(r.times[0].total, 0.0);
+}
 
 }  // namespace
 }  // namespace meshproof::engine

@@ -1,0 +1,130 @@
+#include "engine/fp8_all_gather.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/error.h"
+#include "kernels/quantize.h"
+
+namespace meshproof::engine {
+
+using kernels::DType;
+using kernels::Tensor;
+using mesh::Box;
+
+namespace {
+
+struct RowPiece {
+  int64_t offset = 0;  // first row (in `unit`s) inside the target
+  int64_t rows = 0;
+};
+
+// Gathers each member's rows [R_s, C] (any byte-sized dtype) into [R, C]: buffers padded to the
+// largest member, all-gathered, and each member's real rows copied to its offset.
+Tensor gather_rows(mesh::Communicator& comm, const Tensor& local,
+                   const std::vector<RowPiece>& pieces, int64_t total_rows, int64_t cols) {
+  const int64_t esize = kernels::dtype_bits(local.dtype()) / 8;
+  int64_t max_rows = 1;
+  for (const RowPiece& p : pieces) max_rows = std::max(max_rows, p.rows);
+  Tensor send = Tensor::zeros({max_rows * cols}, local.dtype(), kernels::Device::cpu());
+  if (local.numel().value > 0)
+    std::memcpy(send.raw_data(), local.raw_data(), static_cast<size_t>(local.nbytes().value));
+  Tensor recv =
+      Tensor::empty({comm.size() * max_rows * cols}, local.dtype(), kernels::Device::cpu());
+  comm.all_gather(send, recv);
+  Tensor out = Tensor::empty({total_rows, cols}, local.dtype(), kernels::Device::cpu());
+  for (int s = 0; s < comm.size(); ++s) {
+    const RowPiece& p = pieces[static_cast<size_t>(s)];
+    std::memcpy(static_cast<char*>(out.raw_data()) + p.offset * cols * esize,
+                static_cast<const char*>(recv.raw_data()) + s * max_rows * cols * esize,
+                static_cast<size_t>(p.rows * cols * esize));
+  }
+  return out;
+}
+
+}  // namespace
+
+Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& amax_group,
+                               const mesh::Layout& layout, const Tensor& local, const Box& target,
+                               RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax) {
+  MP_CHECK_INPUT(target.rank() == 2 && local.shape().rank() == 2,
+                 "fp8_all_gather: 2-D weights only, got {} for target {}", local.describe(),
+                 target.str());
+  const int64_t total = target.extent[0].value, cols = target.extent[1].value;
+  std::vector<RowPiece> pieces;
+  bool aligned32 = true;
+  for (int r : gather.ranks()) {
+    const Box& b = layout.box(r);
+    MP_CHECK_INPUT(b.extent[1] == target.extent[1] && b.offset[1] == target.offset[1],
+                   "fp8_all_gather: box {} of rank {} does not span the columns of {}", b.str(), r,
+                   target.str());
+    MP_CHECK_INPUT(b.extent[0].value > 0,
+                   "fp8_all_gather: rank {} holds no rows of {} (weight of {} rows over {} ranks)",
+                   r, target.str(), total, gather.size());
+    pieces.push_back({b.offset[0].value - target.offset[0].value, b.extent[0].value});
+    aligned32 = aligned32 && b.extent[0].value % 32 == 0;
+  }
+  Fp8GatherResult out;
+  kernels::QuantizedTensor& g = out.weight;
+  g.format = DType::kE4M3;
+  g.logical_shape = target.shape();
+  switch (kind) {
+    case RecipeKind::kCurrent:
+    case RecipeKind::kDelayed: {
+      Tensor scale, amax = kernels::compute_amax(local);
+      if (kind == RecipeKind::kCurrent) {
+        if (reduce_amax && amax_group.size() > 1) amax_group.all_reduce(amax, mesh::ReduceOp::kMax);
+        scale = kernels::compute_current_scale(amax, DType::kE4M3);
+      } else {
+        MP_CHECK_INPUT(delayed_scale != nullptr, "fp8_all_gather: delayed recipe without a scale");
+        scale = *delayed_scale;
+      }
+      const kernels::ScalingMode mode = kind == RecipeKind::kCurrent
+                                            ? kernels::ScalingMode::kCurrentTensor
+                                            : kernels::ScalingMode::kDelayedTensor;
+      const kernels::QuantizedTensor q = kernels::quantize_per_tensor(
+          local, scale, DType::kE4M3, {.rowwise = true, .columnwise = false}, mode, amax);
+      g.mode = mode;
+      g.rowwise_data = gather_rows(gather, q.rowwise_data, pieces, total, cols);
+      g.rowwise_scale_inv = q.rowwise_scale_inv;
+      g.columnwise_data = kernels::transpose_2d(g.rowwise_data);
+      g.columnwise_scale_inv = q.rowwise_scale_inv;
+      g.amax = q.amax;
+      g.scale = q.scale;
+      return out;
+    }
+    case RecipeKind::kMxfp8: {
+      if (!aligned32 || cols % 32 != 0) {
+        // High-precision gather, then quantize the whole weight.
+        std::vector<RowPiece> hp = pieces;
+        Tensor full = gather_rows(gather, local, hp, total, cols);
+        g = kernels::quantize_mxfp8(full, DType::kE4M3, {.rowwise = true, .columnwise = true});
+        out.high_precision_fallback = true;
+        out.note = fmt::format(
+            "mxfp8 all-gather of a {}x{} weight over {} ranks fell back to a high-precision "
+            "gather: shard rows are not all multiples of 32 (columnwise 32x1 blocks would cross "
+            "shards)",
+            total, cols, gather.size());
+        return out;
+      }
+      const kernels::QuantizedTensor q =
+          kernels::quantize_mxfp8(local, DType::kE4M3, {.rowwise = true, .columnwise = true});
+      std::vector<RowPiece> blocks;
+      for (const RowPiece& p : pieces) blocks.push_back({p.offset / 32, p.rows / 32});
+      g.mode = q.mode;
+      g.rowwise_data = gather_rows(gather, q.rowwise_data, pieces, total, cols);
+      g.rowwise_scale_inv = gather_rows(gather, q.rowwise_scale_inv, pieces, total, cols / 32);
+      g.columnwise_data = gather_rows(gather, q.columnwise_data, pieces, total, cols);
+      g.columnwise_scale_inv =
+          gather_rows(gather, q.columnwise_scale_inv, blocks, total / 32, cols);
+      return out;
+    }
+    default:
+      MP_FAIL_INPUT("fp8_all_gather: recipe {} has no FP8 all-gather (current, delayed, mxfp8)",
+                    recipe_name(kind));
+  }
+}
+
+}  // namespace meshproof::engine

@@ -1,0 +1,42 @@
+// FP8 all-gather of FSDP weight shards (DESIGN.md section 5): quantize the local shard, then
+// gather the FP8 bytes and scales instead of the high-precision weight.
+//
+// Per-tensor recipes (current, delayed): the shard's amax is MAX-reduced over the weight-sharding
+// group first (current scaling) or the replicated delayed scale is used, so every rank quantizes
+// with the scale of the whole weight and gather(quantize(shard)) is bitwise equal to
+// quantize(gather(shard)). The columnwise (transposed) copy is the transpose of the gathered
+// rowwise bytes (same scale).
+// MXFP8: rowwise 1x32 blocks lie inside a shard's rows; columnwise 32x1 blocks only when every
+// shard's row count is a multiple of 32 (and the kernel quantizes only such shards). Otherwise
+// the shards are gathered in high precision and quantized afterwards (reported in `note`).
+#pragma once
+
+#include <string>
+
+#include "engine/config.h"
+#include "kernels/quantized_tensor.h"
+#include "kernels/tensor.h"
+#include "mesh/communicator.h"
+#include "mesh/layout.h"
+
+namespace meshproof::engine {
+
+struct Fp8GatherResult {
+  kernels::QuantizedTensor weight;  // the gathered weight [rows of target, K], row+columnwise
+  bool high_precision_fallback = false;
+  std::string note;  // why the fallback was taken (empty otherwise)
+};
+
+// `layout`: the weight's layout; the boxes of the members of `gather` must be disjoint row ranges
+// (full columns) that tile `target` (e.g. Shard(0) over dp_shard, with target the TP-local box).
+// `local`: this rank's fp32/bf16 shard. `amax_group`: the group the amax is MAX-reduced over
+// (current scaling); `reduce_amax` false reproduces the amax_not_reduced fault.
+// `delayed_scale`: float32 [1], the replicated delayed-scaling scale (delayed recipe only).
+// Recipes other than current, delayed and mxfp8 are input errors.
+Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& amax_group,
+                               const mesh::Layout& layout, const kernels::Tensor& local,
+                               const mesh::Box& target, RecipeKind kind,
+                               const kernels::Tensor* delayed_scale = nullptr,
+                               bool reduce_amax = true);
+
+}  // namespace meshproof::engine
