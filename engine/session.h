@@ -8,13 +8,24 @@
 // global model) and runs the single-rank model math (engine/model.h) on gathered weights.
 //
 // Sharded execution (DESIGN.md section 5):
-//   - parameters: Shard(0) over dp_shard (FSDP), Replicate over dp_replicate (HSDP);
-//   - per step: all-gather the weights over dp_shard (padded to equal chunk sizes, torch.chunk
-//     boxes; padding never reaches the math), forward/backward on this data-parallel rank's rows
-//     (rows [j*B/dp, (j+1)*B/dp) with j over dp_replicate x dp_shard), reduce-scatter (avg) of
-//     the fp32 gradients over dp_shard, all-reduce (avg) over dp_replicate, global gradient norm
-//     from the disjoint local shards (summed over dp_shard only: replicas counted once), AdamW on
-//     the local shards.
+//   - placements: Shard(0) over dp_shard (FSDP), Replicate over dp_replicate (HSDP); with tp > 1
+//     qkv/fc1 weights+biases Shard(0) over tp with StridedShard(0, sf=tp) over dp_shard, proj/fc2
+//     weights Shard(1) over tp, everything else replicated over tp;
+//   - per step: all-gather every weight over dp_shard into its TP-local box (padded to equal
+//     chunk sizes, torch.chunk boxes; padding never reaches the math), forward/backward on this
+//     data-parallel rank's rows (rows [j*B/dp, (j+1)*B/dp), j over dp_replicate x dp_shard; TP
+//     ranks share rows) with the TP collectives inside the model (engine/model.h TpContext,
+//     sequence parallelism included), deferred-sync gradient accumulation over micro-batches,
+//     reduce-scatter (avg) of the fp32 gradients over dp_shard, all-reduce (avg) over
+//     dp_replicate, global gradient norm with every element counted once, AdamW on local shards;
+//   - FP8: every amax is MAX-reduced over the whole mesh (so ranks quantize with the single-rank
+//     scales); fsdp.fp8_all_gather quantizes the linear weights shard-wise and gathers FP8 bytes
+//     (engine/fp8_all_gather.h), bitwise equal to the high-precision gather.
+// Current limits (input errors or documented behaviour, not silent): the whole model is gathered
+// once per step and freed after the backward (reshard_after_forward is not yet per layer);
+// fsdp.fp8_params and non-CPU backends are input errors; sequence parallelism needs dropout 0.
+// Faults implemented here: amax_not_reduced, hsdp_replicas_not_reduced, stale_columnwise_copy,
+// tp_fsdp_left_to_right (state layouts). uneven_shard_padding_leak is not implemented.
 #pragma once
 
 #include <cstdint>
