@@ -15,6 +15,11 @@
 // rank 0 writes the index last, renames the directory to `step_NNNNNNN/` and fsyncs the parent.
 // A leftover `.partial` directory is never read and is removed by the next save. Only the newest
 // `keep_last` complete checkpoints are kept. A complete checkpoint is never overwritten.
+// Ranks coordinate through the mesh communicator: each phase ends with an agreement (a MAX
+// all-reduce of an error flag, then a broadcast of the first failing rank's message), so a failure
+// on one rank fails the save or load on all of them with the cause. Chunk records reach rank 0 as
+// per-rank sidecar files (rank_RRRRR.json, removed before the commit): all ranks must see the
+// same checkpoint filesystem (true for local virtual ranks and for MPI ranks on a shared disk).
 //
 // Load reshards: each rank reads only the saved chunks that overlap the box its live layout gives
 // it, verifies their checksums, and assembles its local tensors in staging buffers. Only when every
