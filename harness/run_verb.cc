@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -122,10 +123,23 @@ int run_verb(const RunVerbOptions& o, std::ostream& out, std::ostream& err) {
   record.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const reports::ReportPaths paths = reports::write_reports(record, out_dir);
 
+  // The one-screen summary: one row per scenario.
+  size_t width = 8;
+  for (const Scenario& s : scenarios) width = std::max(width, s.name.size());
+  fmt::print(out, "\n{:<{}}  {:<6}  {:<7}  {:>10}  {}\n", "scenario", width, "expect", "result",
+             "final loss", "checks");
   int met_count = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {
     std::string why;
-    met_count += expectation_met(scenarios[i], record.scenarios[i], &why) ? 1 : 0;
+    const reports::ScenarioRecord& r = record.scenarios[i];
+    const bool met = expectation_met(scenarios[i], r, &why);
+    met_count += met ? 1 : 0;
+    const reports::Verdict v = reports::scenario_verdict(r);
+    const char* result = !met ? (v == reports::Verdict::kError ? "ERROR" : "FAIL")
+                              : (v == reports::Verdict::kSkipped ? "skipped" : "ok");
+    const std::string loss = r.steps.empty() ? "-" : fmt::format("{:.6f}", r.steps.back().loss);
+    fmt::print(out, "{:<{}}  {:<6}  {:<7}  {:>10}  {}\n", scenarios[i].name, width,
+               to_string(scenarios[i].expect), result, loss, check_summary(r));
   }
   fmt::print(out, "\n{} of {} scenario(s) met their expectation in {:.1f}s\n", met_count,
              scenarios.size(), record.duration_s);
