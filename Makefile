@@ -1,5 +1,6 @@
 # meshproof: the two-command quick start.
-#   make demo   set up everything (packages, configure, build) and run the quickstart scenario
+#   make demo   set up everything (packages, configure, build) and run scenarios/quickstart.yaml
+#               (8 virtual ranks, HSDP x TP, MXFP8; golden + resume checks; reports in out/demo)
 #   make test   set up everything and run the full CTest suite
 BUILD_DIR ?= build
 BUILD_TYPE ?= Release
@@ -35,7 +36,7 @@ test-gpu: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -L gpu
 
 demo: build
-	$(BUILD_DIR)/harness/meshproof env
+	$(BUILD_DIR)/harness/meshproof run scenarios/quickstart.yaml --out out/demo
 
 format:
 	git ls-files '*.h' '*.cc' '*.cu' '*.cuh' | xargs clang-format -i

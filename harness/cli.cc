@@ -13,6 +13,7 @@
 #include "harness/export_verb.h"
 #include "harness/quantize_verb.h"
 #include "harness/report_verb.h"
+#include "harness/run_verb.h"
 #include "harness/validate_verb.h"
 #include "kernels/build_info.h"
 #include "kernels/error.h"
@@ -58,6 +59,9 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   // One line per verb; each verb's options and callback live with its harness function.
   add_env_command(app, out, exit_code);
   add_validate_command(app, out, err, exit_code);
+  add_run_command(app, out, err, exit_code);
+  add_golden_command(app, out, err, exit_code);
+  add_faults_command(app, out, exit_code);
   add_export_command(app, out, exit_code);
   add_quantize_command(app, out, exit_code);
   add_bench_comm_command(app, out, exit_code);

@@ -1,0 +1,339 @@
+#include "harness/checks.h"
+
+#include <fmt/format.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/error.h"
+
+namespace meshproof::harness {
+namespace {
+
+// Maps float bits onto a monotonic integer line so that adjacent floats differ by 1.
+int64_t ordered(float v) {
+  const int32_t i = std::bit_cast<int32_t>(v);
+  return i < 0 ? static_cast<int64_t>(std::numeric_limits<int32_t>::min()) - i : i;
+}
+int64_t ordered(double v) {
+  const int64_t i = std::bit_cast<int64_t>(v);
+  // Same mirroring as for float; |i| < 2^63 so the subtraction cannot overflow for i < 0.
+  return i < 0 ? std::numeric_limits<int64_t>::min() - i : i;
+}
+
+double metric_value(const reports::StepMetrics& s, Metric m) {
+  return m == Metric::kLoss ? s.loss : s.grad_norm;
+}
+
+bool same_bits(double a, double b) {
+  return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b) || (a == 0 && b == 0);
+}
+
+const char* golden_key(Metric m) { return m == Metric::kLoss ? "loss" : "grad_norm"; }
+
+// Tensor-level evidence: the first diverging traced tensor (when both runs were traced) and the
+// max abs/rel error and ULP distance of the first diverging final parameter.
+void add_tensor_evidence(reports::Evidence& ev, const RunView& a, const RunView& b) {
+  if (a.trace && b.trace) {
+    if (auto d = first_diverging_digest(*a.trace, *b.trace)) {
+      ev.tensor = fmt::format("{} at step {}", d->tensor, d->step);
+    }
+  }
+  if (a.final_params && b.final_params) {
+    if (auto d = first_diverging_tensor(*a.final_params, *b.final_params)) {
+      if (ev.tensor.empty())
+        ev.tensor = d->tensor;
+      else
+        ev.tensor += fmt::format(" (final {} differs)", d->tensor);
+      ev.max_abs_err = d->max_abs_err;
+      ev.max_rel_err = d->max_rel_err;
+      ev.ulp_distance = d->ulp;
+    }
+  }
+}
+
+}  // namespace
+
+int64_t ulp_distance(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) {
+    return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b)
+               ? 0
+               : std::numeric_limits<int64_t>::max();
+  }
+  const int64_t d = ordered(a) - ordered(b);
+  return d < 0 ? -d : d;
+}
+
+int64_t ulp_distance(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) {
+    return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b)
+               ? 0
+               : std::numeric_limits<int64_t>::max();
+  }
+  const int64_t oa = ordered(a), ob = ordered(b);
+  // Values of opposite sign far apart could overflow the difference: saturate.
+  if ((oa > 0 && ob < 0 && oa > std::numeric_limits<int64_t>::max() + ob) ||
+      (oa < 0 && ob > 0 && ob > std::numeric_limits<int64_t>::max() + oa)) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  const int64_t d = oa - ob;
+  return d < 0 ? -d : d;
+}
+
+std::optional<TensorDiff> first_diverging_tensor(const engine::TensorMap& actual,
+                                                 const engine::TensorMap& expected) {
+  for (const std::string& name : expected.names()) {
+    if (!actual.contains(name)) {
+      TensorDiff d;
+      d.tensor = name + " (missing)";
+      return d;
+    }
+    const std::vector<float> a = actual.at(name).to_vector<float>();
+    const std::vector<float> e = expected.at(name).to_vector<float>();
+    MP_CHECK(a.size() == e.size(), "tensor {}: {} vs {} elements", name, a.size(), e.size());
+    if (std::memcmp(a.data(), e.data(), a.size() * sizeof(float)) == 0) continue;
+    TensorDiff d;
+    d.tensor = name;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double abs = std::fabs(static_cast<double>(a[i]) - e[i]);
+      if (std::isnan(abs)) {
+        d.max_abs_err = std::numeric_limits<double>::infinity();
+      } else {
+        d.max_abs_err = std::max(d.max_abs_err, abs);
+        if (e[i] != 0) d.max_rel_err = std::max(d.max_rel_err, abs / std::fabs(e[i]));
+      }
+      d.ulp = std::max(d.ulp, ulp_distance(a[i], e[i]));
+    }
+    return d;
+  }
+  return std::nullopt;
+}
+
+std::optional<DigestDiff> first_diverging_digest(
+    const std::vector<std::vector<engine::TensorDigest>>& actual,
+    const std::vector<std::vector<engine::TensorDigest>>& expected) {
+  const size_t steps = std::min(actual.size(), expected.size());
+  for (size_t i = 0; i < steps; ++i) {
+    const size_t n = std::min(actual[i].size(), expected[i].size());
+    for (size_t j = 0; j < n; ++j) {
+      if (actual[i][j].hash != expected[i][j].hash) {
+        return DigestDiff{static_cast<int64_t>(i) + 1, actual[i][j].name};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+reports::CheckResult check_golden(const std::vector<reports::StepMetrics>& steps,
+                                  const std::optional<GoldenData>& golden, const GoldenCheck& cfg,
+                                  const std::string& golden_file, const std::string& update_command,
+                                  reports::GoldenRecord* record) {
+  reports::CheckResult r;
+  r.name = "golden";
+  r.kind = "golden";
+  if (!golden) {
+    r.verdict = reports::Verdict::kFail;
+    r.message = fmt::format("no golden at {}; create it with: {}", golden_file, update_command);
+    return r;
+  }
+  const bool exact = cfg.mode == GoldenMode::kExact;
+  reports::ToleranceBand band;
+  band.mode = exact ? "exact" : "tolerance";
+  band.rtol = exact ? 0 : cfg.rtol;
+  band.atol = exact ? 0 : cfg.atol;
+  band.allowed_failing_steps = exact ? 0 : cfg.allowed_failing_steps;
+
+  for (Metric m : cfg.metrics) {
+    if (golden->metrics.count(golden_key(m)) == 0) {
+      r.verdict = reports::Verdict::kFail;
+      r.message = fmt::format("golden {} has no /metrics/{}; regenerate it with: {}", golden_file,
+                              golden_key(m), update_command);
+      return r;
+    }
+  }
+  const std::vector<double>& gloss = golden->metrics.at("loss");
+  if (record) {
+    record->source = golden_file;
+    record->tolerance = band;
+    record->steps.clear();
+    const auto gn = golden->metrics.find("grad_norm");
+    for (size_t i = 0; i < gloss.size(); ++i) {
+      reports::GoldenStep g;
+      g.step = static_cast<int64_t>(i) + 1;
+      g.loss = gloss[i];
+      g.grad_norm = gn != golden->metrics.end() && i < gn->second.size() ? gn->second[i] : 0.0;
+      record->steps.push_back(g);
+    }
+  }
+  if (gloss.size() != steps.size()) {
+    r.verdict = reports::Verdict::kFail;
+    r.message = fmt::format("golden {} has {} steps, the run has {}; regenerate it with: {}",
+                            golden_file, gloss.size(), steps.size(), update_command);
+    return r;
+  }
+
+  reports::Evidence ev;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    bool step_failed = false;
+    for (Metric m : cfg.metrics) {
+      const double g = golden->metrics.at(golden_key(m))[i];
+      const double x = metric_value(steps[i], m);
+      const bool ok =
+          exact ? same_bits(x, g) : std::fabs(x - g) <= band.atol + band.rtol * std::fabs(g);
+      if (ok) continue;
+      if (!step_failed && !ev.first_diverging_step) {
+        ev.first_diverging_step = steps[i].step;
+        ev.metric = golden_key(m);
+        ev.expected = g;
+        ev.actual = x;
+      }
+      step_failed = true;
+      const double abs = std::fabs(x - g);
+      ev.max_abs_err = std::max(ev.max_abs_err.value_or(0.0), abs);
+      if (g != 0) ev.max_rel_err = std::max(ev.max_rel_err.value_or(0.0), abs / std::fabs(g));
+      ev.ulp_distance = std::max(ev.ulp_distance.value_or(0), ulp_distance(x, g));
+    }
+    if (step_failed) ++ev.failing_steps;
+  }
+  if (ev.failing_steps > band.allowed_failing_steps) {
+    r.verdict = reports::Verdict::kFail;
+    r.message = fmt::format(
+        "{} of {} steps outside the {} band (allowed {}); first at step {}: {} = {:.9g}, golden "
+        "{:.9g} ({})",
+        ev.failing_steps, steps.size(), band.mode, band.allowed_failing_steps,
+        *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected, golden_file);
+    r.evidence = ev;
+  } else if (ev.failing_steps > 0) {
+    r.message =
+        fmt::format("{} of {} steps outside the band, within the {} allowed ({})", ev.failing_steps,
+                    steps.size(), band.allowed_failing_steps, golden_file);
+  } else {
+    r.message = fmt::format("{} steps match {} ({})", steps.size(), golden_file, band.mode);
+  }
+  return r;
+}
+
+reports::CheckResult compare_bitwise(const std::string& name, const std::string& kind,
+                                     const RunView& actual, const RunView& expected,
+                                     const std::string& what, bool trace) {
+  reports::CheckResult r;
+  r.name = name;
+  r.kind = kind;
+  const auto& a = *actual.steps;
+  const auto& e = *expected.steps;
+  reports::Evidence ev;
+  if (a.size() != e.size()) {
+    r.verdict = reports::Verdict::kFail;
+    r.message = fmt::format("{} has {} steps, expected {}", what, a.size(), e.size());
+    return r;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (Metric m : {Metric::kLoss, Metric::kGradNorm}) {
+      const double x = metric_value(a[i], m), y = metric_value(e[i], m);
+      if (same_bits(x, y)) continue;
+      ++ev.failing_steps;
+      if (!ev.first_diverging_step) {
+        ev.first_diverging_step = a[i].step;
+        ev.metric = golden_key(m);
+        ev.actual = x;
+        ev.expected = y;
+        ev.max_abs_err = std::fabs(x - y);
+        if (y != 0) ev.max_rel_err = std::fabs(x - y) / std::fabs(y);
+        ev.ulp_distance = ulp_distance(x, y);
+      }
+      break;
+    }
+  }
+  std::optional<TensorDiff> params_diff;
+  if (actual.final_params && expected.final_params) {
+    params_diff = first_diverging_tensor(*actual.final_params, *expected.final_params);
+  }
+  if (!ev.first_diverging_step && !params_diff) {
+    r.message = fmt::format("{} bitwise equal: {} steps of loss and grad_norm{}", what, a.size(),
+                            actual.final_params ? " and the final parameters" : "");
+    return r;
+  }
+  r.verdict = reports::Verdict::kFail;
+  if (ev.first_diverging_step) {
+    r.message = fmt::format("{} diverges at step {}: {} = {:.9g}, expected {:.9g} ({} ULP)", what,
+                            *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected,
+                            *ev.ulp_distance);
+  } else {
+    ev.metric = "params";
+    r.message = fmt::format("{}: metrics equal but the final parameters differ (first: {})", what,
+                            params_diff->tensor);
+    ev.tensor = params_diff->tensor;
+    ev.max_abs_err = params_diff->max_abs_err;
+    ev.max_rel_err = params_diff->max_rel_err;
+    ev.ulp_distance = params_diff->ulp;
+  }
+  if (trace && ev.metric != "params") add_tensor_evidence(ev, actual, expected);
+  if (!ev.tensor.empty() && trace) {
+    r.message += fmt::format("; first diverging tensor {}: max abs {:.3g}, max rel {:.3g}, {} ULP",
+                             ev.tensor, ev.max_abs_err.value_or(0), ev.max_rel_err.value_or(0),
+                             ev.ulp_distance.value_or(0));
+  }
+  r.evidence = ev;
+  return r;
+}
+
+reports::CheckResult compare_tolerance(const std::string& name, const std::string& kind,
+                                       const RunView& actual, const RunView& expected,
+                                       const std::map<Metric, double>& rtol,
+                                       const std::string& what, bool trace) {
+  reports::CheckResult r;
+  r.name = name;
+  r.kind = kind;
+  const auto& a = *actual.steps;
+  const auto& e = *expected.steps;
+  if (a.size() != e.size()) {
+    r.verdict = reports::Verdict::kFail;
+    r.message = fmt::format("{} has {} steps, expected {}", what, a.size(), e.size());
+    return r;
+  }
+  reports::Evidence ev;
+  double worst_rel = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    bool step_failed = false;
+    for (const auto& [m, tol] : rtol) {
+      const double x = metric_value(a[i], m), y = metric_value(e[i], m);
+      const double rel = std::fabs(x - y) / std::max(std::fabs(y), 1e-300);
+      if (!std::isnan(rel)) worst_rel = std::max(worst_rel, rel);
+      if (std::fabs(x - y) <= tol * std::fabs(y)) continue;
+      if (!ev.first_diverging_step) {
+        ev.first_diverging_step = a[i].step;
+        ev.metric = golden_key(m);
+        ev.actual = x;
+        ev.expected = y;
+        ev.max_rel_err = rel;
+        ev.max_abs_err = std::fabs(x - y);
+      }
+      step_failed = true;
+    }
+    if (step_failed) ++ev.failing_steps;
+  }
+  if (!ev.first_diverging_step) {
+    r.message = fmt::format("{} within tolerance over {} steps (max rel diff {:.3g})", what,
+                            a.size(), worst_rel);
+    return r;
+  }
+  r.verdict = reports::Verdict::kFail;
+  r.message = fmt::format(
+      "{} leaves the tolerance at step {}: {} = {:.9g}, expected {:.9g} (rel {:.3g} > rtol {:.3g}; "
+      "{} failing steps)",
+      what, *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected, *ev.max_rel_err,
+      rtol.at(ev.metric == "loss" ? Metric::kLoss : Metric::kGradNorm), ev.failing_steps);
+  if (trace) {
+    add_tensor_evidence(ev, actual, expected);
+    if (!ev.tensor.empty()) {
+      r.message += fmt::format("; first diverging tensor {}: max abs {:.3g}, max rel {:.3g}",
+                               ev.tensor, ev.max_abs_err.value_or(0), ev.max_rel_err.value_or(0));
+    }
+  }
+  r.evidence = ev;
+  return r;
+}
+
+}  // namespace meshproof::harness

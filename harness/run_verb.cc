@@ -1,0 +1,299 @@
+#include "harness/run_verb.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+
+#include "harness/env_verb.h"
+#include "harness/exit_codes.h"
+#include "harness/golden.h"
+#include "harness/runner.h"
+#include "harness/scenario_faults.h"
+#include "kernels/error.h"
+#include "reports/report_writers.h"
+
+namespace meshproof::harness {
+namespace fs = std::filesystem;
+namespace {
+
+std::optional<Backend> parse_backend(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  if (s == "cpu") return Backend::kCpu;
+  if (s == "cuda") return Backend::kCuda;
+  if (s == "auto") return Backend::kAuto;
+  MP_FAIL_INPUT("--backend {}: expected cpu, cuda or auto", s);
+}
+
+std::optional<Launcher> parse_launcher(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  if (s == "local") return Launcher::kLocal;
+  if (s == "mpi") return Launcher::kMpi;
+  MP_FAIL_INPUT("--launcher {}: expected local or mpi", s);
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// "2026-11-22T04:18:19Z" -> "20261122T041819Z" (a folder name without colons).
+std::string compact_timestamp(const std::string& iso) {
+  std::string out;
+  for (char c : iso)
+    if (c != '-' && c != ':') out += c;
+  return out;
+}
+
+std::string join_args(const std::vector<std::string>& args) {
+  std::string s;
+  for (const std::string& a : args) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+std::string check_summary(const reports::ScenarioRecord& r) {
+  std::string s;
+  for (const auto& c : r.checks)
+    s += fmt::format("{}{} {}", s.empty() ? "" : ", ", c.name, reports::verdict_name(c.verdict));
+  return s.empty() ? "no checks" : s;
+}
+
+}  // namespace
+
+int run_verb(const RunVerbOptions& o, std::ostream& out, std::ostream& err) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RunnerOptions opts;
+  opts.backend = parse_backend(o.backend);
+  opts.launcher = parse_launcher(o.launcher);
+  opts.golden_dir = o.golden_dir;
+  opts.trace = o.trace;
+  opts.progress = o.progress && !o.quiet;
+  opts.sets = o.sets;
+  // Everything is loaded and validated before anything runs or is written.
+  const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
+
+  reports::RunRecord record;
+  record.environment = collect_environment();
+  record.command_line = o.command_line;
+  record.start_time = reports::format_utc(unix_now());
+  const fs::path out_dir = o.out_dir.empty()
+                               ? fs::path("out") / compact_timestamp(record.start_time)
+                               : fs::path(o.out_dir);
+
+  opts.out_dir = out_dir;
+  bool any_error = false, any_missed = false;
+  for (const Scenario& s : scenarios) {
+    if (!o.quiet && !opts.progress) {
+      // Non-terminal, non-quiet: announce before the (possibly long) run.
+      fmt::print(out, "run   {}  {}\n", s.name, summary_line(s));
+      out.flush();
+    }
+    reports::ScenarioRecord r = run_scenario(s, opts, record.environment, out);
+    std::string why;
+    const bool met = expectation_met(s, r, &why);
+    bool errored = !r.error.empty();
+    for (const auto& c : r.checks) errored = errored || c.verdict == reports::Verdict::kError;
+    const bool skipped =
+        reports::scenario_verdict(r) == reports::Verdict::kSkipped && r.error.empty();
+    any_error = any_error || errored;
+    any_missed = any_missed || !met;
+    const char* tag = errored ? "ERROR" : !met ? "FAIL " : skipped ? "SKIP " : "OK   ";
+    fmt::print(out, "{} {}  expect {}  ({:.1f}s)  {}\n", tag, s.name, to_string(s.expect),
+               r.duration_s, check_summary(r));
+    // Failing checks print themselves below; say why only for what they do not show.
+    if (!met && (s.expect == Expect::kCaught || !r.error.empty())) {
+      fmt::print(out, "      {}\n", why);
+    }
+    for (const auto& c : r.checks) {
+      if (c.verdict == reports::Verdict::kFail || c.verdict == reports::Verdict::kError)
+        fmt::print(out, "      {}: {}\n", c.name, c.message);
+      if (c.verdict == reports::Verdict::kSkipped && &c == &r.checks.front())
+        fmt::print(out, "      skipped: {}\n", c.message);
+    }
+    out.flush();
+    record.scenarios.push_back(std::move(r));
+  }
+  record.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const reports::ReportPaths paths = reports::write_reports(record, out_dir);
+
+  // The one-screen summary: one row per scenario.
+  size_t width = 8;
+  for (const Scenario& s : scenarios) width = std::max(width, s.name.size());
+  fmt::print(out, "\n{:<{}}  {:<6}  {:<7}  {:>10}  {}\n", "scenario", width, "expect", "result",
+             "final loss", "checks");
+  int met_count = 0;
+  for (size_t i = 0; i < scenarios.size(); ++i) {
+    std::string why;
+    const reports::ScenarioRecord& r = record.scenarios[i];
+    const bool met = expectation_met(scenarios[i], r, &why);
+    met_count += met ? 1 : 0;
+    const reports::Verdict v = reports::scenario_verdict(r);
+    const char* result = !met ? (v == reports::Verdict::kError ? "ERROR" : "FAIL")
+                              : (v == reports::Verdict::kSkipped ? "skipped" : "ok");
+    const std::string loss = r.steps.empty() ? "-" : fmt::format("{:.6f}", r.steps.back().loss);
+    fmt::print(out, "{:<{}}  {:<6}  {:<7}  {:>10}  {}\n", scenarios[i].name, width,
+               to_string(scenarios[i].expect), result, loss, check_summary(r));
+  }
+  fmt::print(out, "\n{} of {} scenario(s) met their expectation in {:.1f}s\n", met_count,
+             scenarios.size(), record.duration_s);
+  fmt::print(out, "reports: {}\n         {}\n         {}\n         {}\n", paths.markdown.string(),
+             paths.html.string(), paths.json.string(), paths.junit.string());
+  (void)err;
+  if (any_error) return kExitRuntimeError;
+  return any_missed ? kExitCheckFailed : kExitOk;
+}
+
+int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ostream& err) {
+  RunnerOptions opts;
+  opts.backend = parse_backend(o.backend);
+  const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
+  const reports::EnvironmentRecord env = collect_environment();
+  int failures = 0;
+  for (const Scenario& s : scenarios) {
+    std::string skip;
+    const std::optional<std::string> backend = resolve_backend(s, opts, env, &skip);
+    if (!backend) {
+      fmt::print(out, "skip  {}: {}\n", s.name, skip);
+      continue;
+    }
+    std::string why;
+    if (*backend != "cpu") {
+      fmt::print(err,
+                 "meshproof: {}: backend {}: the engine in this build trains on the CPU only\n",
+                 s.name, *backend);
+      ++failures;
+      continue;
+    }
+    if (!can_execute(s, &why)) {
+      fmt::print(err, "meshproof: {}: {}\n", s.name, why);
+      ++failures;
+      continue;
+    }
+    // A golden is the clean run: injected faults are left out so that fault scenarios compare
+    // their faulty run against what the run should have produced.
+    Scenario clean = s;
+    clean.faults.clear();
+    std::string why_clean;
+    if (!can_execute(clean, &why_clean)) {
+      fmt::print(err, "meshproof: {}: {}\n", s.name, why_clean);
+      ++failures;
+      continue;
+    }
+    const TrainOutcome run = train_scenario(clean, TrainRequest{});
+    GoldenData g;
+    std::vector<double> loss, grad_norm, lr;
+    for (const auto& m : run.steps) {
+      loss.push_back(m.loss);
+      grad_norm.push_back(m.grad_norm);
+      lr.push_back(m.lr);
+    }
+    g.metrics = {{"loss", loss}, {"grad_norm", grad_norm}, {"lr", lr}};
+    g.provenance = {{"scenario", s.name},
+                    {"scenario_hash", scenario_hash_hex(s)},
+                    {"meshproof_version", env.meshproof_version},
+                    {"git_commit", env.git_commit},
+                    {"backend", *backend},
+                    {"device", run.device},
+                    {"cuda_runtime", env.cuda_runtime},
+                    {"cublaslt", env.cublaslt},
+                    {"nccl", env.nccl},
+                    {"date", reports::format_utc(unix_now())},
+                    {"command", join_args(o.command_line)}};
+    const std::string platform = o.platform.empty() ? golden_platform(*backend, env) : o.platform;
+    const fs::path path = golden_path(o.golden_dir, s.name, platform);
+    const std::optional<GoldenData> before = read_golden(path);
+    write_golden(path, g);
+    fmt::print(out, "wrote {}  ({} steps)\n", path.string(), loss.size());
+    for (const auto& [name, now] : g.metrics) {
+      if (name == "lr") continue;
+      if (!before || before->metrics.count(name) == 0) {
+        fmt::print(out, "      {}: new (no previous golden)\n", name);
+        continue;
+      }
+      const auto shift = mean_relative_shift(before->metrics.at(name), now);
+      if (shift) {
+        fmt::print(out, "      {}: mean relative shift {:+.3e} vs previous golden\n", name, *shift);
+      } else {
+        fmt::print(out, "      {}: nothing comparable in the previous golden\n", name);
+      }
+    }
+  }
+  return failures > 0 ? kExitRuntimeError : kExitOk;
+}
+
+void print_fault_catalog(std::ostream& out) {
+  for (const FaultInfo& f : fault_catalog()) {
+    std::string caught;
+    for (const std::string& c : f.caught_by) caught += (caught.empty() ? "" : ", ") + c;
+    fmt::print(out, "{}\n  bug class: {}\n  caught by: {}\n", f.name, f.bug_class, caught);
+    std::string params;
+    for (const FaultParamInfo& p : f.params) params += (params.empty() ? "" : ", ") + p.name;
+    if (!params.empty()) fmt::print(out, "  params:    {}\n", params);
+  }
+}
+
+void add_run_command(CLI::App& app, std::ostream& out, std::ostream& err, int& exit_code) {
+  auto* cmd = app.add_subcommand(
+      "run", "Run scenarios with their checks and write report.json/.md/.html and junit.xml");
+  auto o = std::make_shared<RunVerbOptions>();
+  cmd->add_option("SCENARIO", o->paths, "Scenario YAML files or folders")->required();
+  cmd->add_option("--backend", o->backend, "cpu, cuda or auto (default: each scenario's own)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--launcher", o->launcher, "local or mpi (default: each scenario's own)")
+      ->check(CLI::IsMember({"local", "mpi"}));
+  cmd->add_option("--out", o->out_dir, "Report folder (default out/<UTC timestamp>)");
+  cmd->add_option("--filter", o->filter, "Run only the scenario with this (expanded or base) name");
+  cmd->add_option("--set", o->sets, "Override a field: --set key.path=value (repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--golden-dir", o->golden_dir, "Golden store root (default golden)");
+  cmd->add_flag("--trace", o->trace, "Locate the first diverging tensor on check failures");
+  cmd->add_flag("--quiet", o->quiet, "One line per scenario, no live progress");
+  cmd->callback([&out, &err, &exit_code, o] {
+    const char* ci = std::getenv("CI");
+    o->progress = isatty(STDOUT_FILENO) && (ci == nullptr || *ci == '\0');
+    o->command_line = {"meshproof", "run"};
+    for (const auto& p : o->paths) o->command_line.push_back(p);
+    exit_code = run_verb(*o, out, err);
+  });
+}
+
+void add_golden_command(CLI::App& app, std::ostream& out, std::ostream& err, int& exit_code) {
+  auto* golden = app.add_subcommand("golden", "Manage golden references (golden/<scenario>/*.h5)");
+  golden->require_subcommand(1);
+  auto* cmd = golden->add_subcommand(
+      "update", "Run scenarios and (re)write their goldens, printing the shift per metric");
+  auto o = std::make_shared<GoldenUpdateOptions>();
+  cmd->add_option("SCENARIO", o->paths, "Scenario YAML files or folders")->required();
+  cmd->add_option("--platform", o->platform, "Golden platform (default: cpu or the GPU family)");
+  cmd->add_option("--backend", o->backend, "cpu, cuda or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--filter", o->filter, "Only the scenario with this (expanded or base) name");
+  cmd->add_option("--set", o->sets, "Override a field: --set key.path=value (repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--golden-dir", o->golden_dir, "Golden store root (default golden)");
+  cmd->callback([&out, &err, &exit_code, o] {
+    o->command_line = {"meshproof", "golden", "update"};
+    for (const auto& p : o->paths) o->command_line.push_back(p);
+    if (!o->filter.empty()) o->command_line.insert(o->command_line.end(), {"--filter", o->filter});
+    for (const auto& s : o->sets) o->command_line.insert(o->command_line.end(), {"--set", s});
+    exit_code = golden_update_verb(*o, out, err);
+  });
+}
+
+void add_faults_command(CLI::App& app, std::ostream& out, int& exit_code) {
+  auto* cmd = app.add_subcommand(
+      "faults", "List the injectable faults, the bug class each reproduces and its checks");
+  cmd->callback([&out, &exit_code] {
+    print_fault_catalog(out);
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace meshproof::harness

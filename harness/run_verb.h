@@ -1,0 +1,60 @@
+// `meshproof run`, `meshproof golden update` and `meshproof faults` (DESIGN.md section 10).
+//   run SCENARIO... [--backend cpu|cuda|auto] [--launcher local|mpi] [--out DIR] [--filter NAME]
+//       [--set k=v]... [--golden-dir DIR] [--trace] [--quiet]
+//     Loads and validates every scenario first (bad input: exit 2, nothing run or written), runs
+//     each with its checks, writes report.json/.md/junit.xml/.html into --out (default
+//     out/<UTC timestamp>). Exit 0 when every scenario met its expectation, 1 when one did not,
+//     3 on runtime errors (a scenario or check that could not run).
+//   golden update SCENARIO... [--platform P] [--filter NAME] [--set k=v]... [--golden-dir DIR]
+//     Runs the scenarios and writes golden/<scenario>/<platform>.h5 atomically, printing the
+//     signed mean relative shift of each metric against the previous golden.
+//   faults
+//     The fault catalog: each fault, the bug class it reproduces and the checks that catch it.
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace meshproof::harness {
+
+struct RunVerbOptions {
+  std::vector<std::string> paths;
+  std::vector<std::string> sets;
+  std::string backend;   // "" (scenario's own), cpu, cuda, auto
+  std::string launcher;  // "" (scenario's own), local, mpi
+  std::string out_dir;   // "" -> out/<timestamp>
+  std::string filter;
+  std::string golden_dir = "golden";
+  bool trace = false;
+  bool quiet = false;     // one line per scenario
+  bool progress = false;  // live progress (the CLI sets it on a terminal outside CI)
+  std::vector<std::string> command_line;
+};
+
+int run_verb(const RunVerbOptions& opts, std::ostream& out, std::ostream& err);
+
+struct GoldenUpdateOptions {
+  std::vector<std::string> paths;
+  std::vector<std::string> sets;
+  std::string filter;
+  std::string platform;  // "" -> the platform of the backend the scenario runs on
+  std::string backend;
+  std::string golden_dir = "golden";
+  std::vector<std::string> command_line;
+};
+
+int golden_update_verb(const GoldenUpdateOptions& opts, std::ostream& out, std::ostream& err);
+
+void print_fault_catalog(std::ostream& out);
+
+void add_run_command(CLI::App& app, std::ostream& out, std::ostream& err, int& exit_code);
+void add_golden_command(CLI::App& app, std::ostream& out, std::ostream& err, int& exit_code);
+void add_faults_command(CLI::App& app, std::ostream& out, int& exit_code);
+
+}  // namespace meshproof::harness

@@ -1,0 +1,376 @@
+#include "harness/runner.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "harness/checks.h"
+#include "harness/golden.h"
+#include "harness/scenario_faults.h"
+#include "harness/scenario_loader.h"
+#include "kernels/error.h"
+#include "reports/perf_metrics.h"
+
+namespace meshproof::harness {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+bool is_yaml(const fs::path& p) { return p.extension() == ".yaml" || p.extension() == ".yml"; }
+
+std::string mesh_text(const MeshConfig& m) {
+  return fmt::format("dp_replicate={} dp_shard={} tp={}{}", m.dp_replicate, m.dp_shard, m.tp,
+                     m.sequence_parallel ? " sp" : "");
+}
+
+reports::CheckResult make_result(const std::string& name, reports::Verdict v, std::string msg) {
+  reports::CheckResult r;
+  r.name = name;
+  r.kind = name;
+  r.verdict = v;
+  r.message = std::move(msg);
+  return r;
+}
+
+// Runs `fn`, turning engine/runtime failures into an errored check (a check that could not run
+// is an error, never a pass).
+template <typename Fn>
+reports::CheckResult guarded(const std::string& name, Fn&& fn) {
+  const auto t0 = Clock::now();
+  reports::CheckResult r;
+  try {
+    r = fn();
+  } catch (const std::exception& e) {
+    const auto* err = dynamic_cast<const kernels::Error*>(&e);
+    r = make_result(name, reports::Verdict::kError, err ? err->message() : e.what());
+  }
+  r.duration_s = seconds_since(t0);
+  return r;
+}
+
+// Live progress on a terminal: one rewritten line per scenario.
+struct Progress {
+  std::ostream* out = nullptr;
+  std::string name;
+  Clock::time_point t0 = Clock::now();
+  void step(const reports::StepMetrics& m, int64_t total) const {
+    if (!out) return;
+    const double elapsed = seconds_since(t0);
+    const double eta =
+        m.step > 0 ? elapsed / static_cast<double>(m.step) * static_cast<double>(total - m.step)
+                   : 0.0;
+    fmt::print(*out, "\r\033[K{}  step {}/{}  loss {:.4f}  elapsed {:.1f}s  ETA {:.1f}s", name,
+               m.step, total, m.loss, elapsed, eta);
+    out->flush();
+  }
+  void done() const {
+    if (out) fmt::print(*out, "\r\033[K");
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> expand_scenario_paths(const std::vector<std::string>& paths) {
+  std::vector<std::string> files;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      std::vector<std::string> found;
+      for (const auto& entry : fs::recursive_directory_iterator(p)) {
+        if (entry.is_regular_file() && is_yaml(entry.path()))
+          found.push_back(entry.path().string());
+      }
+      std::sort(found.begin(), found.end());
+      if (found.empty()) MP_FAIL_INPUT("{}: the folder holds no .yaml scenarios", p);
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.push_back(p);
+    }
+  }
+  return files;
+}
+
+std::vector<Scenario> load_scenarios(const std::vector<std::string>& paths,
+                                     const std::vector<std::string>& sets,
+                                     const std::string& filter) {
+  std::vector<Override> overrides;
+  for (const std::string& s : sets) overrides.push_back(parse_override(s));
+  std::vector<Scenario> all;
+  std::set<std::string> names;
+  for (const std::string& file : expand_scenario_paths(paths)) {
+    for (Scenario& s : load_scenario_file(file, overrides)) {
+      if (!filter.empty() && s.name != filter && s.base_name != filter) continue;
+      // Everything the engine would reject is bad input too: check it before running anything.
+      try {
+        (void)to_engine_config(s);
+        (void)to_fault_injection(s.faults);
+      } catch (const kernels::Error& e) {
+        if (e.kind() != kernels::ErrorKind::kInput) throw;
+        MP_FAIL_INPUT("{}: scenario {}: {}", s.source, s.name, e.message());
+      }
+      MP_CHECK_INPUT(names.insert(s.name).second,
+                     "{}: scenario name {} is used twice in this run (reports key on it)", s.source,
+                     s.name);
+      all.push_back(std::move(s));
+    }
+  }
+  MP_CHECK_INPUT(!all.empty(), "no scenario matches --filter {}", filter);
+  return all;
+}
+
+std::optional<std::string> resolve_backend(const Scenario& s, const RunnerOptions& opts,
+                                           const reports::EnvironmentRecord& env,
+                                           std::string* skip_reason) {
+  const Backend b = opts.backend.value_or(s.backend);
+  const bool wants_gpu = s.requires_gpu || b == Backend::kCuda;
+  if (wants_gpu && !env.cuda_usable) {
+    *skip_reason =
+        fmt::format("{} but no usable GPU: {}", s.requires_gpu ? "requires_gpu" : "backend cuda",
+                    env.cuda_unusable_reason.empty() ? std::string("CUDA not compiled")
+                                                     : env.cuda_unusable_reason);
+    return std::nullopt;
+  }
+  // The engine's math runs on the CPU backend in this build: auto resolves to cpu, and an
+  // explicit cuda request on a machine with a GPU is reported by run_scenario as an error.
+  if (b == Backend::kCuda || s.requires_gpu) return std::string("cuda:0");
+  return std::string("cpu");
+}
+
+std::string golden_update_command(const Scenario& s, const std::vector<std::string>& sets,
+                                  const std::string& platform) {
+  std::string cmd = fmt::format("meshproof golden update {}", s.source);
+  // --filter picks this one scenario out of a file that may expand a matrix.
+  cmd += fmt::format(" --filter '{}'", s.name);
+  for (const std::string& set : sets) cmd += fmt::format(" --set '{}'", set);
+  cmd += fmt::format(" --platform {}", platform);
+  return cmd;
+}
+
+bool expectation_met(const Scenario& s, const reports::ScenarioRecord& r, std::string* why) {
+  if (!r.error.empty()) {
+    *why = "runtime error: " + r.error;
+    return false;
+  }
+  bool all_skipped = !r.checks.empty();
+  for (const auto& c : r.checks) {
+    if (c.verdict == reports::Verdict::kError) {
+      *why = fmt::format("check {} errored: {}", c.name, c.message);
+      return false;
+    }
+    if (c.verdict != reports::Verdict::kSkipped) all_skipped = false;
+  }
+  if (all_skipped) return true;  // skipped scenarios are recorded, not failed
+  if (s.expect == Expect::kPass) {
+    for (const auto& c : r.checks) {
+      if (c.verdict == reports::Verdict::kFail) {
+        *why = fmt::format("check {} failed: {}", c.name, c.message);
+        return false;
+      }
+    }
+    return true;
+  }
+  // expect: caught -- one of the catalog's intended checks must have failed.
+  std::set<std::string> intended;
+  for (const FaultSpec& f : s.faults) {
+    if (const FaultInfo* info = find_fault(f.name)) {
+      for (const std::string& c : info->caught_by) {
+        // "resume_cross_mesh" is the resume check with a mesh override.
+        if (c == "resume_cross_mesh") {
+          if (s.checks.resume.mesh) intended.insert("resume");
+        } else if (c == "resume") {
+          if (!s.checks.resume.mesh) intended.insert("resume");
+        } else {
+          intended.insert(c);
+        }
+      }
+    }
+  }
+  for (const auto& c : r.checks) {
+    if (c.verdict == reports::Verdict::kFail && intended.count(c.kind)) return true;
+  }
+  std::string names;
+  for (const std::string& n : intended) names += (names.empty() ? "" : ", ") + n;
+  *why = fmt::format("fault not caught: none of the intended checks ({}) failed", names);
+  return false;
+}
+
+reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opts,
+                                     const reports::EnvironmentRecord& env, std::ostream& log,
+                                     TrainOutcome* main_out) {
+  const auto t0 = Clock::now();
+  reports::ScenarioRecord rec;
+  rec.name = s.name;
+  rec.config = to_canonical_json(s);
+  rec.mesh = mesh_text(s.mesh);
+  rec.recipe = to_string(s.recipe.name);
+  rec.expectation =
+      s.expect == Expect::kCaught ? reports::Expectation::kCaught : reports::Expectation::kPass;
+  const std::vector<std::string> check_names = s.checks.enabled_names();
+
+  std::string skip_reason;
+  const std::optional<std::string> backend = resolve_backend(s, opts, env, &skip_reason);
+  rec.backend = backend.value_or("none");
+  if (!backend) {
+    rec.notes.push_back("skipped: " + skip_reason);
+    for (const std::string& c : check_names)
+      rec.checks.push_back(make_result(c, reports::Verdict::kSkipped, skip_reason));
+    if (check_names.empty())
+      rec.checks.push_back(make_result("run", reports::Verdict::kSkipped, skip_reason));
+    rec.duration_s = seconds_since(t0);
+    return rec;
+  }
+
+  Scenario run = s;
+  if (opts.launcher) run.launcher = *opts.launcher;
+  TrainOutcome main;
+  try {
+    if (*backend != "cpu") {
+      MP_FAIL("{}: backend {}: the engine in this build trains on the CPU backend only", s.name,
+              *backend);
+    }
+    std::string why;
+    if (!can_execute(run, &why)) MP_FAIL("{}", why);
+    Progress progress;
+    if (opts.progress) {
+      progress.out = &log;
+      progress.name = s.name;
+    }
+    TrainRequest req;
+    req.faults = to_fault_injection(run.faults);
+    req.trace = opts.trace;
+    req.on_step = [&progress](const reports::StepMetrics& m, int64_t total) {
+      progress.step(m, total);
+    };
+    main = train_scenario(run, req);
+    progress.done();
+  } catch (const std::exception& e) {
+    const auto* err = dynamic_cast<const kernels::Error*>(&e);
+    rec.error = err ? err->message() : e.what();
+    rec.duration_s = seconds_since(t0);
+    return rec;
+  }
+  rec.steps = main.steps;
+  rec.memory = main.memory;
+  rec.collectives = main.collectives;
+  rec.notes.insert(rec.notes.end(), main.notes.begin(), main.notes.end());
+  if (s.data.seed != DataConfig{}.seed) {
+    rec.notes.push_back(fmt::format(
+        "data.seed = {} is not used: the engine derives its data from train.seed", s.data.seed));
+  }
+
+  const RunView main_view{&main.steps, &main.final_params, &main.trace};
+  const engine::FaultInjection faults = to_fault_injection(run.faults);
+
+  if (s.checks.golden.enabled) {
+    rec.checks.push_back(guarded("golden", [&] {
+      const std::string platform = golden_platform(*backend, env);
+      const fs::path path = golden_path(opts.golden_dir, s.name, platform);
+      reports::GoldenRecord g;
+      auto r = check_golden(main.steps, read_golden(path), s.checks.golden, path.string(),
+                            golden_update_command(s, opts.sets, platform), &g);
+      if (!g.steps.empty()) rec.golden = g;
+      return r;
+    }));
+  }
+  if (s.checks.resume.enabled) {
+    rec.checks.push_back(guarded("resume", [&] {
+      ResumeRequest req;
+      req.at_step = s.checks.resume.at_step;
+      req.mesh = s.checks.resume.mesh;
+      req.faults = faults;
+      req.keep_last = s.checkpoint.keep_last;
+      // The check owns a folder of its own under the checkpoint root and starts it empty, so
+      // that a rerun into the same --out never meets its previous checkpoint.
+      const fs::path root = s.checkpoint.dir.empty()
+                                ? opts.out_dir / golden_scenario_dir(s.name) / "checkpoints"
+                                : fs::path(s.checkpoint.dir);
+      req.checkpoint_root = root / fmt::format("resume_check_step{}", req.at_step);
+      std::error_code ec;
+      fs::remove_all(req.checkpoint_root, ec);
+      MP_CHECK(!ec, "clearing {}: {}", req.checkpoint_root.string(), ec.message());
+      TrainOutcome resumed = resume_scenario(run, req);
+      rec.notes.insert(rec.notes.end(), resumed.notes.begin(), resumed.notes.end());
+      const RunView view{&resumed.steps, &resumed.final_params, nullptr};
+      const RunView straight{&main.steps, &main.final_params, nullptr};
+      if (!s.checks.resume.mesh || *s.checks.resume.mesh == s.mesh) {
+        return compare_bitwise("resume", "resume", view, straight,
+                               fmt::format("resumed run (saved after step {})", req.at_step),
+                               opts.trace);
+      }
+      // Another mesh reorders reductions: loss and grad_norm within the scenario's rtol.
+      const std::map<Metric, double> rtol = {{Metric::kLoss, s.checks.resume.rtol},
+                                             {Metric::kGradNorm, s.checks.resume.rtol}};
+      return compare_tolerance("resume", "resume", view, straight, rtol,
+                               fmt::format("run resumed on {} (saved after step {})",
+                                           describe_mesh(*s.checks.resume.mesh), req.at_step),
+                               opts.trace);
+    }));
+  }
+  if (s.checks.reference.enabled) {
+    rec.checks.push_back(guarded("reference", [&] {
+      Scenario ref = run;
+      ref.faults.clear();  // the reference is the clean run the faulty one must agree with
+      std::string what = "run vs reference";
+      if (s.checks.reference.mesh) ref.mesh = *s.checks.reference.mesh;
+      if (s.checks.reference.recipe) ref.recipe = *s.checks.reference.recipe;
+      what = fmt::format("run vs reference ({}, recipe {})", describe_mesh(ref.mesh),
+                         to_string(ref.recipe.name));
+      std::string why;
+      if (!can_execute(ref, &why)) MP_FAIL("reference run: {}", why);
+      TrainRequest req;
+      req.trace = opts.trace;
+      TrainOutcome r = train_scenario(ref, req);
+      return compare_tolerance("reference", "reference", main_view,
+                               RunView{&r.steps, &r.final_params, &r.trace},
+                               s.checks.reference.rtol, what, opts.trace);
+    }));
+  }
+  if (s.checks.allgather_parity) {
+    rec.checks.push_back(guarded("allgather_parity", [&]() -> reports::CheckResult {
+      MP_FAIL(
+          "allgather_parity needs FP8 all-gathered weights (fsdp.fp8_all_gather), which this "
+          "build of the engine does not have");
+    }));
+  }
+  if (s.checks.determinism) {
+    rec.checks.push_back(guarded("determinism", [&] {
+      TrainRequest req;
+      req.faults = faults;
+      req.trace = opts.trace;
+      TrainOutcome again = train_scenario(run, req);
+      return compare_bitwise("determinism", "determinism",
+                             RunView{&again.steps, &again.final_params, &again.trace}, main_view,
+                             "rerun", opts.trace);
+    }));
+  }
+
+  reports::PerformanceInputs perf;
+  perf.model.layers = s.model.layers;
+  perf.model.hidden = s.model.hidden;
+  perf.model.ffn = s.model.ffn;
+  perf.model.vocab = s.model.vocab;
+  perf.model.seq_len = s.model.seq_len;
+  perf.model.swiglu = s.model.activation == Activation::kSwiglu;
+  perf.num_devices = static_cast<int>(s.mesh.world_size());
+  perf.gemm_dtype = s.recipe.is_fp8() ? "fp8" : "bf16";
+  if (!main.steps.empty()) {
+    try {
+      rec.performance = reports::compute_performance(main.steps, perf);
+    } catch (const std::exception& e) {
+      rec.notes.push_back(fmt::format("performance figures not computed: {}", e.what()));
+    }
+  }
+  if (main_out) *main_out = std::move(main);
+  rec.duration_s = seconds_since(t0);
+  return rec;
+}
+
+}  // namespace meshproof::harness

@@ -1,0 +1,71 @@
+// The harness's one door into the engine (engine::run_training, engine/session.h): maps a
+// harness::Scenario onto the engine's run options (scenario -> engine::Config, fault names ->
+// engine::FaultInjection) and trains it, reporting each step. Everything engine-specific the runner
+// and the checks need goes through here, so that the runner does not care whether the single-rank
+// Trainer or the sharded session executes the run.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/faults.h"
+#include "engine/params.h"
+#include "engine/session.h"
+#include "harness/scenario.h"
+#include "reports/run_record.h"
+
+namespace meshproof::harness {
+
+// scenario -> engine::Config. Throws kInput (naming the scenario key) for settings the engine
+// does not support, and runs engine::validate().
+engine::Config to_engine_config(const Scenario& s);
+
+// The scenario's faults as an engine::FaultInjection. Scenario `from_step` is 1-based (the first
+// optimizer step at which the fault is active); the engine counts steps from 0.
+engine::FaultInjection to_fault_injection(const std::vector<FaultSpec>& faults);
+
+// Whether this build can execute the scenario's mesh/launcher; on false `why` says what is
+// missing (the runner reports the scenario as an error with that reason).
+bool can_execute(const Scenario& s, std::string* why);
+
+struct TrainRequest {
+  engine::FaultInjection faults;
+  int64_t steps = -1;  // -1: s.train.steps
+  bool trace = false;  // per-step per-tensor digests (TrainOutcome::trace)
+  // Called after each step with the step's metrics (1-based step) and the steps planned.
+  std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
+};
+
+struct TrainOutcome {
+  std::vector<reports::StepMetrics> steps;  // 1-based, in order
+  engine::TensorMap final_params;           // global (unsharded) fp32 parameters after training
+  std::vector<reports::RankMemory> memory;  // per rank
+  std::vector<reports::CollectiveStats> collectives;
+  std::vector<std::string> notes;  // engine fallbacks and limitations the user must know
+  std::string device;              // "cpu" or "cuda:0"
+  std::vector<std::vector<engine::TensorDigest>> trace;  // [step][tensor] with request.trace
+};
+
+TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);
+
+// The scenario as engine::RunOptions (launcher, mesh, FSDP options, faults, steps, trace).
+engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& request);
+
+struct ResumeRequest {
+  int64_t at_step = 1;             // save after this step (1-based)
+  std::optional<MeshConfig> mesh;  // resume on this mesh (default: the scenario's)
+  engine::FaultInjection faults;   // engine and checkpoint faults (save/load side)
+  std::filesystem::path checkpoint_root;
+  int64_t keep_last = 2;
+};
+
+// The resume half of the resume check: train to at_step on the scenario's mesh, save a checkpoint
+// under checkpoint_root, construct a fresh engine (on the resume mesh), load, and train to the
+// end. Returns the stitched per-step metrics (1..steps) and the final global parameters.
+TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request);
+
+}  // namespace meshproof::harness

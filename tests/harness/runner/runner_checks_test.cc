@@ -1,0 +1,188 @@
+// Checks and golden store of the runner (harness/checks.h, harness/golden.h): golden exact and
+// tolerance modes, allowed failing steps, the missing-golden message, ULP distances, bitwise run
+// comparison, atomic golden writes and the mean relative shift.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "harness/checks.h"
+#include "harness/golden.h"
+#include "kernels/tensor.h"
+
+namespace meshproof::harness {
+namespace {
+
+namespace fs = std::filesystem;
+using reports::Verdict;
+
+std::vector<reports::StepMetrics> steps_of(const std::vector<double>& loss,
+                                           const std::vector<double>& grad_norm) {
+  std::vector<reports::StepMetrics> out;
+  for (size_t i = 0; i < loss.size(); ++i) {
+    reports::StepMetrics m;
+    m.step = static_cast<int64_t>(i) + 1;
+    m.loss = loss[i];
+    m.grad_norm = grad_norm[i];
+    out.push_back(m);
+  }
+  return out;
+}
+
+GoldenData golden_of(const std::vector<double>& loss, const std::vector<double>& grad_norm) {
+  GoldenData g;
+  g.metrics["loss"] = loss;
+  g.metrics["grad_norm"] = grad_norm;
+  return g;
+}
+
+TEST(UlpDistance, AdjacentAndSignedZero) {
+  EXPECT_EQ(ulp_distance(1.0f, std::nextafter(1.0f, 2.0f)), 1);
+  EXPECT_EQ(ulp_distance(0.0f, -0.0f), 0);
+  // Across zero: smallest positive and smallest negative subnormal are 2 ULP apart.
+  EXPECT_EQ(ulp_distance(std::numeric_limits<float>::denorm_min(),
+                         -std::numeric_limits<float>::denorm_min()),
+            2);
+  EXPECT_EQ(ulp_distance(1.0, std::nextafter(std::nextafter(1.0, 2.0), 2.0)), 2);
+  EXPECT_EQ(ulp_distance(std::nanf(""), 1.0f), std::numeric_limits<int64_t>::max());
+}
+
+TEST(GoldenCheck, ExactPassesOnlyOnIdenticalBits) {
+  const auto steps = steps_of({5.0, 4.5, 4.0}, {1.0, 0.9, 0.8});
+  GoldenCheck cfg;
+  cfg.enabled = true;
+  auto r = check_golden(steps, golden_of({5.0, 4.5, 4.0}, {1.0, 0.9, 0.8}), cfg, "g.h5", "cmd");
+  EXPECT_EQ(r.verdict, Verdict::kPass) << r.message;
+
+  // One ULP off at step 2 is a failure in exact mode, and the evidence names that step.
+  const double off = std::nextafter(4.5, 5.0);
+  r = check_golden(steps, golden_of({5.0, off, 4.0}, {1.0, 0.9, 0.8}), cfg, "g.h5", "cmd");
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  ASSERT_TRUE(r.evidence.has_value());
+  EXPECT_EQ(r.evidence->first_diverging_step, 2);
+  EXPECT_EQ(r.evidence->metric, "loss");
+  EXPECT_EQ(r.evidence->ulp_distance, 1);
+  EXPECT_EQ(r.evidence->failing_steps, 1);
+}
+
+TEST(GoldenCheck, ToleranceBandAndAllowedFailingSteps) {
+  const auto steps = steps_of({5.0, 4.5, 4.0, 3.5}, {1, 1, 1, 1});
+  GoldenCheck cfg;
+  cfg.enabled = true;
+  cfg.mode = GoldenMode::kTolerance;
+  cfg.metrics = {Metric::kLoss};
+  cfg.rtol = 1e-3;
+  cfg.atol = 0;
+  // 5.004 is 8e-4 relative from 5.0: inside. 4.51 is 2.2e-3 from 4.5: outside.
+  const auto golden = golden_of({5.004, 4.51, 4.0, 3.51}, {2, 2, 2, 2});
+  auto r = check_golden(steps, golden, cfg, "g.h5", "cmd");
+  ASSERT_EQ(r.verdict, Verdict::kFail) << r.message;
+  EXPECT_EQ(r.evidence->first_diverging_step, 2);
+  EXPECT_EQ(r.evidence->failing_steps, 2);  // steps 2 and 4; grad_norm is not compared
+
+  cfg.allowed_failing_steps = 2;
+  r = check_golden(steps, golden, cfg, "g.h5", "cmd");
+  EXPECT_EQ(r.verdict, Verdict::kPass) << r.message;
+  cfg.allowed_failing_steps = 1;
+  EXPECT_EQ(check_golden(steps, golden, cfg, "g.h5", "cmd").verdict, Verdict::kFail);
+
+  // NaN never falls inside a band.
+  cfg.allowed_failing_steps = 0;
+  const auto nan_steps = steps_of({5.0, std::nan(""), 4.0, 3.5}, {1, 1, 1, 1});
+  r = check_golden(nan_steps, golden_of({5.0, 4.5, 4.0, 3.5}, {1, 1, 1, 1}), cfg, "g", "c");
+  EXPECT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_EQ(r.evidence->first_diverging_step, 2);
+}
+
+TEST(GoldenCheck, MissingGoldenFailsWithTheUpdateCommand) {
+  GoldenCheck cfg;
+  cfg.enabled = true;
+  const auto r = check_golden(steps_of({1}, {1}), std::nullopt, cfg, "golden/x/cpu.h5",
+                              "meshproof golden update x.yaml --platform cpu");
+  EXPECT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_NE(r.message.find("golden/x/cpu.h5"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("meshproof golden update x.yaml --platform cpu"), std::string::npos);
+}
+
+TEST(GoldenCheck, StepCountMismatchFails) {
+  GoldenCheck cfg;
+  cfg.enabled = true;
+  const auto r = check_golden(steps_of({1, 2}, {1, 1}), golden_of({1}, {1}), cfg, "g", "c");
+  EXPECT_EQ(r.verdict, Verdict::kFail);
+}
+
+TEST(CompareBitwise, MetricsAndFinalParams) {
+  const auto a = steps_of({5.0, 4.0}, {1.0, 0.5});
+  auto b = a;
+  engine::TensorMap pa, pb;
+  pa.insert("w", kernels::Tensor::from_vector<float>(kernels::Shape({2}), {1.0f, 2.0f}));
+  pb.insert("w", kernels::Tensor::from_vector<float>(kernels::Shape({2}), {1.0f, 2.0f}));
+  auto r = compare_bitwise("determinism", "determinism", {&a, &pa}, {&b, &pb}, "rerun", true);
+  EXPECT_EQ(r.verdict, Verdict::kPass) << r.message;
+
+  // Equal metrics, one parameter element one ULP apart: still a failure naming the tensor.
+  engine::TensorMap pc;
+  pc.insert("w", kernels::Tensor::from_vector<float>(kernels::Shape({2}),
+                                                     {1.0f, std::nextafter(2.0f, 3.0f)}));
+  r = compare_bitwise("determinism", "determinism", {&a, &pc}, {&b, &pb}, "rerun", true);
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_EQ(r.evidence->tensor, "w");
+  EXPECT_EQ(r.evidence->ulp_distance, 1);
+
+  b[1].grad_norm = std::nextafter(0.5, 1.0);
+  r = compare_bitwise("determinism", "determinism", {&a, nullptr}, {&b, nullptr}, "rerun", false);
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_EQ(r.evidence->first_diverging_step, 2);
+  EXPECT_EQ(r.evidence->metric, "grad_norm");
+}
+
+TEST(CompareTolerance, PerMetricRtol) {
+  const auto a = steps_of({5.0, 4.0}, {1.0, 0.5});
+  const auto e = steps_of({5.0, 4.001}, {1.0, 0.9});
+  // grad_norm is not compared; loss differs by 2.5e-4 relative at step 2.
+  auto r = compare_tolerance("reference", "reference", {&a}, {&e}, {{Metric::kLoss, 1e-3}}, "run",
+                             false);
+  EXPECT_EQ(r.verdict, Verdict::kPass) << r.message;
+  r = compare_tolerance("reference", "reference", {&a}, {&e}, {{Metric::kLoss, 1e-4}}, "run",
+                        false);
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_EQ(r.evidence->first_diverging_step, 2);
+}
+
+TEST(GoldenStore, AtomicRoundTripProvenanceAndShift) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "runner_golden_store";
+  fs::remove_all(dir);
+  const fs::path path = golden_path(dir, "fsdp[recipe=bf16]", "cpu");
+  EXPECT_EQ(path, dir / "fsdp@recipe=bf16" / "cpu.h5");
+  EXPECT_FALSE(read_golden(path).has_value());
+
+  GoldenData g = golden_of({5.0, 4.0}, {1.0, 0.5});
+  g.provenance = {{"scenario", "fsdp[recipe=bf16]"}, {"backend", "cpu"}, {"cuda_runtime", ""}};
+  write_golden(path, g);
+  EXPECT_FALSE(fs::exists(path.string() + ".partial"));
+  const auto back = read_golden(path);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->metrics.at("loss"), g.metrics.at("loss"));
+  EXPECT_EQ(back->metrics.at("grad_norm"), g.metrics.at("grad_norm"));
+  EXPECT_EQ(back->provenance.at("scenario"), "fsdp[recipe=bf16]");
+  EXPECT_EQ(back->provenance.at("cuda_runtime"), "");
+
+  // +10% at step 1, -10% at step 2: mean 0; +10% both: +0.1.
+  // 1e-15: 3.6 and 4.4 are not exact in binary, so the shifts are 0.1 only to a few ULP.
+  EXPECT_NEAR(*mean_relative_shift({5.0, 4.0}, {5.5, 3.6}), 0.0, 1e-15);
+  EXPECT_NEAR(*mean_relative_shift({5.0, 4.0}, {5.5, 4.4}), 0.1, 1e-15);
+  EXPECT_FALSE(mean_relative_shift({0.0}, {1.0}).has_value());
+}
+
+TEST(GoldenPlatform, CpuAndGpuFamilies) {
+  reports::EnvironmentRecord env;
+  EXPECT_EQ(golden_platform("cpu", env), "cpu");
+  env.gpus.push_back({0, "NVIDIA H100 80GB HBM3", "9.0", 0, 132});
+  EXPECT_EQ(golden_platform("cuda:0", env), "h100");
+  env.gpus[0].name = "NVIDIA H200";
+  EXPECT_EQ(golden_platform("cuda:0", env), "h200");
+}
+
+}  // namespace
+}  // namespace meshproof::harness
