@@ -70,6 +70,19 @@ struct TensorDigest {
   double l2 = 0;         // L2 norm (double)
 };
 
+// allgather_parity (DESIGN.md section 7): one FP8 all-gathered weight at one step compared with
+// quantizing the high-precision gathered weight. Bytes are the rowwise and columnwise data and
+// scale_inv buffers of both (equal sizes); parity holds when mismatched_bytes == 0.
+struct AllGatherParity {
+  int64_t step = 0;
+  std::string tensor;              // parameter name, e.g. "layers.0.attn.qkv.weight"
+  int64_t bytes = 0;               // bytes compared
+  int64_t mismatched_bytes = 0;    // bytes that differ
+  double max_abs_error = 0;        // max |dequant(gathered) - dequant(reference)| over elements
+  double scale_inv = 0;            // first rowwise scale_inv of the gathered weight
+  double reference_scale_inv = 0;  // the same of the reference quantization
+};
+
 struct RunOptions {
   Config config;  // model, recipe, training, data, seed (engine/config.h)
   MeshSpec mesh;
@@ -79,6 +92,8 @@ struct RunOptions {
   FaultInjection faults;           // engine/faults.h
   int64_t steps = 0;               // optimizer steps to run in this call (0: config.training.steps)
   bool trace = false;              // per-step per-tensor digests (RunResult::trace)
+  // Compare every FP8 all-gathered weight with quantize(gather(shard)) (RunResult::parity).
+  bool allgather_parity = false;
   // Progress, called on rank 0 after each step.
   std::function<void(const StepMetrics&)> on_step;
   // Checkpoint hooks (the checkpoint module fills them). Called on every rank, collectively:
@@ -127,6 +142,7 @@ struct RunResult {
   std::vector<RankReport> ranks;                 // every rank (launcher mpi: this rank only)
   std::vector<std::string> notes;                // reported fallbacks and behaviour changes
   std::vector<StepTime> times;                   // per step, rank 0
+  std::vector<AllGatherParity> parity;           // RunOptions::allgather_parity, rank 0
   // Final fp32 master weights, global (unsharded), keyed by parameter name.
   std::map<std::string, kernels::Tensor> final_params;
 };
