@@ -175,6 +175,7 @@ std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {
   add("training.recompute", c.training.recompute ? 1 : 0);
   add("data.markov_order", c.data.markov_order);
   add("data.decay", c.data.decay);
+  add("data.seed", c.data.seed);
   add("seed", c.seed);
   return kv;
 }

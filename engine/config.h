@@ -69,6 +69,7 @@ struct TrainingConfig {
 struct DataConfig {
   int64_t markov_order = 1;  // k: each token depends on the previous k
   double decay = 0.5;        // next-token probabilities proportional to decay^rank
+  uint64_t seed = 42;        // Philox key of the data stream (transition table and tokens)
 };
 
 struct Config {
@@ -76,7 +77,7 @@ struct Config {
   RecipeConfig recipe;
   TrainingConfig training;
   DataConfig data;
-  uint64_t seed = 1234;
+  uint64_t seed = 1234;  // Philox key of parameter init and dropout (data: data.seed)
 };
 
 // Throws kernels::Error (kInput) naming the offending field, e.g.

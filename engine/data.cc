@@ -12,9 +12,8 @@ constexpr uint64_t kTableStream = kernels::philox_stream("data.table");
 constexpr uint64_t kTokenStream = kernels::philox_stream("data.tokens");
 }  // namespace
 
-MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, uint64_t seed, int64_t batch,
-                           int64_t seq_len)
-    : vocab_(vocab), order_(data.markov_order), batch_(batch), seq_len_(seq_len), seed_(seed) {
+MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch, int64_t seq_len)
+    : vocab_(vocab), order_(data.markov_order), batch_(batch), seq_len_(seq_len), seed_(data.seed) {
   int64_t contexts = 1;
   for (int64_t i = 0; i < order_; ++i) contexts *= vocab_;
   // Rank probabilities p_r = decay^r / Z and their entropy.

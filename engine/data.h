@@ -5,8 +5,9 @@
 // entropy of the next token given its full context is H = -sum_r p_r ln p_r for every context:
 // that is the entropy rate and the loss floor (in nats) for every position with k tokens of
 // context; the first k-1 predictions of a sequence see less context and sit above it.
-// Tokens depend only on (seed, step, global row, position), so a data-parallel rank generates its
-// rows [j*B/dp, (j+1)*B/dp) alone.
+// Tokens depend only on (data.seed, step, global row, position), so a data-parallel rank generates
+// its rows [j*B/dp, (j+1)*B/dp) alone. The data seed is separate from the init/dropout seed
+// (Config::seed), so a scenario can change its data without changing its model and vice versa.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,7 @@ namespace meshproof::engine {
 
 class MarkovSource {
  public:
-  MarkovSource(int64_t vocab, const DataConfig& data, uint64_t seed, int64_t batch,
-               int64_t seq_len);
+  MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch, int64_t seq_len);
 
   // int32 [row_end - row_begin, S + 1]: rows [row_begin, row_end) of step `step`'s global batch.
   kernels::Tensor rows(int64_t step, int64_t row_begin, int64_t row_end) const;

@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/error.h"
+#include "kernels/formats.h"
 #include "kernels/quantize.h"
 
 namespace meshproof::engine {
@@ -44,17 +47,16 @@ Tensor gather_rows(mesh::Communicator& comm, const Tensor& local,
   return out;
 }
 
-}  // namespace
-
-Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& amax_group,
-                               const mesh::Layout& layout, const Tensor& local, const Box& target,
-                               RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax) {
+// The members' row ranges inside `target` (in rank order of `gather`); `aligned32` tells whether
+// every member's row count is a multiple of 32 (MXFP8 columnwise blocks stay inside shards).
+std::vector<RowPiece> row_pieces(mesh::Communicator& gather, const mesh::Layout& layout,
+                                 const Tensor& local, const Box& target, bool* aligned32) {
   MP_CHECK_INPUT(target.rank() == 2 && local.shape().rank() == 2,
                  "fp8_all_gather: 2-D weights only, got {} for target {}", local.describe(),
                  target.str());
-  const int64_t total = target.extent[0].value, cols = target.extent[1].value;
+  const int64_t total = target.extent[0].value;
   std::vector<RowPiece> pieces;
-  bool aligned32 = true;
+  *aligned32 = true;
   for (int r : gather.ranks()) {
     const Box& b = layout.box(r);
     MP_CHECK_INPUT(b.extent[1] == target.extent[1] && b.offset[1] == target.offset[1],
@@ -64,8 +66,70 @@ Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& a
                    "fp8_all_gather: rank {} holds no rows of {} (weight of {} rows over {} ranks)",
                    r, target.str(), total, gather.size());
     pieces.push_back({b.offset[0].value - target.offset[0].value, b.extent[0].value});
-    aligned32 = aligned32 && b.extent[0].value % 32 == 0;
+    *aligned32 = *aligned32 && b.extent[0].value % 32 == 0;
   }
+  return pieces;
+}
+
+// Compares two buffers byte by byte; a size difference counts every byte of the larger one.
+void compare_bytes(const Tensor& got, const Tensor& want, AllGatherParity& p) {
+  const int64_t ng = got.defined() ? got.nbytes().value : 0;
+  const int64_t nw = want.defined() ? want.nbytes().value : 0;
+  if (ng != nw) {
+    p.bytes += std::max(ng, nw);
+    p.mismatched_bytes += std::max(ng, nw);
+    return;
+  }
+  const auto* a = static_cast<const unsigned char*>(ng > 0 ? got.raw_data() : nullptr);
+  const auto* b = static_cast<const unsigned char*>(nw > 0 ? want.raw_data() : nullptr);
+  p.bytes += ng;
+  for (int64_t i = 0; i < ng; ++i) p.mismatched_bytes += a[i] != b[i] ? 1 : 0;
+}
+
+bool same_size(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.nbytes().value == b.nbytes().value;
+}
+
+// max |dequant(got) - dequant(want)| over the elements of one copy (both in the logical layout).
+// A NaN on one side only counts as infinite; NaN on both sides as equal.
+double max_abs_error(const kernels::QuantizedTensor& got, const kernels::QuantizedTensor& want,
+                     kernels::QuantizedCopy which) {
+  const bool row = which == kernels::QuantizedCopy::kRowwise;
+  const Tensor& gd = row ? got.rowwise_data : got.columnwise_data;
+  const Tensor& gs = row ? got.rowwise_scale_inv : got.columnwise_scale_inv;
+  const Tensor& wd = row ? want.rowwise_data : want.columnwise_data;
+  const Tensor& ws = row ? want.rowwise_scale_inv : want.columnwise_scale_inv;
+  if (!same_size(gd, wd) || !same_size(gs, ws)) return std::numeric_limits<double>::infinity();
+  const std::vector<float> a = kernels::dequantize(got, which).to_vector<float>();
+  const std::vector<float> b = kernels::dequantize(want, which).to_vector<float>();
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) {
+      if (std::isnan(a[i]) != std::isnan(b[i])) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    m = std::max(m, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  }
+  return m;
+}
+
+// The first element of a scale_inv buffer as a number (float32 per-tensor, e8m0 per block).
+double first_scale_inv(const Tensor& s) {
+  if (!s.defined() || s.numel().value == 0) return std::nan("");
+  if (s.dtype() == DType::kFloat32) return s.data<float>()[0];
+  if (s.dtype() == DType::kE8M0)
+    return kernels::fmt8::e8m0_to_float(static_cast<const uint8_t*>(s.raw_data())[0]);
+  return std::nan("");
+}
+
+}  // namespace
+
+Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& amax_group,
+                               const mesh::Layout& layout, const Tensor& local, const Box& target,
+                               RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax) {
+  bool aligned32 = true;
+  const std::vector<RowPiece> pieces = row_pieces(gather, layout, local, target, &aligned32);
+  const int64_t total = target.extent[0].value, cols = target.extent[1].value;
   Fp8GatherResult out;
   kernels::QuantizedTensor& g = out.weight;
   g.format = DType::kE4M3;
@@ -125,6 +189,53 @@ Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& a
       MP_FAIL_INPUT("fp8_all_gather: recipe {} has no FP8 all-gather (current, delayed, mxfp8)",
                     recipe_name(kind));
   }
+}
+
+AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communicator& amax_group,
+                                      const mesh::Layout& layout, const Tensor& local,
+                                      const Box& target, RecipeKind kind,
+                                      const Tensor* delayed_scale,
+                                      const kernels::QuantizedTensor& gathered) {
+  bool aligned32 = true;
+  const std::vector<RowPiece> pieces = row_pieces(gather, layout, local, target, &aligned32);
+  const int64_t total = target.extent[0].value, cols = target.extent[1].value;
+  // The high-precision gathered weight, exactly as a high-precision all-gather produces it.
+  const Tensor full = gather_rows(gather, local, pieces, total, cols);
+  const kernels::Usage both{.rowwise = true, .columnwise = true};
+  kernels::QuantizedTensor ref;
+  switch (kind) {
+    case RecipeKind::kCurrent: {
+      Tensor amax = kernels::compute_amax(full);
+      if (amax_group.size() > 1) amax_group.all_reduce(amax, mesh::ReduceOp::kMax);
+      ref = kernels::quantize_per_tensor(full, kernels::compute_current_scale(amax, DType::kE4M3),
+                                         DType::kE4M3, both, kernels::ScalingMode::kCurrentTensor,
+                                         amax);
+      break;
+    }
+    case RecipeKind::kDelayed:
+      MP_CHECK_INPUT(delayed_scale != nullptr,
+                     "fp8_all_gather_parity: delayed recipe without a scale");
+      ref = kernels::quantize_per_tensor(full, *delayed_scale, DType::kE4M3, both,
+                                         kernels::ScalingMode::kDelayedTensor);
+      break;
+    case RecipeKind::kMxfp8:
+      ref = kernels::quantize_mxfp8(full, DType::kE4M3, both);
+      break;
+    default:
+      MP_FAIL_INPUT(
+          "fp8_all_gather_parity: recipe {} has no FP8 all-gather (current, delayed, mxfp8)",
+          recipe_name(kind));
+  }
+  AllGatherParity p;
+  compare_bytes(gathered.rowwise_data, ref.rowwise_data, p);
+  compare_bytes(gathered.rowwise_scale_inv, ref.rowwise_scale_inv, p);
+  compare_bytes(gathered.columnwise_data, ref.columnwise_data, p);
+  compare_bytes(gathered.columnwise_scale_inv, ref.columnwise_scale_inv, p);
+  p.max_abs_error = std::max(max_abs_error(gathered, ref, kernels::QuantizedCopy::kRowwise),
+                             max_abs_error(gathered, ref, kernels::QuantizedCopy::kColumnwise));
+  p.scale_inv = first_scale_inv(gathered.rowwise_scale_inv);
+  p.reference_scale_inv = first_scale_inv(ref.rowwise_scale_inv);
+  return p;
 }
 
 }  // namespace meshproof::engine

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "engine/config.h"
+#include "engine/session.h"
 #include "kernels/quantized_tensor.h"
 #include "kernels/tensor.h"
 #include "mesh/communicator.h"
@@ -38,5 +39,24 @@ Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& a
                                const mesh::Box& target, RecipeKind kind,
                                const kernels::Tensor* delayed_scale = nullptr,
                                bool reduce_amax = true);
+
+// allgather_parity (DESIGN.md section 7): the single-rank reference for one FP8 all-gathered
+// weight. Takes the inputs fp8_all_gather was given plus what it returned (`gathered`), gathers the
+// high-precision shards over `gather` (padding cut off), quantizes the whole gathered weight the
+// way one rank would (current: amax of the full weight -> compute_current_scale; delayed: the
+// replicated `delayed_scale`; mxfp8: quantize_mxfp8 of the full weight, rowwise and columnwise)
+// and compares every byte of the rowwise/columnwise data and scale_inv buffers.
+// `amax_group` (current scaling only): the group whose gathered boxes make up the whole weight.
+// With tp = 1 every member holds the same gathered weight and the MAX over the group is the
+// gathered weight's own amax; with TP-sharded weights it adds the tp peers' pieces so that the
+// reference scale is that of the global weight (what the single-rank recipe uses). The reduction
+// is of the gathered high-precision weight, independent of the shard amax reduction under test.
+// Collective over `gather` (and `amax_group` for current scaling). Fills every field except step
+// and tensor; a buffer whose size differs from the reference counts all its bytes as mismatched.
+AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communicator& amax_group,
+                                      const mesh::Layout& layout, const kernels::Tensor& local,
+                                      const mesh::Box& target, RecipeKind kind,
+                                      const kernels::Tensor* delayed_scale,
+                                      const kernels::QuantizedTensor& gathered);
 
 }  // namespace meshproof::engine

@@ -443,7 +443,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   MP_CHECK_INPUT(
       tokens.dtype() == DType::kInt32 && tokens.shape().rank() == 2 && tokens.shape()[1] == seq + 1,
       "GptModel: tokens must be int32 [B, {}], got {}", seq + 1, tokens.describe());
-  const int64_t batch = tokens.shape()[0], rows = batch * seq, h = m.hidden, v = m.vocab;
+  const int64_t batch = tokens.shape()[0], rows = batch * seq, h = m.hidden;
   const Tensor& tok = w.at("embed.tok");
   const DType dt = tok.dtype();
 
@@ -493,6 +493,11 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   }
   const bool ln = m.norm == NormKind::kLayerNorm;
   const Tensor& lm_w = m.tied_embeddings ? tok : w.at("lm_head.weight");
+  // One logit per row of the output projection handed in: V for the real weight (a weight that
+  // still carries shard padding rows, the uneven_shard_padding_leak fault, adds classes).
+  const int64_t v = lm_w.shape()[0];
+  MP_CHECK_INPUT(v >= m.vocab, "GptModel: output projection {} has fewer rows than vocab {}",
+                 lm_w.describe(), m.vocab);
   Tensor xf = new_tensor({rl, h}, dt), f_mean = new_tensor({rl}, dt), f_rstd = new_tensor({rl}, dt);
   norm_forward(x, w.at("final_ln.weight"), ln ? &w.at("final_ln.bias") : nullptr, xf, f_mean,
                f_rstd);

@@ -127,6 +127,39 @@ double sum_doubles(mesh::Communicator& comm, double v) {
   return s;
 }
 
+// Every member's `v` (same length on all members), concatenated in rank order.
+std::vector<double> gather_doubles(mesh::Communicator& comm, const std::vector<double>& v) {
+  if (comm.size() == 1) return v;
+  const int64_t n = static_cast<int64_t>(v.size());
+  Tensor send = Tensor::from_vector<double>({n}, v);
+  Tensor recv = host_empty({comm.size() * n}, DType::kFloat64);
+  comm.all_gather(send, recv);
+  return recv.to_vector<double>();
+}
+
+// uneven_shard_padding_leak (fault): the dp_shard all-gather's padded receive buffer used as the
+// weight without cutting the padding off. torch.chunk makes only trailing chunks short, so each
+// member's real rows sit at member * chunk_rows and the buffer viewed as [members * chunk_rows,
+// cols] is the real weight followed by zero rows. For Shard(0) weights whose members span all
+// columns of `target` (the TP-replicated embedding and lm_head).
+Tensor gather_keeping_padding(mesh::Communicator& comm, const Layout& layout, const Tensor& local,
+                              const Box& target) {
+  const int64_t cols = target.extent[1].value;
+  int64_t chunk_rows = 0;
+  for (int r : comm.ranks()) chunk_rows = std::max(chunk_rows, layout.box(r).extent[0].value);
+  for (int s = 0; s < comm.size(); ++s) {
+    const Box& b = layout.box(comm.ranks()[static_cast<size_t>(s)]);
+    MP_CHECK(b.empty() || (b.extent[1].value == cols && b.offset[0].value == s * chunk_rows),
+             "padded gather: box {} of member {} is not the torch.chunk row chunk of {}", b.str(),
+             s, target.str());
+  }
+  Tensor send = host_zeros({chunk_rows * cols}, local.dtype());
+  if (local.numel().value > 0) std::memcpy(send.raw_data(), local.raw_data(), local.nbytes().value);
+  Tensor recv = host_empty({comm.size() * chunk_rows * cols}, local.dtype());
+  comm.all_gather(send, recv);
+  return recv.view({comm.size() * chunk_rows, cols});
+}
+
 uint64_t fnv1a(const void* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
   const auto* b = static_cast<const unsigned char*>(p);
@@ -182,6 +215,7 @@ struct TrainingSession::Impl {
   std::vector<std::string> notes;
   StepTime time;
   MemoryBreakdown mem;
+  std::vector<AllGatherParity> parity;  // options.allgather_parity, kept on rank 0
 
   Impl(const RunOptions& o, mesh::RankComms& c)
       : options(o),
@@ -190,8 +224,7 @@ struct TrainingSession::Impl {
         mesh(c.mesh()),
         rank(c.rank()),
         model(options.config),
-        data(config.model.vocab, config.data, config.seed, config.training.batch,
-             config.training.seq_len),
+        data(config.model.vocab, config.data, config.training.batch, config.training.seq_len),
         recipe(config.recipe, [this](float* amax, int64_t n) { reduce_amax(amax, n); }) {
     validate(config);
     const MeshSpec& ms = options.mesh;
@@ -389,6 +422,40 @@ struct TrainingSession::Impl {
     return s;
   }
 
+  // allgather_parity: the FP8 all-gathered weight against quantize(gather(shard)) on every rank
+  // (fp8_all_gather_parity, same inputs). Rank 0 keeps one record per weight and step with the
+  // byte counts summed over all ranks, so that a rank whose copy differs cannot hide, and the
+  // largest error; scale_inv values are rank 0's.
+  void record_parity(const Param& p, const Tensor& local, const Tensor* scale,
+                     const kernels::QuantizedTensor& gathered) {
+    AllGatherParity r =
+        fp8_all_gather_parity(comms.group(kShard), comms.group(kWorld), p.layout, local, p.compute,
+                              config.recipe.kind, scale, gathered);
+    const std::vector<double> all = gather_doubles(
+        comms.group(kWorld),
+        {static_cast<double>(r.bytes), static_cast<double>(r.mismatched_bytes), r.max_abs_error});
+    r.step = step;
+    r.tensor = p.spec.name;
+    r.bytes = r.mismatched_bytes = 0;
+    for (size_t i = 0; i < all.size(); i += 3) {
+      r.bytes += static_cast<int64_t>(all[i]);
+      r.mismatched_bytes += static_cast<int64_t>(all[i + 1]);
+      r.max_abs_error = std::max(r.max_abs_error, all[i + 2]);
+    }
+    if (rank == 0) parity.push_back(std::move(r));
+    const std::string note =
+        "allgather_parity: the reference high-precision gathers are counted in the collective "
+        "figures";
+    if (std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
+  }
+
+  // uneven_shard_padding_leak (fault): the vocabulary-sized weights (embed.tok, lm_head.weight)
+  // keep the zero rows that pad uneven dp_shard chunks, so the logits gain zero classes.
+  bool padding_leaks(const Param& p) const {
+    return options.faults.uneven_shard_padding_leak && options.faults.active(step) &&
+           (p.spec.name == "embed.tok" || p.spec.name == "lm_head.weight");
+  }
+
   StepMetrics run_step() {
     const TrainingConfig& t = config.training;
     const auto t0 = Clock::now();
@@ -413,6 +480,7 @@ struct TrainingSession::Impl {
         Fp8GatherResult g = fp8_all_gather(
             shard, comms.group(kWorld), p.layout, local, p.compute, config.recipe.kind, scale,
             !(options.faults.amax_not_reduced && options.faults.active(step)));
+        if (options.allgather_parity) record_parity(p, local, scale, g.weight);
         if (g.high_precision_fallback &&
             std::find(notes.begin(), notes.end(), g.note) == notes.end())
           notes.push_back(g.note);
@@ -425,11 +493,12 @@ struct TrainingSession::Impl {
         grads.insert(p.spec.name, host_zeros(p.compute.shape(), DType::kFloat32));
         continue;
       }
-      Tensor full = gather_box(shard, p.layout, p.master, p.compute);
+      Tensor full = padding_leaks(p) ? gather_keeping_padding(shard, p.layout, p.master, p.compute)
+                                     : gather_box(shard, p.layout, p.master, p.compute);
       if (config.recipe.kind != RecipeKind::kFp32) full = kernels::cast_to(full, DType::kBFloat16);
       gathered_bytes += full.nbytes().value;
-      weights.insert(p.spec.name, full);
-      grads.insert(p.spec.name, host_zeros(p.compute.shape(), DType::kFloat32));
+      grads.insert(p.spec.name, host_zeros(full.shape(), DType::kFloat32));
+      weights.insert(p.spec.name, std::move(full));
     }
     mem.gathered_weights = std::max(mem.gathered_weights, gathered_bytes);
 
@@ -466,8 +535,10 @@ struct TrainingSession::Impl {
         if (!p.layout.placement(MeshDim::kTp).is_shard())
           comms.group(kTp).all_reduce(grads.at(p.spec.name), mesh::ReduceOp::kSum);
     for (Param& p : params) {
-      p.grad = reduce_scatter_box(shard, p.layout, grads.at(p.spec.name), p.compute,
-                                  mesh::ReduceOp::kAvg);
+      // uneven_shard_padding_leak: the gradient rows of the padding are dropped here.
+      Tensor g = grads.at(p.spec.name);
+      if (g.shape()[0] != p.compute.extent[0].value) g = g.slice_rows(0, p.compute.extent[0].value);
+      p.grad = reduce_scatter_box(shard, p.layout, g, p.compute, mesh::ReduceOp::kAvg);
       if (replicate.size() > 1 && !skip_replicas && p.grad.numel().value > 0)
         replicate.all_reduce(p.grad, mesh::ReduceOp::kAvg);
     }
@@ -537,6 +608,7 @@ int64_t TrainingSession::steps_done() const { return impl_->step; }
 MemoryBreakdown TrainingSession::memory() const { return impl_->mem; }
 const std::vector<std::string>& TrainingSession::notes() const { return impl_->notes; }
 const StepTime& TrainingSession::last_time() const { return impl_->time; }
+const std::vector<AllGatherParity>& TrainingSession::parity() const { return impl_->parity; }
 
 // ---------------------------------------------------------------------------------------------
 
@@ -590,6 +662,7 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
   if (lead) {
     result.final_params = std::move(final_params);
     result.notes = session.notes();
+    result.parity = session.parity();
   }
 }
 

@@ -25,7 +25,8 @@
 // once per step and freed after the backward (reshard_after_forward is not yet per layer);
 // fsdp.fp8_params and non-CPU backends are input errors; sequence parallelism needs dropout 0.
 // Faults implemented here: amax_not_reduced, hsdp_replicas_not_reduced, stale_columnwise_copy,
-// tp_fsdp_left_to_right (state layouts). uneven_shard_padding_leak is not implemented.
+// tp_fsdp_left_to_right (state layouts), uneven_shard_padding_leak (the embedding and lm_head
+// keep the zero rows that pad uneven dp_shard chunks: the logits gain zero classes).
 #pragma once
 
 #include <cstdint>
@@ -72,9 +73,11 @@ struct TensorDigest {
 
 // allgather_parity (DESIGN.md section 7): one FP8 all-gathered weight at one step compared with
 // quantizing the high-precision gathered weight. Bytes are the rowwise and columnwise data and
-// scale_inv buffers of both (equal sizes); parity holds when mismatched_bytes == 0.
+// scale_inv buffers of both (equal sizes); parity holds when mismatched_bytes == 0. Every rank
+// compares its own gathered copy; the session's records (RunResult::parity) sum bytes and
+// mismatched_bytes over all ranks and take the largest max_abs_error.
 struct AllGatherParity {
-  int64_t step = 0;
+  int64_t step = 0;                // 0-based optimizer step, as StepMetrics::step
   std::string tensor;              // parameter name, e.g. "layers.0.attn.qkv.weight"
   int64_t bytes = 0;               // bytes compared
   int64_t mismatched_bytes = 0;    // bytes that differ
@@ -175,6 +178,9 @@ class TrainingSession {
   MemoryBreakdown memory() const;
   const std::vector<std::string>& notes() const;
   const StepTime& last_time() const;
+  // allgather_parity records of the steps run so far (RunOptions::allgather_parity; rank 0 holds
+  // them, other ranks an empty list).
+  const std::vector<AllGatherParity>& parity() const;
 
   struct Impl;
 

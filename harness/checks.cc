@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include "kernels/error.h"
 
@@ -275,6 +276,54 @@ reports::CheckResult compare_bitwise(const std::string& name, const std::string&
                              ev.tensor, ev.max_abs_err.value_or(0), ev.max_rel_err.value_or(0),
                              ev.ulp_distance.value_or(0));
   }
+  r.evidence = ev;
+  return r;
+}
+
+reports::CheckResult check_allgather_parity(const std::vector<engine::AllGatherParity>& records) {
+  reports::CheckResult r;
+  r.name = "allgather_parity";
+  r.kind = "allgather_parity";
+  if (records.empty()) {
+    r.verdict = reports::Verdict::kFail;
+    r.message =
+        "no FP8 all-gathered weight was compared: the run gathered no weight in FP8 "
+        "(fsdp.fp8_all_gather with a delayed, current or mxfp8 recipe)";
+    return r;
+  }
+  const engine::AllGatherParity* first = nullptr;
+  int64_t bad = 0, bytes = 0;
+  std::set<int64_t> bad_steps;
+  for (const engine::AllGatherParity& p : records) {
+    bytes += p.bytes;
+    if (p.mismatched_bytes == 0) continue;
+    ++bad;
+    bad_steps.insert(p.step);
+    if (first == nullptr) first = &p;
+  }
+  std::set<int64_t> steps;
+  for (const engine::AllGatherParity& p : records) steps.insert(p.step);
+  if (first == nullptr) {
+    r.message = fmt::format(
+        "{} FP8 all-gathered weights over {} steps bitwise equal to quantizing the gathered "
+        "weight ({} bytes compared)",
+        records.size(), steps.size(), bytes);
+    return r;
+  }
+  r.verdict = reports::Verdict::kFail;
+  r.message = fmt::format(
+      "step {}, {}: {} of {} bytes differ from quantizing the gathered weight (scale_inv {:.9g} "
+      "vs reference {:.9g}, max abs error {:.3g}); {} of {} gathered weights mismatch",
+      first->step + 1, first->tensor, first->mismatched_bytes, first->bytes, first->scale_inv,
+      first->reference_scale_inv, first->max_abs_error, bad, records.size());
+  reports::Evidence ev;
+  ev.first_diverging_step = first->step + 1;
+  ev.metric = "scale_inv";
+  ev.tensor = first->tensor;
+  ev.actual = first->scale_inv;
+  ev.expected = first->reference_scale_inv;
+  ev.max_abs_err = first->max_abs_error;
+  ev.failing_steps = static_cast<int64_t>(bad_steps.size());
   r.evidence = ev;
   return r;
 }

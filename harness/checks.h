@@ -71,4 +71,11 @@ reports::CheckResult compare_tolerance(const std::string& name, const std::strin
                                        const std::map<Metric, double>& rtol,
                                        const std::string& what, bool trace);
 
+// allgather_parity: passes iff at least one FP8 all-gathered weight was compared and no record has
+// a mismatched byte. A failure names the first mismatching step (1-based) and tensor, its
+// mismatched bytes out of the bytes compared, its scale_inv against the reference and the max abs
+// error of the dequantized values, and counts the mismatching records; the evidence carries the
+// same (metric "scale_inv": actual = gathered, expected = reference).
+reports::CheckResult check_allgather_parity(const std::vector<engine::AllGatherParity>& records);
+
 }  // namespace meshproof::harness

@@ -170,7 +170,8 @@ void add_export_command(CLI::App& app, std::ostream& out, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--data-decay", c.data.decay, "Next-token probability decay by rank")
       ->capture_default_str();
-  cmd->add_option("--seed", c.seed, "Seed of init, data and dropout")->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Seed of init and dropout")->capture_default_str();
+  cmd->add_option("--data-seed", c.data.seed, "Seed of the data stream")->capture_default_str();
   cmd->callback([&out, &exit_code, o] {
     engine::Config cfg = o->config;
     cfg.model.norm = engine::parse_norm(o->norm, "--norm");

@@ -236,6 +236,12 @@ void print_fault_catalog(std::ostream& out) {
     std::string params;
     for (const FaultParamInfo& p : f.params) params += (params.empty() ? "" : ", ") + p.name;
     if (!params.empty()) fmt::print(out, "  params:    {}\n", params);
+    std::string why;
+    if (fault_runnable(f.name, &why)) {
+      fmt::print(out, "  runnable:  yes\n");
+    } else {
+      fmt::print(out, "  runnable:  no ({})\n", why);
+    }
   }
 }
 

@@ -246,6 +246,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
     TrainRequest req;
     req.faults = to_fault_injection(run.faults);
     req.trace = opts.trace;
+    req.allgather_parity = s.checks.allgather_parity;
     req.on_step = [&progress](const reports::StepMetrics& m, int64_t total) {
       progress.step(m, total);
     };
@@ -261,10 +262,6 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   rec.memory = main.memory;
   rec.collectives = main.collectives;
   rec.notes.insert(rec.notes.end(), main.notes.begin(), main.notes.end());
-  if (s.data.seed != DataConfig{}.seed) {
-    rec.notes.push_back(fmt::format(
-        "data.seed = {} is not used: the engine derives its data from train.seed", s.data.seed));
-  }
 
   const RunView main_view{&main.steps, &main.final_params, &main.trace};
   const engine::FaultInjection faults = to_fault_injection(run.faults);
@@ -334,11 +331,9 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
     }));
   }
   if (s.checks.allgather_parity) {
-    rec.checks.push_back(guarded("allgather_parity", [&]() -> reports::CheckResult {
-      MP_FAIL(
-          "allgather_parity needs FP8 all-gathered weights (fsdp.fp8_all_gather), which this "
-          "build of the engine does not have");
-    }));
+    // The main run compared every FP8 all-gathered weight with quantizing the gathered weight.
+    rec.checks.push_back(
+        guarded("allgather_parity", [&] { return check_allgather_parity(main.parity); }));
   }
   if (s.checks.determinism) {
     rec.checks.push_back(guarded("determinism", [&] {

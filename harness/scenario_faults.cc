@@ -125,10 +125,11 @@ std::vector<FaultInfo> build_catalog() {
     FaultInfo f;
     f.name = "uneven_shard_padding_leak";
     f.bug_class =
-        "the zero padding of uneven torch.chunk shards enters the math (gradient norm, "
-        "optimizer update or gathered weight) instead of being cut off";
+        "the zero padding that evens out uneven torch.chunk shards for the all-gather is not cut "
+        "off: the gathered embedding / lm_head keep the padded vocabulary rows, so the logits "
+        "gain zero classes and the softmax denominator changes (a padded-vocab leak)";
     f.requires_.min_dp_shard = 2;
-    f.requires_.uneven_shards = true;
+    f.requires_.uneven_vocab_shards = true;
     f.caught_by = {"golden", "reference"};
     f.params = {from_step_param()};
     c.push_back(f);

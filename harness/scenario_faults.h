@@ -33,7 +33,7 @@ struct FaultRequires {
   int64_t min_dp_shard = 1;
   int64_t min_dp_replicate = 1;
   int64_t min_tp = 1;
-  bool uneven_shards = false;  // some parameter's dim 0 is not divisible by dp_shard
+  bool uneven_vocab_shards = false;  // model.vocab is not divisible by dp_shard
 };
 
 struct FaultInfo {

@@ -7,6 +7,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/session.h"
+#include "harness/scenario_faults.h"
 #include "kernels/error.h"
 #include "kernels/runtime.h"
 #include "mesh/local_comm.h"
@@ -85,6 +86,7 @@ engine::Config to_engine_config(const Scenario& s) {
   c.training.max_grad_norm = s.train.max_grad_norm;
   c.training.recompute = s.train.recompute;
   c.data.markov_order = s.data.order;
+  c.data.seed = s.data.seed;
   c.seed = s.train.seed;
   engine::validate(c);
   return c;
@@ -136,7 +138,8 @@ bool fault_implemented(const std::string& name) {
   return name == "hsdp_replicas_not_reduced" || name == "amax_not_reduced" ||
          name == "stale_columnwise_copy" || name == "tp_fsdp_left_to_right" ||
          name == "fp8_state_dropped_from_checkpoint" || name == "scale_inv_saved_bf16" ||
-         name == "data_cursor_not_restored" || name == "optimizer_state_not_restored";
+         name == "data_cursor_not_restored" || name == "optimizer_state_not_restored" ||
+         name == "uneven_shard_padding_leak";
 }
 
 int group_size(const std::string& group, const MeshConfig& m) {
@@ -169,6 +172,19 @@ bool can_execute(const Scenario& s, std::string* why) {
   return true;
 }
 
+bool fault_runnable(const std::string& name, std::string* why) {
+  if (!fault_implemented(name)) {
+    *why = fmt::format("fault {} has no engine side in this build", name);
+    return false;
+  }
+  const FaultInfo* info = find_fault(name);
+  if (info != nullptr && info->requires_.fp8_params) {
+    *why = "it needs fsdp.fp8_params (FP8 primary weights), not available in this build";
+    return false;
+  }
+  return true;
+}
+
 engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& request) {
   engine::RunOptions o;
   o.config = to_engine_config(s);
@@ -184,6 +200,7 @@ engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& reque
   o.faults = request.faults;
   o.steps = request.steps < 0 ? s.train.steps : request.steps;
   o.trace = request.trace;
+  o.allgather_parity = request.allgather_parity;
   return o;
 }
 
@@ -264,6 +281,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   }
   out.notes = std::move(res.notes);
   out.trace = std::move(res.trace);
+  out.parity = std::move(res.parity);
   return out;
 }
 

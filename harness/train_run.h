@@ -32,10 +32,17 @@ engine::FaultInjection to_fault_injection(const std::vector<FaultSpec>& faults);
 // missing (the runner reports the scenario as an error with that reason).
 bool can_execute(const Scenario& s, std::string* why);
 
+// Whether this build can run a scenario injecting fault `name` (the engine side exists and the
+// fault's requirements are available); on false `why` says what is missing.
+bool fault_runnable(const std::string& name, std::string* why);
+
 struct TrainRequest {
   engine::FaultInjection faults;
   int64_t steps = -1;  // -1: s.train.steps
   bool trace = false;  // per-step per-tensor digests (TrainOutcome::trace)
+  // Compare every FP8 all-gathered weight with quantizing the gathered weight
+  // (TrainOutcome::parity; engine::RunOptions::allgather_parity).
+  bool allgather_parity = false;
   // Called after each step with the step's metrics (1-based step) and the steps planned.
   std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
 };
@@ -48,6 +55,7 @@ struct TrainOutcome {
   std::vector<std::string> notes;  // engine fallbacks and limitations the user must know
   std::string device;              // "cpu" or "cuda:0"
   std::vector<std::vector<engine::TensorDigest>> trace;  // [step][tensor] with request.trace
+  std::vector<engine::AllGatherParity> parity;           // with request.allgather_parity
 };
 
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);

@@ -24,6 +24,9 @@ Config fp8_config(RecipeKind kind) {
   c.training.lr = 1e-2;
   c.data.decay = 0.3;
   c.seed = 21;
+  // The data stream these tests' measured bounds were taken on (keyed by Config::seed before
+  // data.seed existed).
+  c.data.seed = 21;
   c.recipe.kind = kind;
   c.recipe.amax_history_len = 16;
   return c;

@@ -22,6 +22,9 @@ Config small() {
   c.training.lr = 1e-2;
   c.data.decay = 0.3;
   c.seed = 3;
+  // The data stream these tests' measured bounds were taken on (keyed by Config::seed before
+  // data.seed existed).
+  c.data.seed = 3;
   return c;
 }
 

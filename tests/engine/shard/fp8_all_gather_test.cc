@@ -136,5 +136,142 @@ TEST(Fp8AllGather, Mxfp8UnalignedShardsFallBackAndSayWhy) {
   }
 }
 
+// ---- allgather_parity reference (fp8_all_gather_parity)
+
+// Runs fp8_all_gather on every rank of dp_shard = n and compares its result with
+// fp8_all_gather_parity given the same inputs; returns each rank's record.
+std::vector<AllGatherParity> parity_on(int n, const Tensor& full, RecipeKind kind,
+                                       const Tensor* scale, bool reduce = true) {
+  const mesh::DeviceMesh dm(1, n, 1);
+  const mesh::Layout layout(
+      dm, full.shape(),
+      {mesh::Placement::replicate(), mesh::Placement::shard(0), mesh::Placement::replicate()});
+  std::vector<AllGatherParity> out(static_cast<size_t>(n));
+  std::mutex mu;
+  mesh::LocalWorld world(dm);
+  world.run([&](mesh::RankComms& comms) {
+    const Tensor local = mesh::shard(full, layout, comms.rank());
+    mesh::Communicator& g = comms.group({MeshDim::kDpShard});
+    const mesh::Box target = mesh::Box::whole(full.shape());
+    const Fp8GatherResult r = fp8_all_gather(g, g, layout, local, target, kind, scale, reduce);
+    AllGatherParity p = fp8_all_gather_parity(g, g, layout, local, target, kind, scale, r.weight);
+    std::lock_guard<std::mutex> lock(mu);
+    out[static_cast<size_t>(comms.rank())] = std::move(p);
+  });
+  return out;
+}
+
+// Bytes of the rowwise + columnwise data and scale_inv buffers of an [m, k] weight.
+int64_t per_tensor_bytes(int64_t m, int64_t k) { return 2 * m * k + 2 * 4; }
+int64_t mxfp8_bytes(int64_t m, int64_t k) { return 2 * m * k + m * (k / 32) + (m / 32) * k; }
+
+TEST(AllGatherParity, HoldsForCurrentDelayedAndMxfp8) {
+  const Tensor full = weight(128, 64);  // 32-row shards over 4 ranks, 64 over 2
+  // The independent single-rank quantizations the gathered weights must equal.
+  const kernels::QuantizedTensor current =
+      kernels::quantize_current(full, kernels::DType::kE4M3, {.rowwise = true});
+  const Tensor delayed_scale = Tensor::from_vector<float>({1}, {1234.5f});
+  for (int n : {2, 4}) {
+    for (const AllGatherParity& p : parity_on(n, full, RecipeKind::kCurrent, nullptr)) {
+      EXPECT_EQ(p.bytes, per_tensor_bytes(128, 64)) << "current " << n;
+      EXPECT_EQ(p.mismatched_bytes, 0) << "current " << n;
+      EXPECT_EQ(p.max_abs_error, 0.0) << "current " << n;
+      EXPECT_EQ(p.scale_inv, p.reference_scale_inv) << "current " << n;
+      EXPECT_EQ(p.reference_scale_inv, current.rowwise_scale_inv.data<float>()[0]);
+    }
+    for (const AllGatherParity& p : parity_on(n, full, RecipeKind::kDelayed, &delayed_scale)) {
+      EXPECT_EQ(p.bytes, per_tensor_bytes(128, 64)) << "delayed " << n;
+      EXPECT_EQ(p.mismatched_bytes, 0) << "delayed " << n;
+      EXPECT_EQ(p.reference_scale_inv, 1.0f / 1234.5f);
+    }
+    for (const AllGatherParity& p : parity_on(n, full, RecipeKind::kMxfp8, nullptr)) {
+      EXPECT_EQ(p.bytes, mxfp8_bytes(128, 64)) << "mxfp8 " << n;
+      EXPECT_EQ(p.mismatched_bytes, 0) << "mxfp8 " << n;
+      EXPECT_EQ(p.max_abs_error, 0.0) << "mxfp8 " << n;
+      EXPECT_GT(p.scale_inv, 0.0);  // an e8m0 block scale decoded as a power of two
+      EXPECT_EQ(p.scale_inv, p.reference_scale_inv);
+    }
+  }
+}
+
+TEST(AllGatherParity, AmaxNotReducedIsCaught) {
+  // The last row is 40x larger: with per-shard amaxes the shards without it quantize with a
+  // larger scale, so every rank's gathered weight differs from quantizing the gathered weight.
+  const Tensor full = weight(128, 64);
+  const std::vector<AllGatherParity> ps =
+      parity_on(4, full, RecipeKind::kCurrent, nullptr, /*reduce=*/false);
+  for (size_t r = 0; r < ps.size(); ++r) {
+    EXPECT_EQ(ps[r].bytes, per_tensor_bytes(128, 64)) << r;
+    EXPECT_GT(ps[r].mismatched_bytes, 0) << r;
+    EXPECT_LT(ps[r].mismatched_bytes, ps[r].bytes) << r;  // rank 3's own shard still matches
+    EXPECT_GT(ps[r].max_abs_error, 0.0) << r;
+  }
+  // Rank 0's scale comes from its own rows (small amax): a smaller scale_inv than the reference.
+  EXPECT_LT(ps[0].scale_inv, ps[0].reference_scale_inv);
+  // Rank 3 holds the largest row: its own amax is the global one.
+  EXPECT_EQ(ps[3].scale_inv, ps[3].reference_scale_inv);
+}
+
+TEST(AllGatherParity, TpShardedWeightsUseTheGlobalAmax) {
+  // dp_shard 2 x tp 2, the column-parallel layout of the session: Shard(0) over tp with
+  // StridedShard(0, sf=2) over dp_shard. Each rank gathers its TP-local half; the amax group is
+  // the whole mesh, so the reference scale is the global weight's (what one rank would use).
+  const Tensor full = weight(128, 64);
+  const mesh::DeviceMesh dm(1, 2, 2);
+  const mesh::Layout layout(dm, full.shape(),
+                            {mesh::Placement::replicate(), mesh::Placement::strided_shard(0, 2),
+                             mesh::Placement::shard(0)});
+  const mesh::Layout tp_local(
+      dm, full.shape(),
+      {mesh::Placement::replicate(), mesh::Placement::replicate(), mesh::Placement::shard(0)});
+  const kernels::QuantizedTensor global =
+      kernels::quantize_current(full, kernels::DType::kE4M3, {.rowwise = true});
+  std::vector<AllGatherParity> out(4);
+  std::mutex mu;
+  mesh::LocalWorld world(dm);
+  world.run([&](mesh::RankComms& comms) {
+    const Tensor local = mesh::shard(full, layout, comms.rank());
+    mesh::Communicator& g = comms.group({MeshDim::kDpShard});
+    mesh::Communicator& all = comms.group({MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp});
+    const mesh::Box target = tp_local.box(comms.rank());
+    const Fp8GatherResult r =
+        fp8_all_gather(g, all, layout, local, target, RecipeKind::kCurrent, nullptr);
+    AllGatherParity p = fp8_all_gather_parity(g, all, layout, local, target, RecipeKind::kCurrent,
+                                              nullptr, r.weight);
+    std::lock_guard<std::mutex> lock(mu);
+    out[static_cast<size_t>(comms.rank())] = std::move(p);
+  });
+  for (size_t r = 0; r < out.size(); ++r) {
+    EXPECT_EQ(out[r].bytes, per_tensor_bytes(64, 64)) << r;
+    EXPECT_EQ(out[r].mismatched_bytes, 0) << r;
+    EXPECT_EQ(out[r].reference_scale_inv, global.rowwise_scale_inv.data<float>()[0]) << r;
+  }
+}
+
+TEST(AllGatherParity, CorruptedGatheredBytesAreCounted) {
+  // One flipped data byte and a different scale_inv: exactly those bytes are reported.
+  const Tensor full = weight(64, 64);
+  const mesh::DeviceMesh dm(1, 1, 1);
+  const mesh::Layout layout(
+      dm, full.shape(),
+      {mesh::Placement::replicate(), mesh::Placement::shard(0), mesh::Placement::replicate()});
+  AllGatherParity p;
+  mesh::LocalWorld world(dm);
+  world.run([&](mesh::RankComms& comms) {
+    mesh::Communicator& g = comms.group({MeshDim::kDpShard});
+    const mesh::Box target = mesh::Box::whole(full.shape());
+    Fp8GatherResult r = fp8_all_gather(g, g, layout, full, target, RecipeKind::kMxfp8, nullptr);
+    kernels::QuantizedTensor& w = r.weight;
+    w.rowwise_data = w.rowwise_data.clone();
+    static_cast<uint8_t*>(w.rowwise_data.raw_data())[5] ^= 0x01;
+    w.columnwise_scale_inv = w.columnwise_scale_inv.clone();
+    static_cast<uint8_t*>(w.columnwise_scale_inv.raw_data())[0] += 1;
+    p = fp8_all_gather_parity(g, g, layout, full, target, RecipeKind::kMxfp8, nullptr, w);
+  });
+  EXPECT_EQ(p.bytes, mxfp8_bytes(64, 64));
+  EXPECT_EQ(p.mismatched_bytes, 2);
+  EXPECT_GT(p.max_abs_error, 0.0);
+}
+
 }  // namespace
 }  // namespace meshproof::engine

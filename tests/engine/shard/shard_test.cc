@@ -24,6 +24,9 @@ Config tiny() {
   c.training.weight_decay = 0.1;
   c.data.decay = 0.3;
   c.seed = 7;
+  // The data stream these tests' measured bounds were taken on (keyed by Config::seed before
+  // data.seed existed).
+  c.data.seed = 7;
   return c;
 }
 

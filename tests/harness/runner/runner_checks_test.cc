@@ -6,9 +6,12 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <sstream>
 
 #include "harness/checks.h"
 #include "harness/golden.h"
+#include "harness/run_verb.h"
+#include "harness/train_run.h"
 #include "kernels/tensor.h"
 
 namespace meshproof::harness {
@@ -182,6 +185,82 @@ TEST(GoldenPlatform, CpuAndGpuFamilies) {
   EXPECT_EQ(golden_platform("cuda:0", env), "h100");
   env.gpus[0].name = "NVIDIA H200";
   EXPECT_EQ(golden_platform("cuda:0", env), "h200");
+}
+
+// ---- allgather_parity
+
+engine::AllGatherParity parity_record(int64_t step, const std::string& tensor, int64_t mismatched) {
+  engine::AllGatherParity p;
+  p.step = step;
+  p.tensor = tensor;
+  p.bytes = 2 * 98336;
+  p.mismatched_bytes = mismatched;
+  p.max_abs_error = mismatched > 0 ? 0.0175 : 0.0;
+  p.scale_inv = mismatched > 0 ? 0.000168936589 : 0.000183105469;
+  p.reference_scale_inv = 0.000183105469;
+  return p;
+}
+
+TEST(AllGatherParityCheck, PassesOnlyWithRecordsAndNoMismatch) {
+  auto r = check_allgather_parity({});
+  EXPECT_EQ(r.verdict, Verdict::kFail);  // nothing compared is not a pass
+  EXPECT_NE(r.message.find("no FP8 all-gathered weight was compared"), std::string::npos)
+      << r.message;
+
+  r = check_allgather_parity({parity_record(0, "layers.0.attn.qkv.weight", 0),
+                              parity_record(0, "layers.0.mlp.fc1.weight", 0),
+                              parity_record(1, "layers.0.attn.qkv.weight", 0)});
+  EXPECT_EQ(r.verdict, Verdict::kPass) << r.message;
+  EXPECT_EQ(r.kind, "allgather_parity");
+  EXPECT_NE(r.message.find("3 FP8 all-gathered weights over 2 steps"), std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("590016 bytes compared"), std::string::npos) << r.message;
+}
+
+TEST(AllGatherParityCheck, FailureNamesFirstStepTensorBytesScalesAndError) {
+  const auto r = check_allgather_parity({parity_record(0, "layers.0.attn.qkv.weight", 0),
+                                         parity_record(1, "layers.1.mlp.fc2.weight", 71022),
+                                         parity_record(2, "layers.0.attn.qkv.weight", 5)});
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  // Engine steps are 0-based; reports count from 1.
+  EXPECT_NE(r.message.find("step 2, layers.1.mlp.fc2.weight: 71022 of 196672 bytes differ"),
+            std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("scale_inv 0.000168936589 vs reference 0.000183105469"),
+            std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("max abs error 0.0175"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("2 of 3 gathered weights mismatch"), std::string::npos) << r.message;
+  ASSERT_TRUE(r.evidence.has_value());
+  EXPECT_EQ(r.evidence->first_diverging_step, 2);
+  EXPECT_EQ(r.evidence->tensor, "layers.1.mlp.fc2.weight");
+  EXPECT_EQ(r.evidence->metric, "scale_inv");
+  EXPECT_EQ(r.evidence->actual, 0.000168936589);
+  EXPECT_EQ(r.evidence->expected, 0.000183105469);
+  EXPECT_EQ(r.evidence->max_abs_err, 0.0175);
+  EXPECT_EQ(r.evidence->failing_steps, 2);
+}
+
+// ---- fault catalog: which faults this build runs
+
+TEST(FaultCatalogRunnable, EngineFaultsRunAndMissingFeaturesAreNamed) {
+  std::string why;
+  for (const char* f : {"amax_not_reduced", "uneven_shard_padding_leak", "stale_columnwise_copy",
+                        "hsdp_replicas_not_reduced"}) {
+    EXPECT_TRUE(fault_runnable(f, &why)) << f << ": " << why;
+  }
+  // scale_inv_saved_bf16 needs FP8 primary weights, which this build does not have.
+  EXPECT_FALSE(fault_runnable("scale_inv_saved_bf16", &why));
+  EXPECT_NE(why.find("fp8_params"), std::string::npos) << why;
+
+  std::ostringstream out;
+  print_fault_catalog(out);
+  const std::string text = out.str();
+  const size_t at = text.find("uneven_shard_padding_leak\n");
+  ASSERT_NE(at, std::string::npos) << text;
+  const size_t next = text.find("runnable:", at);
+  ASSERT_NE(next, std::string::npos);
+  EXPECT_EQ(text.compare(next, 14, "runnable:  yes"), 0) << text.substr(at);
 }
 
 }  // namespace
