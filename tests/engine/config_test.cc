@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "engine/data.h"
 #include "engine/params.h"
 #include "engine/trainer.h"
@@ -108,6 +110,26 @@ TEST(Data, RowsAreGlobalAndDeterministic) {
   EXPECT_EQ(src.rank_rows(4, 2, 4).to_vector<int32_t>(), all.slice_rows(4, 6).to_vector<int32_t>());
   EXPECT_THROW(src.rank_rows(4, 0, 3), kernels::Error);
   for (int32_t t : all.to_vector<int32_t>()) ASSERT_TRUE(t >= 0 && t < 16);
+}
+
+TEST(Data, StreamIsKeyedByDataSeedNotTheModelSeed) {
+  Config c;
+  c.data.seed = 7;
+  Config other_model = c;
+  other_model.seed = c.seed + 1;  // re-initialises the model, same tokens
+  Config other_data = c;
+  other_data.data.seed = 8;  // same model, other tokens
+  const Trainer a(c), b(other_model), d(other_data);
+  EXPECT_EQ(a.data().batch(0).to_vector<int32_t>(), b.data().batch(0).to_vector<int32_t>());
+  EXPECT_NE(a.data().batch(0).to_vector<int32_t>(), d.data().batch(0).to_vector<int32_t>());
+  EXPECT_NE(a.params().at("embed.tok").to_vector<float>(),
+            b.params().at("embed.tok").to_vector<float>());
+  EXPECT_EQ(a.params().at("embed.tok").to_vector<float>(),
+            d.params().at("embed.tok").to_vector<float>());
+  const auto items = config_items(c);
+  EXPECT_NE(std::find(items.begin(), items.end(),
+                      std::make_pair(std::string("data.seed"), std::string("7"))),
+            items.end());
 }
 
 TEST(Data, EmpiricalConditionalEntropyMatchesTheFloor) {

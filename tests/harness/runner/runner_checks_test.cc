@@ -241,6 +241,17 @@ TEST(AllGatherParityCheck, FailureNamesFirstStepTensorBytesScalesAndError) {
   EXPECT_EQ(r.evidence->failing_steps, 2);
 }
 
+// ---- scenario -> engine mapping
+
+TEST(ScenarioToEngine, DataSeedAndTrainSeedAreSeparateKeys) {
+  Scenario s;
+  s.data.seed = 99;
+  s.train.seed = 5;
+  const engine::Config c = to_engine_config(s);
+  EXPECT_EQ(c.data.seed, 99u);
+  EXPECT_EQ(c.seed, 5u);
+}
+
 // ---- fault catalog: which faults this build runs
 
 TEST(FaultCatalogRunnable, EngineFaultsRunAndMissingFeaturesAreNamed) {
