@@ -436,14 +436,23 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
 }
 
 double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords& coords,
-                     double grad_scale, TensorMap* grads, Fp8Recipe* recipe,
-                     const TpContext& tp) const {
+                     double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp,
+                     UnitHooks* units) const {
+  auto before = [units](int64_t unit, Pass pass) {
+    if (units) units->before(unit, pass);
+  };
+  auto after = [units](int64_t unit, Pass pass) {
+    if (units) units->after(unit, pass);
+  };
   const ModelConfig& m = config_.model;
   const int64_t seq = config_.training.seq_len;
   MP_CHECK_INPUT(
       tokens.dtype() == DType::kInt32 && tokens.shape().rank() == 2 && tokens.shape()[1] == seq + 1,
       "GptModel: tokens must be int32 [B, {}], got {}", seq + 1, tokens.describe());
   const int64_t batch = tokens.shape()[0], rows = batch * seq, h = m.hidden, v = m.vocab;
+  // The root unit stays gathered for the whole micro-batch (FSDP2 keeps the root module's
+  // parameters between forward and backward), so references into `w` stay valid.
+  before(kRootUnit, Pass::kForward);
   const Tensor& tok = w.at("embed.tok");
   const DType dt = tok.dtype();
 
@@ -483,7 +492,9 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   for (int64_t i = 0; i < m.layers; ++i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
     a.x_in = x;
+    before(i, Pass::kForward);
     layer_forward(layer_weights(w, i), i, coords, batch, linear, a);
+    after(i, Pass::kForward);
     x = a.x_out;
     if (recompute) {  // keep only the layer input; backward re-runs the layer
       Tensor input = a.x_in;
@@ -499,13 +510,18 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   Tensor logits = new_tensor({rl, v}, dt);
   kernels::gemm_fprop(&xf, &lm_w, logits);
   if (recipe) recipe->end_forward();
-  if (grads == nullptr) return kernels::cross_entropy_forward(logits, targets);
+  if (grads == nullptr) {
+    const double loss = kernels::cross_entropy_forward(logits, targets);
+    after(kRootUnit, Pass::kForward);
+    return loss;
+  }
 
   // Loss and backward.
   Tensor d_logits = new_tensor({rl, v}, dt);
   const double loss_sum =
       kernels::cross_entropy_forward_backward(logits, targets, grad_scale, d_logits);
   TensorMap& g = *grads;
+  before(kRootUnit, Pass::kBackward);
   Tensor d_xf = new_tensor({rl, h}, dt);
   kernels::gemm_wgrad(&d_logits, &xf,
                       m.tied_embeddings ? g.at("embed.tok") : g.at("lm_head.weight"),
@@ -516,6 +532,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
                 ln ? &g.at("final_ln.bias") : nullptr);
   for (int64_t i = m.layers - 1; i >= 0; --i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
+    before(i, Pass::kBackward);
     const LayerWeights lw = layer_weights(w, i);
     if (recompute) {  // same masks (keyed by coordinates) and the forward's FP8 scales
       if (recipe) recipe->set_recompute(true);
@@ -525,6 +542,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
     }
     LayerGrads lg = layer_grads(g, i);
     layer_backward(lw, lg, i, coords, batch, linear, a, dx);
+    after(i, Pass::kBackward);
     a = LayerActs{};  // free this layer's activations and quantized operands
     std::erase_if(saved, [prefix = fmt::format("layers.{}.", i)](const auto& kv) {
       return kv.first.starts_with(prefix);
@@ -532,19 +550,20 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   }
   if (sp) dx = seq_place(dx, batch, seq, tp_size, tp_rank);  // zeros at the other positions
   kernels::embedding_backward(dx, ids, g.at("embed.tok"), g.at("embed.pos"));
+  after(kRootUnit, Pass::kBackward);
   if (recipe) recipe->end_backward();
   return loss_sum;
 }
 
 double GptModel::forward_backward(const TensorMap& weights, const Tensor& tokens,
                                   const BatchCoords& coords, double grad_scale, TensorMap& grads,
-                                  Fp8Recipe* recipe, const TpContext& tp) const {
-  return run(weights, tokens, coords, grad_scale, &grads, recipe, tp);
+                                  Fp8Recipe* recipe, const TpContext& tp, UnitHooks* units) const {
+  return run(weights, tokens, coords, grad_scale, &grads, recipe, tp, units);
 }
 
 double GptModel::forward_loss(const TensorMap& weights, const Tensor& tokens,
                               const BatchCoords& coords, Fp8Recipe* recipe) const {
-  return run(weights, tokens, coords, 0.0, nullptr, recipe, TpContext{});
+  return run(weights, tokens, coords, 0.0, nullptr, recipe, TpContext{}, nullptr);
 }
 
 }  // namespace meshproof::engine

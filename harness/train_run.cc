@@ -156,10 +156,6 @@ int group_size(const std::string& group, const MeshConfig& m) {
 }  // namespace
 
 bool can_execute(const Scenario& s, std::string* why) {
-  if (s.fsdp.fp8_params) {
-    *why = "fsdp.fp8_params (FP8 primary weights) is not available in this build of the engine";
-    return false;
-  }
   for (const FaultSpec& f : s.faults) {
     if (!fault_implemented(f.name)) {
       *why = fmt::format("fault {} has no engine side in this build", f.name);

@@ -387,7 +387,9 @@ TEST(ShardedFaults, TpFsdpLeftToRightDescribesTheWrongRows) {
         EXPECT_EQ(g.layout.placement(mesh::MeshDim::kDpShard).str(), "StridedShard(0, sf=2)");
         EXPECT_EQ(b.layout.placement(mesh::MeshDim::kDpShard).str(), "Shard(0)");
         // (dp=1, tp=0) holds rows 12..23 of 48 (strided); left-to-right says rows 24..35.
-        if (comms.rank() == 2) EXPECT_NE(g.layout.box(2), b.layout.box(2));
+        if (comms.rank() == 2) {
+          EXPECT_NE(g.layout.box(2), b.layout.box(2));
+        }
       }
     }
   });
