@@ -55,6 +55,8 @@ class Fp8Recipe {
 
  private:
   void update(bool forward_roles);
+  // MAX-reduces the first n floats of `amax` (host or device) through the executor's hook.
+  void reduce(kernels::Tensor& amax, int64_t n);
 
   RecipeConfig config_;
   AmaxHook reduce_amax_;

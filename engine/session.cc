@@ -15,6 +15,7 @@
 #include "engine/recipe.h"
 #include "kernels/adamw.h"
 #include "kernels/cast.h"
+#include "kernels/device.h"
 #include "kernels/elementwise.h"
 #include "kernels/error.h"
 #include "kernels/quantize.h"
@@ -145,6 +146,18 @@ TensorDigest digest(const std::string& name, const Tensor& t) {
   return d;
 }
 
+// The same quantized tensor with every buffer on `device` (a copy where it is elsewhere).
+kernels::QuantizedTensor quantized_on(kernels::QuantizedTensor q, kernels::Device device) {
+  for (Tensor* t : {&q.rowwise_data, &q.rowwise_scale_inv, &q.columnwise_data,
+                    &q.columnwise_scale_inv, &q.amax, &q.scale})
+    if (t->defined() && t->device() != device) *t = t->to(device);
+  return q;
+}
+
+Tensor on_device(const Tensor& t, kernels::Device device) {
+  return t.device() == device ? t : t.to(device);
+}
+
 const DimSet kShard{MeshDim::kDpShard};
 const DimSet kReplicate{MeshDim::kDpReplicate};
 const DimSet kTp{MeshDim::kTp};
@@ -178,6 +191,10 @@ struct TrainingSession::Impl {
 
   RunOptions options;
   const Config& config;
+  // Where the model computes (options.backend). The fp32 masters, AdamW moments, reduced
+  // gradients and the data-parallel collectives stay on the host; gathered weights go to the
+  // compute device and the unsharded gradients come back for the reduce-scatter.
+  kernels::Device device;
   mesh::RankComms& comms;
   mesh::DeviceMesh mesh;
   int rank;
@@ -207,6 +224,7 @@ struct TrainingSession::Impl {
   Impl(const RunOptions& o, mesh::RankComms& c)
       : options(o),
         config(options.config),
+        device(options.backend),
         comms(c),
         mesh(c.mesh()),
         rank(c.rank()),
@@ -301,8 +319,8 @@ struct TrainingSession::Impl {
       for (const std::string& l : linears)
         for (const char* role : {"input", "weight", "grad_output"})
           recipe.delayed_states().emplace(
-              l + "/" + role, kernels::make_delayed_scaling_state(config.recipe.amax_history_len,
-                                                                  kernels::Device::cpu()));
+              l + "/" + role,
+              kernels::make_delayed_scaling_state(config.recipe.amax_history_len, device));
     }
     // Delayed-scaling states are replicated: every rank holds the reduced amax history.
     for (auto& [name, st] : recipe.delayed_states()) {
@@ -457,7 +475,7 @@ struct TrainingSession::Impl {
       const Param& p = params[i];
       if (!weights.contains(p.spec.name)) gather_weight(i);
       if (pass == Pass::kBackward && !grads.contains(p.spec.name))
-        grads.insert(p.spec.name, host_zeros(p.compute.shape(), DType::kFloat32));
+        grads.insert(p.spec.name, Tensor::zeros(p.compute.shape(), DType::kFloat32, device));
     }
   }
 
@@ -489,14 +507,15 @@ struct TrainingSession::Impl {
           kernels::compute_amax(fp8_params                      ? p.master
                                 : local.high_precision_fallback ? local.high_precision
                                                                 : step_hp.at(i));
-      recipe.set_prequantized_weight(p.linear, std::move(g.weight), amax);
+      recipe.set_prequantized_weight(p.linear, quantized_on(std::move(g.weight), device),
+                                     on_device(amax, device));
       // The layer code reads only the shape of a prequantized weight.
-      weights.insert(p.spec.name, host_empty(p.compute.shape(), DType::kBFloat16));
+      weights.insert(p.spec.name, Tensor::empty(p.compute.shape(), DType::kBFloat16, device));
     } else {
       Tensor full = gather_box(shard, p.layout, p.master, p.compute);
       if (config.recipe.kind != RecipeKind::kFp32) full = kernels::cast_to(full, DType::kBFloat16);
       bytes = full.nbytes().value;
-      weights.insert(p.spec.name, full);
+      weights.insert(p.spec.name, on_device(full, device));
     }
     gathered_bytes[p.spec.name] = bytes;
     gathered_now += bytes;
@@ -529,10 +548,13 @@ struct TrainingSession::Impl {
   }
 
   Fp8Shard quantize_local(const Param& p, const Tensor& local) {
-    const Tensor* scale =
-        rk_delayed() ? &recipe.delayed_states().at(p.linear + "/weight").scale : nullptr;
+    // The shard is quantized on the host, next to its master: the delayed scale comes along.
+    Tensor scale;
+    if (rk_delayed())
+      scale =
+          on_device(recipe.delayed_states().at(p.linear + "/weight").scale, kernels::Device::cpu());
     return quantize_shard(comms.group(kShard), comms.group(kWorld), p.layout, local, p.compute,
-                          config.recipe.kind, scale,
+                          config.recipe.kind, scale.defined() ? &scale : nullptr,
                           !(options.faults.amax_not_reduced && options.faults.active(step)));
   }
 
@@ -551,7 +573,8 @@ struct TrainingSession::Impl {
       Tensor& g = grads.at(p.spec.name);
       if (sp && !p.layout.placement(MeshDim::kTp).is_shard())
         comms.group(kTp).all_reduce(g, mesh::ReduceOp::kSum);
-      p.grad = reduce_scatter_box(shard, p.layout, g, p.compute, mesh::ReduceOp::kAvg);
+      p.grad = reduce_scatter_box(shard, p.layout, on_device(g, kernels::Device::cpu()), p.compute,
+                                  mesh::ReduceOp::kAvg);
       if (replicate.size() > 1 && !skip_replicas && p.grad.numel().value > 0)
         replicate.all_reduce(p.grad, mesh::ReduceOp::kAvg);
       grads.erase(p.spec.name);
@@ -696,9 +719,13 @@ struct TrainingSession::Impl {
       if (v - coll0.at(k) > 0) time.collectives[k] = v - coll0.at(k);
     time.total = seconds_since(t0);
     if (kernels::MemoryTracker* m = kernels::current_context().memory)
-      mem.peak = m->peak(kernels::DeviceType::kCpu).value;
-    mem.activations = std::max<int64_t>(
-        0, mem.peak - mem.params - mem.grads - mem.optimizer - mem.gathered_weights);
+      mem.peak = m->peak(device.type).value;
+    // On the CPU everything shares the tracker's peak; on a GPU the device holds the gathered
+    // weights, unsharded gradients and activations (the sharded state stays on the host).
+    const int64_t resident = device.is_cpu()
+                                 ? mem.params + mem.grads + mem.optimizer + mem.gathered_weights
+                                 : mem.gathered_weights;
+    mem.activations = std::max<int64_t>(0, mem.peak - resident);
     return metrics;
   }
 
@@ -789,9 +816,15 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
 
 RunResult run_training(const RunOptions& options) {
   const mesh::DeviceMesh dmesh = options.mesh.device_mesh();
-  MP_CHECK_INPUT(options.backend.type == kernels::DeviceType::kCpu,
-                 "run_training: backend {} is not available for sharded runs (cpu only)",
-                 options.backend.str());
+  if (options.backend.is_cuda()) {
+    const kernels::CudaStatus& cuda = kernels::cuda_status();
+    MP_CHECK_INPUT(cuda.usable, "run_training: backend {} is not usable here: {}",
+                   options.backend.str(), cuda.reason);
+    MP_CHECK_INPUT(options.launcher == "local",
+                   "run_training: backend {} runs with launcher local (virtual ranks on one GPU); "
+                   "launcher {} exchanges host buffers only",
+                   options.backend.str(), options.launcher);
+  }
   RunResult result;
   std::mutex mu;
   if (options.launcher == "local") {

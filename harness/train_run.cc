@@ -175,7 +175,9 @@ engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& reque
   o.fsdp.reshard_after_forward = s.fsdp.reshard_after_forward;
   o.fsdp.fp8_all_gather = s.fsdp.fp8_all_gather;
   o.fsdp.fp8_params = s.fsdp.fp8_params;
-  o.backend = kernels::Device::cpu();
+  // The runner resolves auto before it gets here (harness/runner.h resolve_backend).
+  MP_CHECK(s.backend != Backend::kAuto, "{}: backend auto reached the engine unresolved", s.name);
+  o.backend = s.backend == Backend::kCuda ? kernels::Device::cuda(0) : kernels::Device::cpu();
   o.launcher = s.launcher == Launcher::kMpi ? "mpi" : "local";
   o.faults = request.faults;
   o.steps = request.steps < 0 ? s.train.steps : request.steps;

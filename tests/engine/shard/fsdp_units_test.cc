@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "engine/session.h"
+#include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/quantize.h"
 #include "mesh/local_comm.h"
@@ -276,6 +277,20 @@ TEST(Fp8Params, UnsupportedCombinationsAreInputErrors) {
   } catch (const kernels::Error& e) {
     EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
     EXPECT_NE(std::string(e.what()).find("layers.0.attn.qkv.weight [192, 64]"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ShardedBackend, CudaWithoutAUsableGpuIsAnInputError) {
+  if (kernels::cuda_status().usable) GTEST_SKIP() << "a GPU is usable here (shard_gpu_test runs)";
+  RunOptions o = options(two_layers(RecipeKind::kFp32), {1, 2, 1}, 1);
+  o.backend = kernels::Device::cuda(0);
+  try {
+    run_training(o);
+    FAIL() << "backend cuda accepted without a usable GPU";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("backend cuda:0 is not usable here"), std::string::npos)
         << e.what();
   }
 }
