@@ -13,6 +13,7 @@
 #include "engine/checkpoint.h"
 #include "engine/session.h"
 #include "mesh/local_comm.h"
+#include "tests/engine/test_config.h"
 
 namespace meshproof::engine {
 namespace {
@@ -23,24 +24,11 @@ using kernels::Tensor;
 // hidden 32 / ffn 64 / 64 tokens per step: every linear layer is MXFP8-quantizable (K % 32 == 0,
 // M % 32 == 0) on one rank and on dp_shard 2.
 Config small(RecipeKind recipe) {
-  Config c;
-  c.model.vocab = 32;
-  c.model.hidden = 32;
-  c.model.heads = 4;
-  c.model.layers = 1;
-  c.model.ffn = 64;
-  c.model.max_positions = 8;
-  c.training.batch = 8;
-  c.training.seq_len = 8;
-  c.training.lr = 1e-2;
-  c.training.weight_decay = 0.1;
+  Config c = testing::make_config({.hidden = 32, .ffn = 64, .recipe = recipe, .seed = 11});
   c.training.schedule = LrSchedule::kWarmupCosine;  // the LR position is resumed state too
   c.training.warmup_steps = 2;
   c.training.steps = 8;
-  c.recipe.kind = recipe;
   c.recipe.amax_history_len = 3;  // shorter than the run: the history window wraps
-  c.data.decay = 0.3;
-  c.seed = 11;
   return c;
 }
 

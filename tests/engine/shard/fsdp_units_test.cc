@@ -12,6 +12,7 @@
 #include "kernels/error.h"
 #include "kernels/quantize.h"
 #include "mesh/local_comm.h"
+#include "tests/engine/test_config.h"
 
 namespace meshproof::engine {
 namespace {
@@ -20,21 +21,8 @@ using kernels::DType;
 using kernels::Tensor;
 
 Config two_layers(RecipeKind kind) {
-  Config c;
-  c.model.vocab = 64;
-  c.model.hidden = 64;
-  c.model.heads = 4;
-  c.model.layers = 2;
-  c.model.ffn = 128;
-  c.model.max_positions = 8;
-  c.training.batch = 16;
-  c.training.seq_len = 8;
-  c.training.lr = 1e-2;
-  c.training.weight_decay = 0.1;
-  c.data.decay = 0.3;
-  c.recipe.kind = kind;
-  c.seed = 5;
-  return c;
+  return testing::make_config(
+      {.vocab = 64, .hidden = 64, .layers = 2, .ffn = 128, .batch = 16, .recipe = kind, .seed = 5});
 }
 
 RunOptions options(const Config& c, MeshSpec m, int64_t steps) {

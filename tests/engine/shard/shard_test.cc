@@ -6,26 +6,12 @@
 #include "engine/session.h"
 #include "engine/trainer.h"
 #include "mesh/local_comm.h"
+#include "tests/engine/test_config.h"
 
 namespace meshproof::engine {
 namespace {
 
-Config tiny() {
-  Config c;
-  c.model.vocab = 32;
-  c.model.hidden = 16;
-  c.model.heads = 4;
-  c.model.layers = 1;
-  c.model.ffn = 32;
-  c.model.max_positions = 8;
-  c.training.batch = 8;
-  c.training.seq_len = 8;
-  c.training.lr = 1e-2;
-  c.training.weight_decay = 0.1;
-  c.data.decay = 0.3;
-  c.seed = 7;
-  return c;
-}
+Config tiny() { return testing::make_config({}); }
 
 // Shapes no mesh up to 8 divides: vocab 37 (chunks of 5 and a last of 2 over 8 ranks), ffn 36,
 // positions 13 (chunks of 2, then 1, then an empty chunk over 8 ranks), hidden 12 (head dim 3).
