@@ -3,6 +3,7 @@
 #pragma once
 
 #include "engine/config.h"
+#include "engine/session.h"
 
 namespace meshproof::engine::testing {
 
@@ -35,6 +36,15 @@ inline Config make_config(const TestModel& m) {
   c.recipe.kind = m.recipe;
   c.seed = m.seed;
   return c;
+}
+
+// A sharded run of `steps` steps of `c` on `mesh` with default FSDP options, CPU, local launcher.
+inline RunOptions run_options(const Config& c, MeshSpec mesh, int64_t steps) {
+  RunOptions o;
+  o.config = c;
+  o.mesh = mesh;
+  o.steps = steps;
+  return o;
 }
 
 }  // namespace meshproof::engine::testing

@@ -25,13 +25,7 @@ Config two_layers(RecipeKind kind) {
       {.vocab = 64, .hidden = 64, .layers = 2, .ffn = 128, .batch = 16, .recipe = kind, .seed = 5});
 }
 
-RunOptions options(const Config& c, MeshSpec m, int64_t steps) {
-  RunOptions o;
-  o.config = c;
-  o.mesh = m;
-  o.steps = steps;
-  return o;
-}
+using testing::run_options;
 
 int64_t all_gathers_over_dp_shard(const RankReport& r) {
   int64_t n = 0;
@@ -67,7 +61,7 @@ TEST_P(ReshardAfterForward, SameNumericsFewerGatheredBytesMoreGathers) {
   c.training.micro_batches = 2;
   c.training.recompute = uc.recompute;
   constexpr int64_t kSteps = 2;
-  RunOptions keep = options(c, uc.mesh, kSteps), reshard = keep;
+  RunOptions keep = run_options(c, uc.mesh, kSteps), reshard = keep;
   keep.fsdp.reshard_after_forward = false;
   reshard.fsdp.reshard_after_forward = true;
   keep.fsdp.fp8_all_gather = reshard.fsdp.fp8_all_gather = uc.fp8_all_gather;
@@ -128,7 +122,7 @@ TEST(Fp8Params, StateHoldsTheMasterRequantizedAfterEveryStep) {
   // Current scaling on dp_shard 2: after each step the FP8 primary weight of every GEMM weight is
   // quantize(master) with the amax of the whole weight (MAX-reduced over the mesh), and its
   // bytes are what the checkpoint state holds.
-  RunOptions o = options(two_layers(RecipeKind::kCurrent), {1, 2, 1}, 0);
+  RunOptions o = run_options(two_layers(RecipeKind::kCurrent), {1, 2, 1}, 0);
   o.fsdp.fp8_params = true;
   mesh::LocalWorld world(o.mesh.device_mesh());
   std::vector<int> checked(2, 0);
@@ -176,7 +170,7 @@ TEST(Fp8Params, MeshInvariantAndCloseToTheFp8AllGatherRun) {
   for (RecipeKind kind : {RecipeKind::kCurrent, RecipeKind::kDelayed, RecipeKind::kMxfp8}) {
     Config c = two_layers(kind);
     c.training.lr = 1e-3;
-    RunOptions one = options(c, {1, 1, 1}, kSteps);
+    RunOptions one = run_options(c, {1, 1, 1}, kSteps);
     one.fsdp.fp8_params = true;
     RunOptions dp2 = one;
     dp2.mesh = {1, 2, 1};
@@ -207,7 +201,7 @@ TEST(Fp8Params, MeshInvariantAndCloseToTheFp8AllGatherRun) {
 }
 
 TEST(Fp8Params, MemoryCountsTheFp8Weights) {
-  RunOptions o = options(two_layers(RecipeKind::kCurrent), {1, 2, 1}, 1);
+  RunOptions o = run_options(two_layers(RecipeKind::kCurrent), {1, 2, 1}, 1);
   const RunResult plain = run_training(o);
   o.fsdp.fp8_params = true;
   const RunResult fp8 = run_training(o);
@@ -229,7 +223,7 @@ TEST(Fp8Params, Mxfp8KeepsRowAndColumnwiseShards) {
   // hidden 64 / ffn 128 on dp_shard 2: every GEMM weight shard has a multiple of 32 rows.
   Config c = two_layers(RecipeKind::kMxfp8);
   c.training.lr = 1e-3;  // see MeshInvariantAndCloseToTheFp8AllGatherRun
-  RunOptions o = options(c, {1, 2, 1}, 3);
+  RunOptions o = run_options(c, {1, 2, 1}, 3);
   o.fsdp.fp8_params = true;
   const RunResult r = run_training(o);
   ASSERT_EQ(r.metrics.size(), 3u);
@@ -245,7 +239,7 @@ TEST(Fp8Params, Mxfp8KeepsRowAndColumnwiseShards) {
 }
 
 TEST(Fp8Params, UnsupportedCombinationsAreInputErrors) {
-  RunOptions bf16 = options(two_layers(RecipeKind::kBf16), {1, 2, 1}, 1);
+  RunOptions bf16 = run_options(two_layers(RecipeKind::kBf16), {1, 2, 1}, 1);
   bf16.fsdp.fp8_params = true;
   try {
     run_training(bf16);
@@ -257,7 +251,7 @@ TEST(Fp8Params, UnsupportedCombinationsAreInputErrors) {
         << e.what();
   }
   // qkv [192, 64] over dp_shard 4: shards of 48 rows cannot hold 32x1 columnwise blocks.
-  RunOptions mx = options(two_layers(RecipeKind::kMxfp8), {1, 4, 1}, 1);
+  RunOptions mx = run_options(two_layers(RecipeKind::kMxfp8), {1, 4, 1}, 1);
   mx.fsdp.fp8_params = true;
   try {
     run_training(mx);
@@ -271,7 +265,7 @@ TEST(Fp8Params, UnsupportedCombinationsAreInputErrors) {
 
 TEST(ShardedBackend, CudaWithoutAUsableGpuIsAnInputError) {
   if (kernels::cuda_status().usable) GTEST_SKIP() << "a GPU is usable here (shard_gpu_test runs)";
-  RunOptions o = options(two_layers(RecipeKind::kFp32), {1, 2, 1}, 1);
+  RunOptions o = run_options(two_layers(RecipeKind::kFp32), {1, 2, 1}, 1);
   o.backend = kernels::Device::cuda(0);
   try {
     run_training(o);
