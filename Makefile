@@ -36,7 +36,7 @@ test-gpu: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -L gpu
 
 demo: build
-	$(BUILD_DIR)/harness/meshproof run scenarios/quickstart.yaml --out out/demo
+	$(BUILD_DIR)/harness/meshproof run scenarios/quickstart.yaml --backend cpu --out out/demo
 
 format:
 	git ls-files '*.h' '*.cc' '*.cu' '*.cuh' | xargs clang-format -i

@@ -243,16 +243,19 @@ LayerFigure measure_layer(RecipeKind r, const RecipeBenchOptions& o) {
   c.recipe = recipe_config(r);
   validate(c);
   const GptModel model(c);
+  // The model computes on the rank context's device: install o.device for this measurement.
+  kernels::RankContext ctx = kernels::current_context();
+  ctx.device = o.device;
+  const kernels::ScopedRankContext scope(ctx);
   const TensorMap params = init_params(c.model, c.seed);
-  TensorMap bf16_weights;
-  const TensorMap* weights = &params;
-  if (r != RecipeKind::kFp32) {  // bf16 compute copies of the fp32 masters, as the trainer does
-    for (const std::string& n : params.names()) {
-      bf16_weights.insert(n, kernels::cast_to(params.at(n), DType::kBFloat16));
-    }
-    weights = &bf16_weights;
+  TensorMap weights, grads;
+  // bf16 compute copies of the fp32 masters for every recipe but fp32, as the trainer does.
+  for (const std::string& n : params.names()) {
+    Tensor w =
+        r == RecipeKind::kFp32 ? params.at(n) : kernels::cast_to(params.at(n), DType::kBFloat16);
+    weights.insert(n, o.device.is_cpu() ? w : w.to(o.device));
+    grads.insert(n, Tensor::zeros(params.at(n).shape(), DType::kFloat32, o.device));
   }
-  TensorMap grads = zeros_like_params(c.model);
   Fp8Recipe recipe(c.recipe, kSingleRank);
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.model.vocab - 1));
@@ -266,7 +269,7 @@ LayerFigure measure_layer(RecipeKind r, const RecipeBenchOptions& o) {
   // Gradients accumulate across iterations (zeroing them is the optimizer step's business, not
   // the layer's); their values do not change the work done.
   f.m.seconds = median_seconds(o.device, o.warmup, o.iters, [&](int i) {
-    model.forward_backward(*weights, tokens, {i, 0}, grad_scale, grads, &recipe);
+    model.forward_backward(weights, tokens, {i, 0}, grad_scale, grads, &recipe);
   });
   return f;
 }
@@ -358,13 +361,7 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
         res.gemms.push_back(f);
       }
     }
-    if (o.device.is_cpu()) {
-      res.layer = measure_layer(r, o);
-    } else {
-      res.notes.push_back(
-          "layer step not measured: the engine's norm, attention and activation ops have no CUDA "
-          "kernels yet (GEMM and quantizer figures are measured on the device)");
-    }
+    res.layer = measure_layer(r, o);
     rep.recipes.push_back(std::move(res));
   }
   return rep;

@@ -47,16 +47,14 @@ Tensor gather_rows(mesh::Communicator& comm, const Tensor& local,
   return out;
 }
 
-// The members' row ranges inside `target` (in rank order of `gather`); `aligned32` tells whether
-// every member's row count is a multiple of 32 (MXFP8 columnwise blocks stay inside shards).
+// Each member's row range inside `target` (the members' boxes must be full-column row ranges);
+// `aligned32` tells whether every member's row count is a multiple of 32.
 std::vector<RowPiece> row_pieces(mesh::Communicator& gather, const mesh::Layout& layout,
-                                 const Tensor& local, const Box& target, bool* aligned32) {
-  MP_CHECK_INPUT(target.rank() == 2 && local.shape().rank() == 2,
-                 "fp8_all_gather: 2-D weights only, got {} for target {}", local.describe(),
+                                 const Box& target, bool& aligned32) {
+  MP_CHECK_INPUT(target.rank() == 2, "fp8_all_gather: 2-D weights only, got target {}",
                  target.str());
-  const int64_t total = target.extent[0].value;
   std::vector<RowPiece> pieces;
-  *aligned32 = true;
+  aligned32 = true;
   for (int r : gather.ranks()) {
     const Box& b = layout.box(r);
     MP_CHECK_INPUT(b.extent[1] == target.extent[1] && b.offset[1] == target.offset[1],
@@ -64,9 +62,9 @@ std::vector<RowPiece> row_pieces(mesh::Communicator& gather, const mesh::Layout&
                    target.str());
     MP_CHECK_INPUT(b.extent[0].value > 0,
                    "fp8_all_gather: rank {} holds no rows of {} (weight of {} rows over {} ranks)",
-                   r, target.str(), total, gather.size());
+                   r, target.str(), target.extent[0].value, gather.size());
     pieces.push_back({b.offset[0].value - target.offset[0].value, b.extent[0].value});
-    *aligned32 = *aligned32 && b.extent[0].value % 32 == 0;
+    aligned32 = aligned32 && b.extent[0].value % 32 == 0;
   }
   return pieces;
 }
@@ -122,73 +120,98 @@ double first_scale_inv(const Tensor& s) {
   return std::nan("");
 }
 
+bool per_tensor(RecipeKind kind) {
+  return kind == RecipeKind::kCurrent || kind == RecipeKind::kDelayed;
+}
+
 }  // namespace
+
+Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_group,
+                        const mesh::Layout& layout, const Tensor& local, const Box& target,
+                        RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax) {
+  MP_CHECK_INPUT(local.shape().rank() == 2, "fp8_all_gather: 2-D weights only, got {}",
+                 local.describe());
+  bool aligned32 = true;
+  row_pieces(gather, layout, target, aligned32);
+  const int64_t total = target.extent[0].value, cols = target.extent[1].value;
+  Fp8Shard out;
+  if (per_tensor(kind)) {
+    Tensor scale, amax = kernels::compute_amax(local);
+    if (kind == RecipeKind::kCurrent) {
+      if (reduce_amax && amax_group.size() > 1) amax_group.all_reduce(amax, mesh::ReduceOp::kMax);
+      scale = kernels::compute_current_scale(amax, DType::kE4M3);
+    } else {
+      MP_CHECK_INPUT(delayed_scale != nullptr, "fp8_all_gather: delayed recipe without a scale");
+      scale = *delayed_scale;
+    }
+    const kernels::ScalingMode mode = kind == RecipeKind::kCurrent
+                                          ? kernels::ScalingMode::kCurrentTensor
+                                          : kernels::ScalingMode::kDelayedTensor;
+    out.q = kernels::quantize_per_tensor(local, scale, DType::kE4M3,
+                                         {.rowwise = true, .columnwise = false}, mode, amax);
+    return out;
+  }
+  MP_CHECK_INPUT(kind == RecipeKind::kMxfp8,
+                 "fp8_all_gather: recipe {} has no FP8 all-gather (current, delayed, mxfp8)",
+                 recipe_name(kind));
+  if (!aligned32 || cols % 32 != 0) {
+    out.high_precision = local;
+    out.high_precision_fallback = true;
+    out.note = fmt::format(
+        "mxfp8 all-gather of a {}x{} weight over {} ranks fell back to a high-precision "
+        "gather: shard rows are not all multiples of 32 (columnwise 32x1 blocks would cross "
+        "shards)",
+        total, cols, gather.size());
+    return out;
+  }
+  out.q = kernels::quantize_mxfp8(local, DType::kE4M3, {.rowwise = true, .columnwise = true});
+  return out;
+}
+
+Fp8GatherResult gather_shard(mesh::Communicator& gather, const mesh::Layout& layout,
+                             const Fp8Shard& shard, const Box& target, RecipeKind kind) {
+  bool aligned32 = true;
+  const std::vector<RowPiece> pieces = row_pieces(gather, layout, target, aligned32);
+  const int64_t total = target.extent[0].value, cols = target.extent[1].value;
+  Fp8GatherResult out;
+  kernels::QuantizedTensor& g = out.weight;
+  if (shard.high_precision_fallback) {
+    // High-precision gather, then quantize the whole weight.
+    const Tensor full = gather_rows(gather, shard.high_precision, pieces, total, cols);
+    g = kernels::quantize_mxfp8(full, DType::kE4M3, {.rowwise = true, .columnwise = true});
+    out.high_precision_fallback = true;
+    out.note = shard.note;
+    return out;
+  }
+  const kernels::QuantizedTensor& q = shard.q;
+  g.format = DType::kE4M3;
+  g.logical_shape = target.shape();
+  g.mode = q.mode;
+  g.rowwise_data = gather_rows(gather, q.rowwise_data, pieces, total, cols);
+  if (per_tensor(kind)) {
+    // Every member quantized with the same (reduced or replicated) scale: the scale_inv is
+    // replicated and the columnwise copy is the transpose of the gathered rowwise bytes.
+    g.rowwise_scale_inv = q.rowwise_scale_inv;
+    g.columnwise_data = kernels::transpose_2d(g.rowwise_data);
+    g.columnwise_scale_inv = q.rowwise_scale_inv;
+    g.amax = q.amax;
+    g.scale = q.scale;
+    return out;
+  }
+  std::vector<RowPiece> blocks;
+  for (const RowPiece& p : pieces) blocks.push_back({p.offset / 32, p.rows / 32});
+  g.rowwise_scale_inv = gather_rows(gather, q.rowwise_scale_inv, pieces, total, cols / 32);
+  g.columnwise_data = gather_rows(gather, q.columnwise_data, pieces, total, cols);
+  g.columnwise_scale_inv = gather_rows(gather, q.columnwise_scale_inv, blocks, total / 32, cols);
+  return out;
+}
 
 Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& amax_group,
                                const mesh::Layout& layout, const Tensor& local, const Box& target,
                                RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax) {
-  bool aligned32 = true;
-  const std::vector<RowPiece> pieces = row_pieces(gather, layout, local, target, &aligned32);
-  const int64_t total = target.extent[0].value, cols = target.extent[1].value;
-  Fp8GatherResult out;
-  kernels::QuantizedTensor& g = out.weight;
-  g.format = DType::kE4M3;
-  g.logical_shape = target.shape();
-  switch (kind) {
-    case RecipeKind::kCurrent:
-    case RecipeKind::kDelayed: {
-      Tensor scale, amax = kernels::compute_amax(local);
-      if (kind == RecipeKind::kCurrent) {
-        if (reduce_amax && amax_group.size() > 1) amax_group.all_reduce(amax, mesh::ReduceOp::kMax);
-        scale = kernels::compute_current_scale(amax, DType::kE4M3);
-      } else {
-        MP_CHECK_INPUT(delayed_scale != nullptr, "fp8_all_gather: delayed recipe without a scale");
-        scale = *delayed_scale;
-      }
-      const kernels::ScalingMode mode = kind == RecipeKind::kCurrent
-                                            ? kernels::ScalingMode::kCurrentTensor
-                                            : kernels::ScalingMode::kDelayedTensor;
-      const kernels::QuantizedTensor q = kernels::quantize_per_tensor(
-          local, scale, DType::kE4M3, {.rowwise = true, .columnwise = false}, mode, amax);
-      g.mode = mode;
-      g.rowwise_data = gather_rows(gather, q.rowwise_data, pieces, total, cols);
-      g.rowwise_scale_inv = q.rowwise_scale_inv;
-      g.columnwise_data = kernels::transpose_2d(g.rowwise_data);
-      g.columnwise_scale_inv = q.rowwise_scale_inv;
-      g.amax = q.amax;
-      g.scale = q.scale;
-      return out;
-    }
-    case RecipeKind::kMxfp8: {
-      if (!aligned32 || cols % 32 != 0) {
-        // High-precision gather, then quantize the whole weight.
-        std::vector<RowPiece> hp = pieces;
-        Tensor full = gather_rows(gather, local, hp, total, cols);
-        g = kernels::quantize_mxfp8(full, DType::kE4M3, {.rowwise = true, .columnwise = true});
-        out.high_precision_fallback = true;
-        out.note = fmt::format(
-            "mxfp8 all-gather of a {}x{} weight over {} ranks fell back to a high-precision "
-            "gather: shard rows are not all multiples of 32 (columnwise 32x1 blocks would cross "
-            "shards)",
-            total, cols, gather.size());
-        return out;
-      }
-      const kernels::QuantizedTensor q =
-          kernels::quantize_mxfp8(local, DType::kE4M3, {.rowwise = true, .columnwise = true});
-      std::vector<RowPiece> blocks;
-      for (const RowPiece& p : pieces) blocks.push_back({p.offset / 32, p.rows / 32});
-      g.mode = q.mode;
-      g.rowwise_data = gather_rows(gather, q.rowwise_data, pieces, total, cols);
-      g.rowwise_scale_inv = gather_rows(gather, q.rowwise_scale_inv, pieces, total, cols / 32);
-      g.columnwise_data = gather_rows(gather, q.columnwise_data, pieces, total, cols);
-      g.columnwise_scale_inv =
-          gather_rows(gather, q.columnwise_scale_inv, blocks, total / 32, cols);
-      return out;
-    }
-    default:
-      MP_FAIL_INPUT("fp8_all_gather: recipe {} has no FP8 all-gather (current, delayed, mxfp8)",
-                    recipe_name(kind));
-  }
+  const Fp8Shard shard =
+      quantize_shard(gather, amax_group, layout, local, target, kind, delayed_scale, reduce_amax);
+  return gather_shard(gather, layout, shard, target, kind);
 }
 
 AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communicator& amax_group,
@@ -196,8 +219,10 @@ AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communic
                                       const Box& target, RecipeKind kind,
                                       const Tensor* delayed_scale,
                                       const kernels::QuantizedTensor& gathered) {
+  MP_CHECK_INPUT(local.shape().rank() == 2, "fp8_all_gather_parity: 2-D weights only, got {}",
+                 local.describe());
   bool aligned32 = true;
-  const std::vector<RowPiece> pieces = row_pieces(gather, layout, local, target, &aligned32);
+  const std::vector<RowPiece> pieces = row_pieces(gather, layout, target, aligned32);
   const int64_t total = target.extent[0].value, cols = target.extent[1].value;
   // The high-precision gathered weight, exactly as a high-precision all-gather produces it.
   const Tensor full = gather_rows(gather, local, pieces, total, cols);

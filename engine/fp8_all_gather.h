@@ -28,12 +28,36 @@ struct Fp8GatherResult {
   std::string note;  // why the fallback was taken (empty otherwise)
 };
 
+// One rank's weight shard quantized for the FP8 all-gather: the first half of fp8_all_gather,
+// kept separately so an executor can quantize once per step and gather per layer use (FSDP2
+// re-gathers after reshard_after_forward), or keep the shard as an FP8 primary weight
+// (fsdp.fp8_params) and gather it every step.
+struct Fp8Shard {
+  // Per-tensor recipes: rowwise e4m3 data [r, K], scale_inv float32 [1], amax/scale float32 [1].
+  // mxfp8: rowwise data [r, K] + e8m0 scale_inv [r, K/32], columnwise data [r, K] + e8m0
+  // scale_inv [r/32, K] (r a multiple of 32). Empty when high_precision_fallback.
+  kernels::QuantizedTensor q;
+  kernels::Tensor high_precision;  // [r, K] the unquantized shard (mxfp8 fallback only)
+  bool high_precision_fallback = false;
+  std::string note;  // why the fallback was taken (empty otherwise)
+};
+
 // `layout`: the weight's layout; the boxes of the members of `gather` must be disjoint row ranges
 // (full columns) that tile `target` (e.g. Shard(0) over dp_shard, with target the TP-local box).
 // `local`: this rank's fp32/bf16 shard. `amax_group`: the group the amax is MAX-reduced over
 // (current scaling); `reduce_amax` false reproduces the amax_not_reduced fault.
 // `delayed_scale`: float32 [1], the replicated delayed-scaling scale (delayed recipe only).
 // Recipes other than current, delayed and mxfp8 are input errors.
+Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_group,
+                        const mesh::Layout& layout, const kernels::Tensor& local,
+                        const mesh::Box& target, RecipeKind kind,
+                        const kernels::Tensor* delayed_scale = nullptr, bool reduce_amax = true);
+
+// Gathers the members' quantized shards over `gather` into the weight of `target` (collective).
+Fp8GatherResult gather_shard(mesh::Communicator& gather, const mesh::Layout& layout,
+                             const Fp8Shard& shard, const mesh::Box& target, RecipeKind kind);
+
+// quantize_shard then gather_shard.
 Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& amax_group,
                                const mesh::Layout& layout, const kernels::Tensor& local,
                                const mesh::Box& target, RecipeKind kind,

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
+#include <algorithm>
 #include <map>
 
 #include "kernels/activation.h"
@@ -14,6 +14,7 @@
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/philox.h"
+#include "kernels/runtime.h"
 
 namespace meshproof::engine {
 
@@ -23,8 +24,17 @@ using kernels::Tensor;
 
 namespace {
 
-Tensor new_tensor(const Shape& shape, DType dtype) {
-  return Tensor::empty(shape, dtype, kernels::Device::cpu());
+// Activations live on the rank's compute device (its RankContext: the CPU, or the GPU of a
+// CUDA run); the weights handed in must be there too (checked in GptModel::run).
+Tensor new_tensor(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype); }
+
+// Copies `rows` rows of `src` starting at row `src_row` into `dst` at row `dst_row` (both
+// [*, C] of the same dtype and width, on any device).
+void copy_rows(Tensor& dst, int64_t dst_row, const Tensor& src, int64_t src_row, int64_t rows) {
+  const int64_t row_bytes = src.nbytes().value / std::max<int64_t>(src.shape()[0], 1);
+  kernels::copy_bytes(static_cast<char*>(dst.raw_data()) + dst_row * row_bytes, dst.device(),
+                      static_cast<const char*>(src.raw_data()) + src_row * row_bytes, src.device(),
+                      kernels::Bytes{rows * row_bytes});
 }
 
 // Dropout stream of one site of one layer in one step.
@@ -39,24 +49,18 @@ kernels::DropoutKey dropout_key(uint64_t seed, const BatchCoords& c, int64_t lay
 // s in [t*S/tp, (t+1)*S/tp), stored as [B, S/tp, C].
 Tensor seq_slice(const Tensor& full, int64_t batch, int64_t seq, int tp, int t) {
   const int64_t sl = seq / tp, c = full.numel().value / (batch * seq);
-  const int64_t esize = full.nbytes().value / full.numel().value;
   Tensor out = new_tensor({batch * sl, c}, full.dtype());
-  for (int64_t b = 0; b < batch; ++b)
-    std::memcpy(static_cast<char*>(out.raw_data()) + b * sl * c * esize,
-                static_cast<const char*>(full.raw_data()) + (b * seq + t * sl) * c * esize,
-                static_cast<size_t>(sl * c * esize));
+  const Tensor src = full.view({batch * seq, c});
+  for (int64_t b = 0; b < batch; ++b) copy_rows(out, b * sl, src, b * seq + t * sl, sl);
   return out;
 }
 
 // The inverse placement: local rows written into a zero [B*S, C] tensor at their positions.
 Tensor seq_place(const Tensor& local, int64_t batch, int64_t seq, int tp, int t) {
   const int64_t sl = seq / tp, c = local.numel().value / (batch * sl);
-  const int64_t esize = local.nbytes().value / std::max<int64_t>(local.numel().value, 1);
-  Tensor out = Tensor::zeros({batch * seq, c}, local.dtype(), kernels::Device::cpu());
-  for (int64_t b = 0; b < batch; ++b)
-    std::memcpy(static_cast<char*>(out.raw_data()) + (b * seq + t * sl) * c * esize,
-                static_cast<const char*>(local.raw_data()) + b * sl * c * esize,
-                static_cast<size_t>(sl * c * esize));
+  Tensor out = Tensor::zeros({batch * seq, c}, local.dtype());
+  const Tensor src = local.view({batch * sl, c});
+  for (int64_t b = 0; b < batch; ++b) copy_rows(out, b * seq + t * sl, src, b * sl, sl);
   return out;
 }
 
@@ -64,15 +68,12 @@ Tensor seq_place(const Tensor& local, int64_t batch, int64_t seq, int tp, int t)
 Tensor seq_gather(mesh::Communicator& comm, const Tensor& local, int64_t batch, int64_t seq) {
   const int tp = comm.size();
   const int64_t sl = seq / tp, c = local.numel().value / (batch * sl);
-  const int64_t esize = local.nbytes().value / local.numel().value;
   Tensor all = new_tensor({tp * batch * sl, c}, local.dtype());
   comm.all_gather(local, all);
   Tensor out = new_tensor({batch * seq, c}, local.dtype());
   for (int t = 0; t < tp; ++t)
     for (int64_t b = 0; b < batch; ++b)
-      std::memcpy(static_cast<char*>(out.raw_data()) + (b * seq + t * sl) * c * esize,
-                  static_cast<const char*>(all.raw_data()) + ((t * batch + b) * sl) * c * esize,
-                  static_cast<size_t>(sl * c * esize));
+      copy_rows(out, b * seq + t * sl, all, (t * batch + b) * sl, sl);
   return out;
 }
 
@@ -83,12 +84,12 @@ Tensor seq_reduce_scatter(mesh::Communicator& comm, const Tensor& full, int64_t 
   const int tp = comm.size();
   const int64_t sl = seq / tp, c = full.numel().value / (batch * seq);
   const Tensor f32 =
-      full.dtype() == DType::kFloat32 ? full : kernels::cast_to(full, DType::kFloat32);
+      (full.dtype() == DType::kFloat32 ? full : kernels::cast_to(full, DType::kFloat32))
+          .view({batch * seq, c});
   Tensor send = new_tensor({tp * batch * sl, c}, DType::kFloat32);
   for (int t = 0; t < tp; ++t)
     for (int64_t b = 0; b < batch; ++b)
-      std::memcpy(send.data<float>() + ((t * batch + b) * sl) * c,
-                  f32.data<float>() + (b * seq + t * sl) * c, static_cast<size_t>(sl * c) * 4);
+      copy_rows(send, (t * batch + b) * sl, f32, b * seq + t * sl, sl);
   Tensor out = new_tensor({batch * sl, c}, DType::kFloat32);
   comm.reduce_scatter(send, out, mesh::ReduceOp::kSum);
   return full.dtype() == DType::kFloat32 ? out : kernels::cast_to(out, full.dtype());
@@ -436,27 +437,47 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
 }
 
 double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords& coords,
-                     double grad_scale, TensorMap* grads, Fp8Recipe* recipe,
-                     const TpContext& tp) const {
+                     double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp,
+                     UnitHooks* units) const {
+  auto before = [units](int64_t unit, Pass pass) {
+    if (units) units->before(unit, pass);
+  };
+  auto after = [units](int64_t unit, Pass pass) {
+    if (units) units->after(unit, pass);
+  };
   const ModelConfig& m = config_.model;
   const int64_t seq = config_.training.seq_len;
   MP_CHECK_INPUT(
       tokens.dtype() == DType::kInt32 && tokens.shape().rank() == 2 && tokens.shape()[1] == seq + 1,
       "GptModel: tokens must be int32 [B, {}], got {}", seq + 1, tokens.describe());
   const int64_t batch = tokens.shape()[0], rows = batch * seq, h = m.hidden;
+  // The root unit stays gathered for the whole micro-batch (FSDP2 keeps the root module's
+  // parameters between forward and backward), so references into `w` stay valid.
+  before(kRootUnit, Pass::kForward);
   const Tensor& tok = w.at("embed.tok");
   const DType dt = tok.dtype();
 
-  // Split tokens into inputs [B, S] and next-token targets [B*S].
-  Tensor ids = new_tensor({batch, seq}, DType::kInt32);
-  Tensor targets = new_tensor({rows}, DType::kInt32);
+  MP_CHECK_INPUT(tok.device() == kernels::current_context().device,
+                 "GptModel: weights on {} but this rank computes on {}", tok.device().str(),
+                 kernels::current_context().device.str());
+
+  // Split tokens (host int32) into inputs [B, S] and next-token targets [B*S], then move them to
+  // the compute device.
+  Tensor ids = Tensor::empty({batch, seq}, DType::kInt32, kernels::Device::cpu());
+  Tensor targets = Tensor::empty({rows}, DType::kInt32, kernels::Device::cpu());
   {
-    const int32_t* t = tokens.data<int32_t>();
+    const Tensor host_tokens =
+        tokens.device().is_cpu() ? tokens : tokens.to(kernels::Device::cpu());
+    const int32_t* t = host_tokens.data<int32_t>();
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t s = 0; s < seq; ++s) {
         ids.data<int32_t>()[b * seq + s] = t[b * (seq + 1) + s];
         targets.data<int32_t>()[b * seq + s] = t[b * (seq + 1) + s + 1];
       }
+  }
+  if (!tok.device().is_cpu()) {
+    ids = ids.to(tok.device());
+    targets = targets.to(tok.device());
   }
 
   // Forward.
@@ -483,7 +504,9 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   for (int64_t i = 0; i < m.layers; ++i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
     a.x_in = x;
+    before(i, Pass::kForward);
     layer_forward(layer_weights(w, i), i, coords, batch, linear, a);
+    after(i, Pass::kForward);
     x = a.x_out;
     if (recompute) {  // keep only the layer input; backward re-runs the layer
       Tensor input = a.x_in;
@@ -504,13 +527,18 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   Tensor logits = new_tensor({rl, v}, dt);
   kernels::gemm_fprop(&xf, &lm_w, logits);
   if (recipe) recipe->end_forward();
-  if (grads == nullptr) return kernels::cross_entropy_forward(logits, targets);
+  if (grads == nullptr) {
+    const double loss = kernels::cross_entropy_forward(logits, targets);
+    after(kRootUnit, Pass::kForward);
+    return loss;
+  }
 
   // Loss and backward.
   Tensor d_logits = new_tensor({rl, v}, dt);
   const double loss_sum =
       kernels::cross_entropy_forward_backward(logits, targets, grad_scale, d_logits);
   TensorMap& g = *grads;
+  before(kRootUnit, Pass::kBackward);
   Tensor d_xf = new_tensor({rl, h}, dt);
   kernels::gemm_wgrad(&d_logits, &xf,
                       m.tied_embeddings ? g.at("embed.tok") : g.at("lm_head.weight"),
@@ -521,6 +549,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
                 ln ? &g.at("final_ln.bias") : nullptr);
   for (int64_t i = m.layers - 1; i >= 0; --i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
+    before(i, Pass::kBackward);
     const LayerWeights lw = layer_weights(w, i);
     if (recompute) {  // same masks (keyed by coordinates) and the forward's FP8 scales
       if (recipe) recipe->set_recompute(true);
@@ -530,6 +559,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
     }
     LayerGrads lg = layer_grads(g, i);
     layer_backward(lw, lg, i, coords, batch, linear, a, dx);
+    after(i, Pass::kBackward);
     a = LayerActs{};  // free this layer's activations and quantized operands
     std::erase_if(saved, [prefix = fmt::format("layers.{}.", i)](const auto& kv) {
       return kv.first.starts_with(prefix);
@@ -537,19 +567,20 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   }
   if (sp) dx = seq_place(dx, batch, seq, tp_size, tp_rank);  // zeros at the other positions
   kernels::embedding_backward(dx, ids, g.at("embed.tok"), g.at("embed.pos"));
+  after(kRootUnit, Pass::kBackward);
   if (recipe) recipe->end_backward();
   return loss_sum;
 }
 
 double GptModel::forward_backward(const TensorMap& weights, const Tensor& tokens,
                                   const BatchCoords& coords, double grad_scale, TensorMap& grads,
-                                  Fp8Recipe* recipe, const TpContext& tp) const {
-  return run(weights, tokens, coords, grad_scale, &grads, recipe, tp);
+                                  Fp8Recipe* recipe, const TpContext& tp, UnitHooks* units) const {
+  return run(weights, tokens, coords, grad_scale, &grads, recipe, tp, units);
 }
 
 double GptModel::forward_loss(const TensorMap& weights, const Tensor& tokens,
                               const BatchCoords& coords, Fp8Recipe* recipe) const {
-  return run(weights, tokens, coords, 0.0, nullptr, recipe, TpContext{});
+  return run(weights, tokens, coords, 0.0, nullptr, recipe, TpContext{}, nullptr);
 }
 
 }  // namespace meshproof::engine

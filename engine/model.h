@@ -49,6 +49,27 @@ struct BatchCoords {
   int64_t row_begin = 0;  // global row of the first sequence of this micro-batch
 };
 
+// FSDP units seen from the layer code (DESIGN.md section 5, FSDP2's per-module all-gather): an
+// executor that shards the weights gathers a unit's weights into the TensorMap right before the
+// model first uses them and frees them (or reduces their gradients) right after. Unit kRootUnit
+// is everything outside the layers (embeddings, final norm, lm_head), unit i >= 0 is layers.i.
+// Call order for one micro-batch:
+//   forward:  before(root, F); for i ascending: before(i, F), layer i, after(i, F);
+//   backward: before(root, B); lm_head + final norm; for i descending: before(i, B), [recompute],
+//             layer i backward, after(i, B); embedding backward; after(root, B).
+//   forward only: after(root, F) at the end instead of the backward.
+// before(u, B) must also make u's gradient tensors (float32, zeros or accumulated) available in
+// the gradient TensorMap.
+enum class Pass { kForward, kBackward };
+inline constexpr int64_t kRootUnit = -1;
+
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before(int64_t unit, Pass pass) = 0;
+  virtual void after(int64_t unit, Pass pass) = 0;
+};
+
 class GptModel {
  public:
   explicit GptModel(const Config& config);
@@ -59,10 +80,13 @@ class GptModel {
   //     1 / (global positions) for the mean loss over the global batch.
   // Adds weight gradients into `grads` (float32). Returns the SUM of per-position losses.
   // `recipe` (optional) quantizes the GEMM operands of the linear layers and is told when the
-  // forward and the backward pass end (delayed-scaling updates).
+  // forward and the backward pass end (delayed-scaling updates). `units` (optional): the
+  // executor's per-unit gather/release hooks; without them every weight and gradient must be in
+  // the maps up front.
   double forward_backward(const TensorMap& weights, const kernels::Tensor& tokens,
                           const BatchCoords& coords, double grad_scale, TensorMap& grads,
-                          Fp8Recipe* recipe = nullptr, const TpContext& tp = {}) const;
+                          Fp8Recipe* recipe = nullptr, const TpContext& tp = {},
+                          UnitHooks* units = nullptr) const;
 
   // Forward only: the sum of per-position losses.
   double forward_loss(const TensorMap& weights, const kernels::Tensor& tokens,
@@ -77,7 +101,8 @@ class GptModel {
 
   struct Linear;
   double run(const TensorMap& weights, const kernels::Tensor& tokens, const BatchCoords& coords,
-             double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp) const;
+             double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp,
+             UnitHooks* units) const;
   LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
   LayerGrads layer_grads(TensorMap& g, int64_t i) const;
   void layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords, int64_t batch,

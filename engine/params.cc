@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/error.h"
@@ -71,6 +72,11 @@ const Tensor& TensorMap::at(const std::string& name) const {
   auto it = tensors_.find(name);
   MP_CHECK(it != tensors_.end(), "TensorMap: no tensor named '{}'", name);
   return it->second;
+}
+
+void TensorMap::erase(const std::string& name) {
+  if (tensors_.erase(name) == 0) return;
+  names_.erase(std::find(names_.begin(), names_.end(), name));
 }
 
 void TensorMap::zero_all() {

@@ -34,6 +34,8 @@ class TensorMap {
  public:
   void insert(const std::string& name, kernels::Tensor t);
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  // Removes `name` (absent: no-op); references to other entries stay valid.
+  void erase(const std::string& name);
   kernels::Tensor& at(const std::string& name);
   const kernels::Tensor& at(const std::string& name) const;
   const std::vector<std::string>& names() const { return names_; }

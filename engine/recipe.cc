@@ -24,6 +24,18 @@ std::string_view role_name(Fp8Role r) {
 
 }  // namespace
 
+// The reduction hook works on host floats (the executor's communicators); amaxes computed on a
+// GPU travel through a host copy and back.
+void Fp8Recipe::reduce(Tensor& amax, int64_t n) {
+  if (amax.device().is_cpu()) {
+    reduce_amax_(amax.data<float>(), n);
+    return;
+  }
+  Tensor host = amax.to(kernels::Device::cpu());
+  reduce_amax_(host.data<float>(), n);
+  amax.copy_from(host);
+}
+
 Fp8Recipe::Fp8Recipe(const RecipeConfig& config, AmaxHook reduce_amax)
     : config_(config),
       reduce_amax_(std::move(reduce_amax)),
@@ -61,7 +73,7 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
     case RecipeKind::kCurrent: {
       // amax -> MAX-reduce over the amax group -> scale, as three separate steps.
       Tensor amax = kernels::compute_amax(x);
-      reduce_amax_(amax.data<float>(), 1);
+      reduce(amax, 1);
       const Tensor scale = kernels::compute_current_scale(amax, fmt, 0.0f, config_.power_2_scale);
       return kernels::quantize_per_tensor(x, scale, fmt, usage,
                                           kernels::ScalingMode::kCurrentTensor, amax);
@@ -111,7 +123,8 @@ void Fp8Recipe::update(bool forward_roles) {
         key.compare(key.size() - grad_suffix.size(), grad_suffix.size(), grad_suffix) == 0;
     if (is_grad == forward_roles) continue;
     // The current slot is history[0]: MAX-reduce it over the amax group, then update.
-    reduce_amax_(state.amax_history.data<float>(), 1);
+    Tensor current_slot = state.amax_history.slice_rows(0, 1);  // shares the history's storage
+    reduce(current_slot, 1);
     kernels::update_delayed_scaling(state, algo, static_cast<int>(config_.margin),
                                     kernels::fp8_max(is_grad ? DType::kE5M2 : DType::kE4M3));
   }

@@ -44,6 +44,7 @@ class Fp8Recipe {
   void set_prequantized_weight(const std::string& linear, kernels::QuantizedTensor q,
                                kernels::Tensor local_amax);
   void clear_prequantized_weights() { prequantized_.clear(); }
+  void clear_prequantized_weight(const std::string& linear) { prequantized_.erase(linear); }
 
   void end_forward();   // delayed: reduce + update input/weight states
   void end_backward();  // delayed: reduce + update gradient states
@@ -54,6 +55,8 @@ class Fp8Recipe {
 
  private:
   void update(bool forward_roles);
+  // MAX-reduces the first n floats of `amax` (host or device) through the executor's hook.
+  void reduce(kernels::Tensor& amax, int64_t n);
 
   RecipeConfig config_;
   AmaxHook reduce_amax_;

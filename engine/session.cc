@@ -15,6 +15,7 @@
 #include "engine/recipe.h"
 #include "kernels/adamw.h"
 #include "kernels/cast.h"
+#include "kernels/device.h"
 #include "kernels/elementwise.h"
 #include "kernels/error.h"
 #include "kernels/quantize.h"
@@ -178,6 +179,18 @@ TensorDigest digest(const std::string& name, const Tensor& t) {
   return d;
 }
 
+// The same quantized tensor with every buffer on `device` (a copy where it is elsewhere).
+kernels::QuantizedTensor quantized_on(kernels::QuantizedTensor q, kernels::Device device) {
+  for (Tensor* t : {&q.rowwise_data, &q.rowwise_scale_inv, &q.columnwise_data,
+                    &q.columnwise_scale_inv, &q.amax, &q.scale})
+    if (t->defined() && t->device() != device) *t = t->to(device);
+  return q;
+}
+
+Tensor on_device(const Tensor& t, kernels::Device device) {
+  return t.device() == device ? t : t.to(device);
+}
+
 const DimSet kShard{MeshDim::kDpShard};
 const DimSet kReplicate{MeshDim::kDpReplicate};
 const DimSet kTp{MeshDim::kTp};
@@ -196,11 +209,25 @@ struct TrainingSession::Impl {
     Tensor master;   // fp32, layout.box(rank)
     Tensor exp_avg;  // fp32, same
     Tensor exp_avg_sq;
-    Tensor grad;  // fp32, same (reduced gradient of the last step)
+    Tensor grad;               // fp32, same (reduced gradient of the last step)
+    int64_t unit = kRootUnit;  // FSDP unit: layer index, or kRootUnit
+    std::string linear;        // quantized linear of a GEMM weight ("layers.0.attn.qkv"), or ""
+    Fp8Shard fp8;              // fsdp.fp8_params: the FP8 primary weight shard (rows of `layout`)
+  };
+
+  // The model's per-unit hooks (engine/model.h UnitHooks), forwarded to the session.
+  struct Units : UnitHooks {
+    Impl* impl = nullptr;
+    void before(int64_t unit, Pass pass) override { impl->unit_before(unit, pass); }
+    void after(int64_t unit, Pass pass) override { impl->unit_after(unit, pass); }
   };
 
   RunOptions options;
   const Config& config;
+  // Where the model computes (options.backend). The fp32 masters, AdamW moments, reduced
+  // gradients and the data-parallel collectives stay on the host; gathered weights go to the
+  // compute device and the unsharded gradients come back for the reduce-scatter.
+  kernels::Device device;
   mesh::RankComms& comms;
   mesh::DeviceMesh mesh;
   int rank;
@@ -209,9 +236,20 @@ struct TrainingSession::Impl {
   Fp8Recipe recipe;
   std::vector<Param> params;
   ShardedState state;
-  bool fp8_gather = false;  // FP8 all-gather of the linear layers' weights
-  int64_t step = 0;         // optimizer steps taken
-  int64_t cursor = 0;       // next global batch
+  bool fp8_gather = false;                       // FP8 all-gather of the linear layers' weights
+  bool fp8_params = false;                       // FP8 primary weights (fsdp.fp8_params)
+  std::map<int64_t, std::vector<size_t>> units;  // FSDP unit -> indices into params
+  Units hooks;
+  // Per step: gathered compute weights and unsharded fp32 gradients of the units in use, the
+  // FP8-quantized local shards (quantized once per step, gathered at every use), and the bytes
+  // of gathered weights currently held.
+  TensorMap weights, grads;
+  std::map<size_t, Fp8Shard> step_shards;
+  std::map<std::string, int64_t> gathered_bytes;
+  int64_t gathered_now = 0;
+  bool last_micro_batch = false;
+  int64_t step = 0;    // optimizer steps taken
+  int64_t cursor = 0;  // next global batch
   std::vector<std::string> notes;
   StepTime time;
   MemoryBreakdown mem;
@@ -220,6 +258,7 @@ struct TrainingSession::Impl {
   Impl(const RunOptions& o, mesh::RankComms& c)
       : options(o),
         config(options.config),
+        device(options.backend),
         comms(c),
         mesh(c.mesh()),
         rank(c.rank()),
@@ -249,13 +288,18 @@ struct TrainingSession::Impl {
                    "training.batch = {} must be divisible by the data-parallel size {} times "
                    "training.micro_batches = {}",
                    t.batch, dp, t.micro_batches);
-    MP_CHECK_INPUT(!options.fsdp.fp8_params,
-                   "fsdp.fp8_params (FP8 primary weights) is not available in this build");
     const RecipeKind rk = config.recipe.kind;
+    fp8_params = options.fsdp.fp8_params;
+    MP_CHECK_INPUT(!fp8_params || rk == RecipeKind::kCurrent || rk == RecipeKind::kDelayed ||
+                       rk == RecipeKind::kMxfp8,
+                   "fsdp.fp8_params (FP8 primary weights) needs recipe current, delayed or mxfp8, "
+                   "got {}",
+                   recipe_name(rk));
     // stale_columnwise_copy (fault) needs the executor to hold the quantized weights, so it also
     // takes the FP8 all-gather path (bitwise equal to the high-precision gather, see tests).
+    // FP8 primary weights are gathered as FP8 (there is no high-precision compute copy).
     fp8_gather =
-        (options.fsdp.fp8_all_gather || options.faults.stale_columnwise_copy) &&
+        (options.fsdp.fp8_all_gather || options.faults.stale_columnwise_copy || fp8_params) &&
         (rk == RecipeKind::kCurrent || rk == RecipeKind::kDelayed || rk == RecipeKind::kMxfp8);
     if (options.fsdp.fp8_all_gather && !fp8_gather)
       notes.push_back(
@@ -266,7 +310,7 @@ struct TrainingSession::Impl {
     for (const ParamSpec& s : param_specs(config.model)) {
       Layout layout(mesh, s.shape, placements(s.name, ms.tp));
       const Box& b = layout.box(rank);
-      Param prm{s, layout, compute_box(layout, rank), {}, {}, {}, {}};
+      Param prm{s, layout, compute_box(layout, rank), {}, {}, {}, {}, kRootUnit, "", {}};
       // Philox init keyed by global element index: materialise only the rows of this box.
       prm.master = host_empty(b.shape(), DType::kFloat32);
       if (!b.empty()) {
@@ -280,20 +324,14 @@ struct TrainingSession::Impl {
       prm.exp_avg = host_zeros(b.shape(), DType::kFloat32);
       prm.exp_avg_sq = host_zeros(b.shape(), DType::kFloat32);
       prm.grad = host_zeros(b.shape(), DType::kFloat32);
+      if (s.name.starts_with("layers.")) prm.unit = std::stoll(s.name.substr(7));
+      prm.linear = quantized_linear(s.name);
+      units[prm.unit].push_back(params.size());
       params.push_back(std::move(prm));
     }
+    hooks.impl = this;
     for (Param& p : params) {
-      // tp_fsdp_left_to_right (fault): the shards are the strided ones, but the state describes
-      // them as Shard(0) over dp_shard then tp (left to right), so a checkpoint puts their rows
-      // at the wrong global offsets (visible when it is loaded on another mesh).
-      Layout described = p.layout;
-      if (options.faults.tp_fsdp_left_to_right &&
-          p.layout.placement(MeshDim::kDpShard).kind == Placement::Kind::kStridedShard) {
-        std::vector<Placement> pl = p.layout.placements();
-        pl[static_cast<size_t>(MeshDim::kDpShard)] = Placement::shard(0);
-        Layout l2r(mesh, p.spec.shape, pl);
-        if (l2r.box(rank).shape() == p.layout.box(rank).shape()) described = l2r;
-      }
+      const Layout& described = state_layout(p);
       state.entries.push_back({"model/" + p.spec.name, described, p.master});
       state.entries.push_back({"optim/" + p.spec.name + "/exp_avg", described, p.exp_avg});
       state.entries.push_back({"optim/" + p.spec.name + "/exp_avg_sq", described, p.exp_avg_sq});
@@ -314,8 +352,8 @@ struct TrainingSession::Impl {
       for (const std::string& l : linears)
         for (const char* role : {"input", "weight", "grad_output"})
           recipe.delayed_states().emplace(
-              l + "/" + role, kernels::make_delayed_scaling_state(config.recipe.amax_history_len,
-                                                                  kernels::Device::cpu()));
+              l + "/" + role,
+              kernels::make_delayed_scaling_state(config.recipe.amax_history_len, device));
     }
     // Delayed-scaling states are replicated: every rank holds the reduced amax history.
     for (auto& [name, st] : recipe.delayed_states()) {
@@ -325,9 +363,10 @@ struct TrainingSession::Impl {
       state.entries.push_back({"fp8/" + name + "/amax_history",
                                Layout(mesh, st.amax_history.shape(), rep), st.amax_history});
     }
+    if (fp8_params) make_fp8_params();
     store_scalars();
     for (const Param& p : params) {
-      mem.params += p.master.nbytes().value;
+      mem.params += p.master.nbytes().value + fp8_bytes(p.fp8);
       mem.grads += p.grad.nbytes().value;
       mem.optimizer += p.exp_avg.nbytes().value + p.exp_avg_sq.nbytes().value;
     }
@@ -354,19 +393,57 @@ struct TrainingSession::Impl {
     return p;
   }
 
+  // The layout a parameter's checkpoint entries describe: its own, except under the
+  // tp_fsdp_left_to_right fault, where the shards are the strided ones but the state describes
+  // them as Shard(0) over dp_shard then tp (left to right), so a checkpoint puts their rows at the
+  // wrong global offsets (visible when it is loaded on another mesh).
+  std::vector<Layout> described_layouts;  // per param, filled on first use
+  const Layout& state_layout(const Param& p) {
+    const size_t i = static_cast<size_t>(&p - params.data());
+    if (described_layouts.size() < params.size()) {
+      described_layouts.clear();
+      for (const Param& q : params) {
+        Layout described = q.layout;
+        if (options.faults.tp_fsdp_left_to_right &&
+            q.layout.placement(MeshDim::kDpShard).kind == Placement::Kind::kStridedShard) {
+          std::vector<Placement> pl = q.layout.placements();
+          pl[static_cast<size_t>(MeshDim::kDpShard)] = Placement::shard(0);
+          Layout l2r(mesh, q.spec.shape, pl);
+          if (l2r.box(rank).shape() == q.layout.box(rank).shape()) described = l2r;
+        }
+        described_layouts.push_back(described);
+      }
+    }
+    return described_layouts[i];
+  }
+
   // stale_columnwise_copy (fault): from faults.from_step on, backward (dgrad) uses the columnwise
   // copy of the weight quantized before the previous optimizer step instead of this step's.
-  std::map<std::string, std::pair<Tensor, Tensor>> previous_columnwise;  // data, scale_inv
+  // The weight is gathered once or twice per step (reshard_after_forward): the copy of the
+  // previous step is the one recorded at the first gather of that step.
+  struct ColumnwiseCopies {
+    int64_t step = -1;                  // step of `current`
+    std::pair<Tensor, Tensor> current;  // data, scale_inv
+    std::pair<Tensor, Tensor> previous;
+    bool has_previous = false;
+  };
+  std::map<std::string, ColumnwiseCopies> columnwise_copies;  // by linear
   void stale_columnwise(const std::string& linear, kernels::QuantizedTensor& w) {
     const int64_t layer = options.faults.stale_columnwise_layer;
     const bool this_layer = layer < 0 || linear.starts_with(fmt::format("layers.{}.", layer));
-    auto prev = previous_columnwise.find(linear);
-    std::pair<Tensor, Tensor> current{w.columnwise_data, w.columnwise_scale_inv};
-    if (this_layer && options.faults.active(step) && prev != previous_columnwise.end()) {
-      w.columnwise_data = prev->second.first;
-      w.columnwise_scale_inv = prev->second.second;
+    ColumnwiseCopies& c = columnwise_copies[linear];
+    if (c.step != step) {
+      if (c.step >= 0) {
+        c.previous = c.current;
+        c.has_previous = true;
+      }
+      c.current = {w.columnwise_data, w.columnwise_scale_inv};
+      c.step = step;
     }
-    previous_columnwise[linear] = std::move(current);
+    if (this_layer && options.faults.active(step) && c.has_previous) {
+      w.columnwise_data = c.previous.first;
+      w.columnwise_scale_inv = c.previous.second;
+    }
   }
 
   bool rk_delayed() const { return config.recipe.kind == RecipeKind::kDelayed; }
@@ -456,55 +533,217 @@ struct TrainingSession::Impl {
            (p.spec.name == "embed.tok" || p.spec.name == "lm_head.weight");
   }
 
+  // --- FSDP units (engine/model.h UnitHooks) -------------------------------------------------
+
+  // Gathers the compute weights of `unit` that are not held (before its first use in a pass)
+  // and, in the backward, makes its gradient accumulators available.
+  void unit_before(int64_t unit, Pass pass) {
+    for (size_t i : units.at(unit)) {
+      const Param& p = params[i];
+      if (!weights.contains(p.spec.name)) gather_weight(i);
+      // The gradient has the gathered weight's shape (uneven_shard_padding_leak: with the rows
+      // of the padding, dropped before the reduce-scatter).
+      if (pass == Pass::kBackward && !grads.contains(p.spec.name))
+        grads.insert(p.spec.name,
+                     Tensor::zeros(weights.at(p.spec.name).shape(), DType::kFloat32, device));
+    }
+  }
+
+  // After the forward of a layer: free its gathered weights (reshard_after_forward; the backward
+  // gathers them again) or keep them. After the backward of a unit: free its weights and, after
+  // the last micro-batch (deferred sync), reduce its gradients.
+  void unit_after(int64_t unit, Pass pass) {
+    const bool keep =
+        pass == Pass::kForward && unit != kRootUnit && !options.fsdp.reshard_after_forward;
+    if (!keep) release_weights(unit);
+    if (pass == Pass::kBackward && last_micro_batch) reduce_gradients(unit);
+  }
+
+  void gather_weight(size_t i) {
+    const Param& p = params[i];
+    mesh::Communicator& shard = comms.group(kShard);
+    int64_t bytes = 0;
+    if (fp8_gather && !p.linear.empty()) {
+      // FP8 all-gather: gather the FP8 bytes + scales of the local shard, quantized once per
+      // step (or held as the FP8 primary weight).
+      const Fp8Shard& local = fp8_shard(i);
+      Fp8GatherResult g = gather_shard(shard, p.layout, local, p.compute, config.recipe.kind);
+      // The shard's high-precision values: the fp32 master of an FP8 primary weight, else the
+      // bf16 compute copy that was quantized.
+      const Tensor& hp = fp8_params                      ? p.master
+                         : local.high_precision_fallback ? local.high_precision
+                                                         : step_hp.at(i);
+      if (options.allgather_parity)
+        record_parity(p, hp, rk_delayed() ? &local.q.scale : nullptr, g.weight);
+      if (g.high_precision_fallback && std::find(notes.begin(), notes.end(), g.note) == notes.end())
+        notes.push_back(g.note);
+      bytes = g.weight.rowwise_data.nbytes().value + g.weight.columnwise_data.nbytes().value;
+      if (options.faults.stale_columnwise_copy) stale_columnwise(p.linear, g.weight);
+      // The amax of the shard's high-precision values (recorded by delayed scaling).
+      const Tensor amax = kernels::compute_amax(hp);
+      recipe.set_prequantized_weight(p.linear, quantized_on(std::move(g.weight), device),
+                                     on_device(amax, device));
+      // The layer code reads only the shape of a prequantized weight.
+      weights.insert(p.spec.name, Tensor::empty(p.compute.shape(), DType::kBFloat16, device));
+    } else {
+      Tensor full = padding_leaks(p) ? gather_keeping_padding(shard, p.layout, p.master, p.compute)
+                                     : gather_box(shard, p.layout, p.master, p.compute);
+      if (config.recipe.kind != RecipeKind::kFp32) full = kernels::cast_to(full, DType::kBFloat16);
+      bytes = full.nbytes().value;
+      weights.insert(p.spec.name, on_device(full, device));
+    }
+    gathered_bytes[p.spec.name] = bytes;
+    gathered_now += bytes;
+    mem.gathered_weights = std::max(mem.gathered_weights, gathered_now);
+  }
+
+  void release_weights(int64_t unit) {
+    for (size_t i : units.at(unit)) {
+      const Param& p = params[i];
+      if (!weights.contains(p.spec.name)) continue;
+      weights.erase(p.spec.name);
+      gathered_now -= gathered_bytes.at(p.spec.name);
+      if (!p.linear.empty()) recipe.clear_prequantized_weight(p.linear);
+    }
+  }
+
+  // The local shard of GEMM weight i quantized for the FP8 all-gather: the FP8 primary weight,
+  // or the bf16 compute copy of the master shard quantized at its first gather of the step (the
+  // amax group is the whole mesh, as for the recipe's own weight quantization, reduce_amax).
+  std::map<size_t, Tensor> step_hp;  // bf16 compute copies of the shards in step_shards
+  const Fp8Shard& fp8_shard(size_t i) {
+    const Param& p = params[i];
+    if (fp8_params) return p.fp8;
+    auto it = step_shards.find(i);
+    if (it != step_shards.end()) return it->second;
+    Tensor local = kernels::cast_to(p.master, DType::kBFloat16);
+    Fp8Shard q = quantize_local(p, local);
+    step_hp[i] = std::move(local);
+    return step_shards.emplace(i, std::move(q)).first->second;
+  }
+
+  Fp8Shard quantize_local(const Param& p, const Tensor& local) {
+    // The shard is quantized on the host, next to its master: the delayed scale comes along.
+    // A copy of the delayed scale: the recipe updates its state in place after the forward, while
+    // the shard keeps the scale it was quantized with (q.scale, allgather_parity's reference for
+    // the backward re-gather).
+    Tensor scale;
+    if (rk_delayed())
+      scale = recipe.delayed_states().at(p.linear + "/weight").scale.to(kernels::Device::cpu());
+    return quantize_shard(comms.group(kShard), comms.group(kWorld), p.layout, local, p.compute,
+                          config.recipe.kind, scale.defined() ? &scale : nullptr,
+                          !(options.faults.amax_not_reduced && options.faults.active(step)));
+  }
+
+  // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP), of the
+  // unit's accumulated gradients; the unsharded gradients are freed.
+  void reduce_gradients(int64_t unit) {
+    mesh::Communicator& shard = comms.group(kShard);
+    mesh::Communicator& replicate = comms.group(kReplicate);
+    const bool skip_replicas =
+        options.faults.hsdp_replicas_not_reduced && options.faults.active(step);
+    // Sequence parallelism: gradients of TP-replicated parameters are partial sums over the
+    // sequence shards of the tp ranks.
+    const bool sp = options.mesh.sequence_parallel && mesh.size(MeshDim::kTp) > 1;
+    for (size_t i : units.at(unit)) {
+      Param& p = params[i];
+      Tensor& g = grads.at(p.spec.name);
+      if (sp && !p.layout.placement(MeshDim::kTp).is_shard())
+        comms.group(kTp).all_reduce(g, mesh::ReduceOp::kSum);
+      // uneven_shard_padding_leak: the gradient rows of the padding are dropped here.
+      const Tensor real = g.shape()[0] == p.compute.extent[0].value
+                              ? g
+                              : g.slice_rows(0, p.compute.extent[0].value);
+      p.grad = reduce_scatter_box(shard, p.layout, on_device(real, kernels::Device::cpu()),
+                                  p.compute, mesh::ReduceOp::kAvg);
+      if (replicate.size() > 1 && !skip_replicas && p.grad.numel().value > 0)
+        replicate.all_reduce(p.grad, mesh::ReduceOp::kAvg);
+      grads.erase(p.spec.name);
+    }
+  }
+
+  // --- FP8 primary weights (fsdp.fp8_params) -------------------------------------------------
+
+  static int64_t fp8_bytes(const Fp8Shard& f) {
+    int64_t n = 0;
+    for (const Tensor* t : {&f.q.rowwise_data, &f.q.rowwise_scale_inv, &f.q.columnwise_data,
+                            &f.q.columnwise_scale_inv})
+      if (t->defined()) n += t->nbytes().value;
+    return n;
+  }
+
+  // Quantizes every GEMM weight's master shard into its FP8 primary weight and adds the FP8
+  // bytes and scales to the checkpoint state (a resumed run computes with the loaded FP8 weights,
+  // as TransformerEngine's Float8Tensor parameters do).
+  void make_fp8_params() {
+    for (Param& p : params) {
+      if (p.linear.empty()) continue;
+      p.fp8 = quantize_local(p, p.master);
+      MP_CHECK_INPUT(!p.fp8.high_precision_fallback,
+                     "fsdp.fp8_params: weight {} {} cannot be held as mxfp8 shards on mesh {}: "
+                     "every dp_shard shard needs a multiple of 32 rows ({})",
+                     p.spec.name, p.spec.shape.str(), mesh.str(), p.fp8.note);
+      const Layout& described = state_layout(p);
+      const std::string key = "fp8/params/" + p.spec.name;
+      state.entries.push_back({key + "/rowwise_data", described, p.fp8.q.rowwise_data});
+      if (config.recipe.kind != RecipeKind::kMxfp8) {
+        const std::vector<Placement> rep(3, Placement::replicate());
+        state.entries.push_back(
+            {key + "/scale_inv", Layout(mesh, Shape{1}, rep), p.fp8.q.rowwise_scale_inv});
+        continue;
+      }
+      // MXFP8: the e8m0 scales and the columnwise copy follow the weight's row placements.
+      const int64_t rows = p.spec.shape[0], cols = p.spec.shape[1];
+      const auto add = [&](const std::string& name, const Shape& global, const Tensor& t) {
+        Layout l(mesh, global, described.placements());
+        MP_CHECK_INPUT(l.box(rank).shape() == t.shape(),
+                       "fsdp.fp8_params: {} of {}: shard {} does not match its layout box {} on "
+                       "mesh {}",
+                       name, p.spec.name, t.shape().str(), l.box(rank).str(), mesh.str());
+        state.entries.push_back({key + "/" + name, l, t});
+      };
+      add("rowwise_scale_inv", Shape{rows, cols / 32}, p.fp8.q.rowwise_scale_inv);
+      add("columnwise_data", Shape{rows, cols}, p.fp8.q.columnwise_data);
+      add("columnwise_scale_inv", Shape{rows / 32, cols}, p.fp8.q.columnwise_scale_inv);
+    }
+  }
+
+  // After the optimizer step: re-quantize the FP8 primary weights from the updated masters, in
+  // place (the checkpoint state shares their storage).
+  void requantize_fp8_params() {
+    for (Param& p : params) {
+      if (p.linear.empty()) continue;
+      Fp8Shard fresh = quantize_local(p, p.master);
+      for (auto [dst, src] :
+           {std::pair{&p.fp8.q.rowwise_data, &fresh.q.rowwise_data},
+            std::pair{&p.fp8.q.rowwise_scale_inv, &fresh.q.rowwise_scale_inv},
+            std::pair{&p.fp8.q.columnwise_data, &fresh.q.columnwise_data},
+            std::pair{&p.fp8.q.columnwise_scale_inv, &fresh.q.columnwise_scale_inv}})
+        if (dst->defined()) dst->copy_from(*src);
+      p.fp8.q.amax = fresh.q.amax;
+      p.fp8.q.scale = fresh.q.scale;
+    }
+  }
+
   StepMetrics run_step() {
     const TrainingConfig& t = config.training;
     const auto t0 = Clock::now();
     const std::map<std::string, double> coll0 = collective_seconds();
     StepMetrics metrics;
     metrics.step = step;
-    mesh::Communicator& shard = comms.group(kShard);
-    mesh::Communicator& replicate = comms.group(kReplicate);
 
-    // All-gather the weights over dp_shard into compute tensors (bf16 copies for non-fp32).
-    TensorMap weights, grads;
-    int64_t gathered_bytes = 0;
-    recipe.clear_prequantized_weights();
-    for (const Param& p : params) {
-      const std::string linear = quantized_linear(p.spec.name);
-      if (fp8_gather && !linear.empty()) {
-        // Quantize the local shard (bf16 compute copy), gather FP8 bytes + scales; the amax
-        // group is the whole mesh, as for the recipe's own weight quantization (reduce_amax).
-        const Tensor local = kernels::cast_to(p.master, DType::kBFloat16);
-        const Tensor* scale =
-            rk_delayed() ? &recipe.delayed_states().at(linear + "/weight").scale : nullptr;
-        Fp8GatherResult g = fp8_all_gather(
-            shard, comms.group(kWorld), p.layout, local, p.compute, config.recipe.kind, scale,
-            !(options.faults.amax_not_reduced && options.faults.active(step)));
-        if (options.allgather_parity) record_parity(p, local, scale, g.weight);
-        if (g.high_precision_fallback &&
-            std::find(notes.begin(), notes.end(), g.note) == notes.end())
-          notes.push_back(g.note);
-        gathered_bytes +=
-            g.weight.rowwise_data.nbytes().value + g.weight.columnwise_data.nbytes().value;
-        if (options.faults.stale_columnwise_copy) stale_columnwise(linear, g.weight);
-        recipe.set_prequantized_weight(linear, std::move(g.weight), kernels::compute_amax(local));
-        // The layer code reads only the shape of a prequantized weight.
-        weights.insert(p.spec.name, host_empty(p.compute.shape(), DType::kBFloat16));
-        grads.insert(p.spec.name, host_zeros(p.compute.shape(), DType::kFloat32));
-        continue;
-      }
-      Tensor full = padding_leaks(p) ? gather_keeping_padding(shard, p.layout, p.master, p.compute)
-                                     : gather_box(shard, p.layout, p.master, p.compute);
-      if (config.recipe.kind != RecipeKind::kFp32) full = kernels::cast_to(full, DType::kBFloat16);
-      gathered_bytes += full.nbytes().value;
-      grads.insert(p.spec.name, host_zeros(full.shape(), DType::kFloat32));
-      weights.insert(p.spec.name, std::move(full));
-    }
-    mem.gathered_weights = std::max(mem.gathered_weights, gathered_bytes);
-
-    // Forward/backward over this data-parallel rank's rows, micro-batched; fp32 gradients
-    // accumulate locally (deferred sync: one reduction per step after the last micro-batch).
+    // Forward/backward over this data-parallel rank's rows, micro-batched. The model asks for
+    // each unit's weights as it reaches it (per-layer all-gather over dp_shard; freed after the
+    // layer's forward with reshard_after_forward and gathered again for its backward); fp32
+    // gradients accumulate locally and each unit's are reduced after its backward in the last
+    // micro-batch (deferred sync: one reduction per step).
     const auto tc = Clock::now();
+    weights = TensorMap{};
+    grads = TensorMap{};
+    step_shards.clear();
+    step_hp.clear();
+    gathered_now = 0;
+    recipe.clear_prequantized_weights();
     const int64_t dp = mesh.group_size(kData);
     const int64_t j = mesh.group_index(rank, kData);
     const int64_t local_rows = t.batch / dp, micro_rows = local_rows / t.micro_batches;
@@ -514,35 +753,20 @@ struct TrainingSession::Impl {
     const double grad_scale = static_cast<double>(dp) / positions;
     double loss_sum = 0;
     for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
+      last_micro_batch = mb + 1 == t.micro_batches;
       const int64_t row0 = j * local_rows + mb * micro_rows;
       const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
-      loss_sum +=
-          model.forward_backward(weights, tokens, {cursor, row0}, grad_scale, grads, &recipe,
-                                 TpContext{&comms.group(kTp), options.mesh.sequence_parallel});
+      loss_sum += model.forward_backward(
+          weights, tokens, {cursor, row0}, grad_scale, grads, &recipe,
+          TpContext{&comms.group(kTp), options.mesh.sequence_parallel}, &hooks);
     }
-    weights = TensorMap{};  // free the gathered weights
-    recipe.clear_prequantized_weights();
+    MP_CHECK(grads.names().empty() && weights.names().empty(),
+             "session: {} gradients and {} weights left unreleased after the backward",
+             grads.names().size(), weights.names().size());
+    step_shards.clear();
+    step_hp.clear();
     time.compute = seconds_since(tc);
-
-    // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP).
-    const bool skip_replicas =
-        options.faults.hsdp_replicas_not_reduced && options.faults.active(step);
-    // Sequence parallelism: gradients of TP-replicated parameters are partial sums over the
-    // sequence shards of the tp ranks.
     const bool sp = options.mesh.sequence_parallel && mesh.size(MeshDim::kTp) > 1;
-    if (sp)
-      for (Param& p : params)
-        if (!p.layout.placement(MeshDim::kTp).is_shard())
-          comms.group(kTp).all_reduce(grads.at(p.spec.name), mesh::ReduceOp::kSum);
-    for (Param& p : params) {
-      // uneven_shard_padding_leak: the gradient rows of the padding are dropped here.
-      Tensor g = grads.at(p.spec.name);
-      if (g.shape()[0] != p.compute.extent[0].value) g = g.slice_rows(0, p.compute.extent[0].value);
-      p.grad = reduce_scatter_box(shard, p.layout, g, p.compute, mesh::ReduceOp::kAvg);
-      if (replicate.size() > 1 && !skip_replicas && p.grad.numel().value > 0)
-        replicate.all_reduce(p.grad, mesh::ReduceOp::kAvg);
-    }
-    grads = TensorMap{};
     metrics.loss = sum_doubles(comms.group(sp ? kWorld : kData), loss_sum) / positions;
 
     // Global norm: the shards over dp_shard x tp are disjoint except for tp-replicated
@@ -564,6 +788,7 @@ struct TrainingSession::Impl {
                              p.spec.weight_decay() ? t.weight_decay : 0.0};
       kernels::adamw_step(p.master, p.grad, p.exp_avg, p.exp_avg_sq, step + 1, hp);
     }
+    if (fp8_params) requantize_fp8_params();
     time.optimizer = seconds_since(to);
     ++step;
     ++cursor;
@@ -575,9 +800,13 @@ struct TrainingSession::Impl {
       if (v - coll0.at(k) > 0) time.collectives[k] = v - coll0.at(k);
     time.total = seconds_since(t0);
     if (kernels::MemoryTracker* m = kernels::current_context().memory)
-      mem.peak = m->peak(kernels::DeviceType::kCpu).value;
-    mem.activations = std::max<int64_t>(
-        0, mem.peak - mem.params - mem.grads - mem.optimizer - mem.gathered_weights);
+      mem.peak = m->peak(device.type).value;
+    // On the CPU everything shares the tracker's peak; on a GPU the device holds the gathered
+    // weights, unsharded gradients and activations (the sharded state stays on the host).
+    const int64_t resident = device.is_cpu()
+                                 ? mem.params + mem.grads + mem.optimizer + mem.gathered_weights
+                                 : mem.gathered_weights;
+    mem.activations = std::max<int64_t>(0, mem.peak - resident);
     return metrics;
   }
 
@@ -670,9 +899,15 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
 
 RunResult run_training(const RunOptions& options) {
   const mesh::DeviceMesh dmesh = options.mesh.device_mesh();
-  MP_CHECK_INPUT(options.backend.type == kernels::DeviceType::kCpu,
-                 "run_training: backend {} is not available for sharded runs (cpu only)",
-                 options.backend.str());
+  if (options.backend.is_cuda()) {
+    const kernels::CudaStatus& cuda = kernels::cuda_status();
+    MP_CHECK_INPUT(cuda.usable, "run_training: backend {} is not usable here: {}",
+                   options.backend.str(), cuda.reason);
+    MP_CHECK_INPUT(options.launcher == "local",
+                   "run_training: backend {} runs with launcher local (virtual ranks on one GPU); "
+                   "launcher {} exchanges host buffers only",
+                   options.backend.str(), options.launcher);
+  }
   RunResult result;
   std::mutex mu;
   if (options.launcher == "local") {

@@ -11,22 +11,29 @@
 //   - placements: Shard(0) over dp_shard (FSDP), Replicate over dp_replicate (HSDP); with tp > 1
 //     qkv/fc1 weights+biases Shard(0) over tp with StridedShard(0, sf=tp) over dp_shard, proj/fc2
 //     weights Shard(1) over tp, everything else replicated over tp;
-//   - per step: all-gather every weight over dp_shard into its TP-local box (padded to equal
-//     chunk sizes, torch.chunk boxes; padding never reaches the math), forward/backward on this
-//     data-parallel rank's rows (rows [j*B/dp, (j+1)*B/dp), j over dp_replicate x dp_shard; TP
-//     ranks share rows) with the TP collectives inside the model (engine/model.h TpContext,
-//     sequence parallelism included), deferred-sync gradient accumulation over micro-batches,
-//     reduce-scatter (avg) of the fp32 gradients over dp_shard, all-reduce (avg) over
-//     dp_replicate, global gradient norm with every element counted once, AdamW on local shards;
+//   - per step and micro-batch, per FSDP unit (each layer; the root unit holds embeddings, final
+//     norm and lm_head; engine/model.h UnitHooks): the unit's weights are all-gathered over
+//     dp_shard into their TP-local boxes right before the model reaches it (padded to equal
+//     chunk sizes, torch.chunk boxes; padding never reaches the math), and freed after the
+//     layer's forward (fsdp.reshard_after_forward, gathered again for its backward) or kept
+//     until its backward; forward/backward on this data-parallel rank's rows (rows
+//     [j*B/dp, (j+1)*B/dp), j over dp_replicate x dp_shard; TP ranks share rows) with the TP
+//     collectives inside the model (TpContext, sequence parallelism included); fp32 gradients
+//     accumulate over micro-batches (deferred sync) and each unit's are reduce-scattered (avg)
+//     over dp_shard and all-reduced (avg) over dp_replicate right after its backward in the last
+//     micro-batch; global gradient norm with every element counted once; AdamW on local shards;
 //   - FP8: every amax is MAX-reduced over the whole mesh (so ranks quantize with the single-rank
-//     scales); fsdp.fp8_all_gather quantizes the linear weights shard-wise and gathers FP8 bytes
-//     (engine/fp8_all_gather.h), bitwise equal to the high-precision gather.
-// Current limits (input errors or documented behaviour, not silent): the whole model is gathered
-// once per step and freed after the backward (reshard_after_forward is not yet per layer);
-// fsdp.fp8_params and non-CPU backends are input errors; sequence parallelism needs dropout 0.
+//     scales); fsdp.fp8_all_gather quantizes the GEMM weights shard-wise once per step and
+//     gathers FP8 bytes (engine/fp8_all_gather.h), bitwise equal to the high-precision gather;
+//     fsdp.fp8_params keeps the GEMM weights as FP8 shards (+ scale_inv) re-quantized from the
+//     fp32 master after every optimizer step, gathered in FP8 and saved in checkpoints
+//     ("fp8/params/<name>/..."), so a resumed run computes with the loaded FP8 weights.
+// Current limits (input errors, not silent): non-CPU backends; sequence parallelism needs
+// dropout 0; fp8_params needs current, delayed or mxfp8 (mxfp8: 32-row-aligned shards).
 // Faults implemented here: amax_not_reduced, hsdp_replicas_not_reduced, stale_columnwise_copy,
 // tp_fsdp_left_to_right (state layouts), uneven_shard_padding_leak (the embedding and lm_head
-// keep the zero rows that pad uneven dp_shard chunks: the logits gain zero classes).
+// keep the zero rows that pad uneven dp_shard chunks: the logits gain zero classes); the
+// checkpoint faults are in engine/checkpoint.cc.
 #pragma once
 
 #include <cstdint>
@@ -108,7 +115,7 @@ struct RunOptions {
 };
 
 struct MemoryBreakdown {
-  int64_t params = 0;            // bytes of local fp32 master shards
+  int64_t params = 0;            // bytes of local fp32 master shards (+ FP8 primary weights)
   int64_t grads = 0;             // bytes of local fp32 gradient shards
   int64_t optimizer = 0;         // bytes of local AdamW moments
   int64_t gathered_weights = 0;  // bytes of the gathered (unsharded) compute weights, at peak
@@ -133,7 +140,7 @@ struct RankReport {
 
 // Wall time of one step on rank 0, by phase.
 struct StepTime {
-  double compute = 0;                         // forward + backward
+  double compute = 0;  // forward + backward, with the per-unit gathers and gradient reductions
   std::map<std::string, double> collectives;  // seconds per collective kind
   double optimizer = 0;                       // clipping + AdamW
   double total = 0;

@@ -138,9 +138,9 @@ std::optional<std::string> resolve_backend(const Scenario& s, const RunnerOption
                                                      : env.cuda_unusable_reason);
     return std::nullopt;
   }
-  // The engine's math runs on the CPU backend in this build: auto resolves to cpu, and an
-  // explicit cuda request on a machine with a GPU is reported by run_scenario as an error.
-  if (b == Backend::kCuda || s.requires_gpu) return std::string("cuda:0");
+  // auto: the GPU when one is usable (virtual ranks share cuda:0), else the CPU.
+  if (b == Backend::kCuda || s.requires_gpu || (b == Backend::kAuto && env.cuda_usable))
+    return std::string("cuda:0");
   return std::string("cpu");
 }
 
@@ -232,10 +232,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   if (opts.launcher) run.launcher = *opts.launcher;
   TrainOutcome main;
   try {
-    if (*backend != "cpu") {
-      MP_FAIL("{}: backend {}: the engine in this build trains on the CPU backend only", s.name,
-              *backend);
-    }
+    run.backend = *backend == "cpu" ? Backend::kCpu : Backend::kCuda;
     std::string why;
     if (!can_execute(run, &why)) MP_FAIL("{}", why);
     Progress progress;

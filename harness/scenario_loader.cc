@@ -537,6 +537,32 @@ struct Resolver {
                      mesh_path == "mesh" ? "" : fmt::format(" on {}", mesh_path)));
   }
 
+  // FP8 primary weights live as shards: MXFP8 shards need whole 32x1 columnwise blocks, i.e.
+  // every dp_shard chunk of each GEMM weight's TP-local rows a multiple of 32. For torch.chunk
+  // over n <= 31 ranks that holds exactly when the rows are a multiple of 32 * n.
+  void check_fp8_params(const MeshConfig& m, const std::string& mesh_path, const RecipeConfig& r,
+                        const ModelConfig& model) {
+    if (r.name == RecipeKind::kBlock) {
+      bad("fsdp.fp8_params",
+          "needs recipe delayed, current or mxfp8 (block-scaled weights are "
+          "not kept as FP8 primary weights), got block");
+    }
+    if (r.name != RecipeKind::kMxfp8) return;
+    const std::pair<const char*, int64_t> rows[] = {{"attn.qkv", 3 * model.hidden / m.tp},
+                                                    {"attn.proj", model.hidden},
+                                                    {"mlp.fc1", model.ffn / m.tp},
+                                                    {"mlp.fc2", model.hidden}};
+    for (const auto& [name, r_rows] : rows) {
+      if (r_rows % (32 * m.dp_shard) != 0) {
+        bad(mesh_path + ".dp_shard",
+            fmt::format("fsdp.fp8_params with recipe mxfp8: {} weight has {} rows per tp rank, "
+                        "not a multiple of 32 x dp_shard = {} (each shard must hold whole 32x1 "
+                        "blocks)",
+                        name, r_rows, 32 * m.dp_shard));
+      }
+    }
+  }
+
   // Default relative tolerance for comparisons across meshes or recipes (DESIGN.md section 8:
   // fp32 within 1e-5, bf16 within 1e-2). FP8 recipes have no default: their bound must be
   // measured and written into the scenario.
@@ -667,6 +693,7 @@ struct Resolver {
     sc.checkpoint.keep_last = cs.integer("keep_last", 2, 1, 1000000);
 
     check_fits(sc.mesh, "mesh", sc.recipe, model, t);
+    if (sc.fsdp.fp8_params) check_fp8_params(sc.mesh, "mesh", sc.recipe, model);
     read_checks(top.get("checks"), sc);
     read_faults(top.get("faults"), sc);
 
@@ -759,6 +786,8 @@ struct Resolver {
       if (r.has("mesh")) {
         c.resume.mesh = read_mesh(r.get("mesh"), "checks.resume.mesh", r.where("mesh"));
         check_fits(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model, t);
+        if (sc.fsdp.fp8_params)
+          check_fp8_params(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model);
         c.resume.rtol = r.has("rtol") ? r.number("rtol", 0, 0, 1)
                                       : default_rtol(sc.recipe, nullptr, "checks.resume.rtol");
       } else if (r.has("rtol")) {

@@ -159,10 +159,6 @@ int group_size(const std::string& group, const MeshConfig& m) {
 }  // namespace
 
 bool can_execute(const Scenario& s, std::string* why) {
-  if (s.fsdp.fp8_params) {
-    *why = "fsdp.fp8_params (FP8 primary weights) is not available in this build of the engine";
-    return false;
-  }
   for (const FaultSpec& f : s.faults) {
     if (!fault_implemented(f.name)) {
       *why = fmt::format("fault {} has no engine side in this build", f.name);
@@ -175,11 +171,6 @@ bool can_execute(const Scenario& s, std::string* why) {
 bool fault_runnable(const std::string& name, std::string* why) {
   if (!fault_implemented(name)) {
     *why = fmt::format("fault {} has no engine side in this build", name);
-    return false;
-  }
-  const FaultInfo* info = find_fault(name);
-  if (info != nullptr && info->requires_.fp8_params) {
-    *why = "it needs fsdp.fp8_params (FP8 primary weights), not available in this build";
     return false;
   }
   return true;
@@ -195,7 +186,9 @@ engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& reque
   o.fsdp.reshard_after_forward = s.fsdp.reshard_after_forward;
   o.fsdp.fp8_all_gather = s.fsdp.fp8_all_gather;
   o.fsdp.fp8_params = s.fsdp.fp8_params;
-  o.backend = kernels::Device::cpu();
+  // The runner resolves auto before it gets here (harness/runner.h resolve_backend).
+  MP_CHECK(s.backend != Backend::kAuto, "{}: backend auto reached the engine unresolved", s.name);
+  o.backend = s.backend == Backend::kCuda ? kernels::Device::cuda(0) : kernels::Device::cpu();
   o.launcher = s.launcher == Launcher::kMpi ? "mpi" : "local";
   o.faults = request.faults;
   o.steps = request.steps < 0 ? s.train.steps : request.steps;

@@ -175,8 +175,9 @@ void check_side(const GemmSide& side, GemmRole role) {
     MP_CHECK_INPUT((*t)->defined(), "gemm_{}: operand {} is an undefined tensor",
                    gemm_role_name(role), side.name);
     const DType d = (*t)->dtype();
-    MP_CHECK_INPUT(d == DType::kFloat32 || d == DType::kBFloat16,
-                   "gemm_{}: operand {} is {}; high-precision operands must be float32 or bfloat16",
+    MP_CHECK_INPUT(d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kFloat64,
+                   "gemm_{}: operand {} is {}; high-precision operands must be float32 or bfloat16 "
+                   "(float64: CPU finite-difference checks)",
                    gemm_role_name(role), side.name, (*t)->describe());
     MP_CHECK_INPUT((*t)->shape().rank() >= 1, "gemm_{}: operand {} has an empty shape",
                    gemm_role_name(role), side.name);
@@ -210,16 +211,18 @@ void check_output(const Tensor& out, int64_t rows, int64_t cols, const GemmOptio
                   GemmRole role, const char* name) {
   MP_CHECK_INPUT(out.defined(), "gemm_{}: output {} is an undefined tensor", gemm_role_name(role),
                  name);
-  MP_CHECK_INPUT(out.dtype() == DType::kFloat32 || out.dtype() == DType::kBFloat16,
-                 "gemm_{}: output {} is {}; expected float32 or bfloat16", gemm_role_name(role),
-                 name, out.describe());
+  MP_CHECK_INPUT(out.dtype() == DType::kFloat32 || out.dtype() == DType::kBFloat16 ||
+                     out.dtype() == DType::kFloat64,
+                 "gemm_{}: output {} is {}; expected float32 or bfloat16 (float64: CPU "
+                 "finite-difference checks)",
+                 gemm_role_name(role), name, out.describe());
   MP_CHECK_INPUT(
       out.shape().rank() >= 1 && out.shape().leading() == rows && out.shape().last() == cols,
       "gemm_{}: output {} is {}, expected [{}, {}]", gemm_role_name(role), name, out.describe(),
       rows, cols);
-  MP_CHECK_INPUT(!options.accumulate || out.dtype() == DType::kFloat32,
-                 "gemm_{}: accumulate needs a float32 output, but {} is {}", gemm_role_name(role),
-                 name, out.describe());
+  MP_CHECK_INPUT(!options.accumulate || out.dtype() != DType::kBFloat16,
+                 "gemm_{}: accumulate needs a float32 (or float64) output, but {} is {}",
+                 gemm_role_name(role), name, out.describe());
 }
 
 // ---- CPU reference ----
@@ -345,6 +348,40 @@ void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
   }
 }
 
+// float64 (the model's fp64 mode for finite-difference checks): plain operands and output all
+// float64, on the CPU, summed in double over k = 0..K-1 in order.
+bool is_f64(const GemmSide& side) {
+  const auto* t = std::get_if<const Tensor*>(&side.op);
+  return t != nullptr && (*t)->dtype() == DType::kFloat64;
+}
+
+// The side's canonical matrix ([rows, k], or [k, rows] when `want_k_major` is false) in double.
+std::vector<double> side_f64(const GemmSide& side, bool want_k_major) {
+  const Tensor& t = **std::get_if<const Tensor*>(&side.op);
+  const int64_t rows = t.shape().leading(), cols = t.shape().last();
+  const double* d = t.data<double>();
+  std::vector<double> v(d, d + rows * cols);
+  const bool v_is_canonical = !side.transposed;  // v is the logical operand
+  if (want_k_major == v_is_canonical) return v;
+  std::vector<double> tr(v.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) tr[c * rows + r] = v[r * cols + c];
+  return tr;
+}
+
+void gemm_cpu_f64(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
+  const int64_t R = p.r, S = p.s, K = p.k;
+  const std::vector<double> a = side_f64(p.a, /*want_k_major=*/true);    // [R, K]
+  const std::vector<double> bt = side_f64(p.b, /*want_k_major=*/false);  // [K, S]
+  double* o = out.data<double>();
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < S; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += a[i * K + k] * bt[k * S + j];
+      o[i * S + j] = options.accumulate ? o[i * S + j] + acc : acc;
+    }
+}
+
 void run(GemmProblem p, Tensor& out, const GemmOptions& options, const char* out_name) {
   check_not_null(p.a.op, p.role, p.a.name);
   check_not_null(p.b.op, p.role, p.b.name);
@@ -352,6 +389,16 @@ void run(GemmProblem p, Tensor& out, const GemmOptions& options, const char* out
   check_side(p.b, p.role);
   check_output(out, p.r, p.s, options, p.role, out_name);
   check_devices(p, out);
+  const bool f64 = out.dtype() == DType::kFloat64;
+  if (f64 || is_f64(p.a) || is_f64(p.b)) {
+    MP_CHECK_INPUT(f64 && is_f64(p.a) && is_f64(p.b) && out.device().is_cpu(),
+                   "gemm_{}: float64 GEMMs take float64 {}, {} and output on the CPU, got {}, {} "
+                   "and {}",
+                   gemm_role_name(p.role), p.a.name, p.b.name, describe_operand(p.a.op),
+                   describe_operand(p.b.op), out.describe());
+    if (p.r > 0 && p.s > 0) gemm_cpu_f64(p, out, options);
+    return;
+  }
   if (p.r == 0 || p.s == 0) return;
   if (out.device().is_cpu()) {
     gemm_cpu(p, out, options);

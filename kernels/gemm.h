@@ -8,7 +8,8 @@
 // is an input error naming the operand and the Usage to quantize it with. Operands may mix kinds
 // (a bf16 tensor with a quantized one); leading dims of rank > 2 tensors are flattened into M.
 // CPU: dequantize exactly to fp32 and multiply with fp32 accumulation in a fixed k order (bitwise
-// reproducible), bf16 output rounded to nearest even.
+// reproducible), bf16 output rounded to nearest even. float64 operands and output (all three,
+// CPU only) multiply in double: the model's fp64 mode for finite-difference gradient checks.
 // CUDA (cuBLASLt, CUBLAS_COMPUTE_32F, no TF32): fp32/bf16 natively; per-tensor FP8 natively on
 // sm_89+ in TN form (R, S, K multiples of 16, else an input error); MXFP8 natively on cc 10.x
 // (same dims rule), elsewhere emulated (dequantize to bf16, bf16 GEMM); block scaling, e5m2 x
@@ -37,7 +38,8 @@ struct GemmOptions {
   bool fast_accumulation = false;
 };
 
-// Output dtype is the dtype of `out` (bf16 or fp32; fp32 required when accumulate is set).
+// Output dtype is the dtype of `out` (bf16 or fp32; fp32 required when accumulate is set;
+// float64 with float64 operands on the CPU).
 // All operands and `out` must be on the same device; shapes are checked with a clear error.
 void gemm_fprop(GemmOperand x, GemmOperand w, Tensor& y, const GemmOptions& options = {});
 void gemm_dgrad(GemmOperand dy, GemmOperand w, Tensor& dx, const GemmOptions& options = {});

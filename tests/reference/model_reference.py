@@ -10,6 +10,9 @@ parameter from (seed, FNV-1a(name), global index) and the dropout masks from glo
 Exit status 0 when everything matches within the tolerances below, 1 otherwise.
 
 Usage: model_reference.py TRACE.h5
+       model_reference.py --bench-steps N [--threads T] TRACE.h5
+           time N float32 training steps (forward, backward, clipping, AdamW) of the trace's
+           model on its data with PyTorch and print the median ms/step (no comparison)
 """
 import math
 import sys
@@ -310,8 +313,53 @@ def main(path):
     return 1 if failures else 0
 
 
+def bench(path, steps, threads):
+    """Median wall time of one float32 PyTorch training step of the trace's model, the peer of
+    the engine's CPU step time (tests/bench/engine_bench.cc, tools/bench-vs-torch)."""
+    import time
+    torch.set_num_threads(threads)
+    with h5py.File(path, "r") as f:
+        c = Cfg(f["config"].attrs)
+        names = list(f["init"].keys())
+        params = {n: torch.tensor(np.array(f["init"][n]), dtype=torch.float32, requires_grad=True)
+                  for n in names}
+        tokens = np.array(f["data/tokens"]).astype(np.int64)
+    c.dropout = 0.0  # the timing does not need Philox masks (built in numpy, not the model)
+    decay = [params[n] for n in names if params[n].dim() >= 2]
+    no_decay = [params[n] for n in names if params[n].dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": c.wd},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=c.lr, betas=(c.beta1, c.beta2), eps=c.adam_eps)
+    samples = []
+    for i in range(steps + 2):  # 2 warm-up steps
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = forward(c, params, torch.from_numpy(tokens[i % len(tokens)]), i)
+        loss.backward()
+        if c.clip > 0:
+            torch.nn.utils.clip_grad_norm_(list(params.values()), c.clip)
+        opt.step()
+        if i >= 2:
+            samples.append(time.perf_counter() - t0)
+    samples.sort()
+    median = samples[len(samples) // 2] * 1e3
+    print(f"torch {torch.__version__} float32, {threads} thread(s): V={c.V} H={c.H} A={c.A} "
+          f"L={c.L} F={c.F} S={c.S} B={c.B}: median {median:.2f} ms/step over {steps} steps "
+          f"(min {samples[0] * 1e3:.2f}, max {samples[-1] * 1e3:.2f})")
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    if len(args) >= 3 and args[0] == "--bench-steps":
+        threads = 1
+        if len(args) == 5 and args[2] == "--threads":
+            threads = int(args[3])
+        elif len(args) != 3:
+            print(__doc__)
+            sys.exit(2)
+        sys.exit(bench(args[-1], int(args[1]), threads))
+    if len(args) != 1:
         print(__doc__)
         sys.exit(2)
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(args[0]))

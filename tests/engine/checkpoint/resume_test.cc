@@ -13,6 +13,7 @@
 #include "engine/checkpoint.h"
 #include "engine/session.h"
 #include "mesh/local_comm.h"
+#include "tests/engine/test_config.h"
 
 namespace meshproof::engine {
 namespace {
@@ -23,24 +24,11 @@ using kernels::Tensor;
 // hidden 32 / ffn 64 / 64 tokens per step: every linear layer is MXFP8-quantizable (K % 32 == 0,
 // M % 32 == 0) on one rank and on dp_shard 2.
 Config small(RecipeKind recipe) {
-  Config c;
-  c.model.vocab = 32;
-  c.model.hidden = 32;
-  c.model.heads = 4;
-  c.model.layers = 1;
-  c.model.ffn = 64;
-  c.model.max_positions = 8;
-  c.training.batch = 8;
-  c.training.seq_len = 8;
-  c.training.lr = 1e-2;
-  c.training.weight_decay = 0.1;
+  Config c = testing::make_config({.hidden = 32, .ffn = 64, .recipe = recipe, .seed = 11});
   c.training.schedule = LrSchedule::kWarmupCosine;  // the LR position is resumed state too
   c.training.warmup_steps = 2;
   c.training.steps = 8;
-  c.recipe.kind = recipe;
   c.recipe.amax_history_len = 3;  // shorter than the run: the history window wraps
-  c.data.decay = 0.3;
-  c.seed = 11;
   return c;
 }
 
@@ -144,18 +132,23 @@ TEST_F(ResumeTest, BitwiseParityPerRecipe) {
   struct Case {
     RecipeKind recipe;
     MeshSpec mesh;
+    bool fp8_params = false;  // FP8 primary weights: the resumed run computes with loaded FP8
   };
   const std::vector<Case> cases = {
-      {RecipeKind::kFp32, {1, 2, 2}},    {RecipeKind::kBf16, {2, 2, 1}},
-      {RecipeKind::kDelayed, {1, 2, 1}}, {RecipeKind::kDelayed, {1, 1, 2}},
-      {RecipeKind::kCurrent, {1, 2, 1}}, {RecipeKind::kMxfp8, {1, 2, 1}},
+      {RecipeKind::kFp32, {1, 2, 2}},          {RecipeKind::kBf16, {2, 2, 1}},
+      {RecipeKind::kDelayed, {1, 2, 1}},       {RecipeKind::kDelayed, {1, 1, 2}},
+      {RecipeKind::kCurrent, {1, 2, 1}},       {RecipeKind::kMxfp8, {1, 2, 1}},
+      {RecipeKind::kCurrent, {1, 2, 2}, true}, {RecipeKind::kDelayed, {2, 2, 1}, true},
+      {RecipeKind::kMxfp8, {1, 1, 1}, true},
   };
   for (const Case& c : cases) {
     RunOptions o;
     o.config = small(c.recipe);
     o.mesh = c.mesh;
+    o.fsdp.fp8_params = c.fp8_params;
     const std::string ctx =
-        fmt::format("{} on {}", recipe_name(c.recipe), c.mesh.device_mesh().str());
+        fmt::format("{} on {}{}", recipe_name(c.recipe), c.mesh.device_mesh().str(),
+                    c.fp8_params ? " fp8_params" : "");
     const Capture a = straight(o, 2 * kHalf);
     const Capture b = resumed(o, kHalf, root_ / ctx, {}, {});
     ASSERT_EQ(a.metrics.size(), static_cast<size_t>(2 * kHalf)) << ctx;
@@ -170,6 +163,10 @@ TEST_F(ResumeTest, BitwiseParityPerRecipe) {
       // The FP8 state is really in the checkpoint (and so really part of the parity above).
       const CheckpointIndex idx = read_checkpoint_index(root_ / ctx / checkpoint_dir_name(kHalf));
       EXPECT_EQ(idx.keys.count("fp8/layers.0.attn.qkv/input/amax_history"), 1u) << ctx;
+    }
+    if (c.fp8_params) {
+      const CheckpointIndex idx = read_checkpoint_index(root_ / ctx / checkpoint_dir_name(kHalf));
+      EXPECT_EQ(idx.keys.count("fp8/params/layers.0.mlp.fc2.weight/rowwise_data"), 1u) << ctx;
     }
   }
 }
@@ -192,6 +189,7 @@ TEST_F(ResumeTest, EngineStateLoadsOntoAnotherMeshBitwise) {
   RunOptions a;
   a.config = small(RecipeKind::kDelayed);
   a.mesh = {1, 2, 2};
+  a.fsdp.fp8_params = true;  // the FP8 weight shards (e4m3 bytes) reshard like their masters
   const Capture saved = straight(a, kHalf);
   const fs::path dir = [&] {
     fs::path d;
@@ -252,6 +250,24 @@ TEST_F(ResumeTest, CheckpointFaultsBreakParity) {
     const bool caught = !same_metrics(a, b) || differing_tensors(a, b, f.name, false) > 0;
     EXPECT_TRUE(caught) << f.name << " left the resumed run bitwise equal";
   }
+}
+
+TEST_F(ResumeTest, Fp8ParamsScaleInvThroughBf16BreaksParity) {
+  // Current scaling with FP8 primary weights: the only fp32 scale in the state is each FP8
+  // weight's scale_inv, so the fault reaches exactly the loaded weights (TE's Float8Tensor
+  // parameters saved with a bf16 scale_inv decode to different values after the load).
+  RunOptions o;
+  o.config = small(RecipeKind::kCurrent);
+  o.mesh = {1, 2, 1};
+  o.fsdp.fp8_params = true;
+  const Capture a = straight(o, 2 * kHalf);
+  CheckpointOptions save;
+  save.faults.scale_inv_saved_bf16 = true;
+  const Capture b = resumed(o, kHalf, root_ / "bf16", save, {});
+  // Steps before the checkpoint are the same run; the first resumed step already differs.
+  for (size_t i = 0; i < static_cast<size_t>(kHalf); ++i)
+    EXPECT_EQ(a.metrics[i].loss, b.metrics[i].loss) << i;
+  EXPECT_NE(a.metrics[kHalf].loss, b.metrics[kHalf].loss);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "engine/data.h"
@@ -56,8 +57,13 @@ TEST_P(SessionParity, EveryFp8GatheredWeightIsComparedAndEqual) {
   checked.allgather_parity = true;
   const RunResult plain = run_training(o), r = run_training(checked);
   EXPECT_TRUE(plain.parity.empty());
-  // One record per quantized linear weight and step, compared on every rank.
-  ASSERT_EQ(r.parity.size(), 2 * kLinearWeights.size());
+  // One record per all-gather of a quantized linear weight, compared on every rank: each weight
+  // is gathered for the forward and again for the backward (reshard_after_forward).
+  ASSERT_EQ(r.parity.size(), 2 * kLinearWeights.size() * 2);
+  std::map<std::pair<int64_t, std::string>, int> gathers;
+  for (const AllGatherParity& p : r.parity) ++gathers[{p.step, p.tensor}];
+  EXPECT_EQ(gathers.size(), 2 * kLinearWeights.size());
+  for (const auto& [key, n] : gathers) EXPECT_EQ(n, 2) << key.second << " step " << key.first;
   const int64_t world = pc.mesh.world_size();
   for (const AllGatherParity& p : r.parity) {
     EXPECT_TRUE(kLinearWeights.count(p.tensor)) << p.tensor;
@@ -92,7 +98,7 @@ TEST(SessionParityFaults, AmaxNotReducedShowsMismatchedBytes) {
   o.allgather_parity = true;
   o.faults.amax_not_reduced = true;
   const RunResult r = run_training(o);
-  ASSERT_EQ(r.parity.size(), kLinearWeights.size());
+  ASSERT_EQ(r.parity.size(), 2 * kLinearWeights.size());  // forward and backward gathers
   int64_t mismatched = 0;
   for (const AllGatherParity& p : r.parity) mismatched += p.mismatched_bytes;
   // Each rank quantized its half with its own amax: at least one weight's gathered bytes differ

@@ -6,29 +6,12 @@
 #include "engine/session.h"
 #include "engine/trainer.h"
 #include "mesh/local_comm.h"
+#include "tests/engine/test_config.h"
 
 namespace meshproof::engine {
 namespace {
 
-Config tiny() {
-  Config c;
-  c.model.vocab = 32;
-  c.model.hidden = 16;
-  c.model.heads = 4;
-  c.model.layers = 1;
-  c.model.ffn = 32;
-  c.model.max_positions = 8;
-  c.training.batch = 8;
-  c.training.seq_len = 8;
-  c.training.lr = 1e-2;
-  c.training.weight_decay = 0.1;
-  c.data.decay = 0.3;
-  c.seed = 7;
-  // The data stream these tests' measured bounds were taken on (keyed by Config::seed before
-  // data.seed existed).
-  c.data.seed = 7;
-  return c;
-}
+Config tiny() { return testing::make_config({}); }
 
 // Shapes no mesh up to 8 divides: vocab 37 (chunks of 5 and a last of 2 over 8 ranks), ffn 36,
 // positions 13 (chunks of 2, then 1, then an empty chunk over 8 ranks), hidden 12 (head dim 3).
@@ -68,13 +51,7 @@ double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
 }
 
-RunOptions options(const Config& c, MeshSpec m, int64_t steps) {
-  RunOptions o;
-  o.config = c;
-  o.mesh = m;
-  o.steps = steps;
-  return o;
-}
+using testing::run_options;
 
 std::string mesh_name(const MeshSpec& m) {
   return m.device_mesh().str() + (m.sequence_parallel ? ",sp" : "");
@@ -88,7 +65,7 @@ constexpr double kFp32Rel = 1e-5;
 void expect_matches_single_rank(const Config& c, const MeshSpec& m) {
   constexpr int kSteps = 10;
   const Reference ref = single_rank(c, kSteps);
-  const RunResult one = run_training(options(c, m, 1));
+  const RunResult one = run_training(run_options(c, m, 1));
   for (const auto& [name, want] : ref.params_after_1) {
     ASSERT_TRUE(one.final_params.count(name)) << name;
     std::vector<float> got = one.final_params.at(name).to_vector<float>();
@@ -110,7 +87,7 @@ void expect_matches_single_rank(const Config& c, const MeshSpec& m) {
     }
     EXPECT_LE(rel_norm_diff(got, expect), kFp32Rel) << mesh_name(m) << " " << name;
   }
-  const RunResult run = run_training(options(c, m, kSteps));
+  const RunResult run = run_training(run_options(c, m, kSteps));
   ASSERT_EQ(run.metrics.size(), static_cast<size_t>(kSteps));
   for (int s = 0; s < kSteps; ++s) {
     const double want = ref.metrics[static_cast<size_t>(s)].loss;
@@ -142,10 +119,10 @@ INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh,
 
 TEST(ShardedMemory, FsdpParamAndOptimizerBytesScaleAsOneOverN) {
   const Config c = tiny();
-  const RunResult one = run_training(options(c, {1, 1, 1}, 1));
+  const RunResult one = run_training(run_options(c, {1, 1, 1}, 1));
   const int64_t full = one.ranks[0].memory.params + one.ranks[0].memory.optimizer;
   for (int n : {2, 4, 8}) {
-    const RunResult r = run_training(options(c, {1, n, 1}, 1));
+    const RunResult r = run_training(run_options(c, {1, n, 1}, 1));
     for (const RankReport& rr : r.ranks) {
       const int64_t mine = rr.memory.params + rr.memory.optimizer;
       // Shard(0) chunks are ceil(rows/n): for these shapes (all row counts divisible by 8) the
@@ -158,7 +135,7 @@ TEST(ShardedMemory, FsdpParamAndOptimizerBytesScaleAsOneOverN) {
 TEST(ShardedCollectives, OneGradientReductionPerParameterPerStepWithMicroBatches) {
   Config c = tiny();
   c.training.micro_batches = 2;
-  const RunResult r = run_training(options(c, {2, 2, 1}, 3));
+  const RunResult r = run_training(run_options(c, {2, 2, 1}, 3));
   const int64_t nparams = static_cast<int64_t>(param_specs(c.model).size());
   for (const RankReport& rr : r.ranks) {
     int64_t rs = 0, ar = 0;
@@ -178,8 +155,8 @@ TEST(ShardedAccumulation, DeferredSyncMatchesPerMicroBatchSplit) {
   // without micro-batching differs only by the order of fp32 additions in the weight gradients.
   Config a = tiny(), b = tiny();
   b.training.micro_batches = 2;
-  const RunResult ra = run_training(options(a, {1, 2, 1}, 3));
-  const RunResult rb = run_training(options(b, {1, 2, 1}, 3));
+  const RunResult ra = run_training(run_options(a, {1, 2, 1}, 3));
+  const RunResult rb = run_training(run_options(b, {1, 2, 1}, 3));
   for (int s = 0; s < 3; ++s) {
     // fp32 rounding of differently ordered gradient sums: measured < 1e-7 relative.
     EXPECT_NEAR(ra.metrics[static_cast<size_t>(s)].loss, rb.metrics[static_cast<size_t>(s)].loss,
@@ -189,7 +166,7 @@ TEST(ShardedAccumulation, DeferredSyncMatchesPerMicroBatchSplit) {
 
 TEST(ShardedFaults, HsdpReplicasNotReducedDiverge) {
   const Config c = tiny();
-  RunOptions good = options(c, {2, 2, 1}, 3), bad = good;
+  RunOptions good = run_options(c, {2, 2, 1}, 3), bad = good;
   bad.faults.hsdp_replicas_not_reduced = true;
   const RunResult rg = run_training(good), rb = run_training(bad);
   // Without the replica all-reduce the two replica groups update with different gradients, so
@@ -209,7 +186,7 @@ TEST(ShardedState, EntriesCoverModelOptimizerAndDelayedScalingState) {
   c.recipe.amax_history_len = 4;
   mesh::LocalWorld world(mesh::DeviceMesh(1, 2, 2));
   world.run([&](mesh::RankComms& comms) {
-    RunOptions o = options(c, {1, 2, 2}, 1);
+    RunOptions o = run_options(c, {1, 2, 2}, 1);
     TrainingSession s(o, comms);
     const ShardedState& st = s.state();
     const size_t nparams = param_specs(c.model).size();
@@ -234,7 +211,7 @@ TEST(ShardedInput, BadMeshAndBatchAreInputErrors) {
   Config c = tiny();
   c.training.batch = 6;
   try {
-    run_training(options(c, {1, 4, 1}, 1));
+    run_training(run_options(c, {1, 4, 1}, 1));
     FAIL() << "expected an input error";
   } catch (const kernels::Error& e) {
     EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
@@ -271,7 +248,7 @@ TEST_P(RecipeMesh, LossTracksSingleRank) {
   const Config c = fp8_model(rc.kind);
   constexpr int kSteps = 4;
   const Reference ref = single_rank(c, kSteps);
-  const RunResult run = run_training(options(c, rc.mesh, kSteps));
+  const RunResult run = run_training(run_options(c, rc.mesh, kSteps));
   double worst = 0;
   for (int s = 0; s < kSteps; ++s) {
     const double want = ref.metrics[static_cast<size_t>(s)].loss;
@@ -294,7 +271,7 @@ TEST(ShardedFaults, AmaxNotReducedChangesCurrentScalingOnDataParallelRanks) {
   // With the amax reduced, current scaling on dp_shard=2 reproduces the single-rank losses
   // exactly (measured above); without it each rank scales its half of the rows by its own amax.
   const Config c = fp8_model(RecipeKind::kCurrent);
-  RunOptions good = options(c, {1, 2, 1}, 3), bad = good;
+  RunOptions good = run_options(c, {1, 2, 1}, 3), bad = good;
   bad.faults.amax_not_reduced = true;
   const RunResult rg = run_training(good), rb = run_training(bad);
   double diff = 0;
@@ -338,7 +315,7 @@ TEST_P(Fp8GatherRun, BitwiseEqualToHighPrecisionGather) {
   // group), so the FP8 all-gather run must reproduce the high-precision-gather run exactly.
   const GatherCase& gc = GetParam();
   const Config c = fp8_model(gc.kind);
-  RunOptions hp = options(c, gc.mesh, 3), f8 = hp;
+  RunOptions hp = run_options(c, gc.mesh, 3), f8 = hp;
   f8.fsdp.fp8_all_gather = true;
   const RunResult a = run_training(hp), b = run_training(f8);
   for (int s = 0; s < 3; ++s) {
@@ -365,7 +342,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8GatherRun,
 TEST(ShardedFaults, StaleColumnwiseCopyChangesTheRun) {
   // Step 0 has no previous copy; from step 1 on dgrad uses the weight of the previous step.
   const Config c = fp8_model(RecipeKind::kCurrent);
-  RunOptions good = options(c, {1, 2, 1}, 3), bad = good;
+  RunOptions good = run_options(c, {1, 2, 1}, 3), bad = good;
   bad.faults.stale_columnwise_copy = true;
   const RunResult rg = run_training(good), rb = run_training(bad);
   EXPECT_EQ(rg.metrics[0].loss, rb.metrics[0].loss);
@@ -378,7 +355,7 @@ TEST(ShardedFaults, TpFsdpLeftToRightDescribesTheWrongRows) {
   const Config c = tiny();
   mesh::LocalWorld world(mesh::DeviceMesh(1, 2, 2));
   world.run([&](mesh::RankComms& comms) {
-    RunOptions o = options(c, {1, 2, 2}, 1);
+    RunOptions o = run_options(c, {1, 2, 2}, 1);
     TrainingSession good(o, comms);
     o.faults.tp_fsdp_left_to_right = true;
     TrainingSession bad(o, comms);
@@ -390,7 +367,9 @@ TEST(ShardedFaults, TpFsdpLeftToRightDescribesTheWrongRows) {
         EXPECT_EQ(g.layout.placement(mesh::MeshDim::kDpShard).str(), "StridedShard(0, sf=2)");
         EXPECT_EQ(b.layout.placement(mesh::MeshDim::kDpShard).str(), "Shard(0)");
         // (dp=1, tp=0) holds rows 12..23 of 48 (strided); left-to-right says rows 24..35.
-        if (comms.rank() == 2) EXPECT_NE(g.layout.box(2), b.layout.box(2));
+        if (comms.rank() == 2) {
+          EXPECT_NE(g.layout.box(2), b.layout.box(2));
+        }
       }
     }
   });
@@ -399,7 +378,7 @@ TEST(ShardedFaults, TpFsdpLeftToRightDescribesTheWrongRows) {
 TEST(Fp8GatherRunNotes, Mxfp8UnalignedShardsReportTheFallback) {
   Config c = fp8_model(RecipeKind::kMxfp8);
   // qkv [192, 64] over 4 ranks: 48-row shards, not multiples of 32 (fc1 [128, 64]: 32, aligned).
-  RunOptions o = options(c, {1, 4, 1}, 1);
+  RunOptions o = run_options(c, {1, 4, 1}, 1);
   o.fsdp.fp8_all_gather = true;
   const RunResult r = run_training(o);
   ASSERT_FALSE(r.notes.empty());
@@ -415,7 +394,7 @@ namespace {
 
 TEST(ShardedRun, TraceHooksAndReports) {
   const Config c = tiny();
-  RunOptions o = options(c, {1, 2, 2}, 2);
+  RunOptions o = run_options(c, {1, 2, 2}, 2);
   o.trace = true;
   std::atomic<int> saves{0};
   int progress = 0;

@@ -11,6 +11,7 @@
 #include "harness/checks.h"
 #include "harness/golden.h"
 #include "harness/run_verb.h"
+#include "harness/scenario_faults.h"
 #include "harness/train_run.h"
 #include "kernels/tensor.h"
 
@@ -256,13 +257,9 @@ TEST(ScenarioToEngine, DataSeedAndTrainSeedAreSeparateKeys) {
 
 TEST(FaultCatalogRunnable, EngineFaultsRunAndMissingFeaturesAreNamed) {
   std::string why;
-  for (const char* f : {"amax_not_reduced", "uneven_shard_padding_leak", "stale_columnwise_copy",
-                        "hsdp_replicas_not_reduced"}) {
-    EXPECT_TRUE(fault_runnable(f, &why)) << f << ": " << why;
-  }
-  // scale_inv_saved_bf16 needs FP8 primary weights, which this build does not have.
-  EXPECT_FALSE(fault_runnable("scale_inv_saved_bf16", &why));
-  EXPECT_NE(why.find("fp8_params"), std::string::npos) << why;
+  for (const FaultInfo& f : fault_catalog()) EXPECT_TRUE(fault_runnable(f.name, &why)) << why;
+  EXPECT_FALSE(fault_runnable("no_such_fault", &why));
+  EXPECT_NE(why.find("no engine side"), std::string::npos) << why;
 
   std::ostringstream out;
   print_fault_catalog(out);

@@ -183,6 +183,67 @@ TEST(GemmCpu, AccumulateAddsIntoFp32Output) {
   }
 }
 
+// float64 mode (the model's finite-difference checks): every role against the exact sum, in
+// float64, with the fp64 recursive-summation bound gamma_K * sum|a b| (u = 2^-53), accumulate
+// included; mixing float64 with another dtype is an input error.
+TEST(GemmCpu, Float64AllRolesAndMixedDtypeError) {
+  constexpr int64_t m = 7, n = 5, k = 9;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  auto random = [&](int64_t r, int64_t c) {
+    std::vector<double> v(static_cast<size_t>(r * c));
+    for (double& x : v) x = nd(rng);
+    return Tensor::from_vector<double>(Shape{r, c}, v);
+  };
+  const Tensor x = random(m, k), w = random(n, k), dy = random(m, n);
+  const double* xv = x.data<double>();
+  const double* wv = w.data<double>();
+  const double* dyv = dy.data<double>();
+  auto check = [&](const Tensor& got, int64_t rows, int64_t cols, int64_t len, auto term,
+                   const char* what, double offset) {
+    const double g =
+        static_cast<double>(len) * 0x1p-53 / (1.0 - static_cast<double>(len) * 0x1p-53);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        long double exact = 0, abs_sum = 0;
+        for (int64_t t = 0; t < len; ++t) {
+          exact += term(i, j, t);
+          abs_sum += std::fabs(static_cast<double>(term(i, j, t)));
+        }
+        const double tol = g * static_cast<double>(abs_sum) + 0x1p-53 * std::fabs(offset + exact);
+        EXPECT_LE(std::fabs(got.data<double>()[i * cols + j] - offset - static_cast<double>(exact)),
+                  tol)
+            << what << " (" << i << ", " << j << ")";
+      }
+  };
+  Tensor y = Tensor::zeros(Shape{m, n}, DType::kFloat64, Device::cpu());
+  gemm_fprop(&x, &w, y);
+  check(
+      y, m, n, k, [&](int64_t i, int64_t j, int64_t t) { return xv[i * k + t] * wv[j * k + t]; },
+      "fprop", 0.0);
+  Tensor dx = Tensor::zeros(Shape{m, k}, DType::kFloat64, Device::cpu());
+  gemm_dgrad(&dy, &w, dx);
+  check(
+      dx, m, k, n, [&](int64_t i, int64_t j, int64_t t) { return dyv[i * n + t] * wv[t * k + j]; },
+      "dgrad", 0.0);
+  Tensor dw = Tensor::from_vector<double>(Shape{n, k}, std::vector<double>(n * k, 1.5));
+  gemm_wgrad(&dy, &x, dw, {.accumulate = true});
+  check(
+      dw, n, k, m, [&](int64_t i, int64_t j, int64_t t) { return dyv[t * n + i] * xv[t * k + j]; },
+      "wgrad accumulate", 1.5);
+
+  Tensor y32 = Tensor::zeros(Shape{m, n}, DType::kFloat32, Device::cpu());
+  try {
+    gemm_fprop(&x, &w, y32);
+    FAIL() << "float64 operands into a float32 output accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("float64 GEMMs take float64 X, W and output"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // A high-precision operand with a quantized one (decoded on the CPU like any other), and a rank-3
 // activation [B, S, K] whose leading dims are flattened into M. Same bound as above.
 TEST(GemmCpu, MixedOperandKindsAndRank3Input) {

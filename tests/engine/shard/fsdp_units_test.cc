@@ -1,0 +1,281 @@
+// Per-layer FSDP execution (engine/model.h UnitHooks, engine/session.cc): weights are gathered
+// unit by unit as the model reaches them, freed after a layer's forward with
+// reshard_after_forward (and gathered again for its backward) or kept; gradients are reduced per
+// unit after its backward in the last micro-batch. FP8 primary weights (fsdp.fp8_params): the
+// GEMM weights live as FP8 shards re-quantized from the fp32 master after every optimizer step.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "engine/session.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/quantize.h"
+#include "mesh/local_comm.h"
+#include "tests/engine/test_config.h"
+
+namespace meshproof::engine {
+namespace {
+
+using kernels::DType;
+using kernels::Tensor;
+
+Config two_layers(RecipeKind kind) {
+  return testing::make_config(
+      {.vocab = 64, .hidden = 64, .layers = 2, .ffn = 128, .batch = 16, .recipe = kind, .seed = 5});
+}
+
+using testing::run_options;
+
+int64_t all_gathers_over_dp_shard(const RankReport& r) {
+  int64_t n = 0;
+  for (const CollectiveRecord& c : r.collectives)
+    if (c.kind == "all_gather" && c.group == "dp_shard") n += c.count;
+  return n;
+}
+
+void expect_same_run(const RunResult& a, const RunResult& b, const std::string& ctx) {
+  ASSERT_EQ(a.metrics.size(), b.metrics.size()) << ctx;
+  for (size_t s = 0; s < a.metrics.size(); ++s) {
+    EXPECT_EQ(a.metrics[s].loss, b.metrics[s].loss) << ctx << " step " << s;
+    EXPECT_EQ(a.metrics[s].grad_norm, b.metrics[s].grad_norm) << ctx << " step " << s;
+  }
+  for (const auto& [name, t] : a.final_params) {
+    const Tensor& u = b.final_params.at(name);
+    EXPECT_EQ(std::memcmp(t.raw_data(), u.raw_data(), static_cast<size_t>(t.nbytes().value)), 0)
+        << ctx << ": " << name;
+  }
+}
+
+struct UnitCase {
+  RecipeKind kind;
+  MeshSpec mesh;
+  bool fp8_all_gather;
+  bool recompute;
+};
+class ReshardAfterForward : public ::testing::TestWithParam<UnitCase> {};
+
+TEST_P(ReshardAfterForward, SameNumericsFewerGatheredBytesMoreGathers) {
+  const UnitCase& uc = GetParam();
+  Config c = two_layers(uc.kind);
+  c.training.micro_batches = 2;
+  c.training.recompute = uc.recompute;
+  constexpr int64_t kSteps = 2;
+  RunOptions keep = run_options(c, uc.mesh, kSteps), reshard = keep;
+  keep.fsdp.reshard_after_forward = false;
+  reshard.fsdp.reshard_after_forward = true;
+  keep.fsdp.fp8_all_gather = reshard.fsdp.fp8_all_gather = uc.fp8_all_gather;
+  const RunResult k = run_training(keep), r = run_training(reshard);
+  const std::string ctx =
+      fmt::format("{} on {}", recipe_name(uc.kind), uc.mesh.device_mesh().str());
+  // Re-gathering a layer for its backward gathers the same bytes (FP8 shards are quantized once
+  // per step), so the two runs are bitwise equal.
+  expect_same_run(k, r, ctx);
+
+  // Each layer's parameters are gathered twice per micro-batch instead of once. One all-gather
+  // per parameter, except FP8-gathered MXFP8 GEMM weights: 4 (row/columnwise data and scales).
+  int64_t per_layer = 0;
+  for (const ParamSpec& s : param_specs(c.model)) {
+    if (!s.name.starts_with("layers.0.")) continue;
+    const bool gemm_weight = s.shape.rank() == 2;  // qkv, proj, fc1, fc2 weights
+    per_layer += uc.fp8_all_gather && gemm_weight && uc.kind == RecipeKind::kMxfp8 ? 4 : 1;
+  }
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    EXPECT_EQ(all_gathers_over_dp_shard(r.ranks[i]) - all_gathers_over_dp_shard(k.ranks[i]),
+              kSteps * c.training.micro_batches * c.model.layers * per_layer)
+        << ctx << " rank " << i;
+    // Peak gathered weights: the root unit plus one layer instead of plus every layer.
+    const int64_t pk = k.ranks[i].memory.gathered_weights, pr = r.ranks[i].memory.gathered_weights;
+    EXPECT_LT(pr, pk) << ctx << " rank " << i;
+    if (!uc.fp8_all_gather && uc.mesh.tp == 1) {
+      const int64_t esize = uc.kind == RecipeKind::kFp32 ? 4 : 2;
+      int64_t root = 0, layer = 0;
+      for (const ParamSpec& s : param_specs(c.model)) {
+        if (!s.name.starts_with("layers.")) root += s.shape.numel().value * esize;
+        if (s.name.starts_with("layers.0.")) layer += s.shape.numel().value * esize;
+      }
+      EXPECT_EQ(pr, root + layer) << ctx;
+      EXPECT_EQ(pk, root + c.model.layers * layer) << ctx;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Units, ReshardAfterForward,
+                         ::testing::Values(UnitCase{RecipeKind::kFp32, {1, 2, 1}, false, false},
+                                           UnitCase{RecipeKind::kBf16, {2, 2, 1}, false, true},
+                                           UnitCase{RecipeKind::kFp32, {1, 2, 2}, false, false},
+                                           UnitCase{RecipeKind::kCurrent, {1, 2, 1}, true, true},
+                                           UnitCase{RecipeKind::kDelayed, {1, 2, 1}, true, false},
+                                           UnitCase{RecipeKind::kMxfp8, {1, 2, 1}, true, true}),
+                         [](const auto& info) {
+                           const UnitCase& u = info.param;
+                           return fmt::format("{}_r{}_s{}_t{}{}{}", recipe_name(u.kind),
+                                              u.mesh.dp_replicate, u.mesh.dp_shard, u.mesh.tp,
+                                              u.fp8_all_gather ? "_fp8ag" : "",
+                                              u.recompute ? "_recompute" : "");
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// fsdp.fp8_params
+
+TEST(Fp8Params, StateHoldsTheMasterRequantizedAfterEveryStep) {
+  // Current scaling on dp_shard 2: after each step the FP8 primary weight of every GEMM weight is
+  // quantize(master) with the amax of the whole weight (MAX-reduced over the mesh), and its
+  // bytes are what the checkpoint state holds.
+  RunOptions o = run_options(two_layers(RecipeKind::kCurrent), {1, 2, 1}, 0);
+  o.fsdp.fp8_params = true;
+  mesh::LocalWorld world(o.mesh.device_mesh());
+  std::vector<int> checked(2, 0);
+  world.run([&](mesh::RankComms& comms) {
+    TrainingSession s(o, comms);
+    for (int step = 0; step < 2; ++step) {
+      s.step();
+      const std::map<std::string, Tensor> full = s.gather_params();
+      std::map<std::string, const StateEntry*> by_key;
+      for (const StateEntry& e : s.state().entries) by_key[e.key] = &e;
+      for (const auto& [name, w] : full) {
+        const auto data = by_key.find("fp8/params/" + name + "/rowwise_data");
+        const bool gemm = name.ends_with("qkv.weight") || name.ends_with("proj.weight") ||
+                          name.ends_with("fc1.weight") || name.ends_with("fc2.weight");
+        ASSERT_EQ(data != by_key.end(), gemm) << name;
+        if (!gemm) continue;
+        const Tensor amax = kernels::compute_amax(w);
+        const kernels::QuantizedTensor q = kernels::quantize_per_tensor(
+            w, kernels::compute_current_scale(amax, DType::kE4M3), DType::kE4M3,
+            {.rowwise = true, .columnwise = false}, kernels::ScalingMode::kCurrentTensor, amax);
+        const StateEntry& e = *data->second;
+        const mesh::Box b = e.layout.box(comms.rank());
+        const Tensor want =
+            q.rowwise_data.slice_rows(b.offset[0].value, b.offset[0].value + b.extent[0].value);
+        EXPECT_EQ(e.local.dtype(), DType::kE4M3) << name;
+        EXPECT_EQ(std::memcmp(e.local.raw_data(), want.raw_data(),
+                              static_cast<size_t>(want.nbytes().value)),
+                  0)
+            << name << " step " << step << " rank " << comms.rank();
+        const StateEntry& si = *by_key.at("fp8/params/" + name + "/scale_inv");
+        EXPECT_EQ(si.local.to_vector<float>(), q.rowwise_scale_inv.to_vector<float>()) << name;
+        ++checked[static_cast<size_t>(comms.rank())];
+      }
+    }
+  });
+  // 2 layers x 4 GEMM weights x 2 steps per rank.
+  EXPECT_EQ(checked[0], 16);
+  EXPECT_EQ(checked[1], 16);
+}
+
+TEST(Fp8Params, MeshInvariantAndCloseToTheFp8AllGatherRun) {
+  // lr 1e-3: at 1e-2 this small FP8 model trains chaotically (the loss rises after step 2), so
+  // any one-ulp difference grows to percent-level within 4 steps and nothing could be compared.
+  constexpr int64_t kSteps = 6;
+  for (RecipeKind kind : {RecipeKind::kCurrent, RecipeKind::kDelayed, RecipeKind::kMxfp8}) {
+    Config c = two_layers(kind);
+    c.training.lr = 1e-3;
+    RunOptions one = run_options(c, {1, 1, 1}, kSteps);
+    one.fsdp.fp8_params = true;
+    RunOptions dp2 = one;
+    dp2.mesh = {1, 2, 1};
+    RunOptions ag = dp2;  // FP8 all-gather of the bf16 compute copy instead of FP8 weights
+    ag.fsdp.fp8_params = false;
+    ag.fsdp.fp8_all_gather = true;
+    const RunResult a = run_training(one), b = run_training(dp2), g = run_training(ag);
+    double mesh_worst = 0, ag_worst = 0;
+    for (size_t s = 0; s < kSteps; ++s) {
+      const double want = a.metrics[s].loss;
+      mesh_worst = std::max(mesh_worst, std::abs(b.metrics[s].loss - want) / want);
+      ag_worst = std::max(ag_worst, std::abs(g.metrics[s].loss - b.metrics[s].loss) / want);
+    }
+    // The FP8 weights are quantize(fp32 master) with the whole weight's scale on every mesh, so
+    // for current and mxfp8 scaling a data-parallel mesh changes only the order of the double
+    // loss sum over ranks (measured worst 4.6e-16 over 6 steps; 1e-12 leaves room for that
+    // order and nothing else). Delayed scaling on dp_shard 2 drifts from one rank as it does
+    // without fp8_params (RecipeMesh above: 1.5e-3); measured here 1.6e-4, bound 1e-3.
+    EXPECT_LE(mesh_worst, kind == RecipeKind::kDelayed ? 1e-3 : 1e-12) << recipe_name(kind);
+    // Against the FP8 all-gather run the weights differ by the bf16 rounding before the FP8 cast
+    // (and so, for per-tensor recipes, by a slightly different amax and scale). Measured worst
+    // relative loss deviation over 6 steps: current 2.5e-4, delayed 2.4e-4, mxfp8 1.9e-4;
+    // bound 1e-3 (well inside DESIGN.md section 8's FP8 budget of 1e-2).
+    EXPECT_LE(ag_worst, 1e-3) << recipe_name(kind);
+    RecordProperty(fmt::format("worst_rel_loss_{}", recipe_name(kind)),
+                   fmt::format("mesh {:.2e}, vs fp8_all_gather {:.2e}", mesh_worst, ag_worst));
+  }
+}
+
+TEST(Fp8Params, MemoryCountsTheFp8Weights) {
+  RunOptions o = run_options(two_layers(RecipeKind::kCurrent), {1, 2, 1}, 1);
+  const RunResult plain = run_training(o);
+  o.fsdp.fp8_params = true;
+  const RunResult fp8 = run_training(o);
+  // One byte per element of the rank's GEMM weight shards plus a 4-byte scale_inv each.
+  int64_t gemm_elems = 0, gemm_weights = 0;
+  for (const ParamSpec& s : param_specs(o.config.model))
+    if (s.name.ends_with("qkv.weight") || s.name.ends_with("proj.weight") ||
+        s.name.ends_with("fc1.weight") || s.name.ends_with("fc2.weight")) {
+      gemm_elems += s.shape.numel().value;
+      ++gemm_weights;
+    }
+  for (size_t r = 0; r < 2; ++r)
+    EXPECT_EQ(fp8.ranks[r].memory.params - plain.ranks[r].memory.params,
+              gemm_elems / 2 + 4 * gemm_weights)
+        << r;
+}
+
+TEST(Fp8Params, Mxfp8KeepsRowAndColumnwiseShards) {
+  // hidden 64 / ffn 128 on dp_shard 2: every GEMM weight shard has a multiple of 32 rows.
+  Config c = two_layers(RecipeKind::kMxfp8);
+  c.training.lr = 1e-3;  // see MeshInvariantAndCloseToTheFp8AllGatherRun
+  RunOptions o = run_options(c, {1, 2, 1}, 3);
+  o.fsdp.fp8_params = true;
+  const RunResult r = run_training(o);
+  ASSERT_EQ(r.metrics.size(), 3u);
+  for (const StepMetrics& m : r.metrics) EXPECT_TRUE(std::isfinite(m.loss));
+  EXPECT_TRUE(r.notes.empty()) << r.notes.front();
+  RunOptions hp = o;
+  hp.fsdp.fp8_params = false;
+  const RunResult h = run_training(hp);
+  // Quantizing the fp32 master instead of its bf16 copy: measured < 2e-4 relative over 3 steps
+  // (see MeshInvariantAndCloseToTheFp8AllGatherRun); bound 1e-3.
+  for (size_t s = 0; s < 3; ++s)
+    EXPECT_NEAR(r.metrics[s].loss, h.metrics[s].loss, 1e-3 * h.metrics[s].loss) << s;
+}
+
+TEST(Fp8Params, UnsupportedCombinationsAreInputErrors) {
+  RunOptions bf16 = run_options(two_layers(RecipeKind::kBf16), {1, 2, 1}, 1);
+  bf16.fsdp.fp8_params = true;
+  try {
+    run_training(bf16);
+    FAIL() << "bf16 + fp8_params accepted";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("needs recipe current, delayed or mxfp8, got bf16"),
+              std::string::npos)
+        << e.what();
+  }
+  // qkv [192, 64] over dp_shard 4: shards of 48 rows cannot hold 32x1 columnwise blocks.
+  RunOptions mx = run_options(two_layers(RecipeKind::kMxfp8), {1, 4, 1}, 1);
+  mx.fsdp.fp8_params = true;
+  try {
+    run_training(mx);
+    FAIL() << "unaligned mxfp8 fp8_params accepted";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("layers.0.attn.qkv.weight [192, 64]"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ShardedBackend, CudaWithoutAUsableGpuIsAnInputError) {
+  if (kernels::cuda_status().usable) GTEST_SKIP() << "a GPU is usable here (shard_gpu_test runs)";
+  RunOptions o = run_options(two_layers(RecipeKind::kFp32), {1, 2, 1}, 1);
+  o.backend = kernels::Device::cuda(0);
+  try {
+    run_training(o);
+    FAIL() << "backend cuda accepted without a usable GPU";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("backend cuda:0 is not usable here"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshproof::engine
