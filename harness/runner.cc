@@ -24,8 +24,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-bool is_yaml(const fs::path& p) { return p.extension() == ".yaml" || p.extension() == ".yml"; }
-
 std::string mesh_text(const MeshConfig& m) {
   return fmt::format("dp_replicate={} dp_shard={} tp={}{}", m.dp_replicate, m.dp_shard, m.tp,
                      m.sequence_parallel ? " sp" : "");
@@ -77,26 +75,6 @@ struct Progress {
 };
 
 }  // namespace
-
-std::vector<std::string> expand_scenario_paths(const std::vector<std::string>& paths) {
-  std::vector<std::string> files;
-  for (const std::string& p : paths) {
-    std::error_code ec;
-    if (fs::is_directory(p, ec)) {
-      std::vector<std::string> found;
-      for (const auto& entry : fs::recursive_directory_iterator(p)) {
-        if (entry.is_regular_file() && is_yaml(entry.path()))
-          found.push_back(entry.path().string());
-      }
-      std::sort(found.begin(), found.end());
-      if (found.empty()) MP_FAIL_INPUT("{}: the folder holds no .yaml scenarios", p);
-      files.insert(files.end(), found.begin(), found.end());
-    } else {
-      files.push_back(p);
-    }
-  }
-  return files;
-}
 
 std::vector<Scenario> load_scenarios(const std::vector<std::string>& paths,
                                      const std::vector<std::string>& sets,
@@ -350,7 +328,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   perf.model.ffn = s.model.ffn;
   perf.model.vocab = s.model.vocab;
   perf.model.seq_len = s.model.seq_len;
-  perf.model.swiglu = s.model.activation == Activation::kSwiglu;
+  perf.model.swiglu = s.model.activation == Activation::kSwiGlu;
   perf.num_devices = static_cast<int>(s.mesh.world_size());
   perf.gemm_dtype = s.recipe.is_fp8() ? "fp8" : "bf16";
   if (!main.steps.empty()) {

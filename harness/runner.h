@@ -27,9 +27,6 @@ struct RunnerOptions {
   std::vector<std::string> sets;
 };
 
-// Files as given, folders expanded to their *.yaml / *.yml files (sorted).
-std::vector<std::string> expand_scenario_paths(const std::vector<std::string>& paths);
-
 // Loads and validates every scenario (scenario schema, engine config, fault mapping) before
 // anything runs; keeps those whose name equals `filter` or whose base name equals it (empty
 // filter: all). Throws kInput on any problem, or when the filter matches nothing.

@@ -13,7 +13,7 @@ const char* to_string(Activation v) {
       return "gelu";
     case Activation::kRelu:
       return "relu";
-    case Activation::kSwiglu:
+    case Activation::kSwiGlu:
       return "swiglu";
   }
   return "?";

@@ -11,10 +11,13 @@
 #include <utility>
 #include <vector>
 
+#include "engine/config.h"
+
 namespace meshproof::harness {
 
-enum class Norm { kLayerNorm, kRmsNorm };
-enum class Activation { kGelu, kRelu, kSwiglu };
+// The engine's own enums where the scenario names the same thing (one definition, no mapping).
+using Norm = engine::NormKind;
+using Activation = engine::Activation;
 
 // The GPT-style decoder of DESIGN.md section 3.
 struct ModelConfig {
@@ -42,7 +45,7 @@ struct MeshConfig {
   bool operator==(const MeshConfig&) const = default;
 };
 
-enum class RecipeKind { kFp32, kBf16, kDelayed, kCurrent, kMxfp8, kBlock };
+using RecipeKind = engine::RecipeKind;
 enum class Fp8Format { kHybrid, kE4M3 };  // hybrid: e4m3 forward, e5m2 gradients
 enum class AmaxAlgo { kMax, kMostRecent };
 
@@ -68,7 +71,7 @@ struct FsdpConfig {
   bool fp8_params = false;            // FP8 primary weights (FP8 recipes only)
 };
 
-enum class Schedule { kConstant, kWarmupCosine };
+using Schedule = engine::LrSchedule;
 
 struct TrainConfig {
   int64_t steps = 8;          // optimizer steps, >= 1

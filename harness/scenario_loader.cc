@@ -607,7 +607,7 @@ struct Resolver {
     model.activation = ms.choice("activation", Activation::kGelu,
                                  {{"gelu", Activation::kGelu},
                                   {"relu", Activation::kRelu},
-                                  {"swiglu", Activation::kSwiglu}});
+                                  {"swiglu", Activation::kSwiGlu}});
     model.tied_embeddings = ms.boolean("tied_embeddings", false);
     model.dropout = ms.number("dropout", 0.0, 0.0, 1.0, false, true);
     if (model.hidden % model.heads != 0) {
@@ -1121,6 +1121,27 @@ std::vector<Scenario> load_scenario_file(const std::string& path,
   std::ostringstream text;
   text << in.rdbuf();
   return load_scenario_text(text.str(), path, overrides);
+}
+
+std::vector<std::string> expand_scenario_paths(const std::vector<std::string>& paths) {
+  std::vector<std::string> files;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(p, ec)) {
+      std::vector<std::string> found;
+      for (const auto& entry : std::filesystem::recursive_directory_iterator(p)) {
+        if (entry.is_regular_file() &&
+            (entry.path().extension() == ".yaml" || entry.path().extension() == ".yml"))
+          found.push_back(entry.path().string());
+      }
+      std::sort(found.begin(), found.end());
+      if (found.empty()) MP_FAIL_INPUT("{}: the folder holds no .yaml scenarios", p);
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.push_back(p);
+    }
+  }
+  return files;
 }
 
 }  // namespace meshproof::harness

@@ -37,4 +37,8 @@ std::vector<Scenario> load_scenario_text(std::string_view yaml, const std::strin
 // Levenshtein distance, exposed for tests of the did-you-mean suggestions.
 size_t edit_distance(std::string_view a, std::string_view b);
 
+// Files as given, folders expanded to their *.yaml / *.yml files (sorted, so output is stable);
+// a folder without any is an input error.
+std::vector<std::string> expand_scenario_paths(const std::vector<std::string>& paths);
+
 }  // namespace meshproof::harness

@@ -23,42 +23,12 @@ engine::Config to_engine_config(const Scenario& s) {
   c.model.layers = s.model.layers;
   c.model.ffn = s.model.ffn;
   c.model.max_positions = s.model.seq_len;
-  c.model.norm =
-      s.model.norm == Norm::kRmsNorm ? engine::NormKind::kRmsNorm : engine::NormKind::kLayerNorm;
-  switch (s.model.activation) {
-    case Activation::kGelu:
-      c.model.activation = engine::Activation::kGelu;
-      break;
-    case Activation::kRelu:
-      c.model.activation = engine::Activation::kRelu;
-      break;
-    case Activation::kSwiglu:
-      c.model.activation = engine::Activation::kSwiGlu;
-      break;
-  }
+  c.model.norm = s.model.norm;  // the scenario uses the engine's enums (harness/scenario.h)
+  c.model.activation = s.model.activation;
   c.model.tied_embeddings = s.model.tied_embeddings;
   c.model.dropout = s.model.dropout;
 
-  switch (s.recipe.name) {
-    case RecipeKind::kFp32:
-      c.recipe.kind = engine::RecipeKind::kFp32;
-      break;
-    case RecipeKind::kBf16:
-      c.recipe.kind = engine::RecipeKind::kBf16;
-      break;
-    case RecipeKind::kDelayed:
-      c.recipe.kind = engine::RecipeKind::kDelayed;
-      break;
-    case RecipeKind::kCurrent:
-      c.recipe.kind = engine::RecipeKind::kCurrent;
-      break;
-    case RecipeKind::kMxfp8:
-      c.recipe.kind = engine::RecipeKind::kMxfp8;
-      break;
-    case RecipeKind::kBlock:
-      c.recipe.kind = engine::RecipeKind::kBlock;
-      break;
-  }
+  c.recipe.kind = s.recipe.name;
   c.recipe.amax_history_len = s.recipe.amax_history_len;
   c.recipe.amax_compute_algo =
       s.recipe.amax_compute_algo == AmaxAlgo::kMostRecent ? "most_recent" : "max";
@@ -76,9 +46,7 @@ engine::Config to_engine_config(const Scenario& s) {
   c.training.lr = s.train.lr;
   c.training.min_lr = s.train.min_lr;
   c.training.warmup_steps = s.train.warmup_steps;
-  c.training.schedule = s.train.schedule == Schedule::kWarmupCosine
-                            ? engine::LrSchedule::kWarmupCosine
-                            : engine::LrSchedule::kConstant;
+  c.training.schedule = s.train.schedule;
   c.training.beta1 = s.train.beta1;
   c.training.beta2 = s.train.beta2;
   c.training.adam_eps = s.train.adam_eps;

@@ -4,8 +4,6 @@
 #include <fmt/ostream.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <filesystem>
 #include <memory>
 
 #include "harness/exit_codes.h"
@@ -13,42 +11,13 @@
 #include "kernels/error.h"
 
 namespace meshproof::harness {
-namespace {
-
-namespace fs = std::filesystem;
-
-bool is_yaml(const fs::path& p) { return p.extension() == ".yaml" || p.extension() == ".yml"; }
-
-// Files as given, folders expanded to their YAML files in sorted order (stable output).
-std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
-  std::vector<std::string> files;
-  for (const std::string& p : paths) {
-    std::error_code ec;
-    if (fs::is_directory(p, ec)) {
-      std::vector<std::string> found;
-      for (const auto& entry : fs::recursive_directory_iterator(p)) {
-        if (entry.is_regular_file() && is_yaml(entry.path()))
-          found.push_back(entry.path().string());
-      }
-      std::sort(found.begin(), found.end());
-      if (found.empty()) MP_FAIL_INPUT("{}: the folder holds no .yaml scenarios", p);
-      files.insert(files.end(), found.begin(), found.end());
-    } else {
-      files.push_back(p);
-    }
-  }
-  return files;
-}
-
-}  // namespace
-
 int validate_scenarios(const std::vector<std::string>& paths, const std::vector<std::string>& sets,
                        std::ostream& out, std::ostream& err) {
   std::vector<Override> overrides;
   for (const std::string& s : sets) overrides.push_back(parse_override(s));
   int failed = 0;
   size_t total = 0;
-  const std::vector<std::string> files = expand_paths(paths);
+  const std::vector<std::string> files = expand_scenario_paths(paths);
   for (const std::string& file : files) {
     try {
       const std::vector<Scenario> scenarios = load_scenario_file(file, overrides);
