@@ -320,18 +320,26 @@ void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
   const std::vector<float> a = decode_side(p.a, /*want_k_major=*/true);    // [R, K]
   const std::vector<float> bt = decode_side(p.b, /*want_k_major=*/false);  // [K, S]
   std::vector<float> c(static_cast<size_t>(R * S), 0.0f);                  // [R, S]
-  // Rows in blocks of 4 so a row of B^T is reused from cache; each c[i][j] is still summed over
-  // k = 0, 1, ..., K-1 in order.
-  constexpr int64_t kRowBlock = 4;
+  // Tiles of kRowBlock x kColBlock outputs accumulate in a local array (L1/registers) over the
+  // whole K; each c[i][j] is still the fp32 sum over k = 0, 1, ..., K-1 in order, so the result
+  // does not depend on the tiling (bitwise equal to the untiled loop).
+  constexpr int64_t kRowBlock = 4, kColBlock = 64;
+  float acc[kRowBlock][kColBlock];
   for (int64_t i0 = 0; i0 < R; i0 += kRowBlock) {
-    const int64_t i1 = std::min(R, i0 + kRowBlock);
-    for (int64_t k = 0; k < K; ++k) {
-      const float* brow = bt.data() + k * S;
-      for (int64_t i = i0; i < i1; ++i) {
-        const float av = a[i * K + k];
-        float* crow = c.data() + i * S;
-        for (int64_t j = 0; j < S; ++j) crow[j] += av * brow[j];
+    const int64_t rows = std::min(R - i0, kRowBlock);
+    for (int64_t j0 = 0; j0 < S; j0 += kColBlock) {
+      const int64_t cols = std::min(S - j0, kColBlock);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) acc[i][j] = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        const float* brow = bt.data() + k * S + j0;
+        for (int64_t i = 0; i < rows; ++i) {
+          const float av = a[(i0 + i) * K + k];
+          float* arow = acc[i];
+          for (int64_t j = 0; j < cols; ++j) arow[j] += av * brow[j];
+        }
       }
+      for (int64_t i = 0; i < rows; ++i) std::copy_n(acc[i], cols, c.data() + (i0 + i) * S + j0);
     }
   }
   const size_t n = c.size();
