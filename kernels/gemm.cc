@@ -315,14 +315,16 @@ std::vector<float> decode_side(const GemmSide& side, bool want_k_major) {
   return want_v ? v : transpose(v, rows, cols);
 }
 
-void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
-  const int64_t R = p.r, S = p.s, K = p.k;
-  const std::vector<float> a = decode_side(p.a, /*want_k_major=*/true);    // [R, K]
-  const std::vector<float> bt = decode_side(p.b, /*want_k_major=*/false);  // [K, S]
-  std::vector<float> c(static_cast<size_t>(R * S), 0.0f);                  // [R, S]
-  // Tiles of kRowBlock x kColBlock outputs accumulate in a local array (L1/registers) over the
-  // whole K; each c[i][j] is still the fp32 sum over k = 0, 1, ..., K-1 in order, so the result
-  // does not depend on the tiling (bitwise equal to the untiled loop).
+// c[R, S] = a[R, K] · bt[K, S] in fp32. Tiles of kRowBlock x kColBlock outputs accumulate in a
+// local array (L1/registers) over the whole K; each c[i][j] is the fp32 sum over k = 0, 1, ...,
+// K-1 in order, so the result depends neither on the tiling nor on the vector width: the AVX2
+// clone (8 lanes across j, no FMA: the target does not enable it, so no multiply-add is
+// contracted) is bitwise equal to the baseline SSE2 one, and the CPU reference stays the same
+// on every x86-64 machine.
+__attribute__((target_clones("avx2", "default"))) void gemm_tiles_f32(const float* a,
+                                                                      const float* bt, float* c,
+                                                                      int64_t R, int64_t S,
+                                                                      int64_t K) {
   constexpr int64_t kRowBlock = 4, kColBlock = 64;
   float acc[kRowBlock][kColBlock];
   for (int64_t i0 = 0; i0 < R; i0 += kRowBlock) {
@@ -332,16 +334,24 @@ void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < cols; ++j) acc[i][j] = 0.0f;
       for (int64_t k = 0; k < K; ++k) {
-        const float* brow = bt.data() + k * S + j0;
+        const float* brow = bt + k * S + j0;
         for (int64_t i = 0; i < rows; ++i) {
           const float av = a[(i0 + i) * K + k];
           float* arow = acc[i];
           for (int64_t j = 0; j < cols; ++j) arow[j] += av * brow[j];
         }
       }
-      for (int64_t i = 0; i < rows; ++i) std::copy_n(acc[i], cols, c.data() + (i0 + i) * S + j0);
+      for (int64_t i = 0; i < rows; ++i) std::copy_n(acc[i], cols, c + (i0 + i) * S + j0);
     }
   }
+}
+
+void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
+  const int64_t R = p.r, S = p.s, K = p.k;
+  const std::vector<float> a = decode_side(p.a, /*want_k_major=*/true);    // [R, K]
+  const std::vector<float> bt = decode_side(p.b, /*want_k_major=*/false);  // [K, S]
+  std::vector<float> c(static_cast<size_t>(R * S), 0.0f);                  // [R, S]
+  gemm_tiles_f32(a.data(), bt.data(), c.data(), R, S, K);
   const size_t n = c.size();
   if (out.dtype() == DType::kFloat32) {
     float* o = out.data<float>();
