@@ -21,6 +21,8 @@
 #include "kernels/quantize.h"
 #include "mesh/local_comm.h"
 #include "mesh/mpi_comm.h"
+#include "mesh/nccl_comm.h"
+#include "mesh/split_comm.h"
 
 namespace meshproof::engine {
 
@@ -258,7 +260,9 @@ struct TrainingSession::Impl {
   Impl(const RunOptions& o, mesh::RankComms& c)
       : options(o),
         config(options.config),
-        device(options.backend),
+        // The rank's own device: cuda:0 for virtual ranks, the process's GPU under mpi.
+        device(options.backend.is_cuda() ? kernels::current_context().device
+                                         : kernels::Device::cpu()),
         comms(c),
         mesh(c.mesh()),
         rank(c.rank()),
@@ -903,10 +907,6 @@ RunResult run_training(const RunOptions& options) {
     const kernels::CudaStatus& cuda = kernels::cuda_status();
     MP_CHECK_INPUT(cuda.usable, "run_training: backend {} is not usable here: {}",
                    options.backend.str(), cuda.reason);
-    MP_CHECK_INPUT(options.launcher == "local",
-                   "run_training: backend {} runs with launcher local (virtual ranks on one GPU); "
-                   "launcher {} exchanges host buffers only",
-                   options.backend.str(), options.launcher);
   }
   RunResult result;
   std::mutex mu;
@@ -920,8 +920,17 @@ RunResult run_training(const RunOptions& options) {
               [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
   } else if (options.launcher == "mpi") {
     mesh::MpiSession mpi(nullptr, nullptr);
-    mesh::MpiRankComms comms(dmesh);
-    run_rank(options, comms, result, mu);
+    mesh::MpiRankComms host(dmesh);
+    if (options.backend.is_cuda()) {
+      // One GPU per process (node-local rank modulo the visible GPUs): host buffers over MPI,
+      // device buffers (the model's tensor-parallel collectives) over NCCL.
+      mesh::NcclRankComms nccl = mesh::NcclRankComms::bootstrap_mpi(dmesh);
+      const kernels::ScopedRankContext context(nccl.context());
+      mesh::SplitRankComms comms(host, nccl);
+      run_rank(options, comms, result, mu);
+    } else {
+      run_rank(options, host, result, mu);
+    }
   } else {
     MP_FAIL_INPUT("launcher '{}': expected 'local' or 'mpi'", options.launcher);
   }

@@ -28,8 +28,12 @@
 //     fsdp.fp8_params keeps the GEMM weights as FP8 shards (+ scale_inv) re-quantized from the
 //     fp32 master after every optimizer step, gathered in FP8 and saved in checkpoints
 //     ("fp8/params/<name>/..."), so a resumed run computes with the loaded FP8 weights.
-// Current limits (input errors, not silent): non-CPU backends; sequence parallelism needs
-// dropout 0; fp8_params needs current, delayed or mxfp8 (mxfp8: 32-row-aligned shards).
+// Backends: the model computes on the rank's device (CPU, or CUDA: virtual ranks on cuda:0 with
+// launcher local, one GPU per process with launcher mpi); fp32 masters, AdamW moments, reduced
+// gradients and the data-parallel collectives stay on the host (mpi + CUDA: host buffers over
+// MPI, device buffers over NCCL, mesh/split_comm.h).
+// Current limits (input errors, not silent): sequence parallelism needs dropout 0; fp8_params
+// needs current, delayed or mxfp8 (mxfp8: 32-row-aligned shards).
 // Faults implemented here: amax_not_reduced, hsdp_replicas_not_reduced, stale_columnwise_copy,
 // tp_fsdp_left_to_right (state layouts), uneven_shard_padding_leak (the embedding and lm_head
 // keep the zero rows that pad uneven dp_shard chunks: the logits gain zero classes); the

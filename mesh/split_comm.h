@@ -1,0 +1,53 @@
+// The mpi launcher with a CUDA compute device (DESIGN.md section 2: "CPU tensors use MPI
+// collectives; CUDA tensors use NCCL"): one communicator per mesh group that sends host buffers
+// through the rank's host communicator (MPI) and device buffers through its device communicator
+// (NCCL). The engine keeps its masters and data-parallel collectives on the host and its
+// activations (tensor-parallel collectives) on the device, so one rank needs both.
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include "mesh/communicator.h"
+
+namespace meshproof::mesh {
+
+class SplitComm final : public Communicator {
+ public:
+  // `host` and `device` must span the same group (same ranks, same index).
+  SplitComm(Communicator& host, Communicator& device);
+  std::string_view backend() const override { return backend_; }
+
+ protected:
+  void do_all_gather(const kernels::Tensor& input, kernels::Tensor& output) override;
+  void do_reduce_scatter(const kernels::Tensor& input, kernels::Tensor& output,
+                         ReduceOp op) override;
+  void do_all_reduce(kernels::Tensor& buffer, ReduceOp op) override;
+  void do_broadcast(kernels::Tensor& buffer, int root) override;
+  void do_barrier() override;
+
+ private:
+  // The communicator for a buffer on `t`'s device.
+  Communicator& pick(const kernels::Tensor& t) { return t.device().is_cpu() ? host_ : device_; }
+
+  Communicator& host_;
+  Communicator& device_;
+  std::string backend_;  // "mpi+nccl"
+};
+
+// One rank's groups over two RankComms of the same mesh and rank (e.g. MpiRankComms and
+// NcclRankComms::bootstrap_mpi); both must outlive it.
+class SplitRankComms final : public RankComms {
+ public:
+  SplitRankComms(RankComms& host, RankComms& device);
+  int rank() const override { return host_.rank(); }
+  const DeviceMesh& mesh() const override { return host_.mesh(); }
+  Communicator& group(DimSet dims) override;
+
+ private:
+  RankComms& host_;
+  RankComms& device_;
+  std::map<unsigned, std::unique_ptr<SplitComm>> groups_;  // by DimSet bits
+};
+
+}  // namespace meshproof::mesh
