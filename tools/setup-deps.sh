@@ -8,6 +8,8 @@ packages=(
   libyaml-cpp-dev libhdf5-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas-dev libopenmpi-dev openmpi-bin libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format
+  # tools/gpu-bundle: sets the bundled binaries' RUNPATH to $ORIGIN
+  patchelf
   # test-side reference scripts (Debian's python3): h5py for HDF5 round trips, torch for the
   # independent PyTorch model reference
   python3 python3-numpy python3-h5py python3-torch
