@@ -41,6 +41,23 @@ TestOperand quantized(Recipe recipe, DType format, bool weight, int64_t rows, in
   t.rows = rows;
   t.cols = cols;
   switch (recipe) {
+    case Recipe::kDelayed: {
+      // The scale comes from the previous step's history, as in training: the amax recorded
+      // last step was 0.8x this step's, so this step's largest elements saturate (the copies the
+      // GEMM reads then hold fp8 max, and dequantize() must say so too).
+      DelayedScalingState state = make_delayed_scaling_state(4, Device::cpu());
+      const float amax = compute_amax(x).to_vector<float>()[0];
+      record_amax(state, Tensor::from_vector<float>(Shape{1}, {0.8f * amax}));
+      update_delayed_scaling(state, AmaxAlgo::kMax, 0, fp8_max(format));
+      t.q = quantize_per_tensor(x, state.scale, format, both, ScalingMode::kDelayedTensor);
+      EXPECT_EQ(t.q.mode, ScalingMode::kDelayedTensor);
+      const uint8_t max_code = format == DType::kE5M2 ? 0x7B : 0x7E;
+      int saturated = 0;
+      const auto* codes = static_cast<const uint8_t*>(t.q.rowwise_data.raw_data());
+      for (int64_t i = 0; i < rows * cols; ++i) saturated += (codes[i] & 0x7F) == max_code;
+      EXPECT_GT(saturated, 0) << "the delayed scale was meant to saturate the largest elements";
+      break;
+    }
     case Recipe::kCurrent:
       t.q = quantize_current(x, format, both);
       break;
@@ -95,7 +112,8 @@ TEST_P(GemmQuantizedContractTest, AllRolesMatchDequantizedProduct) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GemmQuantizedContractTest,
-                         testing::Values(Recipe::kCurrent, Recipe::kMxfp8, Recipe::kBlock),
+                         testing::Values(Recipe::kDelayed, Recipe::kCurrent, Recipe::kMxfp8,
+                                         Recipe::kBlock),
                          [](const testing::TestParamInfo<Recipe>& info) {
                            return std::string(gemm_test::recipe_name(info.param));
                          });

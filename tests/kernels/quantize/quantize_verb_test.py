@@ -179,6 +179,73 @@ with h5py.File(out, "r") as f:
     check(np.array_equal(f["/rowwise/data"][()], q), "block rowwise bytes")
     check(f["/columnwise/scale_inv"].shape == (1, K), "block columnwise scale layout [ceil(M/128), K]")
 
+
+def current_scale(amax, fmax, pow2):
+    """DESIGN current scale in float32: fmax / amax (IEEE float32 division), amax 0/inf/NaN -> 1,
+    an infinite quotient -> FLT_MAX, pow2 -> the largest power of two <= that (frexp, exact)."""
+    amax = F32(amax)
+    if not (amax > 0) or np.isinf(amax):
+        return F32(1)
+    s = F32(fmax) / amax
+    if np.isinf(s):
+        s = np.finfo(F32).max
+    if pow2:
+        s = F32(np.ldexp(1.0, int(np.frexp(np.float64(s))[1]) - 1))
+    return s
+
+
+# ---- current scaling with power-of-two scales --------------------------------------------------
+M, K = 40, 72
+x = make_x(M, K)
+x[3, 5] = 7.0
+inp, out = f"{WORK}/p2_in.h5", f"{WORK}/p2.h5"
+write_input(inp, x)
+r = run("--recipe", "current", "--pow2-scales", "--backend", "cpu", "--in", inp, "--out", out)
+check(r.returncode == 0, f"current --pow2-scales exit {r.returncode}: {r.stderr}")
+with h5py.File(out, "r") as f:
+    amax = F32(np.max(np.abs(x)))
+    scale = current_scale(amax, 448.0, True)
+    # amax 1e4 (the outlier): 448/1e4 = 0.0448 -> 2^-5
+    check(scale == F32(2.0**-5), f"pow2 scale {scale} (want 2^-5 for amax 1e4)")
+    q = encode((x * scale).astype(F32), False)
+    check(f["/amax"][0] == amax, "current --pow2-scales amax")
+    check(f["/rowwise/scale_inv"][0] == F32(1) / scale, "current --pow2-scales scale_inv")
+    check(np.array_equal(f["/rowwise/data"][()], q), "current --pow2-scales rowwise bytes")
+    check(np.array_equal(f["/columnwise/data"][()], q), "current --pow2-scales columnwise bytes")
+    deq = (decode(q, False).astype(F32) * (F32(1) / scale)).astype(F32)
+    check(np.array_equal(f["/rowwise/dequantized"][()], deq), "current --pow2-scales dequantized")
+
+# ---- block 128x128, e5m2 (partial tiles in both dims; one tile holds -inf -> scale 1) ---------
+M, K = 200, 136
+x = make_x(M, K)  # keeps x[3, 5] = -inf: its tile's amax is inf, so its scale is 1
+inp, out = f"{WORK}/tile_in.h5", f"{WORK}/tile.h5"
+write_input(inp, x)
+r = run("--recipe", "block", "--block", "128x128", "--format", "e5m2", "--backend", "cpu",
+        "--in", inp, "--out", out)
+check(r.returncode == 0, f"block 128x128 exit {r.returncode}: {r.stderr}")
+with h5py.File(out, "r") as f:
+    mb, kb = (M + 127) // 128, (K + 127) // 128
+    sinv = np.zeros((mb, kb), dtype=F32)
+    q = np.zeros((M, K), dtype=np.uint8)
+    deq = np.zeros((M, K), dtype=F32)
+    for i in range(mb):
+        for j in range(kb):
+            tile = np.s_[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+            s = current_scale(np.max(np.abs(x[tile])), 57344.0, True)
+            sinv[i, j] = F32(1) / s
+            q[tile] = encode((x[tile] * s).astype(F32), True)
+            deq[tile] = (decode(q[tile], True) * np.float64(sinv[i, j])).astype(F32)
+    check(sinv[0, 0] == 1, "the tile holding -inf has scale 1")
+    check(q[3, 5] == 0xFB, "-inf saturates to -57344 (0xFB)")
+    check(f["/rowwise/scale_inv"].shape == (mb, kb), "block 128x128 scale layout [ceil(M/128), ceil(K/128)]")
+    check(np.array_equal(f["/rowwise/scale_inv"][()], sinv), "block 128x128 rowwise scales")
+    check(np.array_equal(f["/rowwise/data"][()], q), "block 128x128 rowwise bytes")
+    # One scale per tile serves both copies: the columnwise copy (in input positions) is the same.
+    check(np.array_equal(f["/columnwise/scale_inv"][()], sinv), "block 128x128 columnwise scales")
+    check(np.array_equal(f["/columnwise/data"][()], q), "block 128x128 columnwise bytes")
+    check(np.array_equal(f["/rowwise/dequantized"][()], deq), "block 128x128 dequantized")
+    check(f.attrs["recipe"] == "block" and f.attrs["format"] == "e5m2", "block 128x128 attributes")
+
 # ---- bad input: exit 2, message names it, no output left ---------------------------------------
 def expect_bad(args, needle, what):
     out = f"{WORK}/bad_out.h5"
