@@ -15,74 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/kernels/quantize/format_probes.h"
+
 namespace meshproof::kernels::fmt8 {
 namespace {
-
-struct FormatSpec {
-  std::string name;
-  int ebits;
-  int mbits;
-  int bias;
-  bool saturating;  // true: beyond max -> max; false: IEEE (overflow -> inf)
-  // Is this magnitude code (sign stripped) a NaN / an infinity?
-  std::function<bool(uint32_t)> is_nan;
-  std::function<bool(uint32_t)> is_inf;
-  std::function<uint32_t(float)> encode;
-  std::function<float(uint32_t)> decode;
-  uint32_t inf_code;  // IEEE formats only
-};
-
-int total_bits(const FormatSpec& f) { return 1 + f.ebits + f.mbits; }
-
-// Independent fp64 decode: (-1)^s * 2^(e-bias) * (1 + m/2^mb), or 2^(1-bias) * m/2^mb for e == 0.
-double reference_decode(const FormatSpec& f, uint32_t mag) {
-  const uint32_t e = mag >> f.mbits;
-  const uint32_t m = mag & ((1u << f.mbits) - 1);
-  if (e == 0) return std::ldexp(static_cast<double>(m), 1 - f.bias - f.mbits);
-  return std::ldexp(1.0 + std::ldexp(static_cast<double>(m), -f.mbits),
-                    static_cast<int>(e) - f.bias);
-}
-
-std::vector<FormatSpec> all_formats() {
-  std::vector<FormatSpec> v;
-  v.push_back({"e4m3", 4, 3, 7, true, [](uint32_t m) { return m == 0x7F; },
-               [](uint32_t) { return false; }, [](float x) { return float_to_e4m3(x); },
-               [](uint32_t c) { return e4m3_to_float(static_cast<uint8_t>(c)); }, 0});
-  v.push_back({"e5m2", 5, 2, 15, true, [](uint32_t m) { return m > 0x7C; },
-               [](uint32_t m) { return m == 0x7C; }, [](float x) { return float_to_e5m2(x); },
-               [](uint32_t c) { return e5m2_to_float(static_cast<uint8_t>(c)); }, 0x7C});
-  v.push_back({"e2m1", 2, 1, 1, true, [](uint32_t) { return false; },
-               [](uint32_t) { return false; }, [](float x) { return float_to_e2m1(x); },
-               [](uint32_t c) { return e2m1_to_float(static_cast<uint8_t>(c)); }, 0});
-  v.push_back({"fp16", 5, 10, 15, false, [](uint32_t m) { return m > 0x7C00; },
-               [](uint32_t m) { return m == 0x7C00; }, [](float x) { return float_to_fp16(x); },
-               [](uint32_t c) { return fp16_to_float(static_cast<uint16_t>(c)); }, 0x7C00});
-  v.push_back({"bf16", 8, 7, 127, false, [](uint32_t m) { return m > 0x7F80; },
-               [](uint32_t m) { return m == 0x7F80; }, [](float x) { return float_to_bf16(x); },
-               [](uint32_t c) { return bf16_to_float(static_cast<uint16_t>(c)); }, 0x7F80});
-  return v;
-}
-
-struct Entry {
-  double value;
-  uint32_t code;
-};
-
-// Finite non-negative magnitudes in increasing order. For IEEE formats the infinity code is
-// appended at 2^(emax+1), which is where round-to-nearest-even sends overflowing values.
-std::vector<Entry> finite_table(const FormatSpec& f) {
-  std::vector<Entry> t;
-  const uint32_t n = 1u << (f.ebits + f.mbits);
-  for (uint32_t c = 0; c < n; ++c) {
-    if (f.is_nan(c) || f.is_inf(c)) continue;
-    t.push_back({reference_decode(f, c), c});
-  }
-  if (!f.saturating) {
-    const int emax = static_cast<int>((f.inf_code >> f.mbits) - 1) - f.bias;
-    t.push_back({std::ldexp(1.0, emax + 1), f.inf_code});
-  }
-  return t;
-}
 
 // Reference conversion of a finite double: nearest entry, ties to the even code; saturation
 // clamps to the largest finite value first.
@@ -166,27 +102,7 @@ TEST(FormatsTest, KnownLimits) {
 TEST(FormatsTest, ConversionAroundEveryRepresentableValue) {
   for (const FormatSpec& f : all_formats()) {
     const std::vector<Entry> table = finite_table(f);
-    std::vector<float> probes;
-    for (size_t i = 0; i < table.size(); ++i) {
-      const auto v = static_cast<float>(table[i].value);
-      probes.push_back(v);
-      probes.push_back(std::nextafter(v, 0.0f));
-      probes.push_back(std::nextafter(v, std::numeric_limits<float>::infinity()));
-      const double next = i + 1 < table.size() ? table[i + 1].value : 2.0 * table[i].value;
-      // The midpoint has mbits+1 significant bits, exact in fp32 for every format here, except
-      // bf16's midpoint between its max and 2^128, which is beyond fp32's range.
-      if ((table[i].value + next) / 2 > std::numeric_limits<float>::max()) continue;
-      const auto mid = static_cast<float>((table[i].value + next) / 2);
-      ASSERT_EQ(static_cast<double>(mid), (table[i].value + next) / 2) << f.name;
-      probes.push_back(mid);
-      probes.push_back(std::nextafter(mid, 0.0f));
-      probes.push_back(std::nextafter(mid, std::numeric_limits<float>::infinity()));
-    }
-    // fp32 subnormals and the extremes.
-    probes.push_back(std::numeric_limits<float>::denorm_min());
-    probes.push_back(std::numeric_limits<float>::min());
-    probes.push_back(std::numeric_limits<float>::max());
-    for (float p : probes) {
+    for (float p : probes_around_every_value(f)) {
       for (float x : {p, -p}) {
         if (std::isinf(x)) continue;
         ASSERT_EQ(f.encode(x), reference_encode(f, table, x))
