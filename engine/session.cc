@@ -171,8 +171,12 @@ uint64_t fnv1a(const void* p, size_t n) {
 }
 
 TensorDigest digest(const std::string& name, const Tensor& t) {
-  TensorDigest d{name, t.shape(), fnv1a(t.raw_data(), static_cast<size_t>(t.nbytes().value)), 0, 0};
+  TensorDigest d;
+  d.name = name;
+  d.shape = t.shape();
+  d.hash = fnv1a(t.raw_data(), static_cast<size_t>(t.nbytes().value));
   const float* x = t.data<float>();
+  d.values.assign(x, x + t.numel().value);
   for (int64_t i = 0; i < t.numel().value; ++i) {
     d.sum += x[i];
     d.l2 += static_cast<double>(x[i]) * x[i];
@@ -255,7 +259,8 @@ struct TrainingSession::Impl {
   std::vector<std::string> notes;
   StepTime time;
   MemoryBreakdown mem;
-  std::vector<AllGatherParity> parity;  // options.allgather_parity, kept on rank 0
+  // options.allgather_parity, kept on rank 0 (launcher mpi: on every process)
+  std::vector<AllGatherParity> parity;
 
   Impl(const RunOptions& o, mesh::RankComms& c)
       : options(o),
@@ -504,9 +509,9 @@ struct TrainingSession::Impl {
   }
 
   // allgather_parity: the FP8 all-gathered weight against quantize(gather(shard)) on every rank
-  // (fp8_all_gather_parity, same inputs). Rank 0 keeps one record per weight and step with the
-  // byte counts summed over all ranks, so that a rank whose copy differs cannot hide, and the
-  // largest error; scale_inv values are rank 0's.
+  // (fp8_all_gather_parity, same inputs). Rank 0 (launcher mpi: every process) keeps one record
+  // per weight and step with the byte counts summed over all ranks, so that a rank whose copy
+  // differs cannot hide, and the largest error; scale_inv values are the keeping rank's.
   void record_parity(const Param& p, const Tensor& local, const Tensor* scale,
                      const kernels::QuantizedTensor& gathered) {
     AllGatherParity r =
@@ -523,7 +528,7 @@ struct TrainingSession::Impl {
       r.mismatched_bytes += static_cast<int64_t>(all[i + 1]);
       r.max_abs_error = std::max(r.max_abs_error, all[i + 2]);
     }
-    if (rank == 0) parity.push_back(std::move(r));
+    if (rank == 0 || options.launcher == "mpi") parity.push_back(std::move(r));
     const std::string note =
         "allgather_parity: the reference high-precision gathers are counted in the collective "
         "figures";
@@ -832,9 +837,15 @@ ShardedState& TrainingSession::state() { return impl_->state; }
 void TrainingSession::load_scalars() { impl_->load_scalars(); }
 std::map<std::string, Tensor> TrainingSession::gather_params() { return impl_->gather_all(false); }
 std::vector<TensorDigest> TrainingSession::digests() {
+  // Canonical parameter order (embeddings, layers in order, head): gradients, then the weights
+  // the step's optimizer update produced from them.
   std::vector<TensorDigest> d;
-  for (const auto& [n, t] : impl_->gather_all(true)) d.push_back(digest("grad/" + n, t));
-  for (const auto& [n, t] : impl_->gather_all(false)) d.push_back(digest("param/" + n, t));
+  const std::map<std::string, Tensor> grads = impl_->gather_all(true);
+  const std::map<std::string, Tensor> weights = impl_->gather_all(false);
+  for (const Impl::Param& p : impl_->params)
+    d.push_back(digest("grad/" + p.spec.name, grads.at(p.spec.name)));
+  for (const Impl::Param& p : impl_->params)
+    d.push_back(digest("param/" + p.spec.name, weights.at(p.spec.name)));
   return d;
 }
 int64_t TrainingSession::steps_done() const { return impl_->step; }
@@ -875,7 +886,9 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
     session.load_scalars();
   }
   const int64_t steps = options.steps > 0 ? options.steps : options.config.training.steps;
-  const bool lead = comms.rank() == 0;
+  // The global results (metrics, traces, final parameters) are the same on every rank: rank 0
+  // hands them out, and with launcher mpi every process does (each is the only rank it has).
+  const bool lead = comms.rank() == 0 || options.launcher == "mpi";
   for (int64_t i = 0; i < steps; ++i) {
     const StepMetrics m = session.step();
     std::vector<TensorDigest> d;
@@ -901,25 +914,22 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
 
 }  // namespace
 
-RunResult run_training(const RunOptions& options) {
+void run_on_ranks(const RunOptions& options, const std::function<void(mesh::RankComms&)>& body,
+                  const std::function<void()>& after) {
   const mesh::DeviceMesh dmesh = options.mesh.device_mesh();
   if (options.backend.is_cuda()) {
     const kernels::CudaStatus& cuda = kernels::cuda_status();
     MP_CHECK_INPUT(cuda.usable, "run_training: backend {} is not usable here: {}",
                    options.backend.str(), cuda.reason);
   }
-  RunResult result;
-  std::mutex mu;
   if (options.launcher == "local") {
     mesh::LocalWorld world(dmesh, {.device = options.backend});
-    world.run([&](mesh::RankComms& comms) { run_rank(options, comms, result, mu); });
-    // Tensors made on a rank thread are accounted to that rank's tracker, which dies with the
-    // world: hand out copies owned by the caller's context.
-    for (auto& [name, t] : result.final_params) t = t.clone();
-    std::sort(result.ranks.begin(), result.ranks.end(),
-              [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+    world.run(body);
+    if (after) after();
   } else if (options.launcher == "mpi") {
-    mesh::MpiSession mpi(nullptr, nullptr);
+    // MPI cannot be initialised again after MPI_Finalize, and a process may train many times (a
+    // scenario's checks, several scenarios): initialised on first use, finalised at exit.
+    static mesh::MpiSession mpi(nullptr, nullptr);
     mesh::MpiRankComms host(dmesh);
     if (options.backend.is_cuda()) {
       // One GPU per process (node-local rank modulo the visible GPUs): host buffers over MPI,
@@ -927,13 +937,28 @@ RunResult run_training(const RunOptions& options) {
       mesh::NcclRankComms nccl = mesh::NcclRankComms::bootstrap_mpi(dmesh);
       const kernels::ScopedRankContext context(nccl.context());
       mesh::SplitRankComms comms(host, nccl);
-      run_rank(options, comms, result, mu);
+      body(comms);
     } else {
-      run_rank(options, host, result, mu);
+      body(host);
     }
+    if (after) after();
   } else {
     MP_FAIL_INPUT("launcher '{}': expected 'local' or 'mpi'", options.launcher);
   }
+}
+
+RunResult run_training(const RunOptions& options) {
+  RunResult result;
+  std::mutex mu;
+  run_on_ranks(
+      options, [&](mesh::RankComms& comms) { run_rank(options, comms, result, mu); },
+      [&] {
+        // Tensors made on a rank thread are accounted to that rank's tracker, which dies with
+        // the world: hand out copies owned by the caller's context.
+        for (auto& [name, t] : result.final_params) t = t.clone();
+      });
+  std::sort(result.ranks.begin(), result.ranks.end(),
+            [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
   return result;
 }
 

@@ -73,13 +73,18 @@ struct FsdpOptions {
   bool fp8_params = false;            // FP8 primary weights
 };
 
-// A digest of one tensor at one point of a step (first-diverging-tensor reports).
+// A digest of one tensor at one point of a step (first-diverging-tensor reports): hash, sum and
+// L2 norm summarise it; the values let a check find the first diverging (step, tensor) of two
+// runs and measure that tensor's max abs/rel error and ULP distance at that step. Tracing therefore
+// holds 2 x (parameter count) x 4 bytes per step (gradients and weights): about 1 MB per step for
+// the library's scenario models.
 struct TensorDigest {
-  std::string name;      // e.g. "grad/layers.0.attn.qkv.weight", "param/embed.tok"
-  kernels::Shape shape;  // global shape
-  uint64_t hash = 0;     // FNV-1a of the fp32 bytes of the global tensor
-  double sum = 0;        // sum of elements (double)
-  double l2 = 0;         // L2 norm (double)
+  std::string name;           // e.g. "grad/layers.0.attn.qkv.weight", "param/embed.tok"
+  kernels::Shape shape;       // global shape
+  uint64_t hash = 0;          // FNV-1a of the fp32 bytes of the global tensor
+  double sum = 0;             // sum of elements (double)
+  double l2 = 0;              // L2 norm (double)
+  std::vector<float> values;  // [shape.numel()] the global fp32 values, row-major
 };
 
 // allgather_parity (DESIGN.md section 7): one FP8 all-gathered weight at one step compared with
@@ -105,10 +110,11 @@ struct RunOptions {
   std::string launcher = "local";  // "local" (ranks are threads) or "mpi" (this process = 1 rank)
   FaultInjection faults;           // engine/faults.h
   int64_t steps = 0;               // optimizer steps to run in this call (0: config.training.steps)
-  bool trace = false;              // per-step per-tensor digests (RunResult::trace)
+  // Per-step digests and values of every global gradient and weight (RunResult::trace).
+  bool trace = false;
   // Compare every FP8 all-gathered weight with quantize(gather(shard)) (RunResult::parity).
   bool allgather_parity = false;
-  // Progress, called on rank 0 after each step.
+  // Progress, called on rank 0 (launcher mpi: on every process) after each step.
   std::function<void(const StepMetrics&)> on_step;
   // Checkpoint hooks (the checkpoint module fills them). Called on every rank, collectively:
   //   before_start(state, rank): after construction, before the first step (load: write into
@@ -151,15 +157,26 @@ struct StepTime {
 };
 
 struct RunResult {
-  std::vector<StepMetrics> metrics;              // one per step run, from rank 0
+  // Global parts (metrics, trace, parity, final_params, notes) from rank 0; with launcher mpi
+  // every process holds them.
+  std::vector<StepMetrics> metrics;              // one per step run
   std::vector<std::vector<TensorDigest>> trace;  // [step][tensor] when RunOptions::trace
   std::vector<RankReport> ranks;                 // every rank (launcher mpi: this rank only)
   std::vector<std::string> notes;                // reported fallbacks and behaviour changes
-  std::vector<StepTime> times;                   // per step, rank 0
-  std::vector<AllGatherParity> parity;           // RunOptions::allgather_parity, rank 0
+  std::vector<StepTime> times;                   // per step, rank 0 (mpi: this process)
+  std::vector<AllGatherParity> parity;           // RunOptions::allgather_parity
   // Final fp32 master weights, global (unsharded), keyed by parameter name.
   std::map<std::string, kernels::Tensor> final_params;
 };
+
+// Runs `body` once per rank of options.mesh on options.launcher: "local" on one thread per rank
+// of a LocalWorld on options.backend; "mpi" as this process's rank of MPI_COMM_WORLD (host
+// buffers over MPI; with a CUDA backend device buffers over NCCL, mesh/split_comm.h). Then
+// `after` on the calling thread while the ranks' memory contexts are alive (copy out tensors
+// made on rank threads there). MPI is initialised on first use and finalised at process exit, so
+// one process may run many times (a scenario's checks). kInput errors as run_training's.
+void run_on_ranks(const RunOptions& options, const std::function<void(mesh::RankComms&)>& body,
+                  const std::function<void()>& after = {});
 
 // Runs options.steps steps on options.mesh. Input errors (bad mesh, mesh size != MPI world size,
 // batch not divisible by the data-parallel size, unsupported combination) are kInput.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "kernels/error.h"
@@ -34,25 +35,79 @@ bool same_bits(double a, double b) {
 
 const char* golden_key(Metric m) { return m == Metric::kLoss ? "loss" : "grad_norm"; }
 
-// Tensor-level evidence: the first diverging traced tensor (when both runs were traced) and the
-// max abs/rel error and ULP distance of the first diverging final parameter.
-void add_tensor_evidence(reports::Evidence& ev, const RunView& a, const RunView& b) {
-  if (a.trace && b.trace) {
-    if (auto d = first_diverging_digest(*a.trace, *b.trace)) {
-      ev.tensor = fmt::format("{} at step {}", d->tensor, d->step);
+// Max abs error, max relative error (over elements with a nonzero reference) and max ULP
+// distance of a against e (n elements each).
+TensorDiff diff_values(const std::string& name, const float* a, const float* e, size_t n) {
+  TensorDiff d;
+  d.tensor = name;
+  for (size_t i = 0; i < n; ++i) {
+    const double abs = std::fabs(static_cast<double>(a[i]) - e[i]);
+    if (std::isnan(abs)) {
+      d.max_abs_err = std::numeric_limits<double>::infinity();
+    } else {
+      d.max_abs_err = std::max(d.max_abs_err, abs);
+      if (e[i] != 0) d.max_rel_err = std::max(d.max_rel_err, abs / std::fabs(e[i]));
     }
+    d.ulp = std::max(d.ulp, ulp_distance(a[i], e[i]));
   }
-  if (a.final_params && b.final_params) {
-    if (auto d = first_diverging_tensor(*a.final_params, *b.final_params)) {
-      if (ev.tensor.empty())
-        ev.tensor = d->tensor;
-      else
-        ev.tensor += fmt::format(" (final {} differs)", d->tensor);
-      ev.max_abs_err = d->max_abs_err;
-      ev.max_rel_err = d->max_rel_err;
-      ev.ulp_distance = d->ulp;
-    }
+  return d;
+}
+
+// A tensor that cannot be compared element by element (missing, or another shape).
+TensorDiff incomparable(const std::string& what) {
+  TensorDiff d;
+  d.tensor = what;
+  d.max_abs_err = std::numeric_limits<double>::infinity();
+  d.max_rel_err = std::numeric_limits<double>::infinity();
+  d.ulp = std::numeric_limits<int64_t>::max();
+  return d;
+}
+
+// ||a - e||_2 / ||e||_2 (infinite when e is zero and a is not, 0 when both are zero).
+double relative_l2(const std::vector<float>& a, const std::vector<float>& e) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - e[i];
+    num += d * d;
+    den += static_cast<double>(e[i]) * e[i];
   }
+  if (std::isnan(num)) return std::numeric_limits<double>::infinity();
+  if (den == 0) return num == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(num / den);
+}
+
+// With --trace: the first diverging traced (step, tensor) into `ev` (tensor "<name> at step S";
+// max abs/rel error and ULP distance of that tensor at that step) and a clause for the message.
+std::string add_trace_evidence(reports::Evidence& ev, const RunView& a, const RunView& b,
+                               double rtol) {
+  if (!a.trace || !b.trace || a.trace->empty() || b.trace->empty()) {
+    return "; no per-tensor trace of both runs to compare";
+  }
+  const std::optional<TraceDiff> d = first_diverging_traced(*a.trace, *b.trace, rtol);
+  if (!d) {
+    return fmt::format("; every traced gradient and weight is bitwise equal over {} steps",
+                       std::min(a.trace->size(), b.trace->size()));
+  }
+  ev.tensor = fmt::format("{} at step {}", d->diff.tensor, d->step);
+  ev.max_abs_err = d->diff.max_abs_err;
+  ev.max_rel_err = d->diff.max_rel_err;
+  ev.ulp_distance = d->diff.ulp;
+  const std::string numbers = fmt::format("max abs {:.3g}, max rel {:.3g}, {} ULP",
+                                          d->diff.max_abs_err, d->diff.max_rel_err, d->diff.ulp);
+  if (rtol <= 0) {
+    return fmt::format("; first diverging tensor {} at step {}: {}", d->diff.tensor, d->step,
+                       numbers);
+  }
+  if (d->beyond_rtol) {
+    return fmt::format(
+        "; first tensor beyond rtol {:.3g} (relative L2 difference): {} at step {} (rel L2 "
+        "{:.3g}): {}",
+        rtol, d->diff.tensor, d->step, d->rel_l2, numbers);
+  }
+  return fmt::format(
+      "; no traced tensor's relative L2 difference exceeds rtol {:.3g}; the largest is {} at step "
+      "{} (rel L2 {:.3g}): {}",
+      rtol, d->diff.tensor, d->step, d->rel_l2, numbers);
 }
 
 }  // namespace
@@ -95,42 +150,55 @@ std::optional<TensorDiff> first_diverging_tensor(const engine::TensorMap& actual
     const std::vector<float> e = expected.at(name).to_vector<float>();
     MP_CHECK(a.size() == e.size(), "tensor {}: {} vs {} elements", name, a.size(), e.size());
     if (std::memcmp(a.data(), e.data(), a.size() * sizeof(float)) == 0) continue;
-    TensorDiff d;
-    d.tensor = name;
-    for (size_t i = 0; i < a.size(); ++i) {
-      const double abs = std::fabs(static_cast<double>(a[i]) - e[i]);
-      if (std::isnan(abs)) {
-        d.max_abs_err = std::numeric_limits<double>::infinity();
-      } else {
-        d.max_abs_err = std::max(d.max_abs_err, abs);
-        if (e[i] != 0) d.max_rel_err = std::max(d.max_rel_err, abs / std::fabs(e[i]));
-      }
-      d.ulp = std::max(d.ulp, ulp_distance(a[i], e[i]));
-    }
-    return d;
+    return diff_values(name, a.data(), e.data(), a.size());
   }
   return std::nullopt;
 }
 
-std::optional<DigestDiff> first_diverging_digest(
-    const std::vector<std::vector<engine::TensorDigest>>& actual,
-    const std::vector<std::vector<engine::TensorDigest>>& expected) {
+std::optional<TraceDiff> first_diverging_traced(const Trace& actual, const Trace& expected,
+                                                double rtol) {
+  std::optional<TraceDiff> largest;  // rtol > 0: the largest relative L2 difference so far
   const size_t steps = std::min(actual.size(), expected.size());
   for (size_t i = 0; i < steps; ++i) {
-    const size_t n = std::min(actual[i].size(), expected[i].size());
-    for (size_t j = 0; j < n; ++j) {
-      if (actual[i][j].hash != expected[i][j].hash) {
-        return DigestDiff{static_cast<int64_t>(i) + 1, actual[i][j].name};
+    const int64_t step = static_cast<int64_t>(i) + 1;
+    std::map<std::string, const engine::TensorDigest*> by_name;
+    for (const engine::TensorDigest& d : actual[i]) by_name[d.name] = &d;
+    for (const engine::TensorDigest& e : expected[i]) {
+      const auto it = by_name.find(e.name);
+      if (it == by_name.end()) {
+        return TraceDiff{step, incomparable(e.name + " (missing)"),
+                         std::numeric_limits<double>::infinity(), true};
       }
+      const engine::TensorDigest& a = *it->second;
+      if (a.shape != e.shape) {
+        return TraceDiff{
+            step,
+            incomparable(fmt::format("{} (shape {} vs {})", e.name, a.shape.str(), e.shape.str())),
+            std::numeric_limits<double>::infinity(), true};
+      }
+      const auto numel = static_cast<size_t>(e.shape.numel().value);
+      MP_CHECK(a.values.size() == numel && e.values.size() == numel,
+               "traced {} at step {}: {} and {} values for shape {}", e.name, step, a.values.size(),
+               e.values.size(), e.shape.str());
+      if (std::memcmp(a.values.data(), e.values.data(), numel * sizeof(float)) == 0) continue;
+      TraceDiff d{step, diff_values(e.name, a.values.data(), e.values.data(), a.values.size()),
+                  relative_l2(a.values, e.values), true};
+      if (rtol <= 0 || d.rel_l2 > rtol) return d;
+      if (!largest || d.rel_l2 > largest->rel_l2) largest = d;
     }
   }
-  return std::nullopt;
+  if (largest) largest->beyond_rtol = false;
+  return largest;
 }
 
-reports::CheckResult check_golden(const std::vector<reports::StepMetrics>& steps,
-                                  const std::optional<GoldenData>& golden, const GoldenCheck& cfg,
-                                  const std::string& golden_file, const std::string& update_command,
-                                  reports::GoldenRecord* record) {
+namespace {
+
+// check_golden without the staleness note.
+reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics>& steps,
+                                          const std::optional<GoldenData>& golden,
+                                          const GoldenCheck& cfg, const std::string& golden_file,
+                                          const std::string& update_command,
+                                          reports::GoldenRecord* record, bool trace) {
   reports::CheckResult r;
   r.name = "golden";
   r.kind = "golden";
@@ -205,6 +273,11 @@ reports::CheckResult check_golden(const std::vector<reports::StepMetrics>& steps
         "{:.9g} ({})",
         ev.failing_steps, steps.size(), band.mode, band.allowed_failing_steps,
         *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected, golden_file);
+    if (trace) {
+      r.message +=
+          "; no per-tensor evidence: goldens store per-step metrics only (the reference and "
+          "determinism checks compare traced runs)";
+    }
     r.evidence = ev;
   } else if (ev.failing_steps > 0) {
     r.message =
@@ -212,6 +285,27 @@ reports::CheckResult check_golden(const std::vector<reports::StepMetrics>& steps
                     steps.size(), band.allowed_failing_steps, golden_file);
   } else {
     r.message = fmt::format("{} steps match {} ({})", steps.size(), golden_file, band.mode);
+  }
+  return r;
+}
+
+}  // namespace
+
+reports::CheckResult check_golden(const std::vector<reports::StepMetrics>& steps,
+                                  const std::optional<GoldenData>& golden, const GoldenCheck& cfg,
+                                  const std::string& golden_file, const std::string& update_command,
+                                  reports::GoldenRecord* record, bool trace,
+                                  const std::string& scenario_hash) {
+  reports::CheckResult r =
+      check_golden_metrics(steps, golden, cfg, golden_file, update_command, record, trace);
+  if (r.verdict != reports::Verdict::kFail || !golden || scenario_hash.empty()) return r;
+  const auto recorded = golden->provenance.find("scenario_hash");
+  const std::string theirs =
+      recorded == golden->provenance.end() ? std::string("(none)") : recorded->second;
+  if (theirs != scenario_hash) {
+    r.message +=
+        fmt::format("; golden recorded for scenario hash {}, this run has {}; update with: {}",
+                    theirs, scenario_hash, update_command);
   }
   return r;
 }
@@ -270,12 +364,7 @@ reports::CheckResult compare_bitwise(const std::string& name, const std::string&
     ev.max_rel_err = params_diff->max_rel_err;
     ev.ulp_distance = params_diff->ulp;
   }
-  if (trace && ev.metric != "params") add_tensor_evidence(ev, actual, expected);
-  if (!ev.tensor.empty() && trace) {
-    r.message += fmt::format("; first diverging tensor {}: max abs {:.3g}, max rel {:.3g}, {} ULP",
-                             ev.tensor, ev.max_abs_err.value_or(0), ev.max_rel_err.value_or(0),
-                             ev.ulp_distance.value_or(0));
-  }
+  if (trace) r.message += add_trace_evidence(ev, actual, expected, 0);
   r.evidence = ev;
   return r;
 }
@@ -375,11 +464,9 @@ reports::CheckResult compare_tolerance(const std::string& name, const std::strin
       what, *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected, *ev.max_rel_err,
       rtol.at(ev.metric == "loss" ? Metric::kLoss : Metric::kGradNorm), ev.failing_steps);
   if (trace) {
-    add_tensor_evidence(ev, actual, expected);
-    if (!ev.tensor.empty()) {
-      r.message += fmt::format("; first diverging tensor {}: max abs {:.3g}, max rel {:.3g}",
-                               ev.tensor, ev.max_abs_err.value_or(0), ev.max_rel_err.value_or(0));
-    }
+    double tensor_rtol = 0;
+    for (const auto& [m, tol] : rtol) tensor_rtol = std::max(tensor_rtol, tol);
+    r.message += add_trace_evidence(ev, actual, expected, tensor_rtol);
   }
   r.evidence = ev;
   return r;

@@ -32,40 +32,62 @@ struct TensorDiff {
 std::optional<TensorDiff> first_diverging_tensor(const engine::TensorMap& actual,
                                                  const engine::TensorMap& expected);
 
-// The first (step, tensor) whose digest differs between two traces: "grad/<param>" or
-// "param/<param>" and the 1-based step. nullopt when the traces agree on their common steps.
-struct DigestDiff {
-  int64_t step = 0;
-  std::string tensor;
+// Per-step traces of a run (engine::RunResult::trace): [step][tensor], step 0 = optimizer step 1.
+using Trace = std::vector<std::vector<engine::TensorDigest>>;
+
+// The first diverging (step, tensor) of two traces, measured on that tensor at that step:
+// TensorDiff's max abs/rel error and ULP distance over its elements, and its relative L2
+// difference ||actual - expected||_2 / ||expected||_2. Steps in order, tensors in trace order
+// (engine::TrainingSession::digests: gradients, then weights, canonical parameter order).
+//   rtol == 0 (bitwise checks): the first tensor whose bits differ.
+//   rtol > 0 (tolerance checks, where every tensor may differ in its last bits): the first tensor
+//     whose relative L2 difference exceeds rtol; when none does, the tensor with the largest
+//     relative L2 difference, with beyond_rtol false.
+// nullopt when the traces are bitwise equal on their common steps. A tensor missing on one side
+// or of another shape is a divergence (named "<tensor> (missing)" / "<tensor> (shape A vs B)",
+// errors infinite).
+struct TraceDiff {
+  int64_t step = 0;  // 1-based
+  TensorDiff diff;   // tensor "grad/<param>" or "param/<param>"
+  double rel_l2 = 0;
+  bool beyond_rtol = true;
 };
-std::optional<DigestDiff> first_diverging_digest(
-    const std::vector<std::vector<engine::TensorDigest>>& actual,
-    const std::vector<std::vector<engine::TensorDigest>>& expected);
+std::optional<TraceDiff> first_diverging_traced(const Trace& actual, const Trace& expected,
+                                                double rtol = 0);
 
 // golden: `steps` against a golden file. `golden` nullopt means the file is missing: a failure
 // whose message names `golden_file` and the `update_command` that creates it. On return
-// `record` (when given) holds the golden steps and band for the report's plots.
+// `record` (when given) holds the golden steps and band for the report's plots. With `trace`
+// (--trace) a failure says that it has no per-tensor evidence: goldens store per-step metrics only.
+// When `scenario_hash` (this run's, harness::scenario_hash_hex) is given and differs from the
+// golden's recorded scenario_hash, a failure says so: the golden may be stale (recorded for
+// another configuration), with the command that updates it.
 reports::CheckResult check_golden(const std::vector<reports::StepMetrics>& steps,
                                   const std::optional<GoldenData>& golden, const GoldenCheck& cfg,
                                   const std::string& golden_file, const std::string& update_command,
-                                  reports::GoldenRecord* record = nullptr);
+                                  reports::GoldenRecord* record = nullptr, bool trace = false,
+                                  const std::string& scenario_hash = "");
 
 // A finished run as the bitwise / tolerance comparisons see it.
 struct RunView {
   const std::vector<reports::StepMetrics>* steps = nullptr;
   const engine::TensorMap* final_params = nullptr;  // may be null (metrics-only comparison)
-  // Per-step per-tensor digests (runs made with tracing); may be null.
-  const std::vector<std::vector<engine::TensorDigest>>* trace = nullptr;
+  // Per-step per-tensor digests and values (runs made with tracing); may be null.
+  const Trace* trace = nullptr;
 };
 
 // determinism and same-mesh resume: per-step loss and grad_norm and the final parameters must be
-// bitwise equal. `what` names the two runs in the message ("rerun", "resumed run").
+// bitwise equal. `what` names the two runs in the message ("rerun", "resumed run"). With `trace`
+// a failure also names the first diverging traced tensor and its step (first_diverging_traced,
+// rtol 0); the evidence's max_abs_err, max_rel_err and ulp_distance are then that tensor's.
 reports::CheckResult compare_bitwise(const std::string& name, const std::string& kind,
                                      const RunView& actual, const RunView& expected,
                                      const std::string& what, bool trace);
 
 // reference and cross-mesh resume: per step and metric |a - e| <= rtol * |e| (rtol per metric;
-// metrics absent from `rtol` are not compared).
+// metrics absent from `rtol` are not compared). With `trace` a failure also names the first
+// traced tensor beyond the largest of the rtols (first_diverging_traced) and its step; the
+// evidence's max_abs_err, max_rel_err and ulp_distance are then that tensor's.
 reports::CheckResult compare_tolerance(const std::string& name, const std::string& kind,
                                        const RunView& actual, const RunView& expected,
                                        const std::map<Metric, double>& rtol,

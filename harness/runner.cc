@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 
 #include "harness/checks.h"
@@ -82,7 +83,7 @@ std::vector<Scenario> load_scenarios(const std::vector<std::string>& paths,
   std::vector<Override> overrides;
   for (const std::string& s : sets) overrides.push_back(parse_override(s));
   std::vector<Scenario> all;
-  std::set<std::string> names;
+  std::map<std::string, std::string> names;  // name -> where it was given
   for (const std::string& file : expand_scenario_paths(paths)) {
     for (Scenario& s : load_scenario_file(file, overrides)) {
       if (!filter.empty() && s.name != filter && s.base_name != filter) continue;
@@ -94,9 +95,7 @@ std::vector<Scenario> load_scenarios(const std::vector<std::string>& paths,
         if (e.kind() != kernels::ErrorKind::kInput) throw;
         MP_FAIL_INPUT("{}: scenario {}: {}", s.source, s.name, e.message());
       }
-      MP_CHECK_INPUT(names.insert(s.name).second,
-                     "{}: scenario name {} is used twice in this run (reports key on it)", s.source,
-                     s.name);
+      check_unique_name(s, names);
       all.push_back(std::move(s));
     }
   }
@@ -247,7 +246,8 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       const fs::path path = golden_path(opts.golden_dir, s.name, platform);
       reports::GoldenRecord g;
       auto r = check_golden(main.steps, read_golden(path), s.checks.golden, path.string(),
-                            golden_update_command(s, opts.sets, platform), &g);
+                            golden_update_command(s, opts.sets, platform), &g, opts.trace,
+                            scenario_hash_hex(s));
       if (!g.steps.empty()) rec.golden = g;
       return r;
     }));
@@ -259,6 +259,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       req.mesh = s.checks.resume.mesh;
       req.faults = faults;
       req.keep_last = s.checkpoint.keep_last;
+      req.trace = opts.trace;
       // The check owns a folder of its own under the checkpoint root and starts it empty, so
       // that a rerun into the same --out never meets its previous checkpoint.
       const fs::path root = s.checkpoint.dir.empty()
@@ -270,8 +271,8 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       MP_CHECK(!ec, "clearing {}: {}", req.checkpoint_root.string(), ec.message());
       TrainOutcome resumed = resume_scenario(run, req);
       rec.notes.insert(rec.notes.end(), resumed.notes.begin(), resumed.notes.end());
-      const RunView view{&resumed.steps, &resumed.final_params, nullptr};
-      const RunView straight{&main.steps, &main.final_params, nullptr};
+      const RunView view{&resumed.steps, &resumed.final_params, &resumed.trace};
+      const RunView straight{&main.steps, &main.final_params, &main.trace};
       if (!s.checks.resume.mesh || *s.checks.resume.mesh == s.mesh) {
         return compare_bitwise("resume", "resume", view, straight,
                                fmt::format("resumed run (saved after step {})", req.at_step),

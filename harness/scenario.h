@@ -163,6 +163,7 @@ struct Scenario {
   std::string base_name;  // the `name` key as written (or the file stem)
   std::vector<std::pair<std::string, std::string>> matrix_labels;  // (matrix key, label)
   std::string source;       // the file the scenario came from (as given)
+  std::string name_where;   // "FILE:LINE:COL" of the `name` value (FILE:1:1 for the file stem)
   std::string description;  // free text; not part of the canonical form
   ModelConfig model;
   MeshConfig mesh;

@@ -5,6 +5,7 @@
 // came from an override. Nothing is run or written.
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,11 @@ std::vector<Scenario> load_scenario_file(const std::string& path,
 // The same from YAML text; `source` names it in error messages (e.g. a file name).
 std::vector<Scenario> load_scenario_text(std::string_view yaml, const std::string& source,
                                          const std::vector<Override>& overrides = {});
+
+// Scenario names key the reports and goldens, so one run or validate may not hold a name twice
+// (two files, or a file given twice). `seen` maps each name to where it was given; a repeat is
+// a kInput error at the repeat's `name` naming where the first one came from.
+void check_unique_name(const Scenario& s, std::map<std::string, std::string>& seen);
 
 // Levenshtein distance, exposed for tests of the did-you-mean suggestions.
 size_t edit_distance(std::string_view a, std::string_view b);

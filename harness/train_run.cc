@@ -10,7 +10,6 @@
 #include "harness/scenario_faults.h"
 #include "kernels/error.h"
 #include "kernels/runtime.h"
-#include "mesh/local_comm.h"
 #include "reports/perf_metrics.h"
 
 namespace meshproof::harness {
@@ -249,10 +248,6 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
 TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   std::string why;
   if (!can_execute(s, &why)) MP_FAIL("{}: {}", s.name, why);
-  MP_CHECK(s.launcher == Launcher::kLocal,
-           "{}: the resume check runs on the local launcher only (launcher mpi would need the "
-           "save and the load in separate mpirun invocations)",
-           s.name);
   MP_CHECK(request.at_step >= 1 && request.at_step < s.train.steps,
            "{}: resume at step {} outside [1, {})", s.name, request.at_step, s.train.steps);
   TrainRequest tr;
@@ -279,49 +274,59 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
     r.tokens = tokens;
     out.steps.push_back(r);
   };
+  // With tracing, both halves digest every step like engine::run_training (collective).
+  auto trace_step = [&](engine::TrainingSession& session, mesh::RankComms& comms) {
+    if (!request.trace) return;
+    std::vector<engine::TensorDigest> d = session.digests();
+    if (s.launcher == Launcher::kMpi || comms.rank() == 0) out.trace.push_back(std::move(d));
+  };
 
+  // The global results are rank 0's; with launcher mpi every process is the only rank it has
+  // and holds them (engine::run_on_ranks).
+  const bool mpi = s.launcher == Launcher::kMpi;
+  auto lead = [&](const mesh::RankComms& comms) { return mpi || comms.rank() == 0; };
   // Run to at_step on the scenario's mesh and save.
   std::filesystem::path saved;
-  {
-    mesh::LocalWorld world(first.mesh.device_mesh(), {.device = first.backend});
-    world.run([&](mesh::RankComms& comms) {
-      engine::TrainingSession session(first, comms);
-      for (int64_t i = 0; i < request.at_step; ++i) {
-        const engine::StepMetrics m = session.step();
-        if (comms.rank() == 0) record(m, i + 1);
-      }
-      const std::filesystem::path dir = engine::save_checkpoint(
-          request.checkpoint_root, request.at_step, session.state(), comms, co);
-      if (comms.rank() == 0) saved = dir;
-    });
-  }
+  engine::run_on_ranks(first, [&](mesh::RankComms& comms) {
+    engine::TrainingSession session(first, comms);
+    for (int64_t i = 0; i < request.at_step; ++i) {
+      const engine::StepMetrics m = session.step();
+      trace_step(session, comms);
+      if (lead(comms)) record(m, i + 1);
+    }
+    const std::filesystem::path dir = engine::save_checkpoint(
+        request.checkpoint_root, request.at_step, session.state(), comms, co);
+    if (lead(comms)) saved = dir;
+  });
   // A fresh engine (on the resume mesh), load, finish.
   std::map<std::string, kernels::Tensor> final_params;
-  {
-    mesh::LocalWorld world(second.mesh.device_mesh(), {.device = second.backend});
-    world.run([&](mesh::RankComms& comms) {
-      engine::TrainingSession session(second, comms);
-      engine::load_checkpoint(saved, session.state(), comms, co);
-      session.load_scalars();
-      for (int64_t i = request.at_step; i < s.train.steps; ++i) {
-        const engine::StepMetrics m = session.step();
-        if (comms.rank() == 0) record(m, i + 1);
-      }
-      std::map<std::string, kernels::Tensor> p = session.gather_params();
-      if (comms.rank() == 0) {
-        for (auto& [name, t] : p) final_params[name] = t;
-      }
-    });
-    // Tensors made on a rank thread are accounted to that rank's tracker, which dies with the
-    // world: copy them into this thread's context while the world is still alive.
-    for (const engine::ParamSpec& spec : engine::param_specs(first.config.model)) {
-      auto it = final_params.find(spec.name);
-      MP_CHECK(it != final_params.end(), "{}: the resumed engine returned no final {}", s.name,
-               spec.name);
-      out.final_params.insert(spec.name, it->second.clone());
-    }
-    final_params.clear();
-  }
+  engine::run_on_ranks(
+      second,
+      [&](mesh::RankComms& comms) {
+        engine::TrainingSession session(second, comms);
+        engine::load_checkpoint(saved, session.state(), comms, co);
+        session.load_scalars();
+        for (int64_t i = request.at_step; i < s.train.steps; ++i) {
+          const engine::StepMetrics m = session.step();
+          trace_step(session, comms);
+          if (lead(comms)) record(m, i + 1);
+        }
+        std::map<std::string, kernels::Tensor> p = session.gather_params();
+        if (lead(comms)) {
+          for (auto& [name, t] : p) final_params[name] = t;
+        }
+      },
+      [&] {
+        // Tensors made on a rank thread are accounted to that rank's tracker, which dies with
+        // the world: copy them into this thread's context while the world is still alive.
+        for (const engine::ParamSpec& spec : engine::param_specs(first.config.model)) {
+          auto it = final_params.find(spec.name);
+          MP_CHECK(it != final_params.end(), "{}: the resumed engine returned no final {}", s.name,
+                   spec.name);
+          out.final_params.insert(spec.name, it->second.clone());
+        }
+        final_params.clear();
+      });
   out.notes.push_back(fmt::format("resume: saved {} after step {}, resumed on {}", saved.string(),
                                   request.at_step, describe_mesh(resumed.mesh)));
   return out;

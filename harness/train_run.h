@@ -69,11 +69,13 @@ struct ResumeRequest {
   engine::FaultInjection faults;   // engine and checkpoint faults (save/load side)
   std::filesystem::path checkpoint_root;
   int64_t keep_last = 2;
+  bool trace = false;  // per-step per-tensor digests of both halves (TrainOutcome::trace)
 };
 
 // The resume half of the resume check: train to at_step on the scenario's mesh, save a checkpoint
 // under checkpoint_root, construct a fresh engine (on the resume mesh), load, and train to the
-// end. Returns the stitched per-step metrics (1..steps) and the final global parameters.
+// end. Returns the stitched per-step metrics (1..steps), trace (with request.trace) and the final
+// global parameters.
 TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request);
 
 }  // namespace meshproof::harness

@@ -4,6 +4,7 @@
 #include <fmt/ostream.h>
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <memory>
 
 #include "harness/exit_codes.h"
@@ -18,9 +19,11 @@ int validate_scenarios(const std::vector<std::string>& paths, const std::vector<
   int failed = 0;
   size_t total = 0;
   const std::vector<std::string> files = expand_scenario_paths(paths);
+  std::map<std::string, std::string> names;  // across files, as `run` requires
   for (const std::string& file : files) {
     try {
       const std::vector<Scenario> scenarios = load_scenario_file(file, overrides);
+      for (const Scenario& s : scenarios) check_unique_name(s, names);
       for (const Scenario& s : scenarios) {
         fmt::print(out, "{}  {}  hash {}\n", s.name, summary_line(s), scenario_hash_hex(s));
       }

@@ -416,6 +416,7 @@ TEST(ShardedRun, TraceHooksAndReports) {
       double sum = 0;
       for (float x : v) sum += x;
       EXPECT_EQ(d.sum, sum);
+      EXPECT_EQ(d.values, v);  // the values the first-diverging-tensor evidence measures
     }
   ASSERT_EQ(r.ranks.size(), 4u);
   for (const RankReport& rr : r.ranks) {

@@ -141,6 +141,171 @@ TEST(CompareBitwise, MetricsAndFinalParams) {
   EXPECT_EQ(r.evidence->metric, "grad_norm");
 }
 
+// A traced step: gradient and weight digests with the values first_diverging_traced compares.
+std::vector<engine::TensorDigest> traced_step(const std::vector<float>& grad,
+                                              const std::vector<float>& weight) {
+  std::vector<engine::TensorDigest> out;
+  for (const auto& [name, v] : {std::pair{"grad/w", grad}, std::pair{"param/w", weight}}) {
+    engine::TensorDigest d;
+    d.name = name;
+    d.shape = kernels::Shape({static_cast<int64_t>(v.size())});
+    d.values = v;
+    out.push_back(d);
+  }
+  return out;
+}
+
+TEST(FirstDivergingTraced, EqualRunsHaveNone) {
+  const Trace t = {traced_step({1, 2, 3}, {4, 5, 6}), traced_step({0.5f, -1, 0}, {4, 5, 6})};
+  EXPECT_FALSE(first_diverging_traced(t, t).has_value());
+  EXPECT_FALSE(first_diverging_traced(t, t, 1e-5).has_value());
+  // +0 and -0 differ in their bits: a bitwise divergence of 0 ULP, no error.
+  Trace z = t;
+  z[1][0].values[2] = -0.0f;
+  const auto d = first_diverging_traced(z, t);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->diff.ulp, 0);
+}
+
+TEST(FirstDivergingTraced, PerturbedTensorAtStepTwo) {
+  const Trace expected = {traced_step({1, 2, 3}, {4, 5, 6}), traced_step({1, 2, 3}, {4, 5, 6}),
+                          traced_step({1, 2, 3}, {4, 5, 6})};
+  Trace actual = expected;
+  // Step 2's weight: element 1 three ULP up (5 -> 5 + 3 * 2^-21), element 2 -> 6.5; step 3's
+  // gradient differs too, but step 2 comes first.
+  float up = 5.0f;
+  for (int i = 0; i < 3; ++i) up = std::nextafter(up, 6.0f);
+  actual[1][1].values = {4, up, 6.5f};
+  actual[2][0].values = {1, 2, 4};
+  const auto d = first_diverging_traced(actual, expected);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->step, 2);
+  EXPECT_EQ(d->diff.tensor, "param/w");
+  EXPECT_DOUBLE_EQ(d->diff.max_abs_err, 0.5);
+  EXPECT_DOUBLE_EQ(d->diff.max_rel_err, 0.5 / 6.0);
+  // 6 -> 6.5 in [4, 8) where one ULP is 2^-21: 0.5 / 2^-21 = 2^20 ULP (more than element 1's 3).
+  EXPECT_EQ(d->diff.ulp, int64_t{1} << 20);
+  const double rel_l2 = std::sqrt((std::pow(up - 5.0, 2) + 0.25) / (16 + 25 + 36));
+  EXPECT_DOUBLE_EQ(d->rel_l2, rel_l2);
+  EXPECT_TRUE(d->beyond_rtol);
+
+  // Tolerance mode: step 2's weight (rel L2 0.057) is within rtol 0.1; step 3's gradient
+  // (||(0,0,1)|| / ||(1,2,3)|| = 0.267) is not.
+  const auto t = first_diverging_traced(actual, expected, 0.1);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->step, 3);
+  EXPECT_EQ(t->diff.tensor, "grad/w");
+  EXPECT_DOUBLE_EQ(t->diff.max_abs_err, 1.0);
+  EXPECT_DOUBLE_EQ(t->diff.max_rel_err, 1.0 / 3.0);
+  EXPECT_TRUE(t->beyond_rtol);
+  // Nothing beyond rtol 0.5: the largest relative L2 difference, flagged as within rtol.
+  const auto w = first_diverging_traced(actual, expected, 0.5);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->step, 3);
+  EXPECT_FALSE(w->beyond_rtol);
+
+  // Another shape is a divergence that cannot be measured element by element.
+  Trace shaped = expected;
+  shaped[0][0].shape = kernels::Shape({3, 1});
+  const auto s = first_diverging_traced(shaped, expected);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->step, 1);
+  EXPECT_EQ(s->diff.tensor, "grad/w (shape [3, 1] vs [3])");
+}
+
+TEST(CompareBitwise, TraceNamesTensorStepAndItsErrors) {
+  const auto a = steps_of({5.0, 4.0, 3.0}, {1.0, 0.5, 0.25});
+  auto b = a;
+  b[2].loss = std::nextafter(3.0, 4.0);  // the metrics leave at step 3
+  const Trace te = {traced_step({1, 2}, {3, 4}), traced_step({1, 2}, {3, 4}),
+                    traced_step({1, 2}, {3, 4})};
+  Trace ta = te;
+  ta[1][1].values = {3, 4.5f};  // the weights already at step 2
+  const auto r = compare_bitwise("resume", "resume", {&a, nullptr, &ta}, {&b, nullptr, &te},
+                                 "resumed run", true);
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_EQ(r.evidence->first_diverging_step, 3);
+  EXPECT_EQ(r.evidence->metric, "loss");
+  EXPECT_EQ(r.evidence->tensor, "param/w at step 2");
+  EXPECT_DOUBLE_EQ(*r.evidence->max_abs_err, 0.5);
+  EXPECT_DOUBLE_EQ(*r.evidence->max_rel_err, 0.125);
+  EXPECT_EQ(*r.evidence->ulp_distance, int64_t{1} << 20);  // 0.5 / 2^-21 in [4, 8)
+  EXPECT_NE(r.message.find("first diverging tensor param/w at step 2: max abs 0.5, max rel "
+                           "0.125, 1048576 ULP"),
+            std::string::npos)
+      << r.message;
+  // Without --trace: the metric only.
+  const auto plain = compare_bitwise("resume", "resume", {&a, nullptr, &ta}, {&b, nullptr, &te},
+                                     "resumed run", false);
+  EXPECT_EQ(plain.evidence->tensor, "");
+  EXPECT_EQ(plain.message.find("tensor"), std::string::npos) << plain.message;
+}
+
+TEST(CompareTolerance, TraceNamesFirstTensorBeyondRtol) {
+  const auto a = steps_of({5.0, 4.0}, {1.0, 0.5});
+  const auto e = steps_of({5.0, 4.1}, {1.0, 0.5});
+  const Trace te = {traced_step({1, 2}, {3, 4}), traced_step({1, 2}, {3, 4})};
+  Trace ta = te;
+  ta[0][0].values = {1, std::nextafter(2.0f, 3.0f)};  // last-bit noise at step 1: within rtol
+  ta[1][0].values = {1.5f, 2};                        // rel L2 0.5 / sqrt(5) = 0.22 at step 2
+  const auto r = compare_tolerance("reference", "reference", {&a, nullptr, &ta}, {&e, nullptr, &te},
+                                   {{Metric::kLoss, 1e-3}}, "run", true);
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_EQ(r.evidence->first_diverging_step, 2);
+  EXPECT_EQ(r.evidence->tensor, "grad/w at step 2");
+  EXPECT_DOUBLE_EQ(*r.evidence->max_abs_err, 0.5);
+  EXPECT_DOUBLE_EQ(*r.evidence->max_rel_err, 0.5);
+  EXPECT_EQ(*r.evidence->ulp_distance, int64_t{1} << 22);  // 0.5 / 2^-23 in [1, 2)
+  EXPECT_NE(r.message.find("first tensor beyond rtol 0.001 (relative L2 difference): grad/w at "
+                           "step 2"),
+            std::string::npos)
+      << r.message;
+}
+
+TEST(GoldenCheck, TraceSaysGoldensHaveNoTensors) {
+  GoldenCheck cfg;
+  cfg.enabled = true;
+  const auto r = check_golden(steps_of({5.0, 4.0}, {1, 1}), golden_of({5.0, 4.5}, {1, 1}), cfg,
+                              "g.h5", "cmd", nullptr, true);
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_NE(r.message.find("no per-tensor evidence: goldens store per-step metrics only"),
+            std::string::npos)
+      << r.message;
+}
+
+TEST(GoldenCheck, StaleScenarioHashIsNamedOnFailure) {
+  GoldenCheck cfg;
+  cfg.enabled = true;
+  GoldenData g = golden_of({5.0, 4.5}, {1, 1});
+  g.provenance["scenario_hash"] = "00000000000000aa";
+  // A failure against a golden recorded for another configuration says so, with the update.
+  auto r = check_golden(steps_of({5.0, 4.0}, {1, 1}), g, cfg, "g.h5", "meshproof golden update x",
+                        nullptr, false, "00000000000000bb");
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_NE(r.message.find("; golden recorded for scenario hash 00000000000000aa, this run has "
+                           "00000000000000bb; update with: meshproof golden update x"),
+            std::string::npos)
+      << r.message;
+  // The same hash: the failure is about the numbers only.
+  r = check_golden(steps_of({5.0, 4.0}, {1, 1}), g, cfg, "g.h5", "cmd", nullptr, false,
+                   "00000000000000aa");
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  EXPECT_EQ(r.message.find("scenario hash"), std::string::npos) << r.message;
+  // A pass says nothing about the hash (the metrics still match).
+  r = check_golden(steps_of({5.0, 4.5}, {1, 1}), g, cfg, "g.h5", "cmd", nullptr, false,
+                   "00000000000000bb");
+  EXPECT_EQ(r.verdict, Verdict::kPass);
+  EXPECT_EQ(r.message.find("scenario hash"), std::string::npos) << r.message;
+  // A golden without a recorded hash (older writer): named as such.
+  g.provenance.clear();
+  r = check_golden(steps_of({5.0, 4.0}, {1, 1}), g, cfg, "g.h5", "cmd", nullptr, false,
+                   "00000000000000bb");
+  EXPECT_NE(r.message.find("golden recorded for scenario hash (none), this run has "
+                           "00000000000000bb"),
+            std::string::npos)
+      << r.message;
+}
+
 TEST(CompareTolerance, PerMetricRtol) {
   const auto a = steps_of({5.0, 4.0}, {1.0, 0.5});
   const auto e = steps_of({5.0, 4.001}, {1.0, 0.9});
