@@ -425,6 +425,8 @@ void check_file_sizes(const fs::path& dir, const CheckpointIndex& index) {
 
 std::string_view save_point_name(SavePoint p) {
   switch (p) {
+    case SavePoint::kDatasetWritten:
+      return "dataset_written";
     case SavePoint::kRankFileWritten:
       return "rank_file_written";
     case SavePoint::kBeforeIndex:
@@ -559,6 +561,9 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
             };
             MP_HDF5(kRuntime, write_dataset(), "writing dataset {} to checkpoint rank file {}",
                     dataset, file_path.string());
+            if (options.fault_hook) {
+              options.fault_hook(SavePoint::kDatasetWritten, rank, static_cast<int64_t>(i));
+            }
           }
           MP_HDF5(kRuntime, (f.close(), 0), "closing checkpoint rank file {}", file_path.string());
         }
@@ -568,7 +573,7 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
         for (const StateEntry& e : state.entries) side["keys"].push_back(e.key);
         side["scalars"] = state.scalars;
         write_text_file(partial / sidecar_name(rank), side.dump());
-        if (options.fault_hook) options.fault_hook(SavePoint::kRankFileWritten, rank);
+        if (options.fault_hook) options.fault_hook(SavePoint::kRankFileWritten, rank, -1);
       }),
       "save (rank files)");
 
@@ -615,11 +620,11 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
                 static_cast<int64_t>(fs::file_size(partial / rank_file_name(r))));
           }
           for (const auto& [name, k] : index.keys) check_tiling(k, "checkpoint save");
-          if (options.fault_hook) options.fault_hook(SavePoint::kBeforeIndex, rank);
+          if (options.fault_hook) options.fault_hook(SavePoint::kBeforeIndex, rank, -1);
           write_text_file(partial / kIndexName, index_to_json(index).dump(1));
           for (int r = 0; r < world; ++r) fs::remove(partial / sidecar_name(r));
           fsync_path(partial);
-          if (options.fault_hook) options.fault_hook(SavePoint::kBeforeRename, rank);
+          if (options.fault_hook) options.fault_hook(SavePoint::kBeforeRename, rank, -1);
           std::error_code ec;
           fs::rename(partial, final_dir, ec);
           MP_CHECK(!ec, "renaming {} to {}: {}", partial.string(), final_dir.string(),

@@ -53,10 +53,13 @@ namespace meshproof::engine {
 inline constexpr int kCheckpointFormatVersion = 1;
 
 // Named points of a save at which CheckpointOptions::fault_hook is called (crash-safety tests):
+//   kDatasetWritten   inside the write loop of this rank's HDF5 file, after its dataset number
+//                     `dataset` (0-based, in write order) is written, while the file is still open
+//                     and not fsynced: a crash here leaves a half-written rank file
 //   kRankFileWritten  after this rank's HDF5 file is written and fsynced
 //   kBeforeIndex      on rank 0, after every rank file exists, before index.json is written
 //   kBeforeRename     on rank 0, after index.json is written, before the directory is renamed
-enum class SavePoint { kRankFileWritten, kBeforeIndex, kBeforeRename };
+enum class SavePoint { kDatasetWritten, kRankFileWritten, kBeforeIndex, kBeforeRename };
 std::string_view save_point_name(SavePoint p);
 
 struct CheckpointOptions {
@@ -67,9 +70,11 @@ struct CheckpointOptions {
   // Checkpoint-side faults: fp8_state_dropped_from_checkpoint and scale_inv_saved_bf16 act on
   // save; data_cursor_not_restored and optimizer_state_not_restored act on load.
   FaultInjection faults;
-  // Called on the calling rank at each SavePoint; a hook that throws aborts the save there, as a
-  // crash would (the partial directory stays behind, the previous checkpoint stays intact).
-  std::function<void(SavePoint point, int rank)> fault_hook;
+  // Called on the calling rank at each SavePoint (`dataset` is the dataset number at
+  // kDatasetWritten, -1 elsewhere); a hook that throws aborts the save there, and one that kills
+  // the process (crash tests fork a child for it) is a real crash: either way the partial
+  // directory stays behind and the previous checkpoint stays intact.
+  std::function<void(SavePoint point, int rank, int64_t dataset)> fault_hook;
 };
 
 // What one rank read during a load (the resharding test counts them).

@@ -12,6 +12,8 @@
 
 #include "engine/trainer.h"
 #include "harness/exit_codes.h"
+#include "harness/runner.h"
+#include "harness/train_run.h"
 #include "kernels/hdf5_check.h"
 
 namespace meshproof::harness {
@@ -123,6 +125,32 @@ void export_trace(const engine::Config& config, const std::string& out_path, std
   fmt::print(log, "wrote {}\n", out_path);
 }
 
+engine::Config scenario_export_config(const std::string& path, const std::string& filter,
+                                      const std::vector<std::string>& sets) {
+  const std::vector<Scenario> scenarios = load_scenarios({path}, sets, filter);
+  if (scenarios.size() != 1) {
+    std::string names;
+    for (const Scenario& s : scenarios) names += (names.empty() ? "" : ", ") + s.name;
+    MP_FAIL_INPUT(
+        "export {}: a trace holds one run, the file expands to {} scenarios ({}); pick "
+        "one with --filter NAME",
+        path, scenarios.size(), names);
+  }
+  const Scenario& s = scenarios.front();
+  MP_CHECK_INPUT(s.mesh.world_size() == 1,
+                 "export {}: {} has mesh dp_replicate {} x dp_shard {} x tp {}; a trace is the "
+                 "1-rank run of its model, so export needs a 1-rank mesh (e.g. --set "
+                 "'mesh={{dp_replicate: 1, dp_shard: 1, tp: 1}}')",
+                 path, s.name, s.mesh.dp_replicate, s.mesh.dp_shard, s.mesh.tp);
+  MP_CHECK_INPUT(s.faults.empty(), "export {}: {} injects faults; a trace is a clean run", path,
+                 s.name);
+  MP_CHECK_INPUT(!s.fsdp.fp8_params,
+                 "export {}: {} sets fsdp.fp8_params, a sharded-engine "
+                 "option the 1-rank trace does not have",
+                 path, s.name);
+  return to_engine_config(s);
+}
+
 void add_export_command(CLI::App& app, std::ostream& out, int& exit_code) {
   auto* cmd = app.add_subcommand(
       "export",
@@ -133,9 +161,16 @@ void add_export_command(CLI::App& app, std::ostream& out, int& exit_code) {
     std::string out_path, norm = "layernorm", activation = "gelu", recipe = "fp32",
                           schedule = "constant";
     int64_t max_positions = 0;  // 0: equal to --seq-len
+    std::string scenario, filter;
+    std::vector<std::string> sets;
   };
   auto o = std::make_shared<Options>();
   engine::Config& c = o->config;
+  cmd->add_option("scenario", o->scenario,
+                  "Scenario file (one 1-rank scenario after --filter/--set) instead of the model "
+                  "and training flags");
+  cmd->add_option("--filter", o->filter, "With a scenario: the matrix entry to export");
+  cmd->add_option("--set", o->sets, "With a scenario: key.path=value override (repeatable)");
   cmd->add_option("--out", o->out_path, "Trace file to write (HDF5)")->required();
   cmd->add_option("--vocab", c.model.vocab, "Vocabulary size V")->capture_default_str();
   cmd->add_option("--hidden", c.model.hidden, "Hidden size H")->capture_default_str();
@@ -172,7 +207,26 @@ void add_export_command(CLI::App& app, std::ostream& out, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--seed", c.seed, "Seed of init and dropout")->capture_default_str();
   cmd->add_option("--data-seed", c.data.seed, "Seed of the data stream")->capture_default_str();
-  cmd->callback([&out, &exit_code, o] {
+  cmd->callback([&out, &exit_code, o, cmd] {
+    if (!o->scenario.empty()) {
+      // Only --out, --filter and --set go with a scenario file: it holds every other setting.
+      for (const CLI::Option* opt : cmd->get_options()) {
+        const std::string name = opt->get_name();
+        if (opt->count() > 0 && name != "scenario" && name != "--out" && name != "--filter" &&
+            name != "--set" && name != "--help") {
+          MP_FAIL_INPUT(
+              "export {}: {} cannot be combined with a scenario file (set it in the "
+              "file or with --set)",
+              o->scenario, name);
+        }
+      }
+      export_trace(scenario_export_config(o->scenario, o->filter, o->sets), o->out_path, out);
+      exit_code = kExitOk;
+      return;
+    }
+    if (!o->filter.empty() || !o->sets.empty()) {
+      MP_FAIL_INPUT("export: --filter and --set need a scenario file");
+    }
     engine::Config cfg = o->config;
     cfg.model.norm = engine::parse_norm(o->norm, "--norm");
     cfg.model.activation = engine::parse_activation(o->activation, "--activation");

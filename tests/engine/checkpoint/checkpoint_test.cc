@@ -6,15 +6,20 @@
 
 #include <H5Cpp.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "ckpt_test_state.h"
+#include "harness/cli.h"
+#include "harness/exit_codes.h"
 #include "kernels/error.h"
 #include "kernels/formats.h"
 #include "mesh/local_comm.h"
@@ -250,7 +255,7 @@ TEST(CheckpointTest, AbortedSaveLeavesPreviousCheckpointAndIsIgnored) {
     TempDir tmp("crash");
     save_on(m, tmp.path(), 1, 1);
     CheckpointOptions crash;
-    crash.fault_hook = [point](SavePoint p, int rank) {
+    crash.fault_hook = [point](SavePoint p, int rank, int64_t) {
       // A crash of rank 2 after its file, or of rank 0 at the commit points.
       if (p == point && (p != SavePoint::kRankFileWritten || rank == 2)) {
         throw std::runtime_error("injected crash");
@@ -269,6 +274,93 @@ TEST(CheckpointTest, AbortedSaveLeavesPreviousCheckpointAndIsIgnored) {
     save_on(m, tmp.path(), 3, 3);
     EXPECT_FALSE(fs::exists(tmp.path() / "step_0000002.partial")) << ctx;
     EXPECT_EQ(latest_checkpoint(tmp.path())->filename(), "step_0000003") << ctx;
+  }
+}
+
+// A real crash: a child process saves and dies inside the save (SIGKILL, or _exit as a process
+// that calls exit() from a signal handler would), including in the middle of a rank file, after
+// some of its datasets and before its fsync. The parent then finds the previous checkpoint
+// loadable bitwise, the .partial directory ignored by load, `ckpt inspect`, the listing and
+// keep-last-N, and a later save committing.
+TEST(CheckpointTest, SaveKilledMidWriteLeavesPreviousCheckpoint) {
+  constexpr int kCrashExit = 42;
+  struct Kill {
+    SavePoint point;
+    int rank;
+    int64_t dataset;  // for kDatasetWritten
+    bool sigkill;     // else _exit(kCrashExit)
+  };
+  // On dp_shard 4 rank 0 writes every replicated key and its shards (12 datasets), rank 2 its
+  // shards of the five sharded keys that reach it (at least 3).
+  const std::vector<Kill> kills = {
+      {SavePoint::kDatasetWritten, 0, 0, true}, {SavePoint::kDatasetWritten, 0, 6, false},
+      {SavePoint::kDatasetWritten, 2, 2, true}, {SavePoint::kRankFileWritten, 1, -1, true},
+      {SavePoint::kBeforeIndex, 0, -1, false},  {SavePoint::kBeforeRename, 0, -1, true},
+  };
+  const DeviceMesh m(1, 4, 1);
+  for (const Kill& k : kills) {
+    const std::string ctx =
+        fmt::format("{} rank {} dataset {}", save_point_name(k.point), k.rank, k.dataset);
+    TempDir tmp("kill");
+    save_on(m, tmp.path(), 1, 1);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0) << "fork: " << std::strerror(errno);
+    if (pid == 0) {
+      // Child: never returns into gtest.
+      CheckpointOptions crash;
+      crash.keep_last = 1;  // a completed save would delete step 1: the kill must come first
+      crash.fault_hook = [k](SavePoint p, int rank, int64_t dataset) {
+        if (p == k.point && rank == k.rank && dataset == k.dataset) {
+          if (k.sigkill) ::raise(SIGKILL);
+          ::_exit(kCrashExit);
+        }
+      };
+      try {
+        save_on(m, tmp.path(), 2, 2, crash);
+      } catch (...) {
+        ::_exit(3);
+      }
+      ::_exit(0);  // the hook never fired: the parent fails the test
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid) << ctx;
+    if (k.sigkill) {
+      ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+          << ctx << " status " << status;
+    } else {
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == kCrashExit)
+          << ctx << " status " << status;
+    }
+    const fs::path partial = tmp.path() / "step_0000002.partial";
+    EXPECT_TRUE(fs::is_directory(partial)) << ctx;
+    EXPECT_FALSE(fs::exists(tmp.path() / "step_0000002")) << ctx;
+    // Listing (and so keep-last-N and `latest`) sees only the complete checkpoint.
+    const auto listed = list_checkpoints(tmp.path());
+    ASSERT_EQ(listed.size(), 1u) << ctx;
+    EXPECT_EQ(listed[0].filename(), "step_0000001") << ctx;
+    expect_state_is_seed(load_on(DeviceMesh(1, 2, 2), listed[0], 2).states, 1, ctx);
+    expect_load_fails(DeviceMesh(1, 1, 1), partial, kernels::ErrorKind::kInput,
+                      {"step_0000002.partial", "incomplete"});
+    {
+      const std::string dir = partial.string();
+      std::vector<const char*> argv = {"meshproof", "ckpt", "inspect", dir.c_str()};
+      std::ostringstream out, err;
+      EXPECT_EQ(harness::run_cli(static_cast<int>(argv.size()), argv.data(), out, err),
+                harness::kExitBadInput)
+          << ctx;
+      EXPECT_NE(err.str().find("incomplete (.partial) save"), std::string::npos) << err.str();
+    }
+    // A later save with keep_last 2 commits, removes the partial directory and keeps step 1
+    // (the partial one did not count as a checkpoint).
+    CheckpointOptions keep2;
+    keep2.keep_last = 2;
+    save_on(m, tmp.path(), 3, 3, keep2);
+    EXPECT_FALSE(fs::exists(partial)) << ctx;
+    const auto after = list_checkpoints(tmp.path());
+    ASSERT_EQ(after.size(), 2u) << ctx;
+    EXPECT_EQ(after[0].filename(), "step_0000001") << ctx;
+    EXPECT_EQ(after[1].filename(), "step_0000003") << ctx;
+    expect_state_is_seed(load_on(DeviceMesh(2, 2, 1), after[1], 2).states, 3, ctx);
   }
 }
 
