@@ -198,6 +198,13 @@ const DimSet kReplicate{MeshDim::kDpReplicate};
 const DimSet kTp{MeshDim::kTp};
 const DimSet kData{MeshDim::kDpReplicate, MeshDim::kDpShard};
 const DimSet kWorld{MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp};
+// Every non-empty group (collective statistics: the amax groups may be any of them).
+const std::vector<DimSet> kAllGroups = [] {
+  std::vector<DimSet> g;
+  for (unsigned bits = 1; bits < (1u << mesh::kNumMeshDims); ++bits)
+    g.push_back(DimSet::from_bits(bits));
+  return g;
+}();
 
 }  // namespace
 
@@ -268,7 +275,8 @@ struct TrainingSession::Impl {
         rank(c.rank()),
         model(options.config),
         data(config.model.vocab, config.data, config.training.batch, config.training.seq_len),
-        recipe(config.recipe, [this](float* amax, int64_t n) { reduce_amax(amax, n); }) {
+        recipe(config.recipe, [this](const std::string& linear, Fp8Role role, float* amax,
+                                     int64_t n) { reduce_amax(linear, role, amax, n); }) {
     validate(config);
     const MeshSpec& ms = options.mesh;
     MP_CHECK_INPUT(mesh == ms.device_mesh(),
@@ -475,25 +483,28 @@ struct TrainingSession::Impl {
     cursor = state.scalars.at("data/cursor");
   }
 
-  // FP8 amax reduction (DESIGN.md section 4): every amax the recipe records is MAX-reduced over
-  // the whole mesh. Weights: the dp ranks hold the same gathered weight and the tp ranks disjoint
-  // shards of it, so the result is the amax of the global weight; activations and gradients:
-  // the dp ranks hold disjoint rows of the global micro-batch and the tp ranks disjoint columns
-  // (or copies), so the result is the single-rank amax of that micro-batch when every rank runs
-  // one micro-batch per step. Every rank therefore quantizes with the single-rank scales.
-  // amax_not_reduced (fault): no reduction, each rank scales by its own piece.
-  void reduce_amax(float* amax, int64_t n) {
-    if (options.faults.amax_not_reduced && options.faults.active(step)) return;
-    mesh::Communicator& world = comms.group(kWorld);
-    if (world.size() == 1) return;
+  // FP8 amax reduction (DESIGN.md sections 4 and 5): each amax the recipe records is MAX-reduced
+  // over the group of the ranks that hold a piece of its tensor (engine/amax_groups.h: weights
+  // over dp_shard + tp, activations and gradients over the data dims plus tp where the tensor is
+  // split over tp), looked up per linear and role in the default table or options.amax_groups.
+  // Every rank therefore quantizes with the single-rank scales.
+  // amax_not_reduced (fault): while active every tensor's group is empty (no reduction): each
+  // rank scales by its own piece.
+  DimSet amax_dims(const std::string& linear, Fp8Role role) const {
+    if (options.faults.amax_not_reduced && options.faults.active(step)) return DimSet{};
+    return amax_group({linear_kind(linear), role}, options.mesh, options.amax_groups);
+  }
+  void reduce_amax(const std::string& linear, Fp8Role role, float* amax, int64_t n) {
+    mesh::Communicator& group = comms.group(amax_dims(linear, role));
+    if (group.size() == 1) return;
     Tensor buf = Tensor::from_vector<float>({n}, std::vector<float>(amax, amax + n));
-    world.all_reduce(buf, mesh::ReduceOp::kMax);
+    group.all_reduce(buf, mesh::ReduceOp::kMax);
     std::memcpy(amax, buf.raw_data(), static_cast<size_t>(n) * sizeof(float));
   }
 
   std::map<std::string, double> collective_seconds() {
     std::map<std::string, double> s;
-    for (DimSet d : {kShard, kReplicate, kData, kTp, kWorld}) {
+    for (DimSet d : kAllGroups) {
       mesh::Communicator& c = comms.group(d);
       for (int k = 0; k < mesh::kNumCollectiveKinds; ++k) {
         const auto kind = static_cast<mesh::CollectiveKind>(k);
@@ -509,9 +520,13 @@ struct TrainingSession::Impl {
   // largest error; scale_inv values are rank 0's.
   void record_parity(const Param& p, const Tensor& local, const Tensor* scale,
                      const kernels::QuantizedTensor& gathered) {
+    // The reference's amax group is the default weight group, whatever the run's table says:
+    // the reference is the single-rank quantization.
+    const DimSet ref_group =
+        default_amax_group({linear_kind(p.linear), Fp8Role::kWeight}, options.mesh);
     AllGatherParity r =
-        fp8_all_gather_parity(comms.group(kShard), comms.group(kWorld), p.layout, local, p.compute,
-                              config.recipe.kind, scale, gathered);
+        fp8_all_gather_parity(comms.group(kShard), comms.group(ref_group), p.layout, local,
+                              p.compute, config.recipe.kind, scale, gathered);
     const std::vector<double> all = gather_doubles(
         comms.group(kWorld),
         {static_cast<double>(r.bytes), static_cast<double>(r.mismatched_bytes), r.max_abs_error});
@@ -613,7 +628,7 @@ struct TrainingSession::Impl {
 
   // The local shard of GEMM weight i quantized for the FP8 all-gather: the FP8 primary weight,
   // or the bf16 compute copy of the master shard quantized at its first gather of the step (the
-  // amax group is the whole mesh, as for the recipe's own weight quantization, reduce_amax).
+  // amax group is the weight's, as for the recipe's own weight quantization, reduce_amax).
   std::map<size_t, Tensor> step_hp;  // bf16 compute copies of the shards in step_shards
   const Fp8Shard& fp8_shard(size_t i) {
     const Param& p = params[i];
@@ -634,9 +649,11 @@ struct TrainingSession::Impl {
     Tensor scale;
     if (rk_delayed())
       scale = recipe.delayed_states().at(p.linear + "/weight").scale.to(kernels::Device::cpu());
-    return quantize_shard(comms.group(kShard), comms.group(kWorld), p.layout, local, p.compute,
-                          config.recipe.kind, scale.defined() ? &scale : nullptr,
-                          !(options.faults.amax_not_reduced && options.faults.active(step)));
+    // Current scaling MAX-reduces the shard's amax over the weight's amax group (empty under the
+    // amax_not_reduced fault).
+    return quantize_shard(comms.group(kShard), comms.group(amax_dims(p.linear, Fp8Role::kWeight)),
+                          p.layout, local, p.compute, config.recipe.kind,
+                          scale.defined() ? &scale : nullptr);
   }
 
   // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP), of the
@@ -852,7 +869,7 @@ RankReport rank_report(TrainingSession& s, mesh::RankComms& comms) {
   r.rank = comms.rank();
   r.coords = comms.mesh().coords(r.rank);
   r.memory = s.memory();
-  for (DimSet d : {kShard, kReplicate, kData, kTp, kWorld}) {
+  for (DimSet d : kAllGroups) {
     mesh::Communicator& c = comms.group(d);
     if (c.size() == 1) continue;
     for (int k = 0; k < mesh::kNumCollectiveKinds; ++k) {
