@@ -105,17 +105,20 @@ class Fp32Mesh : public ::testing::TestWithParam<MeshSpec> {};
 TEST_P(Fp32Mesh, MatchesSingleRank) { expect_matches_single_rank(tiny(), GetParam()); }
 TEST_P(Fp32Mesh, UnevenShapesMatchSingleRank) { expect_matches_single_rank(uneven(), GetParam()); }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh,
-                         ::testing::Values(MeshSpec{1, 1, 1}, MeshSpec{1, 2, 1}, MeshSpec{1, 4, 1},
-                                           MeshSpec{1, 8, 1}, MeshSpec{2, 2, 1}, MeshSpec{2, 1, 1},
-                                           MeshSpec{1, 1, 2}, MeshSpec{1, 1, 4}, MeshSpec{1, 2, 2},
-                                           MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2},
-                                           MeshSpec{1, 1, 2, true}, MeshSpec{1, 2, 2, true}),
-                         [](const auto& info) {
-                           const MeshSpec& m = info.param;
-                           return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
-                                              m.sequence_parallel ? "_sp" : "");
-                         });
+// The acceptance meshes of issue 6 (1, dp_shard 2/4/8, dp_replicate 2 x dp_shard 2, tp 2/4,
+// tp 2 + SP, dp_shard 2 x tp 2, dp_shard 4 x tp 2, dp_replicate 2 x dp_shard 2 x tp 2) plus pure
+// replication and dp_shard 2 x tp 2 + SP; the recipe matrix below uses the same list.
+const std::vector<MeshSpec> kMeshes = {
+    MeshSpec{1, 1, 1},      MeshSpec{1, 2, 1}, MeshSpec{1, 4, 1}, MeshSpec{1, 8, 1},
+    MeshSpec{2, 2, 1},      MeshSpec{2, 1, 1}, MeshSpec{1, 1, 2}, MeshSpec{1, 1, 4},
+    MeshSpec{1, 2, 2},      MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2}, MeshSpec{1, 1, 2, true},
+    MeshSpec{1, 2, 2, true}};
+
+INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh, ::testing::ValuesIn(kMeshes), [](const auto& info) {
+  const MeshSpec& m = info.param;
+  return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
+                     m.sequence_parallel ? "_sp" : "");
+});
 
 TEST(ShardedMemory, FsdpParamAndOptimizerBytesScaleAsOneOverN) {
   const Config c = tiny();
@@ -243,9 +246,27 @@ struct RecipeCase {
 
 class RecipeMesh : public ::testing::TestWithParam<RecipeCase> {};
 
+// MXFP8 needs every GEMM operand in 32-element blocks along both dims (engine/config.cc for the
+// single-rank shapes, the session for the sharded ones). With fp8_model two meshes of the matrix
+// break that and are rejected as input errors before the first step: dp_shard 8 leaves
+// 16 / 8 rows x 8 positions = 16 tokens per rank, and tp 4 cuts qkv [192, 64] into [48, 64]
+// shards. Those cases assert the rejection instead of a loss.
+bool mxfp8_rejects(const MeshSpec& m) { return m.dp_replicate * m.dp_shard == 8 || m.tp == 4; }
+
 TEST_P(RecipeMesh, LossTracksSingleRank) {
   const RecipeCase& rc = GetParam();
   const Config c = fp8_model(rc.kind);
+  if (rc.kind == RecipeKind::kMxfp8 && mxfp8_rejects(rc.mesh)) {
+    try {
+      run_training(run_options(c, rc.mesh, 1));
+      FAIL() << "expected an input error for mxfp8 on " << mesh_name(rc.mesh);
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput) << e.what();
+      EXPECT_NE(std::string(e.what()).find("recipe = mxfp8 on mesh"), std::string::npos)
+          << e.what();
+    }
+    return;
+  }
   constexpr int kSteps = 4;
   const Reference ref = single_rank(c, kSteps);
   const RunResult run = run_training(run_options(c, rc.mesh, kSteps));
@@ -257,12 +278,22 @@ TEST_P(RecipeMesh, LossTracksSingleRank) {
   // Sharding changes GEMM reduction lengths (TP) and gradient summation order (DP); in bf16 and
   // FP8 the rounding of reordered sums and of re-quantized operands near a rounding boundary
   // shifts the loss slightly. DESIGN.md section 8 allows 1e-2 for bf16; the same bound is used
-  // for the FP8 recipes. Measured worst relative loss deviation over 4 steps: bf16 1.5e-5 (dp2),
-  // 2.5e-3 (dp2 x tp2); delayed 1.5e-3 (dp2), 3.7e-3 (tp2); current 0 (dp2), 3.3e-3 (HSDP-style
-  // dp_replicate2 x tp2), 3.3e-3 (tp2 + SP); bf16 2.5e-3 (tp2 + SP); mxfp8 0 (dp2), 1.4e-3 (tp2);
-  // block 0 (dp2). Pure data parallelism is
-  // exact for current/mxfp8/block because the amax is MAX-reduced over the mesh and the FP8
-  // GEMMs see the same operands; TP changes GEMM reduction lengths (bf16 partial sums).
+  // for the FP8 recipes. Measured worst relative loss deviation over 4 steps on the 13 meshes
+  // (kMeshes):
+  //   bf16     2.5e-3 (every tp 2 mesh, with or without SP), 1.2e-3 (tp 4), <= 2.9e-5 on the
+  //            data-parallel meshes (dp_shard 8);
+  //   delayed  3.7e-3 (tp 2, tp 2 + SP), 2.9e-3 (tp 4), 2.2e-3 (dp_shard 4, dp_replicate 2 x
+  //            dp_shard 2), 1.4e-3 (dp_replicate 2 x dp_shard 2 x tp 2);
+  //   current  3.3e-3 (every tp 2 mesh), 2.4e-3 (tp 4), 0 on every data-parallel mesh;
+  //   mxfp8    1.4e-3 (every tp 2 mesh), 0 on the data-parallel meshes (dp_shard 8 and tp 4 are
+  //            rejected, see mxfp8_rejects);
+  //   block    1.4e-3 (every tp mesh), 0 on the data-parallel meshes.
+  // The worst case, 3.7e-3, leaves a factor 2.7 to the bound. Pure data parallelism is exact for
+  // current/mxfp8/block: the amax is MAX-reduced over the ranks sharing each tensor, and the
+  // output gradients, which each rank computes for its objective scaled by the (power-of-2)
+  // data-parallel size, get scales derived from their own amax that absorb that factor exactly.
+  // Delayed scaling quantizes with the history's scale (1 at step 0), so the scaled gradients
+  // round differently (e5m2 subnormals), hence its deviation on data-parallel meshes.
   EXPECT_LE(worst, 1e-2) << recipe_name(rc.kind) << " on " << mesh_name(rc.mesh);
   RecordProperty("worst_rel_loss", std::to_string(worst));
 }
@@ -281,20 +312,21 @@ TEST(ShardedFaults, AmaxNotReducedChangesCurrentScalingOnDataParallelRanks) {
   EXPECT_GT(diff, 0.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Recipes, RecipeMesh,
-    ::testing::Values(
-        RecipeCase{RecipeKind::kBf16, {1, 2, 1}}, RecipeCase{RecipeKind::kBf16, {1, 2, 2}},
-        RecipeCase{RecipeKind::kDelayed, {1, 2, 1}}, RecipeCase{RecipeKind::kDelayed, {1, 1, 2}},
-        RecipeCase{RecipeKind::kCurrent, {1, 2, 1}}, RecipeCase{RecipeKind::kCurrent, {2, 1, 2}},
-        RecipeCase{RecipeKind::kMxfp8, {1, 2, 1}}, RecipeCase{RecipeKind::kMxfp8, {1, 1, 2}},
-        RecipeCase{RecipeKind::kBlock, {1, 2, 1}}, RecipeCase{RecipeKind::kBf16, {1, 1, 2, true}},
-        RecipeCase{RecipeKind::kCurrent, {1, 1, 2, true}}),
-    [](const auto& info) {
-      const RecipeCase& rc = info.param;
-      return fmt::format("{}_r{}_s{}_t{}{}", recipe_name(rc.kind), rc.mesh.dp_replicate,
-                         rc.mesh.dp_shard, rc.mesh.tp, rc.mesh.sequence_parallel ? "_sp" : "");
-    });
+std::vector<RecipeCase> recipe_cases() {
+  std::vector<RecipeCase> out;
+  for (RecipeKind k : {RecipeKind::kBf16, RecipeKind::kDelayed, RecipeKind::kCurrent,
+                       RecipeKind::kMxfp8, RecipeKind::kBlock})
+    for (const MeshSpec& m : kMeshes) out.push_back({k, m});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, RecipeMesh, ::testing::ValuesIn(recipe_cases()),
+                         [](const auto& info) {
+                           const RecipeCase& rc = info.param;
+                           return fmt::format("{}_r{}_s{}_t{}{}", recipe_name(rc.kind),
+                                              rc.mesh.dp_replicate, rc.mesh.dp_shard, rc.mesh.tp,
+                                              rc.mesh.sequence_parallel ? "_sp" : "");
+                         });
 
 }  // namespace
 }  // namespace meshproof::engine
