@@ -256,7 +256,7 @@ struct TrainingSession::Impl {
   std::map<size_t, Fp8Shard> step_shards;
   std::map<std::string, int64_t> gathered_bytes;
   int64_t gathered_now = 0;
-  bool last_micro_batch = false;
+  bool first_micro_batch = false, last_micro_batch = false;
   int64_t step = 0;    // optimizer steps taken
   int64_t cursor = 0;  // next global batch
   std::vector<std::string> notes;
@@ -600,7 +600,8 @@ struct TrainingSession::Impl {
     const bool keep =
         pass == Pass::kForward && unit != kRootUnit && !options.fsdp.reshard_after_forward;
     if (!keep) release_weights(unit);
-    if (pass == Pass::kBackward && last_micro_batch) reduce_gradients(unit);
+    if (pass == Pass::kBackward && (last_micro_batch || options.fsdp.sync_each_micro_batch))
+      reduce_gradients(unit);
   }
 
   void gather_weight(size_t i) {
@@ -682,7 +683,10 @@ struct TrainingSession::Impl {
   }
 
   // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP), of the
-  // unit's accumulated gradients; the unsharded gradients are freed.
+  // unit's accumulated gradients; the unsharded gradients are freed. With
+  // fsdp.sync_each_micro_batch this runs after every micro-batch and the reduced shards of the
+  // micro-batches after the first are added to p.grad (the next micro-batch's backward starts
+  // from fresh zero gradients).
   void reduce_gradients(int64_t unit) {
     mesh::Communicator& shard = comms.group(kShard);
     mesh::Communicator& replicate = comms.group(kReplicate);
@@ -700,10 +704,15 @@ struct TrainingSession::Impl {
       const Tensor real = g.shape()[0] == p.compute.extent[0].value
                               ? g
                               : g.slice_rows(0, p.compute.extent[0].value);
-      p.grad = reduce_scatter_box(shard, p.layout, on_device(real, kernels::Device::cpu()),
-                                  p.compute, mesh::ReduceOp::kAvg);
-      if (replicate.size() > 1 && !skip_replicas && p.grad.numel().value > 0)
-        replicate.all_reduce(p.grad, mesh::ReduceOp::kAvg);
+      Tensor reduced = reduce_scatter_box(shard, p.layout, on_device(real, kernels::Device::cpu()),
+                                          p.compute, mesh::ReduceOp::kAvg);
+      if (replicate.size() > 1 && !skip_replicas && reduced.numel().value > 0)
+        replicate.all_reduce(reduced, mesh::ReduceOp::kAvg);
+      if (!options.fsdp.sync_each_micro_batch || first_micro_batch || reduced.numel().value == 0) {
+        p.grad = std::move(reduced);
+      } else {
+        kernels::add_(p.grad, reduced);
+      }
       grads.erase(p.spec.name);
     }
   }
@@ -799,6 +808,7 @@ struct TrainingSession::Impl {
     const double grad_scale = static_cast<double>(dp) / positions;
     double loss_sum = 0;
     for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
+      first_micro_batch = mb == 0;
       last_micro_batch = mb + 1 == t.micro_batches;
       const int64_t row0 = j * local_rows + mb * micro_rows;
       const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);

@@ -21,7 +21,8 @@
 //     collectives inside the model (TpContext, sequence parallelism included); fp32 gradients
 //     accumulate over micro-batches (deferred sync) and each unit's are reduce-scattered (avg)
 //     over dp_shard and all-reduced (avg) over dp_replicate right after its backward in the last
-//     micro-batch; global gradient norm with every element counted once; AdamW on local shards;
+//     micro-batch (fsdp.sync_each_micro_batch: after every micro-batch, reduced shards summed);
+//     global gradient norm with every element counted once; AdamW on local shards;
 //   - FP8: every per-tensor amax (current scaling, delayed-scaling histories) is MAX-reduced over
 //     the ranks that hold a piece of its tensor, an explicit table per linear kind and role
 //     (engine/amax_groups.h; weights over dp_shard + tp, activations and gradients over
@@ -68,6 +69,11 @@ struct FsdpOptions {
   bool reshard_after_forward = true;  // free gathered weights after forward, re-gather for bwd
   bool fp8_all_gather = false;        // gather FP8 bytes + scales instead of fp32/bf16
   bool fp8_params = false;            // FP8 primary weights
+  // Reduce-scatter (and HSDP all-reduce) the gradients after every micro-batch's backward and
+  // accumulate the reduced shards, instead of accumulating locally and reducing once after the
+  // last micro-batch (deferred sync, the default). Same result up to fp32 summation order;
+  // micro_batches times the gradient collectives.
+  bool sync_each_micro_batch = false;
 };
 
 // A digest of one tensor at one point of a step (first-diverging-tensor reports).
