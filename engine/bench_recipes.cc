@@ -128,7 +128,8 @@ RecipeConfig recipe_config(RecipeKind r) {
   return c;
 }
 
-const Fp8Recipe::AmaxHook kSingleRank = [](float*, int64_t) {};  // one rank: no reduction
+const Fp8Recipe::AmaxHook kSingleRank = [](const std::string&, Fp8Role, float*, int64_t) {
+};  // one rank: no reduction
 
 // Activation-like (X[M,K], Fp8Role::kInput) or weight-like (W[N,K], kWeight) quantization.
 QuantizeFigure measure_quantize(RecipeKind r, const GemmShape& s, bool weight,

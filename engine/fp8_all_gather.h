@@ -45,7 +45,8 @@ struct Fp8Shard {
 // `layout`: the weight's layout; the boxes of the members of `gather` must be disjoint row ranges
 // (full columns) that tile `target` (e.g. Shard(0) over dp_shard, with target the TP-local box).
 // `local`: this rank's fp32/bf16 shard. `amax_group`: the group the amax is MAX-reduced over
-// (current scaling); `reduce_amax` false reproduces the amax_not_reduced fault.
+// (current scaling; the session passes the weight's entry of engine/amax_groups.h, which the
+// amax_not_reduced fault empties); `reduce_amax` false skips the reduction whatever the group.
 // `delayed_scale`: float32 [1], the replicated delayed-scaling scale (delayed recipe only).
 // Recipes other than current, delayed and mxfp8 are input errors.
 Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_group,

@@ -8,9 +8,7 @@ using kernels::DType;
 using kernels::QuantizedTensor;
 using kernels::Tensor;
 
-namespace {
-
-std::string_view role_name(Fp8Role r) {
+std::string_view fp8_role_name(Fp8Role r) {
   switch (r) {
     case Fp8Role::kInput:
       return "input";
@@ -22,17 +20,15 @@ std::string_view role_name(Fp8Role r) {
   return "?";
 }
 
-}  // namespace
-
 // The reduction hook works on host floats (the executor's communicators); amaxes computed on a
 // GPU travel through a host copy and back.
-void Fp8Recipe::reduce(Tensor& amax, int64_t n) {
+void Fp8Recipe::reduce(const std::string& linear, Fp8Role role, Tensor& amax, int64_t n) {
   if (amax.device().is_cpu()) {
-    reduce_amax_(amax.data<float>(), n);
+    reduce_amax_(linear, role, amax.data<float>(), n);
     return;
   }
   Tensor host = amax.to(kernels::Device::cpu());
-  reduce_amax_(host.data<float>(), n);
+  reduce_amax_(linear, role, host.data<float>(), n);
   amax.copy_from(host);
 }
 
@@ -57,7 +53,7 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
                                     kernels::Usage usage) {
   MP_CHECK(enabled_, "Fp8Recipe::quantize called for recipe {}", recipe_name(config_.kind));
   const DType fmt = format(role);
-  const std::string key = fmt::format("{}/{}", linear, role_name(role));
+  const std::string key = fmt::format("{}/{}", linear, fp8_role_name(role));
   if (role == Fp8Role::kWeight) {
     const auto pre = prequantized_.find(linear);
     if (pre != prequantized_.end()) {
@@ -73,7 +69,7 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
     case RecipeKind::kCurrent: {
       // amax -> MAX-reduce over the amax group -> scale, as three separate steps.
       Tensor amax = kernels::compute_amax(x);
-      reduce(amax, 1);
+      reduce(linear, role, amax, 1);
       const Tensor scale = kernels::compute_current_scale(amax, fmt, 0.0f, config_.power_2_scale);
       return kernels::quantize_per_tensor(x, scale, fmt, usage,
                                           kernels::ScalingMode::kCurrentTensor, amax);
@@ -116,15 +112,25 @@ void Fp8Recipe::update(bool forward_roles) {
   if (config_.kind != RecipeKind::kDelayed) return;
   const auto algo =
       config_.amax_compute_algo == "max" ? kernels::AmaxAlgo::kMax : kernels::AmaxAlgo::kMostRecent;
-  const std::string grad_suffix = "/grad_output";
   for (auto& [key, state] : states_) {
-    const bool is_grad =
-        key.size() > grad_suffix.size() &&
-        key.compare(key.size() - grad_suffix.size(), grad_suffix.size(), grad_suffix) == 0;
+    // Keys are "<linear>/<role>".
+    const size_t slash = key.rfind('/');
+    MP_CHECK(slash != std::string::npos, "delayed-scaling state key '{}' has no role", key);
+    const std::string linear = key.substr(0, slash);
+    const std::string_view suffix = std::string_view(key).substr(slash + 1);
+    Fp8Role role = Fp8Role::kInput;
+    bool known = false;
+    for (Fp8Role r : {Fp8Role::kInput, Fp8Role::kWeight, Fp8Role::kGradOutput})
+      if (suffix == fp8_role_name(r)) {
+        role = r;
+        known = true;
+      }
+    MP_CHECK(known, "delayed-scaling state key '{}': unknown role", key);
+    const bool is_grad = role == Fp8Role::kGradOutput;
     if (is_grad == forward_roles) continue;
     // The current slot is history[0]: MAX-reduce it over the amax group, then update.
     Tensor current_slot = state.amax_history.slice_rows(0, 1);  // shares the history's storage
-    reduce(current_slot, 1);
+    reduce(linear, role, current_slot, 1);
     kernels::update_delayed_scaling(state, algo, static_cast<int>(config_.margin),
                                     kernels::fp8_max(is_grad ? DType::kE5M2 : DType::kE4M3));
   }

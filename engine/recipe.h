@@ -5,8 +5,9 @@
 // Formats: delayed/current HYBRID (X, W e4m3; dY e5m2); mxfp8 and block e4m3 everywhere.
 // Fast accumulation: fprop on, dgrad/wgrad off (delayed, current); off everywhere otherwise.
 //
-// Every amax reduction goes through the `reduce_amax` hook (identity on one rank; the sharded
-// executor MAX-reduces over the amax group). Delayed scaling updates the input/weight states after
+// Every amax reduction goes through the `reduce_amax` hook with the linear's name and the tensor's
+// role (identity on one rank; the sharded executor MAX-reduces over that tensor's amax group,
+// engine/amax_groups.h). Delayed scaling updates the input/weight states after
 // each forward pass and the gradient states after each backward pass. During activation recompute
 // the forward tensors are re-quantized with the scales the forward pass used and record nothing,
 // so recompute reproduces the forward's bytes.
@@ -15,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include "engine/config.h"
 #include "kernels/gemm.h"
@@ -24,9 +26,15 @@ namespace meshproof::engine {
 
 enum class Fp8Role : uint8_t { kInput, kWeight, kGradOutput };
 
+// "input", "weight", "grad_output" (the suffix of the delayed-scaling state keys).
+std::string_view fp8_role_name(Fp8Role r);
+
 class Fp8Recipe {
  public:
-  using AmaxHook = std::function<void(float* amax, int64_t n)>;
+  // MAX-reduces amax[0..n) in place (host floats) for the tensor of `linear` (e.g.
+  // "layers.0.attn.qkv") in `role`.
+  using AmaxHook =
+      std::function<void(const std::string& linear, Fp8Role role, float* amax, int64_t n)>;
   Fp8Recipe(const RecipeConfig& config, AmaxHook reduce_amax);
 
   // True for delayed, current, mxfp8 and block; false for fp32/bf16 (GEMMs unquantized).
@@ -56,7 +64,7 @@ class Fp8Recipe {
  private:
   void update(bool forward_roles);
   // MAX-reduces the first n floats of `amax` (host or device) through the executor's hook.
-  void reduce(kernels::Tensor& amax, int64_t n);
+  void reduce(const std::string& linear, Fp8Role role, kernels::Tensor& amax, int64_t n);
 
   RecipeConfig config_;
   AmaxHook reduce_amax_;

@@ -202,6 +202,13 @@ const DimSet kReplicate{MeshDim::kDpReplicate};
 const DimSet kTp{MeshDim::kTp};
 const DimSet kData{MeshDim::kDpReplicate, MeshDim::kDpShard};
 const DimSet kWorld{MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp};
+// Every non-empty group (collective statistics: the amax groups may be any of them).
+const std::vector<DimSet> kAllGroups = [] {
+  std::vector<DimSet> g;
+  for (unsigned bits = 1; bits < (1u << mesh::kNumMeshDims); ++bits)
+    g.push_back(DimSet::from_bits(bits));
+  return g;
+}();
 
 }  // namespace
 
@@ -253,7 +260,7 @@ struct TrainingSession::Impl {
   std::map<size_t, Fp8Shard> step_shards;
   std::map<std::string, int64_t> gathered_bytes;
   int64_t gathered_now = 0;
-  bool last_micro_batch = false;
+  bool first_micro_batch = false, last_micro_batch = false;
   int64_t step = 0;    // optimizer steps taken
   int64_t cursor = 0;  // next global batch
   std::vector<std::string> notes;
@@ -273,7 +280,8 @@ struct TrainingSession::Impl {
         rank(c.rank()),
         model(options.config),
         data(config.model.vocab, config.data, config.training.batch, config.training.seq_len),
-        recipe(config.recipe, [this](float* amax, int64_t n) { reduce_amax(amax, n); }) {
+        recipe(config.recipe, [this](const std::string& linear, Fp8Role role, float* amax,
+                                     int64_t n) { reduce_amax(linear, role, amax, n); }) {
     validate(config);
     const MeshSpec& ms = options.mesh;
     MP_CHECK_INPUT(mesh == ms.device_mesh(),
@@ -338,6 +346,7 @@ struct TrainingSession::Impl {
       units[prm.unit].push_back(params.size());
       params.push_back(std::move(prm));
     }
+    if (rk == RecipeKind::kMxfp8) check_mxfp8_shapes();
     hooks.impl = this;
     for (Param& p : params) {
       const Layout& described = state_layout(p);
@@ -378,6 +387,30 @@ struct TrainingSession::Impl {
       mem.params += p.master.nbytes().value + fp8_bytes(p.fp8);
       mem.grads += p.grad.nbytes().value;
       mem.optimizer += p.exp_avg.nbytes().value + p.exp_avg_sq.nbytes().value;
+    }
+  }
+
+  // MXFP8 quantizes 1x32 and 32x1 blocks of every GEMM operand. engine/config.cc validates the
+  // single-rank shapes; on a mesh the operands are this data rank's micro-batch tokens (M of the
+  // inputs and output gradients) and the TP-local weight boxes (their dims are the N and K of
+  // every operand), so both must stay multiples of 32. Checked up front: an input error naming
+  // the mesh rather than a quantization failure in the middle of the first step.
+  void check_mxfp8_shapes() const {
+    const TrainingConfig& t = config.training;
+    const int64_t dp = mesh.group_size(kData);
+    const int64_t tokens = t.batch / (dp * t.micro_batches) * t.seq_len;
+    MP_CHECK_INPUT(tokens % 32 == 0,
+                   "recipe = mxfp8 on mesh {}: each data-parallel rank's micro-batch has "
+                   "training.batch / ({} data-parallel ranks x training.micro_batches = {}) x "
+                   "training.seq_len = {} tokens, not a multiple of 32",
+                   mesh.str(), dp, t.micro_batches, tokens);
+    for (const Param& p : params) {
+      if (p.linear.empty()) continue;
+      const Shape s = p.compute.shape();
+      MP_CHECK_INPUT(s[0] % 32 == 0 && s[1] % 32 == 0,
+                     "recipe = mxfp8 on mesh {}: the tensor-parallel shard of {} {} is {}, whose "
+                     "dims must be multiples of 32 (mesh.tp = {})",
+                     mesh.str(), p.spec.name, p.spec.shape.str(), s.str(), options.mesh.tp);
     }
   }
 
@@ -480,25 +513,28 @@ struct TrainingSession::Impl {
     cursor = state.scalars.at("data/cursor");
   }
 
-  // FP8 amax reduction (DESIGN.md section 4): every amax the recipe records is MAX-reduced over
-  // the whole mesh. Weights: the dp ranks hold the same gathered weight and the tp ranks disjoint
-  // shards of it, so the result is the amax of the global weight; activations and gradients:
-  // the dp ranks hold disjoint rows of the global micro-batch and the tp ranks disjoint columns
-  // (or copies), so the result is the single-rank amax of that micro-batch when every rank runs
-  // one micro-batch per step. Every rank therefore quantizes with the single-rank scales.
-  // amax_not_reduced (fault): no reduction, each rank scales by its own piece.
-  void reduce_amax(float* amax, int64_t n) {
-    if (options.faults.amax_not_reduced && options.faults.active(step)) return;
-    mesh::Communicator& world = comms.group(kWorld);
-    if (world.size() == 1) return;
+  // FP8 amax reduction (DESIGN.md sections 4 and 5): each amax the recipe records is MAX-reduced
+  // over the group of the ranks that hold a piece of its tensor (engine/amax_groups.h: weights
+  // over dp_shard + tp, activations and gradients over the data dims plus tp where the tensor is
+  // split over tp), looked up per linear and role in the default table or options.amax_groups.
+  // Every rank therefore quantizes with the single-rank scales.
+  // amax_not_reduced (fault): while active every tensor's group is empty (no reduction): each
+  // rank scales by its own piece.
+  DimSet amax_dims(const std::string& linear, Fp8Role role) const {
+    if (options.faults.amax_not_reduced && options.faults.active(step)) return DimSet{};
+    return amax_group({linear_kind(linear), role}, options.mesh, options.amax_groups);
+  }
+  void reduce_amax(const std::string& linear, Fp8Role role, float* amax, int64_t n) {
+    mesh::Communicator& group = comms.group(amax_dims(linear, role));
+    if (group.size() == 1) return;
     Tensor buf = Tensor::from_vector<float>({n}, std::vector<float>(amax, amax + n));
-    world.all_reduce(buf, mesh::ReduceOp::kMax);
+    group.all_reduce(buf, mesh::ReduceOp::kMax);
     std::memcpy(amax, buf.raw_data(), static_cast<size_t>(n) * sizeof(float));
   }
 
   std::map<std::string, double> collective_seconds() {
     std::map<std::string, double> s;
-    for (DimSet d : {kShard, kReplicate, kData, kTp, kWorld}) {
+    for (DimSet d : kAllGroups) {
       mesh::Communicator& c = comms.group(d);
       for (int k = 0; k < mesh::kNumCollectiveKinds; ++k) {
         const auto kind = static_cast<mesh::CollectiveKind>(k);
@@ -514,9 +550,13 @@ struct TrainingSession::Impl {
   // differs cannot hide, and the largest error; scale_inv values are the keeping rank's.
   void record_parity(const Param& p, const Tensor& local, const Tensor* scale,
                      const kernels::QuantizedTensor& gathered) {
+    // The reference's amax group is the default weight group, whatever the run's table says:
+    // the reference is the single-rank quantization.
+    const DimSet ref_group =
+        default_amax_group({linear_kind(p.linear), Fp8Role::kWeight}, options.mesh);
     AllGatherParity r =
-        fp8_all_gather_parity(comms.group(kShard), comms.group(kWorld), p.layout, local, p.compute,
-                              config.recipe.kind, scale, gathered);
+        fp8_all_gather_parity(comms.group(kShard), comms.group(ref_group), p.layout, local,
+                              p.compute, config.recipe.kind, scale, gathered);
     const std::vector<double> all = gather_doubles(
         comms.group(kWorld),
         {static_cast<double>(r.bytes), static_cast<double>(r.mismatched_bytes), r.max_abs_error});
@@ -565,7 +605,8 @@ struct TrainingSession::Impl {
     const bool keep =
         pass == Pass::kForward && unit != kRootUnit && !options.fsdp.reshard_after_forward;
     if (!keep) release_weights(unit);
-    if (pass == Pass::kBackward && last_micro_batch) reduce_gradients(unit);
+    if (pass == Pass::kBackward && (last_micro_batch || options.fsdp.sync_each_micro_batch))
+      reduce_gradients(unit);
   }
 
   void gather_weight(size_t i) {
@@ -618,7 +659,7 @@ struct TrainingSession::Impl {
 
   // The local shard of GEMM weight i quantized for the FP8 all-gather: the FP8 primary weight,
   // or the bf16 compute copy of the master shard quantized at its first gather of the step (the
-  // amax group is the whole mesh, as for the recipe's own weight quantization, reduce_amax).
+  // amax group is the weight's, as for the recipe's own weight quantization, reduce_amax).
   std::map<size_t, Tensor> step_hp;  // bf16 compute copies of the shards in step_shards
   const Fp8Shard& fp8_shard(size_t i) {
     const Param& p = params[i];
@@ -639,13 +680,18 @@ struct TrainingSession::Impl {
     Tensor scale;
     if (rk_delayed())
       scale = recipe.delayed_states().at(p.linear + "/weight").scale.to(kernels::Device::cpu());
-    return quantize_shard(comms.group(kShard), comms.group(kWorld), p.layout, local, p.compute,
-                          config.recipe.kind, scale.defined() ? &scale : nullptr,
-                          !(options.faults.amax_not_reduced && options.faults.active(step)));
+    // Current scaling MAX-reduces the shard's amax over the weight's amax group (empty under the
+    // amax_not_reduced fault).
+    return quantize_shard(comms.group(kShard), comms.group(amax_dims(p.linear, Fp8Role::kWeight)),
+                          p.layout, local, p.compute, config.recipe.kind,
+                          scale.defined() ? &scale : nullptr);
   }
 
   // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP), of the
-  // unit's accumulated gradients; the unsharded gradients are freed.
+  // unit's accumulated gradients; the unsharded gradients are freed. With
+  // fsdp.sync_each_micro_batch this runs after every micro-batch and the reduced shards of the
+  // micro-batches after the first are added to p.grad (the next micro-batch's backward starts
+  // from fresh zero gradients).
   void reduce_gradients(int64_t unit) {
     mesh::Communicator& shard = comms.group(kShard);
     mesh::Communicator& replicate = comms.group(kReplicate);
@@ -663,10 +709,15 @@ struct TrainingSession::Impl {
       const Tensor real = g.shape()[0] == p.compute.extent[0].value
                               ? g
                               : g.slice_rows(0, p.compute.extent[0].value);
-      p.grad = reduce_scatter_box(shard, p.layout, on_device(real, kernels::Device::cpu()),
-                                  p.compute, mesh::ReduceOp::kAvg);
-      if (replicate.size() > 1 && !skip_replicas && p.grad.numel().value > 0)
-        replicate.all_reduce(p.grad, mesh::ReduceOp::kAvg);
+      Tensor reduced = reduce_scatter_box(shard, p.layout, on_device(real, kernels::Device::cpu()),
+                                          p.compute, mesh::ReduceOp::kAvg);
+      if (replicate.size() > 1 && !skip_replicas && reduced.numel().value > 0)
+        replicate.all_reduce(reduced, mesh::ReduceOp::kAvg);
+      if (!options.fsdp.sync_each_micro_batch || first_micro_batch || reduced.numel().value == 0) {
+        p.grad = std::move(reduced);
+      } else {
+        kernels::add_(p.grad, reduced);
+      }
       grads.erase(p.spec.name);
     }
   }
@@ -762,6 +813,7 @@ struct TrainingSession::Impl {
     const double grad_scale = static_cast<double>(dp) / positions;
     double loss_sum = 0;
     for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
+      first_micro_batch = mb == 0;
       last_micro_batch = mb + 1 == t.micro_batches;
       const int64_t row0 = j * local_rows + mb * micro_rows;
       const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
@@ -863,7 +915,7 @@ RankReport rank_report(TrainingSession& s, mesh::RankComms& comms) {
   r.rank = comms.rank();
   r.coords = comms.mesh().coords(r.rank);
   r.memory = s.memory();
-  for (DimSet d : {kShard, kReplicate, kData, kTp, kWorld}) {
+  for (DimSet d : kAllGroups) {
     mesh::Communicator& c = comms.group(d);
     if (c.size() == 1) continue;
     for (int k = 0; k < mesh::kNumCollectiveKinds; ++k) {

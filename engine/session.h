@@ -21,10 +21,15 @@
 //     collectives inside the model (TpContext, sequence parallelism included); fp32 gradients
 //     accumulate over micro-batches (deferred sync) and each unit's are reduce-scattered (avg)
 //     over dp_shard and all-reduced (avg) over dp_replicate right after its backward in the last
-//     micro-batch; global gradient norm with every element counted once; AdamW on local shards;
-//   - FP8: every amax is MAX-reduced over the whole mesh (so ranks quantize with the single-rank
-//     scales); fsdp.fp8_all_gather quantizes the GEMM weights shard-wise once per step and
-//     gathers FP8 bytes (engine/fp8_all_gather.h), bitwise equal to the high-precision gather;
+//     micro-batch (fsdp.sync_each_micro_batch: after every micro-batch, reduced shards summed);
+//     global gradient norm with every element counted once; AdamW on local shards;
+//   - FP8: every per-tensor amax (current scaling, delayed-scaling histories) is MAX-reduced over
+//     the ranks that hold a piece of its tensor, an explicit table per linear kind and role
+//     (engine/amax_groups.h; weights over dp_shard + tp, activations and gradients over
+//     dp_replicate + dp_shard, plus tp where the tensor is split over tp), overridable per entry
+//     (RunOptions::amax_groups), so ranks quantize with the single-rank scales;
+//     fsdp.fp8_all_gather quantizes the GEMM weights shard-wise once per step and gathers FP8
+//     bytes (engine/fp8_all_gather.h), bitwise equal to the high-precision gather;
 //     fsdp.fp8_params keeps the GEMM weights as FP8 shards (+ scale_inv) re-quantized from the
 //     fp32 master after every optimizer step, gathered in FP8 and saved in checkpoints
 //     ("fp8/params/<name>/..."), so a resumed run computes with the loaded FP8 weights.
@@ -47,8 +52,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/amax_groups.h"
 #include "engine/config.h"
 #include "engine/faults.h"
+#include "engine/mesh_spec.h"
 #include "engine/sharded_state.h"
 #include "engine/trainer.h"
 #include "kernels/runtime.h"
@@ -58,19 +65,15 @@
 
 namespace meshproof::engine {
 
-struct MeshSpec {
-  int dp_replicate = 1;
-  int dp_shard = 1;
-  int tp = 1;
-  bool sequence_parallel = false;  // needs tp > 1
-  mesh::DeviceMesh device_mesh() const { return mesh::DeviceMesh(dp_replicate, dp_shard, tp); }
-  int world_size() const { return dp_replicate * dp_shard * tp; }
-};
-
 struct FsdpOptions {
   bool reshard_after_forward = true;  // free gathered weights after forward, re-gather for bwd
   bool fp8_all_gather = false;        // gather FP8 bytes + scales instead of fp32/bf16
   bool fp8_params = false;            // FP8 primary weights
+  // Reduce-scatter (and HSDP all-reduce) the gradients after every micro-batch's backward and
+  // accumulate the reduced shards, instead of accumulating locally and reducing once after the
+  // last micro-batch (deferred sync, the default). Same result up to fp32 summation order;
+  // micro_batches times the gradient collectives.
+  bool sync_each_micro_batch = false;
 };
 
 // A digest of one tensor at one point of a step (first-diverging-tensor reports): hash, sum and
@@ -109,7 +112,10 @@ struct RunOptions {
   kernels::Device backend = kernels::Device::cpu();
   std::string launcher = "local";  // "local" (ranks are threads) or "mpi" (this process = 1 rank)
   FaultInjection faults;           // engine/faults.h
-  int64_t steps = 0;               // optimizer steps to run in this call (0: config.training.steps)
+  // Amax reduction groups replacing entries of the default table (engine/amax_groups.h); empty:
+  // the defaults. Tests and fault injection use it; amax_not_reduced empties every group.
+  AmaxGroupOverrides amax_groups;
+  int64_t steps = 0;  // optimizer steps to run in this call (0: config.training.steps)
   // Per-step digests and values of every global gradient and weight (RunResult::trace).
   bool trace = false;
   // Compare every FP8 all-gathered weight with quantize(gather(shard)) (RunResult::parity).

@@ -22,7 +22,7 @@ struct CommHooks {
   // Sums a scalar over the group (loss sums, squared gradient norms of shards).
   std::function<double(double)> sum_scalar = [](double v) { return v; };
   // MAX-reduces amax values over the amax group in place (FP8 recipes; identity here).
-  std::function<void(float* amax, int64_t n)> reduce_amax = [](float*, int64_t) {};
+  Fp8Recipe::AmaxHook reduce_amax = [](const std::string&, Fp8Role, float*, int64_t) {};
 };
 
 struct StepMetrics {

@@ -120,6 +120,9 @@ json to_canonical_json(const Scenario& s) {
   j["fsdp"] = {{"reshard_after_forward", s.fsdp.reshard_after_forward},
                {"fp8_all_gather", s.fsdp.fp8_all_gather},
                {"fp8_params", s.fsdp.fp8_params}};
+  // Written only when set, so that the hashes of scenarios that leave it at its default (every
+  // golden and checkpoint made before the key existed) stay what they were.
+  if (s.fsdp.sync_each_micro_batch) j["fsdp"]["sync_each_micro_batch"] = true;
   const TrainConfig& t = s.train;
   j["train"] = {{"steps", t.steps},
                 {"global_batch", t.global_batch},
@@ -202,6 +205,7 @@ std::string summary_line(const Scenario& s) {
   std::string recipe = to_string(s.recipe.name);
   if (s.fsdp.fp8_all_gather) recipe += " +fp8_all_gather";
   if (s.fsdp.fp8_params) recipe += " +fp8_params";
+  if (s.fsdp.sync_each_micro_batch) recipe += " +sync_each_micro_batch";
   const std::vector<std::string> checks = s.checks.enabled_names();
   std::string line = fmt::format(
       "mesh {} | recipe {} | steps {} | checks {}", describe_mesh(s.mesh), recipe, s.train.steps,

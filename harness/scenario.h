@@ -66,9 +66,10 @@ struct RecipeConfig {
 };
 
 struct FsdpConfig {
-  bool reshard_after_forward = true;  // free gathered weights after forward, gather again
-  bool fp8_all_gather = false;        // gather quantized shards (FP8 recipes only)
-  bool fp8_params = false;            // FP8 primary weights (FP8 recipes only)
+  bool reshard_after_forward = true;   // free gathered weights after forward, gather again
+  bool fp8_all_gather = false;         // gather quantized shards (FP8 recipes only)
+  bool fp8_params = false;             // FP8 primary weights (FP8 recipes only)
+  bool sync_each_micro_batch = false;  // reduce gradients after every micro-batch (not deferred)
 };
 
 using Schedule = engine::LrSchedule;

@@ -629,10 +629,11 @@ struct Resolver {
     sc.recipe = read_recipe(top.get("recipe"), "recipe", root_where);
 
     Section fs(top.get("fsdp"), "fsdp", root_where, locs,
-               {"reshard_after_forward", "fp8_all_gather", "fp8_params"});
+               {"reshard_after_forward", "fp8_all_gather", "fp8_params", "sync_each_micro_batch"});
     sc.fsdp.reshard_after_forward = fs.boolean("reshard_after_forward", true);
     sc.fsdp.fp8_all_gather = fs.boolean("fp8_all_gather", false);
     sc.fsdp.fp8_params = fs.boolean("fp8_params", false);
+    sc.fsdp.sync_each_micro_batch = fs.boolean("sync_each_micro_batch", false);
     for (const char* key : {"fp8_all_gather", "fp8_params"}) {
       const bool on =
           std::string(key) == "fp8_all_gather" ? sc.fsdp.fp8_all_gather : sc.fsdp.fp8_params;

@@ -153,6 +153,7 @@ engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& reque
   o.fsdp.reshard_after_forward = s.fsdp.reshard_after_forward;
   o.fsdp.fp8_all_gather = s.fsdp.fp8_all_gather;
   o.fsdp.fp8_params = s.fsdp.fp8_params;
+  o.fsdp.sync_each_micro_batch = s.fsdp.sync_each_micro_batch;
   // The runner resolves auto before it gets here (harness/runner.h resolve_backend).
   MP_CHECK(s.backend != Backend::kAuto, "{}: backend auto reached the engine unresolved", s.name);
   o.backend = s.backend == Backend::kCuda ? kernels::Device::cuda(0) : kernels::Device::cpu();

@@ -1,10 +1,13 @@
 // FP8 recipes (DESIGN.md section 4) applied to the qkv/proj/fc1/fc2 GEMMs: tracking the fp32
 // reference, training toward the entropy floor, determinism, recompute with delayed scaling, and
 // the amax hook.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "engine/trainer.h"
 
@@ -94,7 +97,9 @@ TEST(DelayedScaling, ScalesStartAtOneAndFollowTheAmaxHistory) {
   Config c = fp8_config(RecipeKind::kDelayed);
   int64_t reductions = 0;
   CommHooks hooks;
-  hooks.reduce_amax = [&reductions](float*, int64_t n) { reductions += n; };
+  hooks.reduce_amax = [&reductions](const std::string&, Fp8Role, float*, int64_t n) {
+    reductions += n;
+  };
   Trainer t(c, hooks);
   t.step();
   auto& states = t.recipe().delayed_states();
@@ -116,16 +121,22 @@ TEST(DelayedScaling, ScalesStartAtOneAndFollowTheAmaxHistory) {
 TEST(CurrentScaling, AmaxGoesThroughTheHook) {
   Config c = fp8_config(RecipeKind::kCurrent);
   int64_t calls = 0;
+  std::map<std::string, int> per_tensor;  // "<linear>/<role>" -> calls
   CommHooks hooks;
-  hooks.reduce_amax = [&calls](float* amax, int64_t n) {
+  hooks.reduce_amax = [&](const std::string& linear, Fp8Role role, float* amax, int64_t n) {
     EXPECT_EQ(n, 1);
     EXPECT_GE(*amax, 0.0f);
+    ++per_tensor[linear + "/" + std::string(fp8_role_name(role))];
     ++calls;
   };
   Trainer t(c, hooks);
   t.step();
-  // Forward: X and W of 4 linears; backward: dY of 4 linears.
+  // Forward: X and W of 4 linears; backward: dY of 4 linears; each named once.
   EXPECT_EQ(calls, 12);
+  EXPECT_EQ(per_tensor.size(), 12u);
+  for (const char* l : {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"})
+    for (const char* r : {"input", "weight", "grad_output"})
+      EXPECT_EQ(per_tensor[fmt::format("layers.0.{}/{}", l, r)], 1) << l << "/" << r;
 }
 
 TEST(Mxfp8, RejectsDimsThatAreNotMultiplesOf32) {

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <mutex>
 
 #include "engine/session.h"
 #include "engine/trainer.h"
@@ -105,17 +106,20 @@ class Fp32Mesh : public ::testing::TestWithParam<MeshSpec> {};
 TEST_P(Fp32Mesh, MatchesSingleRank) { expect_matches_single_rank(tiny(), GetParam()); }
 TEST_P(Fp32Mesh, UnevenShapesMatchSingleRank) { expect_matches_single_rank(uneven(), GetParam()); }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh,
-                         ::testing::Values(MeshSpec{1, 1, 1}, MeshSpec{1, 2, 1}, MeshSpec{1, 4, 1},
-                                           MeshSpec{1, 8, 1}, MeshSpec{2, 2, 1}, MeshSpec{2, 1, 1},
-                                           MeshSpec{1, 1, 2}, MeshSpec{1, 1, 4}, MeshSpec{1, 2, 2},
-                                           MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2},
-                                           MeshSpec{1, 1, 2, true}, MeshSpec{1, 2, 2, true}),
-                         [](const auto& info) {
-                           const MeshSpec& m = info.param;
-                           return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
-                                              m.sequence_parallel ? "_sp" : "");
-                         });
+// The acceptance meshes of issue 6 (1, dp_shard 2/4/8, dp_replicate 2 x dp_shard 2, tp 2/4,
+// tp 2 + SP, dp_shard 2 x tp 2, dp_shard 4 x tp 2, dp_replicate 2 x dp_shard 2 x tp 2) plus pure
+// replication and dp_shard 2 x tp 2 + SP; the recipe matrix below uses the same list.
+const std::vector<MeshSpec> kMeshes = {
+    MeshSpec{1, 1, 1},      MeshSpec{1, 2, 1}, MeshSpec{1, 4, 1}, MeshSpec{1, 8, 1},
+    MeshSpec{2, 2, 1},      MeshSpec{2, 1, 1}, MeshSpec{1, 1, 2}, MeshSpec{1, 1, 4},
+    MeshSpec{1, 2, 2},      MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2}, MeshSpec{1, 1, 2, true},
+    MeshSpec{1, 2, 2, true}};
+
+INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh, ::testing::ValuesIn(kMeshes), [](const auto& info) {
+  const MeshSpec& m = info.param;
+  return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
+                     m.sequence_parallel ? "_sp" : "");
+});
 
 TEST(ShardedMemory, FsdpParamAndOptimizerBytesScaleAsOneOverN) {
   const Config c = tiny();
@@ -161,6 +165,143 @@ TEST(ShardedAccumulation, DeferredSyncMatchesPerMicroBatchSplit) {
     // fp32 rounding of differently ordered gradient sums: measured < 1e-7 relative.
     EXPECT_NEAR(ra.metrics[static_cast<size_t>(s)].loss, rb.metrics[static_cast<size_t>(s)].loss,
                 1e-6 * ra.metrics[static_cast<size_t>(s)].loss);
+  }
+}
+
+// Global AdamW first moments after one step (exp_avg = (1 - beta1) * gradient when clipping is
+// off), assembled from every rank's state entries by an after_step hook.
+// Global AdamW first moments after one step (exp_avg = (1 - beta1) * gradient when clipping is
+// off), assembled from every rank's state entries by an after_step hook. The global tensors are
+// made here: tensors made on a rank thread belong to that rank's memory tracker.
+std::map<std::string, std::vector<float>> first_moments(const RunOptions& base, RunResult* out) {
+  std::map<std::string, kernels::Tensor> global;
+  for (const ParamSpec& p : param_specs(base.config.model))
+    global.emplace(
+        p.name, kernels::Tensor::zeros(p.shape, kernels::DType::kFloat32, kernels::Device::cpu()));
+  std::mutex mu;
+  RunOptions o = base;
+  o.after_step = [&](ShardedState& st, int rank, int64_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const StateEntry& e : st.entries) {
+      if (!e.key.ends_with("/exp_avg")) continue;
+      const std::string name = e.key.substr(6, e.key.size() - 6 - 8);  // optim/<name>/exp_avg
+      kernels::Tensor& g = global.at(name);
+      const mesh::Box& b = e.layout.box(rank);
+      if (!b.empty()) mesh::copy_region(e.local, b, g, mesh::Box::whole(g.shape()), b);
+    }
+  };
+  *out = run_training(o);
+  std::map<std::string, std::vector<float>> m;
+  for (const auto& [n, t] : global) m[n] = t.to_vector<float>();
+  return m;
+}
+
+TEST(ShardedAccumulation, DeferredSyncMatchesSyncEachMicroBatchWithinTheFp32Bound) {
+  // One step, 4 micro-batches per data-parallel rank, clipping off: the reduced gradient is
+  // g = sum over ranks r and micro-batches k of t_{r,k} / dp in both modes; only the order of the
+  // fp32 additions differs. Deferred sync adds each micro-batch's contribution into the rank's
+  // accumulator and then reduces over the dp ranks (rank order); per-micro-batch sync reduces
+  // every micro-batch's gradient over the ranks and sums the n_mb reduced shards. Division by
+  // dp (2 or 4) is exact. GEMM weights, biases and norm weights add one partial sum per
+  // micro-batch (computed from zero, identical in both modes); the embedding backward adds each
+  // token's row one by one into the accumulator. With u = 2^-24, every result is within
+  // h * u * S of the exact sum (recursive summation, first order), h the longest chain of
+  // roundings, S_i = sum of |terms| of element i: so
+  //   |g_deferred - g_each| <= 2 h u S_i,  h = T + n_mb + dp,
+  // T = tokens per rank and step (the embedding's per-token chain; n_mb + dp suffices for the
+  // other parameters, T keeps one bound for all). S_i is computed here from per-row single-rank
+  // backward passes: for one row, embed.pos's gradient is that row's token gradients dx[b, s]
+  // exactly (one term per position), which give the embedding's per-token terms; for every other
+  // parameter sum_b |grad_b| bounds the sum of |micro-batch partial sums|. (On the tp mesh the
+  // rank-local terms are TP pieces of the same sums: S changes by fp32 rounding only.)
+  // Compared through exp_avg = fl((1 - beta1) g): |dm| <= (1 - beta1) |dg| + u (|m_a| + |m_b|).
+  // Measured: worst |dm| 1.9e-9 on each mesh, at most 2.1% (1,2,1), 4.6% (2,2,1), 2.5% (1,2,2)
+  // of its element's bound; 1479 / 1629 / 1422 elements differ, so the modes do round apart.
+  Config c = tiny();
+  c.training.batch = 16;  // 4 micro-batches of one row on each of the 4 ranks of (2, 2, 1)
+  c.training.micro_batches = 4;
+  c.training.max_grad_norm = 0;  // clipping off: exp_avg is (1 - beta1) * gradient
+  const int64_t B = c.training.batch, S = c.training.seq_len;
+  const double positions = static_cast<double>(B * S);
+  const double u = std::ldexp(1.0, -24);
+
+  // Per-row gradients of step 0 (fp32, single rank, scaled to the mean loss).
+  const GptModel model(c);
+  const TensorMap w0 = init_params(c.model, c.seed);
+  const MarkovSource data(c.model.vocab, c.data, B, S);
+  std::map<std::string, std::vector<double>> sum_abs;
+  const int64_t H = c.model.hidden;
+  for (int64_t b = 0; b < B; ++b) {
+    TensorMap g;
+    for (const std::string& n : w0.names())
+      g.insert(n, kernels::Tensor::zeros(w0.at(n).shape(), kernels::DType::kFloat32,
+                                         kernels::Device::cpu()));
+    const kernels::Tensor tokens = data.rows(0, b, b + 1);
+    model.forward_backward(w0, tokens, {0, b}, 1.0 / positions, g);
+    for (const std::string& n : g.names()) {
+      const std::vector<float> v = g.at(n).to_vector<float>();
+      std::vector<double>& acc = sum_abs[n];
+      acc.resize(v.size(), 0.0);
+      for (size_t i = 0; i < v.size(); ++i) acc[i] += std::abs(v[i]);
+    }
+    // embed.tok: token id[s]'s row also gets |dx[b, s]| = |grad_b(embed.pos)[s]| per position
+    // (its per-token terms; the line above covers a tied lm_head's GEMM partial sums).
+    const std::vector<float> dpos = g.at("embed.pos").to_vector<float>();
+    const std::vector<int32_t> ids = tokens.to_vector<int32_t>();
+    std::vector<double>& tok = sum_abs["embed.tok"];
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h)
+        tok[static_cast<size_t>(ids[static_cast<size_t>(s)] * H + h)] +=
+            std::abs(dpos[static_cast<size_t>(s * H + h)]);
+  }
+
+  const double c1 = static_cast<float>(1.0 - c.training.beta1);
+  const int64_t nparams = static_cast<int64_t>(param_specs(c.model).size());
+  for (const MeshSpec& m : {MeshSpec{1, 2, 1}, MeshSpec{2, 2, 1}, MeshSpec{1, 2, 2}}) {
+    RunOptions deferred = run_options(c, m, 1), each = deferred;
+    each.fsdp.sync_each_micro_batch = true;
+    RunResult rd, re;
+    const auto md = first_moments(deferred, &rd), me = first_moments(each, &re);
+    const int64_t dp = m.dp_replicate * m.dp_shard;
+    const double h = static_cast<double>(B / dp * S + c.training.micro_batches + dp);
+    double worst_ratio = 0, worst_abs = 0;
+    int64_t differing = 0;
+    for (const auto& [name, a] : md) {
+      const std::vector<float>& b = me.at(name);
+      const std::vector<double>& sa = sum_abs.at(name);
+      ASSERT_EQ(a.size(), b.size()) << name;
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+        const double bound = c1 * 2 * h * u * sa[i] + u * (std::abs(a[i]) + std::abs(b[i]));
+        EXPECT_LE(d, bound) << mesh_name(m) << " " << name << "[" << i << "]";
+        differing += d > 0;
+        worst_abs = std::max(worst_abs, d);
+        if (bound > 0) worst_ratio = std::max(worst_ratio, d / bound);
+      }
+    }
+    RecordProperty(fmt::format("{}_worst_abs", mesh_name(m)), fmt::format("{:.3g}", worst_abs));
+    RecordProperty(fmt::format("{}_worst_of_bound", mesh_name(m)),
+                   fmt::format("{:.3g}", worst_ratio));
+    RecordProperty(fmt::format("{}_elements_differing", mesh_name(m)), std::to_string(differing));
+    // Collective counters: deferred sync reduce-scatters each parameter's gradient once per
+    // step, per-micro-batch sync once per micro-batch (HSDP: the replica all-reduce likewise).
+    for (size_t r = 0; r < rd.ranks.size(); ++r) {
+      int64_t rs_d = 0, rs_e = 0, ar_d = 0, ar_e = 0;
+      for (const CollectiveRecord& cr : rd.ranks[r].collectives) {
+        if (cr.kind == "reduce_scatter" && cr.group == "dp_shard") rs_d += cr.count;
+        if (cr.kind == "all_reduce" && cr.group == "dp_replicate") ar_d += cr.count;
+      }
+      for (const CollectiveRecord& cr : re.ranks[r].collectives) {
+        if (cr.kind == "reduce_scatter" && cr.group == "dp_shard") rs_e += cr.count;
+        if (cr.kind == "all_reduce" && cr.group == "dp_replicate") ar_e += cr.count;
+      }
+      EXPECT_EQ(rs_d, nparams) << mesh_name(m) << " rank " << r;
+      EXPECT_EQ(rs_e, c.training.micro_batches * nparams) << mesh_name(m) << " rank " << r;
+      const int64_t replicas = m.dp_replicate > 1 ? 1 : 0;
+      EXPECT_EQ(ar_d, replicas * nparams) << mesh_name(m) << " rank " << r;
+      EXPECT_EQ(ar_e, replicas * c.training.micro_batches * nparams)
+          << mesh_name(m) << " rank " << r;
+    }
   }
 }
 
@@ -243,9 +384,27 @@ struct RecipeCase {
 
 class RecipeMesh : public ::testing::TestWithParam<RecipeCase> {};
 
+// MXFP8 needs every GEMM operand in 32-element blocks along both dims (engine/config.cc for the
+// single-rank shapes, the session for the sharded ones). With fp8_model two meshes of the matrix
+// break that and are rejected as input errors before the first step: dp_shard 8 leaves
+// 16 / 8 rows x 8 positions = 16 tokens per rank, and tp 4 cuts qkv [192, 64] into [48, 64]
+// shards. Those cases assert the rejection instead of a loss.
+bool mxfp8_rejects(const MeshSpec& m) { return m.dp_replicate * m.dp_shard == 8 || m.tp == 4; }
+
 TEST_P(RecipeMesh, LossTracksSingleRank) {
   const RecipeCase& rc = GetParam();
   const Config c = fp8_model(rc.kind);
+  if (rc.kind == RecipeKind::kMxfp8 && mxfp8_rejects(rc.mesh)) {
+    try {
+      run_training(run_options(c, rc.mesh, 1));
+      FAIL() << "expected an input error for mxfp8 on " << mesh_name(rc.mesh);
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput) << e.what();
+      EXPECT_NE(std::string(e.what()).find("recipe = mxfp8 on mesh"), std::string::npos)
+          << e.what();
+    }
+    return;
+  }
   constexpr int kSteps = 4;
   const Reference ref = single_rank(c, kSteps);
   const RunResult run = run_training(run_options(c, rc.mesh, kSteps));
@@ -257,12 +416,22 @@ TEST_P(RecipeMesh, LossTracksSingleRank) {
   // Sharding changes GEMM reduction lengths (TP) and gradient summation order (DP); in bf16 and
   // FP8 the rounding of reordered sums and of re-quantized operands near a rounding boundary
   // shifts the loss slightly. DESIGN.md section 8 allows 1e-2 for bf16; the same bound is used
-  // for the FP8 recipes. Measured worst relative loss deviation over 4 steps: bf16 1.5e-5 (dp2),
-  // 2.5e-3 (dp2 x tp2); delayed 1.5e-3 (dp2), 3.7e-3 (tp2); current 0 (dp2), 3.3e-3 (HSDP-style
-  // dp_replicate2 x tp2), 3.3e-3 (tp2 + SP); bf16 2.5e-3 (tp2 + SP); mxfp8 0 (dp2), 1.4e-3 (tp2);
-  // block 0 (dp2). Pure data parallelism is
-  // exact for current/mxfp8/block because the amax is MAX-reduced over the mesh and the FP8
-  // GEMMs see the same operands; TP changes GEMM reduction lengths (bf16 partial sums).
+  // for the FP8 recipes. Measured worst relative loss deviation over 4 steps on the 13 meshes
+  // (kMeshes):
+  //   bf16     2.5e-3 (every tp 2 mesh, with or without SP), 1.2e-3 (tp 4), <= 2.9e-5 on the
+  //            data-parallel meshes (dp_shard 8);
+  //   delayed  3.7e-3 (tp 2, tp 2 + SP), 2.9e-3 (tp 4), 2.2e-3 (dp_shard 4, dp_replicate 2 x
+  //            dp_shard 2), 1.4e-3 (dp_replicate 2 x dp_shard 2 x tp 2);
+  //   current  3.3e-3 (every tp 2 mesh), 2.4e-3 (tp 4), 0 on every data-parallel mesh;
+  //   mxfp8    1.4e-3 (every tp 2 mesh), 0 on the data-parallel meshes (dp_shard 8 and tp 4 are
+  //            rejected, see mxfp8_rejects);
+  //   block    1.4e-3 (every tp mesh), 0 on the data-parallel meshes.
+  // The worst case, 3.7e-3, leaves a factor 2.7 to the bound. Pure data parallelism is exact for
+  // current/mxfp8/block: the amax is MAX-reduced over the ranks sharing each tensor, and the
+  // output gradients, which each rank computes for its objective scaled by the (power-of-2)
+  // data-parallel size, get scales derived from their own amax that absorb that factor exactly.
+  // Delayed scaling quantizes with the history's scale (1 at step 0), so the scaled gradients
+  // round differently (e5m2 subnormals), hence its deviation on data-parallel meshes.
   EXPECT_LE(worst, 1e-2) << recipe_name(rc.kind) << " on " << mesh_name(rc.mesh);
   RecordProperty("worst_rel_loss", std::to_string(worst));
 }
@@ -281,20 +450,21 @@ TEST(ShardedFaults, AmaxNotReducedChangesCurrentScalingOnDataParallelRanks) {
   EXPECT_GT(diff, 0.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Recipes, RecipeMesh,
-    ::testing::Values(
-        RecipeCase{RecipeKind::kBf16, {1, 2, 1}}, RecipeCase{RecipeKind::kBf16, {1, 2, 2}},
-        RecipeCase{RecipeKind::kDelayed, {1, 2, 1}}, RecipeCase{RecipeKind::kDelayed, {1, 1, 2}},
-        RecipeCase{RecipeKind::kCurrent, {1, 2, 1}}, RecipeCase{RecipeKind::kCurrent, {2, 1, 2}},
-        RecipeCase{RecipeKind::kMxfp8, {1, 2, 1}}, RecipeCase{RecipeKind::kMxfp8, {1, 1, 2}},
-        RecipeCase{RecipeKind::kBlock, {1, 2, 1}}, RecipeCase{RecipeKind::kBf16, {1, 1, 2, true}},
-        RecipeCase{RecipeKind::kCurrent, {1, 1, 2, true}}),
-    [](const auto& info) {
-      const RecipeCase& rc = info.param;
-      return fmt::format("{}_r{}_s{}_t{}{}", recipe_name(rc.kind), rc.mesh.dp_replicate,
-                         rc.mesh.dp_shard, rc.mesh.tp, rc.mesh.sequence_parallel ? "_sp" : "");
-    });
+std::vector<RecipeCase> recipe_cases() {
+  std::vector<RecipeCase> out;
+  for (RecipeKind k : {RecipeKind::kBf16, RecipeKind::kDelayed, RecipeKind::kCurrent,
+                       RecipeKind::kMxfp8, RecipeKind::kBlock})
+    for (const MeshSpec& m : kMeshes) out.push_back({k, m});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, RecipeMesh, ::testing::ValuesIn(recipe_cases()),
+                         [](const auto& info) {
+                           const RecipeCase& rc = info.param;
+                           return fmt::format("{}_r{}_s{}_t{}{}", recipe_name(rc.kind),
+                                              rc.mesh.dp_replicate, rc.mesh.dp_shard, rc.mesh.tp,
+                                              rc.mesh.sequence_parallel ? "_sp" : "");
+                         });
 
 }  // namespace
 }  // namespace meshproof::engine
@@ -324,15 +494,47 @@ TEST_P(Fp8GatherRun, BitwiseEqualToHighPrecisionGather) {
               b.metrics[static_cast<size_t>(s)].grad_norm)
         << s;
   }
-  // Gathered weight bytes: FP8 rowwise + columnwise copies (1 byte each) instead of bf16.
+  // No MXFP8 fallback note: every GEMM weight travelled as FP8.
   EXPECT_TRUE(b.notes.empty()) << b.notes.front();
+  // Gathered bytes (collective counters, rank 0, dp_shard all-gathers): the high-precision run
+  // gathers fp32 master shards (4 bytes per element); the FP8 run gathers the GEMM weights as
+  // FP8 data + scales and everything else as before. E = GEMM-weight elements gathered (TP-local
+  // boxes, gathered for the forward and again for the backward: reshard_after_forward).
+  const auto gathered = [](const RunResult& r) {
+    int64_t n = 0;
+    for (const CollectiveRecord& cr : r.ranks[0].collectives)
+      if (cr.kind == "all_gather" && cr.group == "dp_shard") n += cr.bytes;
+    return n;
+  };
+  int64_t e = 0;
+  for (const ParamSpec& p : param_specs(c.model)) {
+    const bool gemm = p.shape.rank() == 2 && p.name.starts_with("layers.");
+    if (gemm) e += 3 * 2 * p.shape.numel().value / gc.mesh.tp;
+  }
+  const double saved_per_element = static_cast<double>(gathered(a) - gathered(b)) / e;
+  RecordProperty("saved_bytes_per_gemm_element", fmt::format("{:.3f}", saved_per_element));
+  // Per-tensor FP8: 1 byte per element (+ a 4-byte scale per shard), so ~3 bytes saved; mxfp8:
+  // rowwise and columnwise data + e8m0 scales, ~2.06 bytes, so ~1.94 saved. Measured: 3.000 for
+  // current and delayed on every mesh here, 1.938 for mxfp8. At least 1.5 bytes saved per
+  // element means the weights did not travel in 16 or 32 bits.
+  EXPECT_GE(saved_per_element, 1.5) << gathered(a) << " vs " << gathered(b);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Fp8GatherRun,
+                         // mxfp8 only where every dp_shard shard has 32-aligned rows:
+                         // qkv [192, 64] over dp_shard 2 gives 96-row shards; with tp 2 or
+                         // dp_shard 4 they would have 48 or 24 rows (the fallback, tested by
+                         // Fp8GatherRunNotes).
                          ::testing::Values(GatherCase{RecipeKind::kCurrent, {1, 2, 1}},
                                            GatherCase{RecipeKind::kCurrent, {1, 2, 2}},
                                            GatherCase{RecipeKind::kDelayed, {1, 2, 1}},
-                                           GatherCase{RecipeKind::kMxfp8, {1, 2, 1}}),
+                                           GatherCase{RecipeKind::kDelayed, {1, 2, 2}},
+                                           GatherCase{RecipeKind::kCurrent, {2, 2, 1}},
+                                           GatherCase{RecipeKind::kDelayed, {2, 2, 1}},
+                                           GatherCase{RecipeKind::kCurrent, {1, 4, 2}},
+                                           GatherCase{RecipeKind::kDelayed, {1, 4, 2}},
+                                           GatherCase{RecipeKind::kMxfp8, {1, 2, 1}},
+                                           GatherCase{RecipeKind::kMxfp8, {2, 2, 1}}),
                          [](const auto& info) {
                            const GatherCase& g = info.param;
                            return fmt::format("{}_r{}_s{}_t{}", recipe_name(g.kind),

@@ -197,6 +197,18 @@ TEST(ScenarioOverrides, ValuesAreAppliedAsYaml) {
   EXPECT_TRUE(s.fsdp.fp8_all_gather);
 }
 
+TEST(ScenarioFsdp, SyncEachMicroBatchIsReadAndHashedOnlyWhenSet) {
+  const std::string yaml = "name: q\nmesh: {dp_shard: 2}\ntrain: {micro_batches: 2}\n";
+  const Scenario deferred = load_one(yaml);
+  EXPECT_FALSE(deferred.fsdp.sync_each_micro_batch);
+  // Left out of the canonical text at its default: hashes of existing scenarios are unchanged.
+  EXPECT_FALSE(to_canonical_json(deferred)["fsdp"].contains("sync_each_micro_batch"));
+  const Scenario each = load_one(yaml, {"fsdp.sync_each_micro_batch=true"});
+  EXPECT_TRUE(each.fsdp.sync_each_micro_batch);
+  EXPECT_TRUE(to_canonical_json(each)["fsdp"].at("sync_each_micro_batch").get<bool>());
+  EXPECT_NE(scenario_hash(deferred), scenario_hash(each));
+}
+
 TEST(ScenarioOverrides, SetWinsOverMatrixAndCanEditTheMatrix) {
   const std::string yaml = "name: m\nmatrix:\n  recipe: [bf16, mxfp8]\n";
   const std::vector<Scenario> pinned =

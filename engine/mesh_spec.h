@@ -1,0 +1,19 @@
+// The mesh a run asks for (DESIGN.md section 5): sizes of dp_replicate, dp_shard and tp, and
+// whether tensor parallelism runs with sequence parallelism. Kept apart from engine/session.h so
+// that the tables derived from it (engine/amax_groups.h) need not include the executor.
+#pragma once
+
+#include "mesh/device_mesh.h"
+
+namespace meshproof::engine {
+
+struct MeshSpec {
+  int dp_replicate = 1;
+  int dp_shard = 1;
+  int tp = 1;
+  bool sequence_parallel = false;  // needs tp > 1
+  mesh::DeviceMesh device_mesh() const { return mesh::DeviceMesh(dp_replicate, dp_shard, tp); }
+  int world_size() const { return dp_replicate * dp_shard * tp; }
+};
+
+}  // namespace meshproof::engine
