@@ -97,7 +97,7 @@ int run_verb(const RunVerbOptions& o, std::ostream& out, std::ostream& err) {
     }
     reports::ScenarioRecord r = run_scenario(s, opts, record.environment, out);
     std::string why;
-    const bool met = expectation_met(s, r, &why);
+    const bool met = expectation_met(r, &why);
     bool errored = !r.error.empty();
     for (const auto& c : r.checks) errored = errored || c.verdict == reports::Verdict::kError;
     const bool skipped =
@@ -132,7 +132,7 @@ int run_verb(const RunVerbOptions& o, std::ostream& out, std::ostream& err) {
   for (size_t i = 0; i < scenarios.size(); ++i) {
     std::string why;
     const reports::ScenarioRecord& r = record.scenarios[i];
-    const bool met = expectation_met(scenarios[i], r, &why);
+    const bool met = expectation_met(r, &why);
     met_count += met ? 1 : 0;
     const reports::Verdict v = reports::scenario_verdict(r);
     const char* result = !met ? (v == reports::Verdict::kError ? "ERROR" : "FAIL")

@@ -196,6 +196,8 @@ std::string scenario_section(const ScenarioRecord& s, size_t index) {
     out += fmt::format("<tr><th>{}</th><td>{}</td></tr>", k, v);
   };
   row("expectation", std::string(expectation_name(s.expectation)));
+  if (s.expectation == Expectation::kCaught) row("caught by", esc(join_names(s.caught_by)));
+  if (const std::string why = verdict_reason(s); !why.empty()) row("why", esc(why));
   row("mesh", esc(s.mesh));
   row("recipe", esc(s.recipe));
   row("backend", esc(s.backend));
