@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 
 #include "engine/bench_recipes.h"
+#include "engine/data.h"
 #include "harness/checks.h"
 #include "harness/golden.h"
 #include "harness/scenario_faults.h"
@@ -221,6 +223,9 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   rec.expectation =
       s.expect == Expect::kCaught ? reports::Expectation::kCaught : reports::Expectation::kPass;
   rec.caught_by = intended_checks(s);
+  const engine::Config engine_config = to_engine_config(s);
+  rec.entropy_floor =
+      engine::markov_entropy_rate(engine_config.model.vocab, engine_config.data.decay);
   const std::vector<std::string> check_names = s.checks.enabled_names();
 
   std::string skip_reason;

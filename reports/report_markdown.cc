@@ -67,6 +67,12 @@ std::string render_markdown(const RunRecord& r) {
       out += fmt::format("- golden: `{}` ({}, rtol {:g}, atol {:g}, {} failing steps allowed)\n",
                          s.golden->source, t.mode, t.rtol, t.atol, t.allowed_failing_steps);
     }
+    if (s.entropy_floor) {
+      out += fmt::format("- data entropy floor: {:.6f} nats/token (the loss no model can beat){}\n",
+                         *s.entropy_floor,
+                         s.steps.empty() ? std::string()
+                                         : fmt::format("; final loss {:.6f}", s.steps.back().loss));
+    }
     out += fmt::format("- config: `{}`\n", config_text(s));
 
     if (!s.checks.empty()) {

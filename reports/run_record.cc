@@ -149,6 +149,7 @@ nlohmann::json to_json(const ScenarioRecord& s) {
           {"error", s.error},
           {"config", s.config},
           {"steps", steps},
+          {"entropy_floor", opt(s.entropy_floor)},
           {"golden", golden},
           {"checks", checks},
           {"performance", perf},

@@ -195,6 +195,10 @@ struct ScenarioRecord {
   std::vector<std::string> caught_by;
   double duration_s = 0;           // wall clock of the whole scenario, checks included
   std::vector<StepMetrics> steps;  // in step order
+  // Entropy rate of the training data source, nats per token: the loss no model can beat (the
+  // first positions of a sequence see less context and sit above it). Absent for records
+  // without training data (benchmarks).
+  std::optional<double> entropy_floor;
   std::optional<GoldenRecord> golden;
   std::vector<CheckResult> checks;
   std::optional<PerformanceFigures> performance;  // absent when the run did not train

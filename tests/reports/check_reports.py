@@ -12,6 +12,8 @@ usage: check_reports.py OUT_DIR SCHEMA_JSON JUNIT_XSD
 - the summary table of report.md has the JSON's scenarios, meshes, recipes, verdicts, step
   times and MFU, row by row;
 - every failing check's evidence summary appears in report.md, junit.xml and report.html;
+- the data's entropy floor, where the record has one, is in report.md and is a dashed line in
+  the scenario's loss plot in report.html;
 - each scenario's verdict is the one the rules of docs/report-schema.md give (a fault caught
   only by a check outside caught_by is a fail).
 Exits 1 with a list of problems when any check fails.
@@ -290,6 +292,24 @@ def main():
             if c["verdict"] == "fail" and c["evidence"] is not None:
                 ev = md_cell(evidence_summary(c["evidence"]))
                 expect(ev in md, "md lacks evidence %r" % ev)
+
+    # ---- the data's entropy floor: report.md and the loss plot of report.html
+    md_sections = re.split(r"\n## ", md)[1:]
+    for sec, md_sec, s in zip(sections, md_sections, scenarios):
+        if s["entropy_floor"] is None:
+            continue
+        floor = "%.6f nats/token" % s["entropy_floor"]
+        expect("- data entropy floor: " + floor in md_sec, "md %s lacks the entropy floor %s" % (s["name"], floor))
+        if not s["steps"]:
+            continue
+        loss_svg = sec.findall(".//s:svg", ns)[0]
+        legend = [t.text for t in loss_svg.findall(".//s:text", ns)]
+        expect("entropy floor" in legend, "html %s: loss plot has no entropy floor line" % s["name"])
+        # A dashed horizontal polyline: every point at the same height.
+        dashed = [p for p in loss_svg.iter("{http://www.w3.org/2000/svg}polyline")
+                  if p.get("stroke-dasharray")
+                  and len({pt.split(",")[1] for pt in p.get("points").split()}) == 1]
+        expect(dashed, "html %s: loss plot has no dashed horizontal line" % s["name"])
 
     if problems:
         print("\n".join(problems))

@@ -140,6 +140,7 @@ RunRecord sample_record() {
     s.recipe = "mxfp8";
     s.backend = "cuda:0";
     s.steps = steps(20, 1e9, 0, 0.0305, false);
+    s.entropy_floor = 2 * std::log(2.0);  // V = 256, decay 0.5
     s.golden = golden("golden/gpt_tiny_fsdp4_mxfp8/h100.h5", 20);
     s.checks = {
         {"golden", "golden", Verdict::kPass, "20 steps within rtol 0.01, atol 1e-05", 0.002,
@@ -171,6 +172,7 @@ RunRecord sample_record() {
     s.recipe = "delayed";
     s.backend = "cuda:0";
     s.steps = steps(20, 6, 4e-3, 0.0182, true);
+    s.entropy_floor = 2 * std::log(2.0);
     s.golden = golden("golden/gpt_tiny_hsdp2x2_tp2_delayed/h100.h5", 20);
     Evidence e;
     e.first_diverging_step = 9;

@@ -229,6 +229,25 @@ TEST(WritersTest, FailingCheckEvidenceAppearsInAllFourFormats) {
   EXPECT_DOUBLE_EQ(e["max_rel_err"].get<double>(), *c.evidence->max_rel_err);
 }
 
+// The data's entropy floor: a number in report.json (null without one), a line in report.md, a
+// row and a dashed line in the loss plot of report.html.
+TEST(WritersTest, EntropyFloorInJsonMarkdownAndHtml) {
+  const RunRecord r = testing::sample_record();
+  const nlohmann::json j = nlohmann::json::parse(render_json(r));
+  EXPECT_EQ(j["scenarios"][0]["entropy_floor"], 2 * std::log(2.0));
+  EXPECT_TRUE(j["scenarios"][2]["entropy_floor"].is_null());
+  const std::string md = render_markdown(r);
+  EXPECT_EQ(count(md,
+                  "- data entropy floor: 1.386294 nats/token (the loss no model can beat); "
+                  "final loss "),
+            2u)
+      << md;
+  const std::string h = render_html(r);
+  EXPECT_EQ(count(h, "<tr><th>data entropy floor</th><td>1.386294 nats/token</td></tr>"), 2u);
+  // Legend entries of the two loss plots that have a floor.
+  EXPECT_EQ(count(h, ">entropy floor</text>"), 2u) << h.substr(0, 4000);
+}
+
 TEST(WritersTest, HtmlIsSelfContainedWithOneSvgPerPlot) {
   const std::string h = render_html(testing::sample_record());
   // Plots: scenarios 0 and 1 have loss, relative difference, step time and memory (4 each);
