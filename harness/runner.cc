@@ -63,19 +63,31 @@ struct Progress {
   std::ostream* out = nullptr;
   std::string name;
   Clock::time_point t0 = Clock::now();
+  // Restarts the clock for a re-run of the scenario (a check's own training), labelled
+  // "NAME [PHASE]".
+  void phase(const std::string& what) {
+    label = what.empty() ? name : fmt::format("{} [{}]", name, what);
+    t0 = Clock::now();
+  }
+  // The step callback of a training run (TrainRequest/ResumeRequest::on_step).
+  std::function<void(const reports::StepMetrics&, int64_t)> callback() {
+    if (!out) return {};
+    return [this](const reports::StepMetrics& m, int64_t total) { step(m, total); };
+  }
   void step(const reports::StepMetrics& m, int64_t total) const {
     if (!out) return;
     const double elapsed = seconds_since(t0);
     const double eta =
         m.step > 0 ? elapsed / static_cast<double>(m.step) * static_cast<double>(total - m.step)
                    : 0.0;
-    fmt::print(*out, "\r\033[K{}  step {}/{}  loss {:.4f}  elapsed {:.1f}s  ETA {:.1f}s", name,
-               m.step, total, m.loss, elapsed, eta);
+    fmt::print(*out, "\r\033[K{}  step {}/{}  loss {:.4f}  elapsed {:.1f}s  ETA {:.1f}s",
+               label.empty() ? name : label, m.step, total, m.loss, elapsed, eta);
     out->flush();
   }
   void done() const {
     if (out) fmt::print(*out, "\r\033[K");
   }
+  std::string label;
 };
 
 }  // namespace
@@ -244,28 +256,27 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   Scenario run = s;
   if (opts.launcher) run.launcher = *opts.launcher;
   TrainOutcome main;
+  Progress progress;
+  if (opts.progress) {
+    progress.out = &log;
+    progress.name = s.name;
+  }
   try {
     run.backend = *backend == "cpu" ? Backend::kCpu : Backend::kCuda;
     std::string why;
     if (!can_execute(run, &why)) MP_FAIL("{}", why);
-    Progress progress;
-    if (opts.progress) {
-      progress.out = &log;
-      progress.name = s.name;
-    }
     TrainRequest req;
     req.faults = to_fault_injection(run.faults);
     req.trace = opts.trace;
     req.allgather_parity = s.checks.allgather_parity;
-    req.on_step = [&progress](const reports::StepMetrics& m, int64_t total) {
-      progress.step(m, total);
-    };
+    req.on_step = progress.callback();
     main = train_scenario(run, req);
     progress.done();
   } catch (const std::exception& e) {
     const auto* err = dynamic_cast<const kernels::Error*>(&e);
     rec.error = err ? err->message() : e.what();
     rec.duration_s = seconds_since(t0);
+    progress.done();
     return rec;
   }
   rec.steps = main.steps;
@@ -305,7 +316,10 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       std::error_code ec;
       fs::remove_all(req.checkpoint_root, ec);
       MP_CHECK(!ec, "clearing {}: {}", req.checkpoint_root.string(), ec.message());
+      progress.phase("resume");
+      req.on_step = progress.callback();
       TrainOutcome resumed = resume_scenario(run, req);
+      progress.done();
       rec.notes.insert(rec.notes.end(), resumed.notes.begin(), resumed.notes.end());
       const RunView view{&resumed.steps, &resumed.final_params, &resumed.trace};
       const RunView straight{&main.steps, &main.final_params, &main.trace};
@@ -336,7 +350,10 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       if (!can_execute(ref, &why)) MP_FAIL("reference run: {}", why);
       TrainRequest req;
       req.trace = opts.trace;
+      progress.phase("reference");
+      req.on_step = progress.callback();
       TrainOutcome r = train_scenario(ref, req);
+      progress.done();
       return compare_tolerance("reference", "reference", main_view,
                                RunView{&r.steps, &r.final_params, &r.trace},
                                s.checks.reference.rtol, what, opts.trace);
@@ -352,7 +369,10 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       TrainRequest req;
       req.faults = faults;
       req.trace = opts.trace;
+      progress.phase("determinism");
+      req.on_step = progress.callback();
       TrainOutcome again = train_scenario(run, req);
+      progress.done();
       return compare_bitwise("determinism", "determinism",
                              RunView{&again.steps, &again.final_params, &again.trace}, main_view,
                              "rerun", opts.trace);
@@ -369,6 +389,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       rec.notes.push_back(fmt::format("performance figures not computed: {}", e.what()));
     }
   }
+  progress.done();  // a check that threw left its progress line behind
   if (main_out) *main_out = std::move(main);
   rec.duration_s = seconds_since(t0);
   return rec;

@@ -273,6 +273,7 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
     r.lr = m.lr;
     r.tokens = tokens;
     out.steps.push_back(r);
+    if (request.on_step) request.on_step(r, s.train.steps);
   };
   // With tracing, both halves digest every step like engine::run_training (collective).
   auto trace_step = [&](engine::TrainingSession& session, mesh::RankComms& comms) {

@@ -2,6 +2,7 @@
 // tolerance modes, allowed failing steps, the missing-golden message, ULP distances, bitwise run
 // comparison, atomic golden writes and the mean relative shift.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -547,6 +548,40 @@ TEST(PerformanceInputs, H100PeakAndMfu) {
   EXPECT_EQ(in.gpu_name, "");
   EXPECT_FALSE(reports::compute_performance(steps, in).mfu.has_value());
   EXPECT_EQ(note, "MFU n/a: the CPU backend has no dense tensor-core peak");
+}
+
+// Live progress covers the checks' own training runs too: the resume check's two halves and the
+// determinism rerun each print their steps, labelled, after the main run.
+TEST(RunScenarioProgress, ReRunsOfChecksShowTheirSteps) {
+  Scenario s;  // the default model (L=2, H=64), 4 steps of 8 sequences on dp_shard=2
+  s.name = "progress_probe";
+  s.mesh.dp_shard = 2;
+  s.train.steps = 4;
+  s.train.global_batch = 8;
+  s.checks.resume.enabled = true;
+  s.checks.resume.at_step = 2;
+  s.checks.determinism = true;
+  RunnerOptions opts;
+  opts.backend = Backend::kCpu;
+  opts.progress = true;
+  opts.out_dir = fs::temp_directory_path() / ("meshproof_progress_" + std::to_string(::getpid()));
+  std::ostringstream log;
+  const reports::ScenarioRecord r = run_scenario(s, opts, reports::EnvironmentRecord{}, log);
+  fs::remove_all(opts.out_dir);
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(reports::scenario_verdict(r), Verdict::kPass);
+  const std::string text = log.str();
+  const size_t main_run = text.find("progress_probe  step 4/4  loss ");
+  const size_t resume = text.find("progress_probe [resume]  step 4/4  loss ");
+  const size_t again = text.find("progress_probe [determinism]  step 4/4  loss ");
+  ASSERT_NE(main_run, std::string::npos) << text;
+  ASSERT_NE(resume, std::string::npos) << text;
+  ASSERT_NE(again, std::string::npos) << text;
+  EXPECT_LT(main_run, resume);
+  EXPECT_LT(resume, again);
+  EXPECT_NE(text.find("progress_probe [resume]  step 1/4"), std::string::npos);
+  // Each run ends by clearing its line, so the next output starts on a clean line.
+  EXPECT_EQ(text.substr(text.size() - 4), "\r\033[K");
 }
 
 }  // namespace
