@@ -67,15 +67,15 @@ std::string testcases(const ScenarioRecord& s, Counts& n, std::string& caught) {
     out += "\n";
     // The same rule as scenario_verdict: skipped with the scenario, failed unless a check in
     // caught_by failed.
-    bool caught = false, all_skipped = !s.checks.empty();
+    bool fault_caught = false, all_skipped = !s.checks.empty();
     for (const CheckResult& c : s.checks) {
-      caught = caught || catches_fault(s, c);
+      fault_caught = fault_caught || catches_fault(s, c);
       all_skipped = all_skipped && c.verdict == Verdict::kSkipped;
     }
     if (all_skipped) {
       ++n.skipped;
       out += "      <skipped message=\"every check was skipped\"/>\n";
-    } else if (!caught) {
+    } else if (!fault_caught) {
       ++n.failures;
       std::string why = verdict_reason(s);
       if (why.empty() || why.rfind("fault not caught", 0) != 0) {
