@@ -190,7 +190,7 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
                     {"meshproof_version", env.meshproof_version},
                     {"git_commit", env.git_commit},
                     {"backend", *backend},
-                    {"device", run.device},
+                    {"device", device_description(run.device, env)},
                     {"cuda_runtime", env.cuda_runtime},
                     {"cublaslt", env.cublaslt},
                     {"nccl", env.nccl},

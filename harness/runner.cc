@@ -173,6 +173,16 @@ bool expectation_met(const reports::ScenarioRecord& r, std::string* why) {
   return v == reports::Verdict::kPass || v == reports::Verdict::kSkipped;
 }
 
+std::string device_description(const std::string& device, const reports::EnvironmentRecord& env) {
+  const size_t colon = device.find(':');
+  if (device.rfind("cuda", 0) != 0 || colon == std::string::npos) return device;
+  const int index = std::stoi(device.substr(colon + 1));
+  for (const reports::GpuRecord& g : env.gpus) {
+    if (g.index == index) return fmt::format("{} ({})", g.name, device);
+  }
+  return device;
+}
+
 reports::PerformanceInputs performance_inputs(const Scenario& s, const std::string& backend,
                                               const reports::EnvironmentRecord& env,
                                               std::string* note) {

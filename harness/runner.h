@@ -67,6 +67,10 @@ reports::PerformanceInputs performance_inputs(const Scenario& s, const std::stri
                                               const reports::EnvironmentRecord& env,
                                               std::string* note);
 
+// A device for people and provenance: "cpu", or the probed name of GPU N with the device,
+// "NVIDIA H100 80GB HBM3 (cuda:0)" (just "cuda:N" when that GPU was not probed).
+std::string device_description(const std::string& device, const reports::EnvironmentRecord& env);
+
 // The command that (re)creates a scenario's golden.
 std::string golden_update_command(const Scenario& s, const std::vector<std::string>& sets,
                                   const std::string& platform);

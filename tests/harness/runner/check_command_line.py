@@ -6,7 +6,7 @@ usage: check_command_line.py report OUT_DIR/report.json -- MESHPROOF ARGS...
 
 report: report.json's command_line equals the argv list.
 golden: the golden's `command` provenance attribute, split as a POSIX shell would (shlex), equals
-the argv list.
+the argv list (and `device` is "cpu" for --backend cpu).
 The command must exit 0. Exits 1 naming the difference otherwise.
 """
 import json
@@ -33,8 +33,11 @@ def main():
             got = json.load(f)["command_line"]
     else:
         with h5py.File(path, "r") as f:
-            attr = f.attrs["command"]
-        got = shlex.split(attr.decode() if isinstance(attr, bytes) else str(attr))
+            attrs = {k: (v.decode() if isinstance(v, bytes) else str(v)) for k, v in f.attrs.items()}
+        got = shlex.split(attrs["command"])
+        if "--backend" in argv and argv[argv.index("--backend") + 1] == "cpu" and attrs["device"] != "cpu":
+            print("golden device %r, expected 'cpu'" % attrs["device"])
+            return 1
     if got != argv:
         print("recorded %r\nexpected %r" % (got, argv))
         return 1

@@ -548,6 +548,11 @@ TEST(PerformanceInputs, H100PeakAndMfu) {
   EXPECT_EQ(in.gpu_name, "");
   EXPECT_FALSE(reports::compute_performance(steps, in).mfu.has_value());
   EXPECT_EQ(note, "MFU n/a: the CPU backend has no dense tensor-core peak");
+
+  // The golden's `device` provenance names the GPU.
+  EXPECT_EQ(device_description("cuda:0", env), "NVIDIA GeForce RTX 4090 (cuda:0)");
+  EXPECT_EQ(device_description("cuda:1", env), "cuda:1");
+  EXPECT_EQ(device_description("cpu", env), "cpu");
 }
 
 // Live progress covers the checks' own training runs too: the resume check's two halves and the
