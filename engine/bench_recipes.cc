@@ -100,25 +100,12 @@ int64_t quantized_bytes(const QuantizedTensor& q) {
 bool per_tensor(RecipeKind r) { return r == RecipeKind::kDelayed || r == RecipeKind::kCurrent; }
 
 std::string gemm_dtype(RecipeKind r, Device device) {
-  if (device.is_cpu()) return "fp32";  // the CPU backend dequantizes to fp32 and multiplies there
+  if (device.is_cpu()) return recipe_gemm_dtype(r, 0);
   int cc = 0;
   for (const kernels::GpuInfo& g : kernels::cuda_status().gpus) {
     if (g.index == device.index) cc = g.cc_major * 10 + g.cc_minor;
   }
-  switch (r) {
-    case RecipeKind::kFp32:
-      return "fp32";
-    case RecipeKind::kBf16:
-      return "bf16";
-    case RecipeKind::kDelayed:
-    case RecipeKind::kCurrent:
-      return cc >= 89 ? "fp8" : "fp32";
-    case RecipeKind::kMxfp8:
-      return cc >= 100 ? "fp8" : "bf16";
-    case RecipeKind::kBlock:
-      return "fp32";
-  }
-  return "fp32";
+  return recipe_gemm_dtype(r, cc);
 }
 
 RecipeConfig recipe_config(RecipeKind r) {
@@ -315,6 +302,24 @@ LayerShape parse_layer_shape(std::string_view spec) {
                  "(MXFP8 blocks)",
                  spec, l.hidden, l.ffn, l.batch * l.seq);
   return l;
+}
+
+std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability) {
+  if (compute_capability == 0) return "fp32";  // the CPU backend dequantizes to fp32
+  switch (recipe) {
+    case RecipeKind::kFp32:
+      return "fp32";
+    case RecipeKind::kBf16:
+      return "bf16";
+    case RecipeKind::kDelayed:
+    case RecipeKind::kCurrent:
+      return compute_capability >= 89 ? "fp8" : "fp32";
+    case RecipeKind::kMxfp8:
+      return compute_capability >= 100 ? "fp8" : "bf16";
+    case RecipeKind::kBlock:
+      return "fp32";
+  }
+  return "fp32";
 }
 
 RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {

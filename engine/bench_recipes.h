@@ -116,6 +116,13 @@ struct RecipeBenchReport {
   std::vector<RecipeBenchResult> recipes;
 };
 
+// The dtype a recipe's GEMMs execute in (kernels/gemm.h): "fp32", "bf16" or "fp8". Compute
+// capability as major*10 + minor (90 for Hopper, 100 for Blackwell), 0 for the CPU backend, which
+// dequantizes and multiplies in fp32. Per-tensor FP8 runs fp8 GEMMs from cc 8.9; MXFP8 is
+// emulated with bf16 GEMMs below cc 10; block scaling uses fp32 GEMMs everywhere. The training
+// runner and the recipe bench pick MFU peaks by it.
+std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability);
+
 // Runs everything on options.device (install a RankContext for CUDA first). Input errors for
 // iters < 1 or warmup < 0; runtime errors from the backends propagate.
 RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& options);

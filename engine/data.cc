@@ -12,11 +12,24 @@ constexpr uint64_t kTableStream = kernels::philox_stream("data.table");
 constexpr uint64_t kTokenStream = kernels::philox_stream("data.tokens");
 }  // namespace
 
+double markov_entropy_rate(int64_t vocab, double decay) {
+  MP_CHECK_INPUT(vocab >= 1, "entropy rate of a vocabulary of {} tokens", vocab);
+  std::vector<double> p(static_cast<size_t>(vocab));
+  double z = 0;
+  for (int64_t r = 0; r < vocab; ++r) z += (p[r] = std::pow(decay, static_cast<double>(r)));
+  double h = 0;
+  for (int64_t r = 0; r < vocab; ++r) {
+    const double q = p[r] / z;
+    if (q > 0) h -= q * std::log(q);
+  }
+  return h;
+}
+
 MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch, int64_t seq_len)
     : vocab_(vocab), order_(data.markov_order), batch_(batch), seq_len_(seq_len), seed_(data.seed) {
   int64_t contexts = 1;
   for (int64_t i = 0; i < order_; ++i) contexts *= vocab_;
-  // Rank probabilities p_r = decay^r / Z and their entropy.
+  // Rank probabilities p_r = decay^r / Z.
   std::vector<double> p(vocab_);
   double z = 0;
   for (int64_t r = 0; r < vocab_; ++r) z += (p[r] = std::pow(data.decay, static_cast<double>(r)));
@@ -26,9 +39,9 @@ MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch,
     p[r] /= z;
     acc += p[r];
     cdf_[r] = acc;
-    if (p[r] > 0) entropy_ -= p[r] * std::log(p[r]);
   }
   cdf_.back() = 1.0;
+  entropy_ = markov_entropy_rate(vocab_, data.decay);
   // A Fisher-Yates permutation per context.
   ranked_.resize(static_cast<size_t>(contexts * vocab_));
   for (int64_t c = 0; c < contexts; ++c) {

@@ -18,6 +18,11 @@
 
 namespace meshproof::engine {
 
+// Entropy rate in nats per token of the source with `vocab` tokens and rank decay `decay`:
+// H = -sum_r p_r ln p_r with p_r = decay^r / Z. It does not depend on the order or the seed. The
+// reports show it as the loss floor.
+double markov_entropy_rate(int64_t vocab, double decay);
+
 class MarkovSource {
  public:
   MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch, int64_t seq_len);

@@ -4,6 +4,8 @@
 #include <fmt/ostream.h>
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
 
 #include "harness/bench_comm_verb.h"
 #include "harness/bench_recipes_verb.h"
@@ -56,11 +58,13 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   app.fallthrough(false);
 
   int exit_code = kExitOk;
+  // The invocation as given, for the report's command_line and the golden's provenance.
+  const std::vector<std::string> args(argv, argv + argc);
   // One line per verb; each verb's options and callback live with its harness function.
   add_env_command(app, out, exit_code);
   add_validate_command(app, out, err, exit_code);
-  add_run_command(app, out, err, exit_code);
-  add_golden_command(app, out, err, exit_code);
+  add_run_command(app, args, out, err, exit_code);
+  add_golden_command(app, args, out, err, exit_code);
   add_faults_command(app, out, exit_code);
   add_export_command(app, out, exit_code);
   add_quantize_command(app, out, exit_code);

@@ -6,10 +6,12 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <string_view>
 
 #include "harness/env_verb.h"
 #include "harness/exit_codes.h"
@@ -52,12 +54,6 @@ std::string compact_timestamp(const std::string& iso) {
   return out;
 }
 
-std::string join_args(const std::vector<std::string>& args) {
-  std::string s;
-  for (const std::string& a : args) s += (s.empty() ? "" : " ") + a;
-  return s;
-}
-
 std::string check_summary(const reports::ScenarioRecord& r) {
   std::string s;
   for (const auto& c : r.checks)
@@ -97,7 +93,7 @@ int run_verb(const RunVerbOptions& o, std::ostream& out, std::ostream& err) {
     }
     reports::ScenarioRecord r = run_scenario(s, opts, record.environment, out);
     std::string why;
-    const bool met = expectation_met(s, r, &why);
+    const bool met = expectation_met(r, &why);
     bool errored = !r.error.empty();
     for (const auto& c : r.checks) errored = errored || c.verdict == reports::Verdict::kError;
     const bool skipped =
@@ -132,7 +128,7 @@ int run_verb(const RunVerbOptions& o, std::ostream& out, std::ostream& err) {
   for (size_t i = 0; i < scenarios.size(); ++i) {
     std::string why;
     const reports::ScenarioRecord& r = record.scenarios[i];
-    const bool met = expectation_met(scenarios[i], r, &why);
+    const bool met = expectation_met(r, &why);
     met_count += met ? 1 : 0;
     const reports::Verdict v = reports::scenario_verdict(r);
     const char* result = !met ? (v == reports::Verdict::kError ? "ERROR" : "FAIL")
@@ -194,12 +190,12 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
                     {"meshproof_version", env.meshproof_version},
                     {"git_commit", env.git_commit},
                     {"backend", *backend},
-                    {"device", run.device},
+                    {"device", device_description(run.device, env)},
                     {"cuda_runtime", env.cuda_runtime},
                     {"cublaslt", env.cublaslt},
                     {"nccl", env.nccl},
                     {"date", reports::format_utc(unix_now())},
-                    {"command", join_args(o.command_line)}};
+                    {"command", shell_join(o.command_line)}};
     const std::string platform = o.platform.empty() ? golden_platform(*backend, env) : o.platform;
     const fs::path path = golden_path(o.golden_dir, s.name, platform);
     const std::optional<GoldenData> before = read_golden(path);
@@ -239,7 +235,27 @@ void print_fault_catalog(std::ostream& out) {
   }
 }
 
-void add_run_command(CLI::App& app, std::ostream& out, std::ostream& err, int& exit_code) {
+std::string shell_join(const std::vector<std::string>& args) {
+  std::string out;
+  for (const std::string& a : args) {
+    if (!out.empty()) out += ' ';
+    const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) ||
+             std::string_view("_@%+=:,./-").find(c) != std::string_view::npos;
+    });
+    if (plain) {
+      out += a;
+      continue;
+    }
+    out += '\'';
+    for (char c : a) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    out += '\'';
+  }
+  return out;
+}
+
+void add_run_command(CLI::App& app, const std::vector<std::string>& args, std::ostream& out,
+                     std::ostream& err, int& exit_code) {
   auto* cmd = app.add_subcommand(
       "run", "Run scenarios with their checks and write report.json/.md/.html and junit.xml");
   auto o = std::make_shared<RunVerbOptions>();
@@ -255,16 +271,16 @@ void add_run_command(CLI::App& app, std::ostream& out, std::ostream& err, int& e
   cmd->add_option("--golden-dir", o->golden_dir, "Golden store root (default golden)");
   cmd->add_flag("--trace", o->trace, "Locate the first diverging tensor on check failures");
   cmd->add_flag("--quiet", o->quiet, "One line per scenario, no live progress");
-  cmd->callback([&out, &err, &exit_code, o] {
+  cmd->callback([&out, &err, &exit_code, &args, o] {
     const char* ci = std::getenv("CI");
     o->progress = isatty(STDOUT_FILENO) && (ci == nullptr || *ci == '\0');
-    o->command_line = {"meshproof", "run"};
-    for (const auto& p : o->paths) o->command_line.push_back(p);
+    o->command_line = args;
     exit_code = run_verb(*o, out, err);
   });
 }
 
-void add_golden_command(CLI::App& app, std::ostream& out, std::ostream& err, int& exit_code) {
+void add_golden_command(CLI::App& app, const std::vector<std::string>& args, std::ostream& out,
+                        std::ostream& err, int& exit_code) {
   auto* golden = app.add_subcommand("golden", "Manage golden references (golden/<scenario>/*.h5)");
   golden->require_subcommand(1);
   auto* cmd = golden->add_subcommand(
@@ -278,11 +294,8 @@ void add_golden_command(CLI::App& app, std::ostream& out, std::ostream& err, int
   cmd->add_option("--set", o->sets, "Override a field: --set key.path=value (repeatable)")
       ->allow_extra_args(false);
   cmd->add_option("--golden-dir", o->golden_dir, "Golden store root (default golden)");
-  cmd->callback([&out, &err, &exit_code, o] {
-    o->command_line = {"meshproof", "golden", "update"};
-    for (const auto& p : o->paths) o->command_line.push_back(p);
-    if (!o->filter.empty()) o->command_line.insert(o->command_line.end(), {"--filter", o->filter});
-    for (const auto& s : o->sets) o->command_line.insert(o->command_line.end(), {"--set", s});
+  cmd->callback([&out, &err, &exit_code, &args, o] {
+    o->command_line = args;
     exit_code = golden_update_verb(*o, out, err);
   });
 }

@@ -34,7 +34,7 @@ struct RunVerbOptions {
   bool trace = false;
   bool quiet = false;     // one line per scenario
   bool progress = false;  // live progress (the CLI sets it on a terminal outside CI)
-  std::vector<std::string> command_line;
+  std::vector<std::string> command_line;  // argv as given (report.json command_line)
 };
 
 int run_verb(const RunVerbOptions& opts, std::ostream& out, std::ostream& err);
@@ -46,15 +46,22 @@ struct GoldenUpdateOptions {
   std::string platform;  // "" -> the platform of the backend the scenario runs on
   std::string backend;
   std::string golden_dir = "golden";
-  std::vector<std::string> command_line;
+  std::vector<std::string> command_line;  // argv as given (the golden's `command`, shell-quoted)
 };
 
 int golden_update_verb(const GoldenUpdateOptions& opts, std::ostream& out, std::ostream& err);
 
 void print_fault_catalog(std::ostream& out);
 
-void add_run_command(CLI::App& app, std::ostream& out, std::ostream& err, int& exit_code);
-void add_golden_command(CLI::App& app, std::ostream& out, std::ostream& err, int& exit_code);
+// `args` is the whole argv as given (it must outlive parsing); the verbs record it.
+void add_run_command(CLI::App& app, const std::vector<std::string>& args, std::ostream& out,
+                     std::ostream& err, int& exit_code);
+void add_golden_command(CLI::App& app, const std::vector<std::string>& args, std::ostream& out,
+                        std::ostream& err, int& exit_code);
+
+// argv joined into one line a POSIX shell reads back as the same words: words of only
+// [A-Za-z0-9_@%+=:,./-] as they are, others in single quotes ('\'' for a quote inside).
+std::string shell_join(const std::vector<std::string>& args);
 void add_faults_command(CLI::App& app, std::ostream& out, int& exit_code);
 
 }  // namespace meshproof::harness

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 
+#include "engine/bench_recipes.h"
+#include "engine/data.h"
 #include "harness/checks.h"
 #include "harness/golden.h"
 #include "harness/scenario_faults.h"
@@ -60,19 +63,31 @@ struct Progress {
   std::ostream* out = nullptr;
   std::string name;
   Clock::time_point t0 = Clock::now();
+  // Restarts the clock for a re-run of the scenario (a check's own training), labelled
+  // "NAME [PHASE]".
+  void phase(const std::string& what) {
+    label = what.empty() ? name : fmt::format("{} [{}]", name, what);
+    t0 = Clock::now();
+  }
+  // The step callback of a training run (TrainRequest/ResumeRequest::on_step).
+  std::function<void(const reports::StepMetrics&, int64_t)> callback() {
+    if (!out) return {};
+    return [this](const reports::StepMetrics& m, int64_t total) { step(m, total); };
+  }
   void step(const reports::StepMetrics& m, int64_t total) const {
     if (!out) return;
     const double elapsed = seconds_since(t0);
     const double eta =
         m.step > 0 ? elapsed / static_cast<double>(m.step) * static_cast<double>(total - m.step)
                    : 0.0;
-    fmt::print(*out, "\r\033[K{}  step {}/{}  loss {:.4f}  elapsed {:.1f}s  ETA {:.1f}s", name,
-               m.step, total, m.loss, elapsed, eta);
+    fmt::print(*out, "\r\033[K{}  step {}/{}  loss {:.4f}  elapsed {:.1f}s  ETA {:.1f}s",
+               label.empty() ? name : label, m.step, total, m.loss, elapsed, eta);
     out->flush();
   }
   void done() const {
     if (out) fmt::print(*out, "\r\033[K");
   }
+  std::string label;
 };
 
 }  // namespace
@@ -131,52 +146,91 @@ std::string golden_update_command(const Scenario& s, const std::vector<std::stri
   return cmd;
 }
 
-bool expectation_met(const Scenario& s, const reports::ScenarioRecord& r, std::string* why) {
-  if (!r.error.empty()) {
-    *why = "runtime error: " + r.error;
-    return false;
-  }
-  bool all_skipped = !r.checks.empty();
-  for (const auto& c : r.checks) {
-    if (c.verdict == reports::Verdict::kError) {
-      *why = fmt::format("check {} errored: {}", c.name, c.message);
-      return false;
-    }
-    if (c.verdict != reports::Verdict::kSkipped) all_skipped = false;
-  }
-  if (all_skipped) return true;  // skipped scenarios are recorded, not failed
-  if (s.expect == Expect::kPass) {
-    for (const auto& c : r.checks) {
-      if (c.verdict == reports::Verdict::kFail) {
-        *why = fmt::format("check {} failed: {}", c.name, c.message);
-        return false;
-      }
-    }
-    return true;
-  }
-  // expect: caught -- one of the catalog's intended checks must have failed.
+std::vector<std::string> intended_checks(const Scenario& s) {
+  if (s.expect != Expect::kCaught) return {};
+  const std::vector<std::string> enabled = s.checks.enabled_names();
   std::set<std::string> intended;
   for (const FaultSpec& f : s.faults) {
-    if (const FaultInfo* info = find_fault(f.name)) {
-      for (const std::string& c : info->caught_by) {
-        // "resume_cross_mesh" is the resume check with a mesh override.
-        if (c == "resume_cross_mesh") {
-          if (s.checks.resume.mesh) intended.insert("resume");
-        } else if (c == "resume") {
-          if (!s.checks.resume.mesh) intended.insert("resume");
-        } else {
-          intended.insert(c);
-        }
+    const FaultInfo* info = find_fault(f.name);
+    if (!info) continue;
+    for (const std::string& c : info->caught_by) {
+      // "resume_cross_mesh" is the resume check with a mesh override, "resume" the one without.
+      std::string kind = c;
+      if (c == "resume_cross_mesh" || c == "resume") {
+        if ((c == "resume_cross_mesh") != s.checks.resume.mesh.has_value()) continue;
+        kind = "resume";
       }
+      if (std::find(enabled.begin(), enabled.end(), kind) != enabled.end()) intended.insert(kind);
     }
   }
-  for (const auto& c : r.checks) {
-    if (c.verdict == reports::Verdict::kFail && intended.count(c.kind)) return true;
+  return {intended.begin(), intended.end()};
+}
+
+bool expectation_met(const reports::ScenarioRecord& r, std::string* why) {
+  const reports::Verdict v = reports::scenario_verdict(r);
+  *why = reports::verdict_reason(r);
+  // Skipped scenarios (no GPU here) are recorded, not failed.
+  return v == reports::Verdict::kPass || v == reports::Verdict::kSkipped;
+}
+
+std::string device_description(const std::string& device, const reports::EnvironmentRecord& env) {
+  const size_t colon = device.find(':');
+  if (device.rfind("cuda", 0) != 0 || colon == std::string::npos) return device;
+  const int index = std::stoi(device.substr(colon + 1));
+  for (const reports::GpuRecord& g : env.gpus) {
+    if (g.index == index) return fmt::format("{} ({})", g.name, device);
   }
-  std::string names;
-  for (const std::string& n : intended) names += (names.empty() ? "" : ", ") + n;
-  *why = fmt::format("fault not caught: none of the intended checks ({}) failed", names);
-  return false;
+  return device;
+}
+
+reports::PerformanceInputs performance_inputs(const Scenario& s, const std::string& backend,
+                                              const reports::EnvironmentRecord& env,
+                                              std::string* note) {
+  reports::PerformanceInputs perf;
+  perf.model.layers = s.model.layers;
+  perf.model.hidden = s.model.hidden;
+  perf.model.ffn = s.model.ffn;
+  perf.model.vocab = s.model.vocab;
+  perf.model.seq_len = s.model.seq_len;
+  perf.model.swiglu = s.model.activation == Activation::kSwiGlu;
+  note->clear();
+  if (backend == "cpu") {
+    // Every rank is a thread (or an MPI process) of this host: one device, and no tensor-core
+    // peak to measure utilisation against.
+    perf.num_devices = 1;
+    perf.gemm_dtype = engine::recipe_gemm_dtype(s.recipe.name, 0);
+    *note = "MFU n/a: the CPU backend has no dense tensor-core peak";
+    return perf;
+  }
+  // backend "cuda:N": the engine puts every local-launcher rank on that one GPU (virtual ranks);
+  // the mpi launcher gives process i GPU (local rank i) mod (GPUs on the host).
+  const int index = std::stoi(backend.substr(backend.find(':') + 1));
+  const reports::GpuRecord* gpu = nullptr;
+  for (const reports::GpuRecord& g : env.gpus) {
+    if (g.index == index) gpu = &g;
+  }
+  const int64_t world = s.mesh.world_size();
+  const int64_t gpus = std::max<int64_t>(1, static_cast<int64_t>(env.gpus.size()));
+  perf.num_devices = static_cast<int>(s.launcher == Launcher::kMpi ? std::min(world, gpus) : 1);
+  int cc = 0;
+  if (gpu) {
+    perf.gpu_name = gpu->name;
+    const size_t dot = gpu->compute_capability.find('.');
+    if (dot != std::string::npos) {
+      cc = std::stoi(gpu->compute_capability.substr(0, dot)) * 10 +
+           std::stoi(gpu->compute_capability.substr(dot + 1));
+    }
+  }
+  perf.gemm_dtype = engine::recipe_gemm_dtype(s.recipe.name, cc);
+  if (!gpu) {
+    *note = fmt::format("MFU n/a: {} is not among the probed GPUs", backend);
+  } else if (!reports::table_peak_tflops(perf.gpu_name, perf.gemm_dtype)) {
+    *note = fmt::format(
+        "MFU n/a: no dense {} peak for {} in the table (docs/report-schema.md); `meshproof "
+        "bench recipes --backend cuda` measures its bf16 GEMM ceiling",
+        perf.gemm_dtype, perf.gpu_name);
+  }
+  return perf;
 }
 
 reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opts,
@@ -190,6 +244,10 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   rec.recipe = to_string(s.recipe.name);
   rec.expectation =
       s.expect == Expect::kCaught ? reports::Expectation::kCaught : reports::Expectation::kPass;
+  rec.caught_by = intended_checks(s);
+  const engine::Config engine_config = to_engine_config(s);
+  rec.entropy_floor =
+      engine::markov_entropy_rate(engine_config.model.vocab, engine_config.data.decay);
   const std::vector<std::string> check_names = s.checks.enabled_names();
 
   std::string skip_reason;
@@ -208,28 +266,27 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   Scenario run = s;
   if (opts.launcher) run.launcher = *opts.launcher;
   TrainOutcome main;
+  Progress progress;
+  if (opts.progress) {
+    progress.out = &log;
+    progress.name = s.name;
+  }
   try {
     run.backend = *backend == "cpu" ? Backend::kCpu : Backend::kCuda;
     std::string why;
     if (!can_execute(run, &why)) MP_FAIL("{}", why);
-    Progress progress;
-    if (opts.progress) {
-      progress.out = &log;
-      progress.name = s.name;
-    }
     TrainRequest req;
     req.faults = to_fault_injection(run.faults);
     req.trace = opts.trace;
     req.allgather_parity = s.checks.allgather_parity;
-    req.on_step = [&progress](const reports::StepMetrics& m, int64_t total) {
-      progress.step(m, total);
-    };
+    req.on_step = progress.callback();
     main = train_scenario(run, req);
     progress.done();
   } catch (const std::exception& e) {
     const auto* err = dynamic_cast<const kernels::Error*>(&e);
     rec.error = err ? err->message() : e.what();
     rec.duration_s = seconds_since(t0);
+    progress.done();
     return rec;
   }
   rec.steps = main.steps;
@@ -269,7 +326,10 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       std::error_code ec;
       fs::remove_all(req.checkpoint_root, ec);
       MP_CHECK(!ec, "clearing {}: {}", req.checkpoint_root.string(), ec.message());
+      progress.phase("resume");
+      req.on_step = progress.callback();
       TrainOutcome resumed = resume_scenario(run, req);
+      progress.done();
       rec.notes.insert(rec.notes.end(), resumed.notes.begin(), resumed.notes.end());
       const RunView view{&resumed.steps, &resumed.final_params, &resumed.trace};
       const RunView straight{&main.steps, &main.final_params, &main.trace};
@@ -300,7 +360,10 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       if (!can_execute(ref, &why)) MP_FAIL("reference run: {}", why);
       TrainRequest req;
       req.trace = opts.trace;
+      progress.phase("reference");
+      req.on_step = progress.callback();
       TrainOutcome r = train_scenario(ref, req);
+      progress.done();
       return compare_tolerance("reference", "reference", main_view,
                                RunView{&r.steps, &r.final_params, &r.trace},
                                s.checks.reference.rtol, what, opts.trace);
@@ -316,22 +379,19 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       TrainRequest req;
       req.faults = faults;
       req.trace = opts.trace;
+      progress.phase("determinism");
+      req.on_step = progress.callback();
       TrainOutcome again = train_scenario(run, req);
+      progress.done();
       return compare_bitwise("determinism", "determinism",
                              RunView{&again.steps, &again.final_params, &again.trace}, main_view,
                              "rerun", opts.trace);
     }));
   }
 
-  reports::PerformanceInputs perf;
-  perf.model.layers = s.model.layers;
-  perf.model.hidden = s.model.hidden;
-  perf.model.ffn = s.model.ffn;
-  perf.model.vocab = s.model.vocab;
-  perf.model.seq_len = s.model.seq_len;
-  perf.model.swiglu = s.model.activation == Activation::kSwiGlu;
-  perf.num_devices = static_cast<int>(s.mesh.world_size());
-  perf.gemm_dtype = s.recipe.is_fp8() ? "fp8" : "bf16";
+  std::string perf_note;
+  const reports::PerformanceInputs perf = performance_inputs(run, *backend, env, &perf_note);
+  if (!perf_note.empty()) rec.notes.push_back(perf_note);
   if (!main.steps.empty()) {
     try {
       rec.performance = reports::compute_performance(main.steps, perf);
@@ -339,6 +399,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       rec.notes.push_back(fmt::format("performance figures not computed: {}", e.what()));
     }
   }
+  progress.done();  // a check that threw left its progress line behind
   if (main_out) *main_out = std::move(main);
   rec.duration_s = seconds_since(t0);
   return rec;

@@ -12,6 +12,7 @@
 #include "harness/scenario.h"
 #include "harness/train_run.h"
 #include "reports/environment.h"
+#include "reports/perf_metrics.h"
 #include "reports/run_record.h"
 
 namespace meshproof::harness {
@@ -46,9 +47,29 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
                                      const reports::EnvironmentRecord& env, std::ostream& log,
                                      TrainOutcome* main = nullptr);
 
-// Whether the scenario did what it promised: expect pass -> no check failed or errored;
-// expect caught -> one of the fault catalog's caught_by checks failed. `why` explains a miss.
-bool expectation_met(const Scenario& s, const reports::ScenarioRecord& r, std::string* why);
+// The check kinds whose failure counts as catching the scenario's injected faults: the fault
+// catalog's caught_by ("resume_cross_mesh" is the resume check with a mesh override), restricted
+// to the checks the scenario enables. Empty unless expect: caught. Goes into
+// ScenarioRecord::caught_by.
+std::vector<std::string> intended_checks(const Scenario& s);
+
+// Whether the scenario did what it promised, by reports::scenario_verdict (the rule the reports
+// show): pass or skipped. `why` explains a miss (reports::verdict_reason).
+bool expectation_met(const reports::ScenarioRecord& r, std::string* why);
+
+// What compute_performance needs beyond the steps, for a scenario run on `backend` ("cpu" or
+// "cuda:N"): the model shape; the physical devices the ranks ran on (virtual ranks of the local
+// launcher share one GPU or the host: 1; the mpi launcher: one GPU per process up to the GPUs of
+// the host); the GPU's name from the probed environment (its compute capability picks the GEMM
+// dtype, engine::recipe_gemm_dtype: MXFP8 is bf16 on Hopper, fp8 from cc 10). `note` says why
+// the MFU will be unknown (CPU backend, GPU not in the peak table), "" otherwise.
+reports::PerformanceInputs performance_inputs(const Scenario& s, const std::string& backend,
+                                              const reports::EnvironmentRecord& env,
+                                              std::string* note);
+
+// A device for people and provenance: "cpu", or the probed name of GPU N with the device,
+// "NVIDIA H100 80GB HBM3 (cuda:0)" (just "cuda:N" when that GPU was not probed).
+std::string device_description(const std::string& device, const reports::EnvironmentRecord& env);
 
 // The command that (re)creates a scenario's golden.
 std::string golden_update_command(const Scenario& s, const std::vector<std::string>& sets,

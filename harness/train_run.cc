@@ -190,7 +190,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   engine::RunResult res = engine::run_training(o);
 
   TrainOutcome out;
-  out.device = "cpu";
+  out.device = o.backend.str();
   for (size_t i = 0; i < res.metrics.size(); ++i) {
     const engine::StepMetrics& m = res.metrics[i];
     reports::StepMetrics r;
@@ -265,7 +265,7 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   co.faults = request.faults;
   const int64_t tokens = s.train.global_batch * s.model.seq_len;
   TrainOutcome out;
-  out.device = "cpu";
+  out.device = first.backend.str();
   auto record = [&](const engine::StepMetrics& m, int64_t step) {
     reports::StepMetrics r;
     r.step = step;
@@ -274,6 +274,7 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
     r.lr = m.lr;
     r.tokens = tokens;
     out.steps.push_back(r);
+    if (request.on_step) request.on_step(r, s.train.steps);
   };
   // With tracing, both halves digest every step like engine::run_training (collective).
   auto trace_step = [&](engine::TrainingSession& session, mesh::RankComms& comms) {

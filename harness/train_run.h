@@ -70,6 +70,9 @@ struct ResumeRequest {
   std::filesystem::path checkpoint_root;
   int64_t keep_last = 2;
   bool trace = false;  // per-step per-tensor digests of both halves (TrainOutcome::trace)
+  // Called on rank 0 after each step of both halves with the step's metrics (1-based step,
+  // loss, grad_norm, lr, tokens; no timing) and the scenario's step count.
+  std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
 };
 
 // The resume half of the resume check: train to at_step on the scenario's mesh, save a checkpoint

@@ -96,7 +96,7 @@ void fill_bandwidths(CollectiveStats& c);
 
 struct PerformanceInputs {
   ModelShape model;
-  int num_devices = 1;                       // ranks of the mesh
+  int num_devices = 1;                       // physical devices (virtual ranks share one)
   std::string gpu_name;                      // "" on the CPU backend
   std::string gemm_dtype = "bf16";           // see table_peak_tflops
   std::optional<double> calibration_tflops;  // measured peak for GPUs not in the table

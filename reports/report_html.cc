@@ -69,6 +69,14 @@ std::vector<std::string> scenario_plots(const ScenarioRecord& s) {
       }
       loss.series.push_back(gold);
     }
+    if (s.entropy_floor) {
+      // The data's entropy rate: a dashed horizontal line the loss approaches from above.
+      svg::Series floor_line{"entropy floor", {}, {}, svg::palette(3), true, false};
+      floor_line.x = {static_cast<double>(s.steps.front().step),
+                      static_cast<double>(s.steps.back().step)};
+      floor_line.y = {*s.entropy_floor, *s.entropy_floor};
+      loss.series.push_back(floor_line);
+    }
     plots.push_back(svg::render_line_plot(loss));
 
     if (s.golden) {
@@ -196,6 +204,8 @@ std::string scenario_section(const ScenarioRecord& s, size_t index) {
     out += fmt::format("<tr><th>{}</th><td>{}</td></tr>", k, v);
   };
   row("expectation", std::string(expectation_name(s.expectation)));
+  if (s.expectation == Expectation::kCaught) row("caught by", esc(join_names(s.caught_by)));
+  if (const std::string why = verdict_reason(s); !why.empty()) row("why", esc(why));
   row("mesh", esc(s.mesh));
   row("recipe", esc(s.recipe));
   row("backend", esc(s.backend));
@@ -205,6 +215,9 @@ std::string scenario_section(const ScenarioRecord& s, size_t index) {
     row("golden",
         fmt::format("<code>{}</code> ({}, rtol {:g}, atol {:g}, {} failing steps allowed)",
                     esc(s.golden->source), esc(t.mode), t.rtol, t.atol, t.allowed_failing_steps));
+  }
+  if (s.entropy_floor) {
+    row("data entropy floor", fmt::format("{:.6f} nats/token", *s.entropy_floor));
   }
   if (!s.error.empty()) row("error", esc(s.error));
   row("config", "<code>" + esc(config_text(s)) + "</code>");

@@ -22,7 +22,7 @@ struct Counts {
 std::string testcases(const ScenarioRecord& s, Counts& n, std::string& caught) {
   const std::string classname = xml_escape_attr("meshproof." + s.name);
   std::string out;
-  bool any_fail = false;
+  const bool caught_scenario = s.expectation == Expectation::kCaught;
   for (const CheckResult& c : s.checks) {
     ++n.tests;
     out += fmt::format(R"(    <testcase name="{}" classname="{}" time="{:.3f}">)",
@@ -44,10 +44,13 @@ std::string testcases(const ScenarioRecord& s, Counts& n, std::string& caught) {
                            xml_escape_attr(check_headline(c)), xml_escape_attr(c.kind), detail);
         break;
       case Verdict::kFail:
-        any_fail = true;
-        if (s.expectation == Expectation::kCaught) {
-          // The injected fault was caught: the failing check is the expected outcome.
-          caught += fmt::format("caught as expected by {}: {}\n", c.name, check_headline(c));
+        if (caught_scenario) {
+          // In a fault scenario failing checks are the fault's doing; whether the right check
+          // caught it is the expectation:caught testcase's verdict.
+          caught += catches_fault(s, c)
+                        ? fmt::format("caught as expected by {}: {}\n", c.name, check_headline(c))
+                        : fmt::format("failed, but is not an intended check ({}): {}: {}\n",
+                                      join_names(s.caught_by), c.name, check_headline(c));
         } else {
           ++n.failures;
           out += fmt::format("      <failure message=\"{}\" type=\"{}\">{}</failure>\n",
@@ -57,16 +60,31 @@ std::string testcases(const ScenarioRecord& s, Counts& n, std::string& caught) {
     }
     out += "    </testcase>\n";
   }
-  if (s.expectation == Expectation::kCaught) {
+  if (caught_scenario) {
     ++n.tests;
     out += fmt::format(R"(    <testcase name="expectation:caught" classname="{}" time="0.000">)",
                        classname);
     out += "\n";
-    if (!any_fail) {
+    // The same rule as scenario_verdict: skipped with the scenario, failed unless a check in
+    // caught_by failed.
+    bool fault_caught = false, all_skipped = !s.checks.empty();
+    for (const CheckResult& c : s.checks) {
+      fault_caught = fault_caught || catches_fault(s, c);
+      all_skipped = all_skipped && c.verdict == Verdict::kSkipped;
+    }
+    if (all_skipped) {
+      ++n.skipped;
+      out += "      <skipped message=\"every check was skipped\"/>\n";
+    } else if (!fault_caught) {
       ++n.failures;
-      out +=
-          "      <failure message=\"the injected fault was not caught: no check failed\" "
-          "type=\"expectation\"/>\n";
+      std::string why = verdict_reason(s);
+      if (why.empty() || why.rfind("fault not caught", 0) != 0) {
+        // An errored check or run makes the verdict error; the expectation is still unmet.
+        why = fmt::format("fault not caught: none of the intended checks ({}) failed",
+                          join_names(s.caught_by));
+      }
+      out += fmt::format("      <failure message=\"{}\" type=\"expectation\"/>\n",
+                         xml_escape_attr(why));
     }
     out += "    </testcase>\n";
   }

@@ -53,6 +53,12 @@ std::string render_markdown(const RunRecord& r) {
     out += fmt::format("\n## {}\n\n", s.name);
     out += fmt::format("- verdict: **{}** (expected: {})\n", verdict_name(scenario_verdict(s)),
                        expectation_name(s.expectation));
+    if (s.expectation == Expectation::kCaught) {
+      out += fmt::format("- caught by (intended checks): {}\n", cell(join_names(s.caught_by)));
+    }
+    if (const std::string why = verdict_reason(s); !why.empty()) {
+      out += fmt::format("- why: {}\n", cell(why));
+    }
     out += fmt::format("- mesh: {}; recipe: {}; backend: {}; {} steps in {:.2f} s\n", s.mesh,
                        s.recipe, s.backend, s.steps.size(), s.duration_s);
     if (!s.error.empty()) out += fmt::format("- error: {}\n", cell(s.error));
@@ -60,6 +66,12 @@ std::string render_markdown(const RunRecord& r) {
       const ToleranceBand& t = s.golden->tolerance;
       out += fmt::format("- golden: `{}` ({}, rtol {:g}, atol {:g}, {} failing steps allowed)\n",
                          s.golden->source, t.mode, t.rtol, t.atol, t.allowed_failing_steps);
+    }
+    if (s.entropy_floor) {
+      out += fmt::format("- data entropy floor: {:.6f} nats/token (the loss no model can beat){}\n",
+                         *s.entropy_floor,
+                         s.steps.empty() ? std::string()
+                                         : fmt::format("; final loss {:.6f}", s.steps.back().loss));
     }
     out += fmt::format("- config: `{}`\n", config_text(s));
 

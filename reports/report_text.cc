@@ -68,6 +68,12 @@ std::string check_headline(const CheckResult& c) {
   return out;
 }
 
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
+}
+
 std::string config_text(const ScenarioRecord& s) {
   return s.config.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

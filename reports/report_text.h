@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "reports/run_record.h"
 
@@ -23,6 +24,8 @@ std::string format_bytes(int64_t bytes);
 // The headline of a check for people: its message, followed by the evidence summary in
 // parentheses when there is evidence.
 std::string check_headline(const CheckResult& c);
+// "golden, reference"; "none" for an empty list.
+std::string join_names(const std::vector<std::string>& names);
 // The JSON config of a scenario, compact.
 std::string config_text(const ScenarioRecord& s);
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <set>
@@ -140,6 +141,7 @@ nlohmann::json to_json(const ScenarioRecord& s) {
   return {{"name", s.name},
           {"verdict", verdict_name(scenario_verdict(s))},
           {"expectation", expectation_name(s.expectation)},
+          {"caught_by", s.caught_by},
           {"mesh", s.mesh},
           {"recipe", s.recipe},
           {"backend", s.backend},
@@ -147,6 +149,7 @@ nlohmann::json to_json(const ScenarioRecord& s) {
           {"error", s.error},
           {"config", s.config},
           {"steps", steps},
+          {"entropy_floor", opt(s.entropy_floor)},
           {"golden", golden},
           {"checks", checks},
           {"performance", perf},
@@ -220,17 +223,53 @@ bool Evidence::empty() const {
          !max_abs_err && !max_rel_err && !ulp_distance && failing_steps == 0;
 }
 
+bool catches_fault(const ScenarioRecord& s, const CheckResult& c) {
+  return s.expectation == Expectation::kCaught && c.verdict == Verdict::kFail &&
+         std::find(s.caught_by.begin(), s.caught_by.end(), c.kind) != s.caught_by.end();
+}
+
 Verdict scenario_verdict(const ScenarioRecord& s) {
   if (!s.error.empty()) return Verdict::kError;
-  bool any_fail = false, all_skipped = true;
+  bool any_fail = false, all_skipped = true, caught = false;
   for (const CheckResult& c : s.checks) {
     if (c.verdict == Verdict::kError) return Verdict::kError;
     if (c.verdict == Verdict::kFail) any_fail = true;
     if (c.verdict != Verdict::kSkipped) all_skipped = false;
+    caught = caught || catches_fault(s, c);
   }
-  if (s.expectation == Expectation::kCaught) return any_fail ? Verdict::kPass : Verdict::kFail;
+  if (s.expectation == Expectation::kCaught) {
+    if (all_skipped && !s.checks.empty()) return Verdict::kSkipped;
+    return caught ? Verdict::kPass : Verdict::kFail;
+  }
   if (any_fail) return Verdict::kFail;
   return all_skipped ? Verdict::kSkipped : Verdict::kPass;
+}
+
+std::string verdict_reason(const ScenarioRecord& s) {
+  if (!s.error.empty()) return "runtime error: " + s.error;
+  for (const CheckResult& c : s.checks) {
+    if (c.verdict == Verdict::kError) return fmt::format("check {} errored: {}", c.name, c.message);
+  }
+  if (scenario_verdict(s) != Verdict::kFail) return "";
+  if (s.expectation == Expectation::kPass) {
+    for (const CheckResult& c : s.checks) {
+      if (c.verdict == Verdict::kFail) return fmt::format("check {} failed: {}", c.name, c.message);
+    }
+    return "";
+  }
+  std::string intended, others;
+  for (const std::string& k : s.caught_by) intended += (intended.empty() ? "" : ", ") + k;
+  for (const CheckResult& c : s.checks) {
+    if (c.verdict == Verdict::kFail) others += (others.empty() ? "" : ", ") + c.name;
+  }
+  std::string why =
+      intended.empty()
+          ? std::string(
+                "fault not caught: the scenario enables none of the checks meant to "
+                "catch it")
+          : fmt::format("fault not caught: none of the intended checks ({}) failed", intended);
+  if (!others.empty()) why += fmt::format("; {} failed instead", others);
+  return why;
 }
 
 Verdict run_verdict(const RunRecord& r) {
@@ -263,6 +302,12 @@ void validate_record(const RunRecord& r) {
     if (!s.config.is_object()) {
       fail(fmt::format("scenario '{}': config must be a JSON object, got {}", s.name,
                        s.config.type_name()));
+    }
+    if (s.expectation == Expectation::kPass && !s.caught_by.empty()) {
+      fail(fmt::format("scenario '{}': caught_by is set but the expectation is pass", s.name));
+    }
+    for (const std::string& k : s.caught_by) {
+      if (k.empty()) fail(fmt::format("scenario '{}': caught_by has an empty check kind", s.name));
     }
     std::set<std::string> checks;
     for (size_t k = 0; k < s.checks.size(); ++k) {

@@ -37,8 +37,8 @@ enum class CollectiveKind {
 std::string_view collective_name(CollectiveKind k);      // "all_reduce", "all_gather", ...
 CollectiveKind parse_collective(std::string_view name);  // throws ReportError(kInput)
 
-// What a scenario must do: pass all its checks, or (fault-injection scenarios) be caught by at
-// least one failing check.
+// What a scenario must do: pass all its checks, or (fault-injection scenarios) be caught: one of
+// its intended checks (ScenarioRecord::caught_by) must fail.
 enum class Expectation { kPass, kCaught };
 std::string_view expectation_name(Expectation e);  // "pass", "caught"
 
@@ -133,7 +133,7 @@ struct PerformanceFigures {
   double tokens_per_s = 0;            // tokens_per_step / median_step_time_s, whole mesh
   double model_flops_per_step = 0;    // Megatron-style count, whole mesh (perf_metrics.h)
   double tflops_per_device = 0;       // model_flops_per_step / median_step_time_s / n / 1e12
-  int num_devices = 1;                // ranks sharing the work (mesh size)
+  int num_devices = 1;                // physical devices the ranks ran on (virtual ranks: 1)
   std::string gemm_dtype;             // dtype the peak refers to: "bf16", "fp8", ...
   std::optional<double> peak_tflops;  // dense peak per device; absent when unknown
   std::string peak_source;            // "table:H100 fp8", "calibration", "" when unknown
@@ -188,8 +188,17 @@ struct ScenarioRecord {
   std::string recipe;   // fp32, bf16, delayed, current, mxfp8, block, nvfp4
   std::string backend;  // "cpu" or "cuda:0"
   Expectation expectation = Expectation::kPass;
+  // Expectation kCaught: the check kinds (CheckResult::kind) whose failure counts as catching the
+  // injected fault (the fault catalog's caught_by, restricted to the scenario's enabled checks).
+  // A failure of any other check does not: a fault caught by the wrong check is a miss. Empty
+  // for expectation kPass.
+  std::vector<std::string> caught_by;
   double duration_s = 0;           // wall clock of the whole scenario, checks included
   std::vector<StepMetrics> steps;  // in step order
+  // Entropy rate of the training data source, nats per token: the loss no model can beat (the
+  // first positions of a sequence see less context and sit above it). Absent for records
+  // without training data (benchmarks).
+  std::optional<double> entropy_floor;
   std::optional<GoldenRecord> golden;
   std::vector<CheckResult> checks;
   std::optional<PerformanceFigures> performance;  // absent when the run did not train
@@ -211,11 +220,20 @@ struct RunRecord {
 
 // ---- derived verdicts -------------------------------------------------------------------------
 
-// A scenario's verdict. Expectation kPass: error if the scenario has an error or any check
-// errored, else fail if any check failed, else skipped if every check was skipped (or there are
-// none), else pass. Expectation kCaught (fault injection): error as above, else pass when at
-// least one check failed (the fault was caught), else fail.
+// A scenario's verdict, the one rule every writer and the `meshproof run` exit code follow.
+// Expectation kPass: error if the scenario has an error or any check errored, else fail if any
+// check failed, else skipped if every check was skipped (or there are none), else pass.
+// Expectation kCaught (fault injection): error as above, else skipped if there are checks and
+// every one was skipped, else pass when a check whose kind is in caught_by failed (the fault was
+// caught by a check meant to catch it), else fail.
 Verdict scenario_verdict(const ScenarioRecord& s);
+// Whether a check of an expectation-kCaught scenario caught the fault: it failed and its kind is
+// one of the scenario's caught_by.
+bool catches_fault(const ScenarioRecord& s, const CheckResult& c);
+// One line saying why scenario_verdict is error or fail ("check golden failed: ...", "fault not
+// caught: none of the intended checks (resume) failed; determinism failed instead"); "" for
+// pass and skipped.
+std::string verdict_reason(const ScenarioRecord& s);
 // The run's verdict: error if any scenario errored, else fail if any failed, else pass (a run
 // of only skipped scenarios is skipped).
 Verdict run_verdict(const RunRecord& r);
@@ -223,8 +241,9 @@ Verdict run_verdict(const RunRecord& r);
 // Formats a system_clock time as ISO 8601 UTC with a trailing Z, seconds resolution.
 std::string format_utc(int64_t unix_seconds);
 
-// Checks what the writers rely on: scenario names non-empty and unique, check names non-empty
-// and unique within their scenario, configs JSON objects, ranks and steps non-negative, benchmark
+// Checks what the writers rely on: scenario names non-empty and unique, caught_by only on
+// expectation-caught scenarios and without empty kinds, check names non-empty and unique within
+// their scenario, configs JSON objects, ranks and steps non-negative, benchmark
 // figures named with a unique (name, metric) and a unit. Throws
 // ReportError(kInput) naming the scenario and field. write_reports calls it before writing.
 void validate_record(const RunRecord& r);

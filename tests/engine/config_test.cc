@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "engine/data.h"
 #include "engine/params.h"
@@ -158,6 +159,21 @@ TEST(Data, EmpiricalConditionalEntropyMatchesTheFloor) {
   EXPECT_NEAR(h / total, src.entropy_rate(), 0.02);
   MarkovSource uniform(8, DataConfig{1, 1.0, 1}, 1, 4);
   EXPECT_NEAR(uniform.entropy_rate(), std::log(8.0), 1e-12);
+}
+
+// The free function the reports use is the source's own entropy rate, bit for bit, and matches
+// the closed forms.
+TEST(Data, EntropyRateWithoutASource) {
+  DataConfig d;  // decay 0.5
+  EXPECT_EQ(markov_entropy_rate(64, d.decay), MarkovSource(64, d, 2, 4).entropy_rate());
+  // V = 4, decay 1/2: p = (8, 4, 2, 1) / 15. Summed in another order: a few ulps apart (1e-15).
+  const double h4 = -(8 * std::log(8.0 / 15) + 4 * std::log(4.0 / 15) + 2 * std::log(2.0 / 15) +
+                      std::log(1.0 / 15)) /
+                    15;
+  EXPECT_NEAR(markov_entropy_rate(4, 0.5), h4, 1e-15);
+  // V = 256, decay 1/2: a geometric distribution truncated at 2^-256, H = 2 ln 2 to double
+  // precision (the sum of 256 terms rounds at ~1e-16 relative; 1e-14 leaves room for that).
+  EXPECT_NEAR(markov_entropy_rate(256, 0.5), 2 * std::log(2.0), 1e-14);
 }
 
 }  // namespace

@@ -11,7 +11,11 @@ usage: check_reports.py OUT_DIR SCHEMA_JSON JUNIT_XSD
   docs/report-schema.md), no scripts, no src attributes, no external href;
 - the summary table of report.md has the JSON's scenarios, meshes, recipes, verdicts, step
   times and MFU, row by row;
-- every failing check's evidence summary appears in report.md, junit.xml and report.html.
+- every failing check's evidence summary appears in report.md, junit.xml and report.html;
+- the data's entropy floor, where the record has one, is in report.md and is a dashed line in
+  the scenario's loss plot in report.html;
+- each scenario's verdict is the one the rules of docs/report-schema.md give (a fault caught
+  only by a check outside caught_by is a fail).
 Exits 1 with a list of problems when any check fails.
 """
 import html.parser
@@ -62,11 +66,34 @@ def expected_junit(s):
     tests = len(s["checks"]) + (1 if caught else 0) + (1 if s["error"] else 0)
     fails = sum(1 for c in s["checks"] if c["verdict"] == "fail")
     failures = 0 if caught else fails
-    if caught and fails == 0:
-        failures += 1  # the synthetic expectation:caught testcase
     errors = sum(1 for c in s["checks"] if c["verdict"] == "error") + (1 if s["error"] else 0)
     skipped = sum(1 for c in s["checks"] if c["verdict"] == "skipped")
+    if caught:
+        # The synthetic expectation:caught testcase: skipped with the scenario, else failed unless
+        # a check of an intended kind (caught_by) failed.
+        if s["checks"] and skipped == len(s["checks"]):
+            skipped += 1
+        elif not fault_caught(s):
+            failures += 1
     return tests, failures, errors, skipped
+
+
+def fault_caught(s):
+    return any(c["verdict"] == "fail" and c["kind"] in s["caught_by"] for c in s["checks"])
+
+
+def scenario_verdict(s):
+    """docs/report-schema.md "Verdict rules", re-derived from the record's parts."""
+    if s["error"] or any(c["verdict"] == "error" for c in s["checks"]):
+        return "error"
+    all_skipped = all(c["verdict"] == "skipped" for c in s["checks"])
+    if s["expectation"] == "caught":
+        if s["checks"] and all_skipped:
+            return "skipped"
+        return "pass" if fault_caught(s) else "fail"
+    if any(c["verdict"] == "fail" for c in s["checks"]):
+        return "fail"
+    return "skipped" if all_skipped else "pass"
 
 
 def expected_plots(s):
@@ -124,6 +151,11 @@ def main():
     for e in errors:
         problems.append("schema: %s at %s" % (e.message, "/".join(map(str, e.path))))
     scenarios = report["scenarios"]
+    for s in scenarios:
+        expect(s["verdict"] == scenario_verdict(s),
+               "json %s: verdict %s, the rules give %s" % (s["name"], s["verdict"], scenario_verdict(s)))
+        expect(s["expectation"] == "caught" or not s["caught_by"],
+               "json %s: caught_by on an expectation-pass scenario" % s["name"])
 
     # ---- junit.xml
     for e in xmlschema.XMLSchema(xsd_path).iter_errors(out_dir + "/junit.xml"):
@@ -260,6 +292,24 @@ def main():
             if c["verdict"] == "fail" and c["evidence"] is not None:
                 ev = md_cell(evidence_summary(c["evidence"]))
                 expect(ev in md, "md lacks evidence %r" % ev)
+
+    # ---- the data's entropy floor: report.md and the loss plot of report.html
+    md_sections = re.split(r"\n## ", md)[1:]
+    for sec, md_sec, s in zip(sections, md_sections, scenarios):
+        if s["entropy_floor"] is None:
+            continue
+        floor = "%.6f nats/token" % s["entropy_floor"]
+        expect("- data entropy floor: " + floor in md_sec, "md %s lacks the entropy floor %s" % (s["name"], floor))
+        if not s["steps"]:
+            continue
+        loss_svg = sec.findall(".//s:svg", ns)[0]
+        legend = [t.text for t in loss_svg.findall(".//s:text", ns)]
+        expect("entropy floor" in legend, "html %s: loss plot has no entropy floor line" % s["name"])
+        # A dashed horizontal polyline: every point at the same height.
+        dashed = [p for p in loss_svg.iter("{http://www.w3.org/2000/svg}polyline")
+                  if p.get("stroke-dasharray")
+                  and len({pt.split(",")[1] for pt in p.get("points").split()}) == 1]
+        expect(dashed, "html %s: loss plot has no dashed horizontal line" % s["name"])
 
     if problems:
         print("\n".join(problems))

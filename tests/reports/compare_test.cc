@@ -40,17 +40,22 @@ TEST(CompareTest, RatiosOfStepTimeThroughputAndBusBandwidth) {
   const std::string s0 = a.scenarios[0].name;
   const CompareRow* st = find(t, s0, "step_time_ms");
   ASSERT_NE(st, nullptr);
-  EXPECT_NEAR(*st->ratio, 1.25, 1e-12);
-  EXPECT_NEAR(*st->a, a.scenarios[0].performance->median_step_time_s * 1e3, 1e-12);
+  // Ratios of figures scaled by 1.25 (or 1/1.25): one rounding in the scaling and one in the
+  // division B/A, so within 2 ulp of 1.25 (0.8); EXPECT_DOUBLE_EQ allows 4. The JSON documents
+  // are compared in memory, so no text round trip adds error.
+  EXPECT_DOUBLE_EQ(*st->ratio, 1.25);
+  // A is the same product median_step_time_s * 1e3 that compare computes: exact.
+  EXPECT_EQ(*st->a, a.scenarios[0].performance->median_step_time_s * 1e3);
   EXPECT_FALSE(st->higher_is_better);
-  EXPECT_NEAR(*find(t, s0, "tokens_per_s")->ratio, 0.8, 1e-12);
-  EXPECT_NEAR(*find(t, s0, "tflops_per_device")->ratio, 0.8, 1e-12);
-  EXPECT_NEAR(*find(t, s0, "mfu")->ratio, 0.8, 1e-12);
-  EXPECT_NEAR(*find(t, s0, "busbw_gbps all_gather dp_shard")->ratio, 2.0, 1e-12);
-  EXPECT_NEAR(*find(t, s0, "busbw_gbps reduce_scatter dp_shard")->ratio, 1.0, 1e-12);
+  EXPECT_DOUBLE_EQ(*find(t, s0, "tokens_per_s")->ratio, 0.8);
+  EXPECT_DOUBLE_EQ(*find(t, s0, "tflops_per_device")->ratio, 0.8);
+  EXPECT_DOUBLE_EQ(*find(t, s0, "mfu")->ratio, 0.8);
+  // Doubling is exact, and so is x / x: these ratios are exactly 2 and 1.
+  EXPECT_EQ(*find(t, s0, "busbw_gbps all_gather dp_shard")->ratio, 2.0);
+  EXPECT_EQ(*find(t, s0, "busbw_gbps reduce_scatter dp_shard")->ratio, 1.0);
   // Unchanged scenario: every ratio is 1; the two all-reduce groups are told apart.
   const std::string s1 = a.scenarios[1].name;
-  EXPECT_NEAR(*find(t, s1, "busbw_gbps all_reduce tp")->ratio, 1.0, 1e-12);
+  EXPECT_EQ(*find(t, s1, "busbw_gbps all_reduce tp")->ratio, 1.0);
   EXPECT_NE(find(t, s1, "busbw_gbps all_reduce dp_replicate"), nullptr);
   EXPECT_EQ(t.only_in_a, std::vector<std::string>{"fault_amax_not_reduced"});
   EXPECT_EQ(t.only_in_b, std::vector<std::string>{"new_in_b"});
@@ -94,11 +99,11 @@ TEST(CompareTest, BenchmarkFiguresComparedByNameAndMetric) {
   const std::string s1 = a.scenarios[1].name;
   const CompareRow* g = find(t, s1, "gemm fprop 256x256x256 tflops");
   ASSERT_NE(g, nullptr);
-  EXPECT_NEAR(*g->ratio, 1.5, 1e-12);
+  EXPECT_EQ(*g->ratio, 1.5);  // 150 / 100: exact in binary floating point
   EXPECT_TRUE(g->higher_is_better);
   const CompareRow* st = find(t, s1, "layer step step_time_ms");
   ASSERT_NE(st, nullptr);
-  EXPECT_NEAR(*st->ratio, 1.25, 1e-12);
+  EXPECT_EQ(*st->ratio, 1.25);  // 5 / 4: exact
   EXPECT_FALSE(st->higher_is_better);
   const std::string text = format_compare_table(t, "a.json", "b.json");
   EXPECT_NE(text.find("1.500 +"), std::string::npos) << text;

@@ -140,6 +140,7 @@ RunRecord sample_record() {
     s.recipe = "mxfp8";
     s.backend = "cuda:0";
     s.steps = steps(20, 1e9, 0, 0.0305, false);
+    s.entropy_floor = 2 * std::log(2.0);  // V = 256, decay 0.5
     s.golden = golden("golden/gpt_tiny_fsdp4_mxfp8/h100.h5", 20);
     s.checks = {
         {"golden", "golden", Verdict::kPass, "20 steps within rtol 0.01, atol 1e-05", 0.002,
@@ -171,6 +172,7 @@ RunRecord sample_record() {
     s.recipe = "delayed";
     s.backend = "cuda:0";
     s.steps = steps(20, 6, 4e-3, 0.0182, true);
+    s.entropy_floor = 2 * std::log(2.0);
     s.golden = golden("golden/gpt_tiny_hsdp2x2_tp2_delayed/h100.h5", 20);
     Evidence e;
     e.first_diverging_step = 9;
@@ -210,6 +212,7 @@ RunRecord sample_record() {
     s.recipe = "current";
     s.backend = "cuda:0";
     s.expectation = Expectation::kCaught;
+    s.caught_by = {"allgather_parity", "reference"};
     s.steps = steps(6, 1e9, 0, 0.0301, false);
     Evidence e;
     e.first_diverging_step = 1;
@@ -246,6 +249,23 @@ RunRecord hostile_record() {
   r.scenarios[0].error = "CUDA error: out of memory " + nasty;
   s.checks[1].verdict = Verdict::kError;
   s.checks[1].message = "resume: cannot open checkpoint " + nasty;
+  return r;
+}
+
+RunRecord wrong_check_record() {
+  RunRecord r = sample_record();
+  ScenarioRecord& s = r.scenarios[2];
+  s.checks[0].verdict = Verdict::kPass;
+  s.checks[0].message = "FP8 all-gathered weights equal quantize(gather(shard))";
+  s.checks[0].evidence.reset();
+  Evidence e;
+  e.first_diverging_step = 3;
+  e.metric = "loss";
+  e.expected = 3.25;
+  e.actual = 3.2578125;
+  e.max_abs_err = 0.0078125;
+  s.checks.push_back({"determinism", "determinism", Verdict::kFail,
+                      "rerun differs from the run at step 3", 0.4, e});
   return r;
 }
 

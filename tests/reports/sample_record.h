@@ -14,4 +14,9 @@ RunRecord sample_record();
 // has a scenario that stopped with an error and a check that errored.
 RunRecord hostile_record();
 
+// The sample with the fault of its third scenario caught by the wrong check: the intended
+// allgather_parity check passes and a determinism check (not in caught_by) fails with evidence.
+// Its verdict must be fail everywhere (reports and the `meshproof run` exit code).
+RunRecord wrong_check_record();
+
 }  // namespace meshproof::reports::testing

@@ -55,6 +55,11 @@ TEST(RunRecordTest, VerdictRules) {
   EXPECT_EQ(scenario_verdict(s), Verdict::kFail);
   s.checks[0].verdict = Verdict::kError;
   EXPECT_EQ(scenario_verdict(s), Verdict::kError);
+  s.checks[0].verdict = Verdict::kSkipped;  // no GPU here: recorded, not failed
+  EXPECT_EQ(scenario_verdict(s), Verdict::kSkipped);
+  s.checks[0].verdict = Verdict::kFail;
+  s.checks[0].kind = "determinism";  // failed, but not one of caught_by
+  EXPECT_EQ(scenario_verdict(s), Verdict::kFail);
   ScenarioRecord skipped;
   skipped.checks = {{"determinism", "determinism", Verdict::kSkipped, "off", 0, std::nullopt}};
   EXPECT_EQ(scenario_verdict(skipped), Verdict::kSkipped);
@@ -142,10 +147,61 @@ TEST(WritersTest, UncaughtFaultAndScenarioErrorAreReported) {
   r.scenarios[2].checks[0].verdict = Verdict::kPass;
   r.scenarios[0].error = "CUDA error: out of memory";
   const std::string x = render_junit(r);
-  EXPECT_NE(x.find("the injected fault was not caught"), std::string::npos);
+  EXPECT_NE(x.find("<failure message=\"fault not caught: none of the intended checks "
+                   "(allgather_parity, reference) failed\" type=\"expectation\"/>"),
+            std::string::npos)
+      << x;
   EXPECT_EQ(count(x, "<failure "), 2u);
   EXPECT_EQ(count(x, "<error "), 1u);
   EXPECT_NE(x.find("CUDA error: out of memory"), std::string::npos);
+}
+
+// A fault caught only by a check that is not meant to catch it is a miss, in every format.
+TEST(WritersTest, FaultCaughtByTheWrongCheckFailsInAllFourFormats) {
+  const RunRecord r = testing::wrong_check_record();
+  const ScenarioRecord& s = r.scenarios[2];
+  EXPECT_FALSE(catches_fault(s, s.checks[1]));  // determinism failed, but is not in caught_by
+  EXPECT_EQ(scenario_verdict(s), Verdict::kFail);
+  const std::string why =
+      "fault not caught: none of the intended checks (allgather_parity, reference) failed; "
+      "determinism failed instead";
+  EXPECT_EQ(verdict_reason(s), why);
+  // The sample's own failing scenario stays a fail; the run is a fail.
+  EXPECT_EQ(run_verdict(r), Verdict::kFail);
+
+  const nlohmann::json j = nlohmann::json::parse(render_json(r));
+  EXPECT_EQ(j["scenarios"][2]["verdict"], "fail");
+  EXPECT_EQ(j["scenarios"][2]["caught_by"],
+            nlohmann::json::array({"allgather_parity", "reference"}));
+  EXPECT_EQ(j["summary"]["scenarios"]["fail"], 2);
+
+  const std::string md = render_markdown(r);
+  EXPECT_NE(md.find("| fault_amax_not_reduced | dp_replicate=1 dp_shard=4 tp=1 | current | 1 pass, "
+                    "1 fail | fail |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("- why: " + why + "\n"), std::string::npos);
+  EXPECT_NE(md.find("- caught by (intended checks): allgather_parity, reference\n"),
+            std::string::npos);
+
+  const std::string x = render_junit(r);
+  EXPECT_NE(x.find("<property name=\"verdict\" value=\"fail\"/>\n      <property "
+                   "name=\"step_time_ms\""),
+            std::string::npos);
+  EXPECT_NE(x.find("<testcase name=\"expectation:caught\" classname=\"meshproof."
+                   "fault_amax_not_reduced\" time=\"0.000\">\n      <failure message=\"" +
+                   why + "\" type=\"expectation\"/>"),
+            std::string::npos)
+      << x;
+  EXPECT_NE(x.find("failed, but is not an intended check (allgather_parity, reference): "
+                   "determinism: rerun differs"),
+            std::string::npos);
+  // The golden failure of scenario 1 and the expectation testcase of scenario 2.
+  EXPECT_EQ(count(x, "<failure "), 2u);
+
+  const std::string h = render_html(r);
+  EXPECT_NE(h.find("<h2>fault_amax_not_reduced: fail</h2>"), std::string::npos);
+  EXPECT_NE(h.find("<tr><th>why</th><td>" + why + "</td></tr>"), std::string::npos);
 }
 
 TEST(WritersTest, FailingCheckEvidenceAppearsInAllFourFormats) {
@@ -171,6 +227,25 @@ TEST(WritersTest, FailingCheckEvidenceAppearsInAllFourFormats) {
   EXPECT_EQ(e["first_diverging_step"], 9);
   EXPECT_DOUBLE_EQ(e["max_abs_err"].get<double>(), *c.evidence->max_abs_err);
   EXPECT_DOUBLE_EQ(e["max_rel_err"].get<double>(), *c.evidence->max_rel_err);
+}
+
+// The data's entropy floor: a number in report.json (null without one), a line in report.md, a
+// row and a dashed line in the loss plot of report.html.
+TEST(WritersTest, EntropyFloorInJsonMarkdownAndHtml) {
+  const RunRecord r = testing::sample_record();
+  const nlohmann::json j = nlohmann::json::parse(render_json(r));
+  EXPECT_EQ(j["scenarios"][0]["entropy_floor"], 2 * std::log(2.0));
+  EXPECT_TRUE(j["scenarios"][2]["entropy_floor"].is_null());
+  const std::string md = render_markdown(r);
+  EXPECT_EQ(count(md,
+                  "- data entropy floor: 1.386294 nats/token (the loss no model can beat); "
+                  "final loss "),
+            2u)
+      << md;
+  const std::string h = render_html(r);
+  EXPECT_EQ(count(h, "<tr><th>data entropy floor</th><td>1.386294 nats/token</td></tr>"), 2u);
+  // Legend entries of the two loss plots that have a floor.
+  EXPECT_EQ(count(h, ">entropy floor</text>"), 2u) << h.substr(0, 4000);
 }
 
 TEST(WritersTest, HtmlIsSelfContainedWithOneSvgPerPlot) {
@@ -260,6 +335,10 @@ TEST(RunRecordTest, ValidationNamesTheOffendingScenario) {
   r = testing::sample_record();
   r.scenarios[0].memory[1].rank = -1;
   expect_invalid(r, "memory of rank -1");
+  r = testing::sample_record();
+  r.scenarios[0].caught_by = {"golden"};
+  expect_invalid(r,
+                 "scenario 'gpt_tiny_fsdp4_mxfp8': caught_by is set but the expectation is pass");
 }
 
 TEST(WriteReportsTest, UnwritableDirectoryIsAnIoError) {

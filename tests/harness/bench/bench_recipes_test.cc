@@ -90,10 +90,14 @@ TEST(BenchRecipes, RecordUsesTablePeakForKnownGpus) {
   EXPECT_EQ(ceil.name, "recipes.ceilings");
   EXPECT_DOUBLE_EQ(find(ceil, "copy cudaMemcpy d2d", "gbps").value, 2000);
   const auto& bf16 = find(ceil, "bf16 gemm fprop 256x512x128", "tflops");
-  EXPECT_NEAR(bf16.value, 500, 1e-9);
+  // Not exact: the synthetic time flops/500e12 and the figure flops/t/1e12 round three times
+  // (at most ~3 ulp); measured (the same double operations in Python) 500 - 5.7e-14, 0.5 ulp.
+  // EXPECT_DOUBLE_EQ allows 4 ulp (4.5e-13 at 500).
+  EXPECT_DOUBLE_EQ(bf16.value, 500);
   ASSERT_TRUE(bf16.ceiling);
-  EXPECT_DOUBLE_EQ(*bf16.ceiling, 989);  // H100 dense bf16 (DESIGN.md section 9)
-  EXPECT_NEAR(*bf16.ratio, 500.0 / 989, 1e-12);
+  EXPECT_EQ(*bf16.ceiling, 989);  // H100 dense bf16 (DESIGN.md section 9): a table constant
+  // value / 989 with the value 0.5 ulp off 500: measured 1.1e-16 (1 ulp) from 500.0 / 989.
+  EXPECT_DOUBLE_EQ(*bf16.ratio, 500.0 / 989);
 
   const auto& s = run.scenarios[1];
   EXPECT_EQ(s.name, "recipes.current");
@@ -103,8 +107,9 @@ TEST(BenchRecipes, RecordUsesTablePeakForKnownGpus) {
   EXPECT_DOUBLE_EQ(*q.ratio, 0.5);
   EXPECT_EQ(q.ceiling_source, "measured:copy");
   const auto& g = find(s, "gemm wgrad 256x512x128", "tflops");
-  EXPECT_NEAR(g.value, 1000, 1e-9);
-  EXPECT_DOUBLE_EQ(*g.ceiling, 1979);  // H100 dense fp8
+  // Three roundings as for the bf16 figure: measured 1000 - 1.1e-13 (0.5 ulp).
+  EXPECT_DOUBLE_EQ(g.value, 1000);
+  EXPECT_EQ(*g.ceiling, 1979);  // H100 dense fp8, a table constant
   EXPECT_EQ(g.ceiling_source, "table:H100 fp8");
   const auto& t = find(s, "layer step", "step_time_ms");
   EXPECT_DOUBLE_EQ(t.value, 2);
@@ -112,8 +117,12 @@ TEST(BenchRecipes, RecordUsesTablePeakForKnownGpus) {
   ASSERT_TRUE(s.performance);
   const double flops = reports::model_flops_per_step({1, 256, 1024, 32, 128, false}, 512);
   EXPECT_DOUBLE_EQ(s.performance->model_flops_per_step, flops);
-  EXPECT_NEAR(*s.performance->mfu, flops / 2e-3 / 1e12 / 1979, 1e-15);
-  EXPECT_NEAR(find(s, "layer step", "tflops").ratio.value(), *s.performance->mfu, 1e-15);
+  // The MFU is flops / 2e-3 / 1 device / 1e12 / 1979: the same divisions as the expected
+  // expression (the one by 1 is exact); measured difference 0. EXPECT_DOUBLE_EQ (4 ulp) rather
+  // than ==, so a compiler reordering the divisions does not fail the test.
+  EXPECT_DOUBLE_EQ(*s.performance->mfu, flops / 2e-3 / 1e12 / 1979);
+  // The layer step's tflops ratio is the MFU by construction (same value over the same peak).
+  EXPECT_DOUBLE_EQ(find(s, "layer step", "tflops").ratio.value(), *s.performance->mfu);
   EXPECT_EQ(reports::scenario_verdict(s), reports::Verdict::kPass);
   EXPECT_NO_THROW(reports::to_json(run));
 }
@@ -126,8 +135,10 @@ TEST(BenchRecipes, RecordCalibratesUnknownDevicesWithTheMeasuredBf16Gemm) {
   rep.recipes[0].gemm_dtype = "fp32";
   const reports::RunRecord run = bench_recipes_record(rep, o, "cpu", "");
   const auto& g = find(run.scenarios[1], "gemm wgrad 256x512x128", "tflops");
-  EXPECT_NEAR(*g.ceiling, 500, 1e-9);
-  EXPECT_NEAR(*g.ratio, 2.0, 1e-9);
+  // The ceiling is the measured bf16 figure (500 - 5.7e-14, see above); the ratio of two
+  // figures with the same rounding pattern came out exactly 2 (measured), within 4 ulp anyway.
+  EXPECT_DOUBLE_EQ(*g.ceiling, 500);
+  EXPECT_DOUBLE_EQ(*g.ratio, 2.0);
   EXPECT_EQ(g.ceiling_source, "calibration:measured bf16 gemm");
   EXPECT_FALSE(find(run.scenarios[0], "bf16 gemm fprop 256x512x128", "tflops").ceiling);
 }
