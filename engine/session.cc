@@ -532,6 +532,13 @@ struct TrainingSession::Impl {
     std::memcpy(amax, buf.raw_data(), static_cast<size_t>(n) * sizeof(float));
   }
 
+  // Seconds spent in every collective of every group so far (all kinds together).
+  double all_collective_seconds() {
+    double total = 0;
+    for (const auto& [kind, seconds] : collective_seconds()) total += seconds;
+    return total;
+  }
+
   std::map<std::string, double> collective_seconds() {
     std::map<std::string, double> s;
     for (DimSet d : kAllGroups) {
@@ -798,6 +805,7 @@ struct TrainingSession::Impl {
     // gradients accumulate locally and each unit's are reduced after its backward in the last
     // micro-batch (deferred sync: one reduction per step).
     const auto tc = Clock::now();
+    const double coll_compute0 = all_collective_seconds();
     weights = TensorMap{};
     grads = TensorMap{};
     step_shards.clear();
@@ -826,13 +834,16 @@ struct TrainingSession::Impl {
              grads.names().size(), weights.names().size());
     step_shards.clear();
     step_hp.clear();
-    time.compute = seconds_since(tc);
+    // The phases exclude the collectives that ran inside them (reported per kind below), so the
+    // parts of the breakdown do not count the same seconds twice.
+    time.compute = seconds_since(tc) - (all_collective_seconds() - coll_compute0);
     const bool sp = options.mesh.sequence_parallel && mesh.size(MeshDim::kTp) > 1;
     metrics.loss = sum_doubles(comms.group(sp ? kWorld : kData), loss_sum) / positions;
 
     // Global norm: the shards over dp_shard x tp are disjoint except for tp-replicated
     // parameters, which only tp rank 0 counts; dp_replicate replicas are not summed.
     const auto to = Clock::now();
+    const double coll_optimizer0 = all_collective_seconds();
     double sq = 0;
     const bool tp_lead = mesh.coord(rank, MeshDim::kTp) == 0;
     for (const Param& p : params)
@@ -850,7 +861,7 @@ struct TrainingSession::Impl {
       kernels::adamw_step(p.master, p.grad, p.exp_avg, p.exp_avg_sq, step + 1, hp);
     }
     if (fp8_params) requantize_fp8_params();
-    time.optimizer = seconds_since(to);
+    time.optimizer = seconds_since(to) - (all_collective_seconds() - coll_optimizer0);
     ++step;
     ++cursor;
     store_scalars();

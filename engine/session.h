@@ -156,9 +156,11 @@ struct RankReport {
 
 // Wall time of one step on rank 0, by phase.
 struct StepTime {
-  double compute = 0;  // forward + backward, with the per-unit gathers and gradient reductions
+  // The phases exclude the collectives that ran inside them, so compute + collectives +
+  // optimizer <= total (the rest: loss reduction bookkeeping, host overhead).
+  double compute = 0;  // forward + backward, without the per-unit gathers and grad reductions
   std::map<std::string, double> collectives;  // seconds per collective kind
-  double optimizer = 0;                       // clipping + AdamW
+  double optimizer = 0;                       // clipping + AdamW, without the grad-norm reduction
   double total = 0;
 };
 

@@ -55,7 +55,7 @@ struct CollectiveTime {
 // remainder (data loading, host overhead, un-attributed gaps) is reported as "other".
 struct StepTiming {
   double total_s = 0;                       // whole step, rank 0 wall clock
-  double compute_s = 0;                     // forward + backward kernels (GEMMs, norms, ...)
+  double compute_s = 0;                     // forward + backward, collectives excluded
   std::vector<CollectiveTime> collectives;  // one entry per collective kind used in the step
   double optimizer_s = 0;                   // clipping + AdamW update (+ FP8 re-quantization)
   double checkpoint_s = 0;                  // checkpoint save in this step, 0 when none

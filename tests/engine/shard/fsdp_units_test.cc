@@ -11,6 +11,7 @@
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/quantize.h"
+#include "mesh/layout.h"
 #include "mesh/local_comm.h"
 #include "tests/engine/test_config.h"
 
@@ -119,48 +120,50 @@ INSTANTIATE_TEST_SUITE_P(Units, ReshardAfterForward,
 // fsdp.fp8_params
 
 TEST(Fp8Params, StateHoldsTheMasterRequantizedAfterEveryStep) {
-  // Current scaling on dp_shard 2: after each step the FP8 primary weight of every GEMM weight is
-  // quantize(master) with the amax of the whole weight (MAX-reduced over the mesh), and its
-  // bytes are what the checkpoint state holds.
-  RunOptions o = run_options(two_layers(RecipeKind::kCurrent), {1, 2, 1}, 0);
-  o.fsdp.fp8_params = true;
-  mesh::LocalWorld world(o.mesh.device_mesh());
-  std::vector<int> checked(2, 0);
-  world.run([&](mesh::RankComms& comms) {
-    TrainingSession s(o, comms);
-    for (int step = 0; step < 2; ++step) {
-      s.step();
-      const std::map<std::string, Tensor> full = s.gather_params();
-      std::map<std::string, const StateEntry*> by_key;
-      for (const StateEntry& e : s.state().entries) by_key[e.key] = &e;
-      for (const auto& [name, w] : full) {
-        const auto data = by_key.find("fp8/params/" + name + "/rowwise_data");
-        const bool gemm = name.ends_with("qkv.weight") || name.ends_with("proj.weight") ||
-                          name.ends_with("fc1.weight") || name.ends_with("fc2.weight");
-        ASSERT_EQ(data != by_key.end(), gemm) << name;
-        if (!gemm) continue;
-        const Tensor amax = kernels::compute_amax(w);
-        const kernels::QuantizedTensor q = kernels::quantize_per_tensor(
-            w, kernels::compute_current_scale(amax, DType::kE4M3), DType::kE4M3,
-            {.rowwise = true, .columnwise = false}, kernels::ScalingMode::kCurrentTensor, amax);
-        const StateEntry& e = *data->second;
-        const mesh::Box b = e.layout.box(comms.rank());
-        const Tensor want =
-            q.rowwise_data.slice_rows(b.offset[0].value, b.offset[0].value + b.extent[0].value);
-        EXPECT_EQ(e.local.dtype(), DType::kE4M3) << name;
-        EXPECT_EQ(std::memcmp(e.local.raw_data(), want.raw_data(),
-                              static_cast<size_t>(want.nbytes().value)),
-                  0)
-            << name << " step " << step << " rank " << comms.rank();
-        const StateEntry& si = *by_key.at("fp8/params/" + name + "/scale_inv");
-        EXPECT_EQ(si.local.to_vector<float>(), q.rowwise_scale_inv.to_vector<float>()) << name;
-        ++checked[static_cast<size_t>(comms.rank())];
+  // Current scaling on dp_shard 2 and on dp_shard 2 x tp 2 (qkv/fc1 StridedShard(0) over dp_shard
+  // inside their TP Shard(0), proj/fc2 Shard(1) over tp): after each step the FP8 primary weight
+  // of every GEMM weight is this rank's box of quantize(master) with the amax of the whole weight
+  // (MAX-reduced over dp_shard + tp), and its bytes are what the checkpoint state holds.
+  for (const MeshSpec& m : {MeshSpec{1, 2, 1}, MeshSpec{1, 2, 2}}) {
+    RunOptions o = run_options(two_layers(RecipeKind::kCurrent), m, 0);
+    o.fsdp.fp8_params = true;
+    mesh::LocalWorld world(o.mesh.device_mesh());
+    std::vector<int> checked(static_cast<size_t>(m.world_size()), 0);
+    world.run([&](mesh::RankComms& comms) {
+      TrainingSession s(o, comms);
+      for (int step = 0; step < 2; ++step) {
+        s.step();
+        const std::map<std::string, Tensor> full = s.gather_params();
+        std::map<std::string, const StateEntry*> by_key;
+        for (const StateEntry& e : s.state().entries) by_key[e.key] = &e;
+        for (const auto& [name, w] : full) {
+          const auto data = by_key.find("fp8/params/" + name + "/rowwise_data");
+          const bool gemm = name.ends_with("qkv.weight") || name.ends_with("proj.weight") ||
+                            name.ends_with("fc1.weight") || name.ends_with("fc2.weight");
+          ASSERT_EQ(data != by_key.end(), gemm) << name;
+          if (!gemm) continue;
+          const Tensor amax = kernels::compute_amax(w);
+          const kernels::QuantizedTensor q = kernels::quantize_per_tensor(
+              w, kernels::compute_current_scale(amax, DType::kE4M3), DType::kE4M3,
+              {.rowwise = true, .columnwise = false}, kernels::ScalingMode::kCurrentTensor, amax);
+          const StateEntry& e = *data->second;
+          const Tensor want = mesh::shard(q.rowwise_data, e.layout, comms.rank());
+          EXPECT_EQ(e.local.dtype(), DType::kE4M3) << name;
+          ASSERT_EQ(e.local.shape(), want.shape()) << name << " on " << m.device_mesh().str();
+          EXPECT_EQ(std::memcmp(e.local.raw_data(), want.raw_data(),
+                                static_cast<size_t>(want.nbytes().value)),
+                    0)
+              << name << " step " << step << " rank " << comms.rank() << " on "
+              << m.device_mesh().str();
+          const StateEntry& si = *by_key.at("fp8/params/" + name + "/scale_inv");
+          EXPECT_EQ(si.local.to_vector<float>(), q.rowwise_scale_inv.to_vector<float>()) << name;
+          ++checked[static_cast<size_t>(comms.rank())];
+        }
       }
-    }
-  });
-  // 2 layers x 4 GEMM weights x 2 steps per rank.
-  EXPECT_EQ(checked[0], 16);
-  EXPECT_EQ(checked[1], 16);
+    });
+    // 2 layers x 4 GEMM weights x 2 steps per rank.
+    for (int n : checked) EXPECT_EQ(n, 16) << m.device_mesh().str();
+  }
 }
 
 TEST(Fp8Params, MeshInvariantAndCloseToTheFp8AllGatherRun) {

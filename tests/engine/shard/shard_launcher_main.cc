@@ -1,7 +1,8 @@
 // Runs a few training steps of a tiny GPT on one mesh with the local (threads) or mpi launcher
 // and writes the per-step losses and grad norms as exact hex floats (rank 0), so CTest can
 // compare the two launchers byte for byte.
-//   shard_launcher --launcher local|mpi --mesh dp_shard=2,tp=2 --out FILE [--recipe fp32|bf16]
+//   shard_launcher --launcher local|mpi --mesh dp_shard=2,tp=2 --out FILE [--recipe fp32|bf16|...]
+//                  [--sp 0|1]   (sequence parallelism, needs tp > 1)
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -14,7 +15,7 @@
 
 int main(int argc, char** argv) {
   using namespace meshproof;
-  std::string launcher = "local", mesh_spec = "dp_shard=2", out, recipe = "fp32";
+  std::string launcher = "local", mesh_spec = "dp_shard=2", out, recipe = "fp32", sp = "0";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--launcher")
@@ -25,6 +26,8 @@ int main(int argc, char** argv) {
       out = v;
     else if (k == "--recipe")
       recipe = v;
+    else if (k == "--sp")
+      sp = v;
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -45,7 +48,7 @@ int main(int argc, char** argv) {
     o.config.training.micro_batches = 2;
     o.config.recipe.kind = engine::parse_recipe(recipe, "--recipe");
     o.mesh = {m.size(mesh::MeshDim::kDpReplicate), m.size(mesh::MeshDim::kDpShard),
-              m.size(mesh::MeshDim::kTp), false};
+              m.size(mesh::MeshDim::kTp), sp == "1"};
     o.launcher = launcher;
     o.steps = 3;
     const engine::RunResult r = engine::run_training(o);
