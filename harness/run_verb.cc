@@ -19,6 +19,7 @@
 #include "harness/runner.h"
 #include "harness/scenario_faults.h"
 #include "kernels/error.h"
+#include "mesh/library_info.h"
 #include "reports/report_writers.h"
 
 namespace meshproof::harness {
@@ -63,14 +64,20 @@ std::string check_summary(const reports::ScenarioRecord& r) {
 
 }  // namespace
 
-int run_verb(const RunVerbOptions& o, std::ostream& out, std::ostream& err) {
+int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err) {
   const auto t0 = std::chrono::steady_clock::now();
+  // Under mpirun/srun every process runs every scenario (the mpi launcher's ranks, which all end
+  // with the full results); only rank 0 prints and writes the reports, which the others would
+  // repeat line for line and file for file.
+  const bool lead = mesh::launched_rank() == 0;
+  std::ostream discard(nullptr);
+  std::ostream& out = lead ? out_given : discard;
   RunnerOptions opts;
   opts.backend = parse_backend(o.backend);
   opts.launcher = parse_launcher(o.launcher);
   opts.golden_dir = o.golden_dir;
   opts.trace = o.trace;
-  opts.progress = o.progress && !o.quiet;
+  opts.progress = lead && o.progress && !o.quiet;
   opts.sets = o.sets;
   // Everything is loaded and validated before anything runs or is written.
   const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
@@ -117,6 +124,7 @@ int run_verb(const RunVerbOptions& o, std::ostream& out, std::ostream& err) {
     record.scenarios.push_back(std::move(r));
   }
   record.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!lead) return any_error ? kExitRuntimeError : any_missed ? kExitCheckFailed : kExitOk;
   const reports::ReportPaths paths = reports::write_reports(record, out_dir);
 
   // The one-screen summary: one row per scenario.
@@ -198,6 +206,8 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
                     {"command", shell_join(o.command_line)}};
     const std::string platform = o.platform.empty() ? golden_platform(*backend, env) : o.platform;
     const fs::path path = golden_path(o.golden_dir, s.name, platform);
+    // Under mpirun every process trained the same run; rank 0 alone writes the golden.
+    if (mesh::launched_rank() != 0) continue;
     const std::optional<GoldenData> before = read_golden(path);
     write_golden(path, g);
     fmt::print(out, "wrote {}  ({} steps)\n", path.string(), loss.size());

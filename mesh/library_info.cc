@@ -43,4 +43,11 @@ CommLibraries comm_libraries() {
   return c;
 }
 
+int launched_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  }
+  return 0;
+}
+
 }  // namespace meshproof::mesh

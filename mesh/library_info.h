@@ -17,4 +17,9 @@ struct CommLibraries {
 // Safe to call without MPI_Init and without a GPU.
 CommLibraries comm_libraries();
 
+// This process's rank in the job as its launcher (mpirun, srun) announces it in the environment,
+// 0 when no launcher started it. Readable before MPI_Init, so the CLI can decide up front that
+// only rank 0 prints and writes reports.
+int launched_rank();
+
 }  // namespace meshproof::mesh
