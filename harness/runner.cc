@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "engine/bench_recipes.h"
@@ -16,6 +17,7 @@
 #include "harness/scenario_faults.h"
 #include "harness/scenario_loader.h"
 #include "kernels/error.h"
+#include "kernels/runtime.h"
 #include "reports/perf_metrics.h"
 
 namespace meshproof::harness {
@@ -183,9 +185,31 @@ std::string device_description(const std::string& device, const reports::Environ
   return device;
 }
 
+std::optional<double> measured_bf16_peak(int device_index) {
+  static std::mutex mu;
+  static std::map<int, double> measured;
+  std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = measured.find(device_index); it != measured.end()) return it->second;
+  engine::RecipeBenchOptions o;
+  o.device = kernels::Device::cuda(device_index);
+  o.shapes = {{4096, 4096, 4096}};
+  o.recipes = {};  // the copy and bf16 GEMM ceilings only
+  o.iters = 10;
+  o.warmup = 3;
+  kernels::RankContext ctx;
+  ctx.device = o.device;
+  kernels::ScopedRankContext scoped(ctx);
+  const engine::RecipeBenchReport rep = engine::run_recipe_bench(o);
+  double best = 0;
+  for (const engine::GemmFigure& g : rep.bf16_gemms)
+    if (g.m.seconds > 0) best = std::max(best, g.m.flops / g.m.seconds / 1e12);
+  if (!(best > 0)) return std::nullopt;
+  return measured[device_index] = best;
+}
+
 reports::PerformanceInputs performance_inputs(const Scenario& s, const std::string& backend,
                                               const reports::EnvironmentRecord& env,
-                                              std::string* note) {
+                                              std::string* note, const PeakCalibration& calibrate) {
   reports::PerformanceInputs perf;
   perf.model.layers = s.model.layers;
   perf.model.hidden = s.model.hidden;
@@ -224,6 +248,12 @@ reports::PerformanceInputs performance_inputs(const Scenario& s, const std::stri
   perf.gemm_dtype = engine::recipe_gemm_dtype(s.recipe.name, cc);
   if (!gpu) {
     *note = fmt::format("MFU n/a: {} is not among the probed GPUs", backend);
+  } else if (!reports::table_peak_tflops(perf.gpu_name, perf.gemm_dtype) && calibrate &&
+             (perf.calibration_tflops = calibrate(index))) {
+    *note = fmt::format(
+        "MFU against a measured bf16 GEMM ({:.1f} TFLOP/s on {}): no dense {} peak for it in the "
+        "table (docs/report-schema.md)",
+        *perf.calibration_tflops, perf.gpu_name, perf.gemm_dtype);
   } else if (!reports::table_peak_tflops(perf.gpu_name, perf.gemm_dtype)) {
     *note = fmt::format(
         "MFU n/a: no dense {} peak for {} in the table (docs/report-schema.md); `meshproof "
@@ -390,7 +420,8 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   }
 
   std::string perf_note;
-  const reports::PerformanceInputs perf = performance_inputs(run, *backend, env, &perf_note);
+  const reports::PerformanceInputs perf =
+      performance_inputs(run, *backend, env, &perf_note, measured_bf16_peak);
   if (!perf_note.empty()) rec.notes.push_back(perf_note);
   if (!main.steps.empty()) {
     try {

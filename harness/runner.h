@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -62,10 +63,19 @@ bool expectation_met(const reports::ScenarioRecord& r, std::string* why);
 // launcher share one GPU or the host: 1; the mpi launcher: one GPU per process up to the GPUs of
 // the host); the GPU's name from the probed environment (its compute capability picks the GEMM
 // dtype, engine::recipe_gemm_dtype: MXFP8 is bf16 on Hopper, fp8 from cc 10). `note` says why
-// the MFU will be unknown (CPU backend, GPU not in the peak table), "" otherwise.
+// the MFU will be unknown (CPU backend, GPU not in the peak table and no calibration), ""
+// otherwise. For a GPU outside the peak table, `calibrate(N)` (when given) measures its peak
+// in TFLOP/s: the MFU is then against that calibration (reports::resolve_peak_tflops).
+using PeakCalibration = std::function<std::optional<double>(int device_index)>;
 reports::PerformanceInputs performance_inputs(const Scenario& s, const std::string& backend,
                                               const reports::EnvironmentRecord& env,
-                                              std::string* note);
+                                              std::string* note,
+                                              const PeakCalibration& calibrate = nullptr);
+
+// The calibration `meshproof run` uses for GPUs outside the peak table: the best bf16 GEMM
+// TFLOP/s of the recipe bench's ceiling measurement (engine::run_recipe_bench, 4096^3, median of
+// 10 after 3 warm-up runs) on cuda:N, measured once per device and process.
+std::optional<double> measured_bf16_peak(int device_index);
 
 // A device for people and provenance: "cpu", or the probed name of GPU N with the device,
 // "NVIDIA H100 80GB HBM3 (cuda:0)" (just "cuda:N" when that GPU was not probed).

@@ -6,6 +6,7 @@
 
 #include "engine/bench_recipes.h"
 #include "harness/bench_recipes_verb.h"
+#include "harness/runner.h"
 #include "kernels/device.h"
 
 namespace meshproof::harness {
@@ -41,6 +42,18 @@ TEST(BenchRecipesGpu, MeasuresEveryRecipeOnTheDevice) {
   for (const auto& s : run.scenarios) {
     EXPECT_EQ(reports::scenario_verdict(s), reports::Verdict::kPass) << s.name;
   }
+}
+
+// The calibration meshproof run uses for GPUs outside the peak table: a measured bf16 GEMM, a
+// positive rate no faster than the fastest dense bf16 peak in the table (B200, 2250 TFLOP/s),
+// measured once per device (the second call returns the cached figure).
+TEST(BenchRecipesGpu, MeasuredBf16PeakForTheRunner) {
+  if (!kernels::cuda_status().usable) GTEST_SKIP() << kernels::cuda_status().reason;
+  const std::optional<double> peak = measured_bf16_peak(0);
+  ASSERT_TRUE(peak.has_value());
+  EXPECT_GT(*peak, 0.0);
+  EXPECT_LT(*peak, 2250.0);
+  EXPECT_EQ(measured_bf16_peak(0), peak);
 }
 
 }  // namespace

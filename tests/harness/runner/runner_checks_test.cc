@@ -543,6 +543,18 @@ TEST(PerformanceInputs, H100PeakAndMfu) {
   in = performance_inputs(s, "cuda:0", env, &note);
   EXPECT_FALSE(reports::compute_performance(steps, in).mfu.has_value());
   EXPECT_NE(note.find("no dense bf16 peak for NVIDIA GeForce RTX 4090"), std::string::npos);
+  // With a calibration (meshproof run measures a bf16 GEMM on such a GPU) the MFU is against it.
+  int calibrated = -1;
+  in = performance_inputs(s, "cuda:0", env, &note, [&](int device) {
+    calibrated = device;
+    return std::optional<double>(150.0);
+  });
+  EXPECT_EQ(calibrated, 0);
+  const reports::PerformanceFigures cal = reports::compute_performance(steps, in);
+  ASSERT_TRUE(cal.mfu.has_value());
+  EXPECT_EQ(cal.peak_source, "calibration");
+  EXPECT_DOUBLE_EQ(*cal.mfu, 188743680.0 / 0.5 / 1e12 / 150.0);
+  EXPECT_NE(note.find("MFU against a measured bf16 GEMM (150.0 TFLOP/s"), std::string::npos);
   in = performance_inputs(s, "cpu", env, &note);
   EXPECT_EQ(in.num_devices, 1);
   EXPECT_EQ(in.gpu_name, "");
