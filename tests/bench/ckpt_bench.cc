@@ -164,6 +164,32 @@ int64_t global_bytes(const ShardedState& s) {
   return bytes;
 }
 
+// Runs `op` `iterations` times on every rank of `comms`, each after a barrier over the whole
+// mesh, and appends rank 0's wall seconds per iteration to `seconds`.
+template <typename Op>
+void time_on_every_rank(mesh::RankComms& comms, int64_t iterations, std::vector<double>& seconds,
+                        Op op) {
+  auto& all =
+      comms.group({mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard, mesh::MeshDim::kTp});
+  for (int64_t i = 0; i < iterations; ++i) {
+    all.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    op(i);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (comms.rank() == 0) seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+}
+
+// Hands the measured seconds to Google Benchmark (manual time) with the state's size.
+void report_session(benchmark::State& state, const std::vector<double>& seconds, int64_t bytes,
+                    const std::string& label) {
+  size_t i = 0;
+  for (auto _ : state) state.SetIterationTime(seconds[i++]);
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["state_MB"] = static_cast<double>(bytes) / 1e6;
+  state.SetLabel(label);
+}
+
 void BM_SessionSave(benchmark::State& state) {
   const RunOptions o = session_options({1, 4, 1});
   const fs::path root = bench_root("session_save");
@@ -178,22 +204,11 @@ void BM_SessionSave(benchmark::State& state) {
     TrainingSession s(o, comms);
     s.step();
     if (comms.rank() == 0) bytes = global_bytes(s.state());
-    auto& all =
-        comms.group({mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard, mesh::MeshDim::kTp});
-    for (int64_t i = 0; i < iterations; ++i) {
-      all.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      save_checkpoint(root, i + 1, s.state(), comms, opt);
-      const auto t1 = std::chrono::steady_clock::now();
-      if (comms.rank() == 0) seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
-    }
+    time_on_every_rank(comms, iterations, seconds,
+                       [&](int64_t i) { save_checkpoint(root, i + 1, s.state(), comms, opt); });
   });
-  size_t i = 0;
-  for (auto _ : state) state.SetIterationTime(seconds[i++]);
   fs::remove_all(root);
-  state.SetBytesProcessed(state.iterations() * bytes);
-  state.counters["state_MB"] = static_cast<double>(bytes) / 1e6;
-  state.SetLabel("TrainingSession state, dp_shard=4");
+  report_session(state, seconds, bytes, "TrainingSession state, dp_shard=4");
 }
 
 void BM_SessionLoad(benchmark::State& state) {
@@ -220,22 +235,11 @@ void BM_SessionLoad(benchmark::State& state) {
   mesh::LocalWorld world(loader.mesh.device_mesh());
   world.run([&](mesh::RankComms& comms) {
     TrainingSession s(loader, comms);
-    auto& all =
-        comms.group({mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard, mesh::MeshDim::kTp});
-    for (int64_t i = 0; i < iterations; ++i) {
-      all.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      load_checkpoint(dir, s.state(), comms);
-      const auto t1 = std::chrono::steady_clock::now();
-      if (comms.rank() == 0) seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
-    }
+    time_on_every_rank(comms, iterations, seconds,
+                       [&](int64_t) { load_checkpoint(dir, s.state(), comms); });
   });
-  size_t i = 0;
-  for (auto _ : state) state.SetIterationTime(seconds[i++]);
   fs::remove_all(root);
-  state.SetBytesProcessed(state.iterations() * bytes);
-  state.counters["state_MB"] = static_cast<double>(bytes) / 1e6;
-  state.SetLabel("TrainingSession state, dp_shard=4 -> dp_shard=2 x tp=2");
+  report_session(state, seconds, bytes, "TrainingSession state, dp_shard=4 -> dp_shard=2 x tp=2");
 }
 
 BENCHMARK(BM_Save)
