@@ -248,13 +248,14 @@ reports::PerformanceInputs performance_inputs(const Scenario& s, const std::stri
   perf.gemm_dtype = engine::recipe_gemm_dtype(s.recipe.name, cc);
   if (!gpu) {
     *note = fmt::format("MFU n/a: {} is not among the probed GPUs", backend);
-  } else if (!reports::table_peak_tflops(perf.gpu_name, perf.gemm_dtype) && calibrate &&
-             (perf.calibration_tflops = calibrate(index))) {
+  } else if (reports::table_peak_tflops(perf.gpu_name, perf.gemm_dtype)) {
+    // The table's dense peak applies; nothing to say.
+  } else if (calibrate && (perf.calibration_tflops = calibrate(index))) {
     *note = fmt::format(
         "MFU against a measured bf16 GEMM ({:.1f} TFLOP/s on {}): no dense {} peak for it in the "
         "table (docs/report-schema.md)",
         *perf.calibration_tflops, perf.gpu_name, perf.gemm_dtype);
-  } else if (!reports::table_peak_tflops(perf.gpu_name, perf.gemm_dtype)) {
+  } else {
     *note = fmt::format(
         "MFU n/a: no dense {} peak for {} in the table (docs/report-schema.md); `meshproof "
         "bench recipes --backend cuda` measures its bf16 GEMM ceiling",

@@ -2,6 +2,11 @@
 // recipe, learning rate, seed) with the rest at values every suite shares.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
 #include "engine/config.h"
 #include "engine/session.h"
 
@@ -48,6 +53,30 @@ inline RunOptions run_options(const Config& c, MeshSpec mesh, int64_t steps) {
   o.mesh = mesh;
   o.steps = steps;
   return o;
+}
+
+// Calls (or bytes, `bytes` true) of collective `kind` over `group` ("dp_shard", "tp",
+// "dp_replicate+dp_shard", ...) recorded on one rank.
+inline int64_t collective_total(const RankReport& r, const std::string& kind,
+                                const std::string& group, bool bytes = false) {
+  int64_t n = 0;
+  for (const CollectiveRecord& c : r.collectives)
+    if (c.kind == kind && c.group == group) n += bytes ? c.bytes : c.count;
+  return n;
+}
+
+// Two runs bitwise equal: every step's loss and grad norm, every final parameter's bytes.
+inline void expect_same_run(const RunResult& a, const RunResult& b, const std::string& ctx) {
+  ASSERT_EQ(a.metrics.size(), b.metrics.size()) << ctx;
+  for (size_t s = 0; s < a.metrics.size(); ++s) {
+    EXPECT_EQ(a.metrics[s].loss, b.metrics[s].loss) << ctx << " step " << s;
+    EXPECT_EQ(a.metrics[s].grad_norm, b.metrics[s].grad_norm) << ctx << " step " << s;
+  }
+  for (const auto& [name, t] : a.final_params) {
+    const kernels::Tensor& u = b.final_params.at(name);
+    EXPECT_EQ(std::memcmp(t.raw_data(), u.raw_data(), static_cast<size_t>(t.nbytes().value)), 0)
+        << ctx << ": " << name;
+  }
 }
 
 }  // namespace meshproof::engine::testing

@@ -112,11 +112,9 @@ AmaxGroupOverrides every_entry(DimSet g) {
   return o;
 }
 
+// All-reduce calls over `group` on one rank.
 int64_t all_reduces_over(const RankReport& r, const std::string& group) {
-  int64_t n = 0;
-  for (const CollectiveRecord& c : r.collectives)
-    if (c.kind == "all_reduce" && c.group == group) n += c.count;
-  return n;
+  return testing::collective_total(r, "all_reduce", group);
 }
 
 struct WideCase {
@@ -135,16 +133,7 @@ TEST_P(AmaxGroupsWholeMesh, BitwiseEqualToTheDefaultGroups) {
   const DimSet world{MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp};
   wide.amax_groups = every_entry(world);
   const RunResult a = run_training(def), b = run_training(wide);
-  ASSERT_EQ(a.metrics.size(), b.metrics.size());
-  for (size_t s = 0; s < a.metrics.size(); ++s) {
-    EXPECT_EQ(a.metrics[s].loss, b.metrics[s].loss) << s;
-    EXPECT_EQ(a.metrics[s].grad_norm, b.metrics[s].grad_norm) << s;
-  }
-  for (const auto& [name, t] : a.final_params) {
-    const kernels::Tensor& u = b.final_params.at(name);
-    EXPECT_EQ(std::memcmp(t.raw_data(), u.raw_data(), static_cast<size_t>(t.nbytes().value)), 0)
-        << name;
-  }
+  testing::expect_same_run(a, b, "whole-mesh amax groups");
   // The groups did change: the default run reduces weights over dp_shard+tp and activations over
   // the data dims; the widened run sends every amax over the whole mesh (the default run's
   // whole-mesh all-reduces are the row input and column grad_output amaxes).

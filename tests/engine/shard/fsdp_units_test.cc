@@ -28,25 +28,8 @@ Config two_layers(RecipeKind kind) {
 
 using testing::run_options;
 
-int64_t all_gathers_over_dp_shard(const RankReport& r) {
-  int64_t n = 0;
-  for (const CollectiveRecord& c : r.collectives)
-    if (c.kind == "all_gather" && c.group == "dp_shard") n += c.count;
-  return n;
-}
-
-void expect_same_run(const RunResult& a, const RunResult& b, const std::string& ctx) {
-  ASSERT_EQ(a.metrics.size(), b.metrics.size()) << ctx;
-  for (size_t s = 0; s < a.metrics.size(); ++s) {
-    EXPECT_EQ(a.metrics[s].loss, b.metrics[s].loss) << ctx << " step " << s;
-    EXPECT_EQ(a.metrics[s].grad_norm, b.metrics[s].grad_norm) << ctx << " step " << s;
-  }
-  for (const auto& [name, t] : a.final_params) {
-    const Tensor& u = b.final_params.at(name);
-    EXPECT_EQ(std::memcmp(t.raw_data(), u.raw_data(), static_cast<size_t>(t.nbytes().value)), 0)
-        << ctx << ": " << name;
-  }
-}
+using testing::collective_total;
+using testing::expect_same_run;
 
 struct UnitCase {
   RecipeKind kind;
@@ -82,7 +65,8 @@ TEST_P(ReshardAfterForward, SameNumericsFewerGatheredBytesMoreGathers) {
     per_layer += uc.fp8_all_gather && gemm_weight && uc.kind == RecipeKind::kMxfp8 ? 4 : 1;
   }
   for (size_t i = 0; i < r.ranks.size(); ++i) {
-    EXPECT_EQ(all_gathers_over_dp_shard(r.ranks[i]) - all_gathers_over_dp_shard(k.ranks[i]),
+    EXPECT_EQ(collective_total(r.ranks[i], "all_gather", "dp_shard") -
+                  collective_total(k.ranks[i], "all_gather", "dp_shard"),
               kSteps * c.training.micro_batches * c.model.layers * per_layer)
         << ctx << " rank " << i;
     // Peak gathered weights: the root unit plus one layer instead of plus every layer.

@@ -177,11 +177,8 @@ TEST(ShardedCollectives, OneGradientReductionPerParameterPerStepWithMicroBatches
   const RunResult r = run_training(run_options(c, {2, 2, 1}, 3));
   const int64_t nparams = static_cast<int64_t>(param_specs(c.model).size());
   for (const RankReport& rr : r.ranks) {
-    int64_t rs = 0, ar = 0;
-    for (const CollectiveRecord& cr : rr.collectives) {
-      if (cr.kind == "reduce_scatter" && cr.group == "dp_shard") rs += cr.count;
-      if (cr.kind == "all_reduce" && cr.group == "dp_replicate") ar += cr.count;
-    }
+    const int64_t rs = testing::collective_total(rr, "reduce_scatter", "dp_shard");
+    const int64_t ar = testing::collective_total(rr, "all_reduce", "dp_replicate");
     // Deferred sync: one reduce-scatter and one replica all-reduce per parameter per step,
     // however many micro-batches.
     EXPECT_EQ(rs, 3 * nparams) << rr.rank;
@@ -321,15 +318,10 @@ TEST(ShardedAccumulation, DeferredSyncMatchesSyncEachMicroBatchWithinTheFp32Boun
     // Collective counters: deferred sync reduce-scatters each parameter's gradient once per
     // step, per-micro-batch sync once per micro-batch (HSDP: the replica all-reduce likewise).
     for (size_t r = 0; r < rd.ranks.size(); ++r) {
-      int64_t rs_d = 0, rs_e = 0, ar_d = 0, ar_e = 0;
-      for (const CollectiveRecord& cr : rd.ranks[r].collectives) {
-        if (cr.kind == "reduce_scatter" && cr.group == "dp_shard") rs_d += cr.count;
-        if (cr.kind == "all_reduce" && cr.group == "dp_replicate") ar_d += cr.count;
-      }
-      for (const CollectiveRecord& cr : re.ranks[r].collectives) {
-        if (cr.kind == "reduce_scatter" && cr.group == "dp_shard") rs_e += cr.count;
-        if (cr.kind == "all_reduce" && cr.group == "dp_replicate") ar_e += cr.count;
-      }
+      const int64_t rs_d = testing::collective_total(rd.ranks[r], "reduce_scatter", "dp_shard");
+      const int64_t rs_e = testing::collective_total(re.ranks[r], "reduce_scatter", "dp_shard");
+      const int64_t ar_d = testing::collective_total(rd.ranks[r], "all_reduce", "dp_replicate");
+      const int64_t ar_e = testing::collective_total(re.ranks[r], "all_reduce", "dp_replicate");
       EXPECT_EQ(rs_d, nparams) << mesh_name(m) << " rank " << r;
       EXPECT_EQ(rs_e, c.training.micro_batches * nparams) << mesh_name(m) << " rank " << r;
       const int64_t replicas = m.dp_replicate > 1 ? 1 : 0;
@@ -536,10 +528,7 @@ TEST_P(Fp8GatherRun, BitwiseEqualToHighPrecisionGather) {
   // FP8 data + scales and everything else as before. E = GEMM-weight elements gathered (TP-local
   // boxes, gathered for the forward and again for the backward: reshard_after_forward).
   const auto gathered = [](const RunResult& r) {
-    int64_t n = 0;
-    for (const CollectiveRecord& cr : r.ranks[0].collectives)
-      if (cr.kind == "all_gather" && cr.group == "dp_shard") n += cr.bytes;
-    return n;
+    return testing::collective_total(r.ranks[0], "all_gather", "dp_shard", /*bytes=*/true);
   };
   int64_t e = 0;
   for (const ParamSpec& p : param_specs(c.model)) {
@@ -659,10 +648,7 @@ TEST(ShardedRun, TraceHooksAndReports) {
   for (const RankReport& rr : r.ranks) {
     EXPECT_GT(rr.memory.params, 0);
     EXPECT_GT(rr.memory.peak, 0);
-    bool tp_all_reduce = false;
-    for (const CollectiveRecord& cr : rr.collectives)
-      tp_all_reduce |= cr.kind == "all_reduce" && cr.group == "tp" && cr.count > 0;
-    EXPECT_TRUE(tp_all_reduce) << rr.rank;
+    EXPECT_GT(testing::collective_total(rr, "all_reduce", "tp"), 0) << rr.rank;
   }
   ASSERT_EQ(r.times.size(), 2u);
   EXPECT_GT(r.times[0].total, 0.0);
