@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Independent PyTorch reference of the meshproof GPT model and optimizer (DESIGN.md section 3).
+"""Independent PyTorch reference of the meshproof GPT model and optimizer (docs/design.md
+section 3).
 
-Written from the DESIGN text, not from the C++ code: reads a trace written by
+Written from the design text (docs/design.md), not from the C++ code: reads a trace written by
 `meshproof export`, rebuilds the model in float64 from /init, replays the recorded /data/tokens
 with torch autograd and torch.optim.AdamW, and compares losses, grad norms, step-0 gradients and
 final parameters. It also regenerates the Philox4x32-10 init of every normal-initialised
 parameter from (seed, FNV-1a(name), global index) and the dropout masks from global coordinates.
 For the current, delayed and mxfp8 recipes the four linear layers run fake-quantized GEMMs
-(FakeQuant: FP8 rounding, scales and amax histories written from DESIGN.md section 4).
+(FakeQuant: FP8 rounding, scales and amax histories written from docs/design.md section 4).
 
 Exit status 0 when everything matches within the tolerances below, 1 otherwise.
 
@@ -118,7 +119,7 @@ def philox_normal(index, stream, seed):
 
 
 
-# ---- FP8 fake quantization, written from DESIGN.md section 4 (not from the engine's C++) ----
+# ---- FP8 fake quantization, written from docs/design.md section 4 (not from the engine's C++) ----
 # torch 1.13 has no float8 dtypes: values are rounded to the FP8 grids in float64 arithmetic
 # (exact: every FP8 value and every power-of-2 scaling is representable).
 E4M3 = (3, -6, 448.0)  # (mantissa bits, exponent of the smallest normal binade, largest finite)
@@ -389,7 +390,7 @@ def main(path):
         loss_trace = np.array(f["metrics/loss"])
         gnorm_trace = np.array(f["metrics/grad_norm"])
 
-    # The parameter set of DESIGN.md section 3.
+    # The parameter set of docs/design.md section 3.
     expected = {"embed.tok": (c.V, c.H), "embed.pos": (c.P, c.H)}
     for i in range(c.L):
         pre = f"layers.{i}."

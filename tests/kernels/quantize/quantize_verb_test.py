@@ -1,8 +1,8 @@
 """End-to-end test of `meshproof quantize`: writes an HDF5 input, runs the real binary, and
-re-derives the expected bytes independently in numpy from DESIGN.md section 4 (an fp8 value table
-built from the format definition, nearest-value rounding with ties to the even code, saturation;
-scale rules via exact float64 / numpy float32 IEEE arithmetic). Also checks that bad input exits 2
-with a message naming it and leaves no output behind.
+re-derives the expected bytes independently in numpy from docs/design.md section 4 (an fp8 value
+table built from the format definition, nearest-value rounding with ties to the even code,
+saturation; scale rules via exact float64 / numpy float32 IEEE arithmetic). Also checks that bad
+input exits 2 with a message naming it and leaves no output behind.
 
 usage: quantize_verb_test.py MESHPROOF_BINARY WORK_DIR
 """
@@ -181,8 +181,9 @@ with h5py.File(out, "r") as f:
 
 
 def current_scale(amax, fmax, pow2):
-    """DESIGN current scale in float32: fmax / amax (IEEE float32 division), amax 0/inf/NaN -> 1,
-    an infinite quotient -> FLT_MAX, pow2 -> the largest power of two <= that (frexp, exact)."""
+    """docs/design.md section 4 current scale in float32: fmax / amax (IEEE float32 division),
+    amax 0/inf/NaN -> 1, an infinite quotient -> FLT_MAX, pow2 -> the largest power of two <= that
+    (frexp, exact)."""
     amax = F32(amax)
     if not (amax > 0) or np.isinf(amax):
         return F32(1)
