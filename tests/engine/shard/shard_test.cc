@@ -212,7 +212,8 @@ std::map<std::string, std::vector<float>> first_moments(const RunOptions& base, 
         p.name, kernels::Tensor::zeros(p.shape, kernels::DType::kFloat32, kernels::Device::cpu()));
   std::mutex mu;
   RunOptions o = base;
-  o.after_step = [&](ShardedState& st, int rank, int64_t) {
+  o.after_step = [&](ShardedState& st, mesh::RankComms& comms, int64_t) {
+    const int rank = comms.rank();
     std::lock_guard<std::mutex> lock(mu);
     for (const StateEntry& e : st.entries) {
       if (!e.key.ends_with("/exp_avg")) continue;
@@ -625,7 +626,7 @@ TEST(ShardedRun, TraceHooksAndReports) {
   std::atomic<int> saves{0};
   int progress = 0;
   o.on_step = [&](const StepMetrics&) { ++progress; };
-  o.after_step = [&](ShardedState& st, int, int64_t done) {
+  o.after_step = [&](ShardedState& st, mesh::RankComms&, int64_t done) {
     EXPECT_EQ(st.scalars.at("optim/step"), done);
     ++saves;
   };
