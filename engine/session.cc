@@ -960,9 +960,10 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
     StepTime time = session.last_time();
     if (options.after_step) {
       const auto t0 = Clock::now();
-      options.after_step(session.state(), comms, session.steps_done());
-      time.checkpoint = std::chrono::duration<double>(Clock::now() - t0).count();
-      time.total += time.checkpoint;
+      const bool saved = options.after_step(session.state(), comms, session.steps_done());
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      time.total += seconds;
+      if (saved) time.checkpoint = seconds;
     }
     if (lead) {
       result.metrics.push_back(m);

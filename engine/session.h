@@ -128,9 +128,10 @@ struct RunOptions {
   //     the entries' tensors and scalars, then the session re-reads the scalars, so the step
   //     counter, data cursor and LR schedule continue from the loaded step);
   //   after_step(state, comms, steps_done): after each optimizer step (steps_done = steps taken,
-  //     counting the loaded ones). Its wall time on rank 0 is the step's StepTime::checkpoint.
+  //     counting the loaded ones); returns whether it saved a checkpoint, and then its wall time
+  //     on rank 0 is the step's StepTime::checkpoint.
   std::function<void(ShardedState& state, mesh::RankComms& comms)> before_start;
-  std::function<void(ShardedState& state, mesh::RankComms& comms, int64_t steps_done)> after_step;
+  std::function<bool(ShardedState& state, mesh::RankComms& comms, int64_t steps_done)> after_step;
 };
 
 struct MemoryBreakdown {
@@ -164,7 +165,7 @@ struct StepTime {
   double compute = 0;  // forward + backward, without the per-unit gathers and grad reductions
   std::map<std::string, double> collectives;  // seconds per collective kind
   double optimizer = 0;                       // clipping + AdamW, without the grad-norm reduction
-  double checkpoint = 0;  // the after_step hook (a checkpoint save), 0 without one
+  double checkpoint = 0;  // the after_step hook when it saved a checkpoint, else 0
   double total = 0;       // the whole step, the after_step hook included
 };
 

@@ -121,9 +121,16 @@ std::vector<Scenario> load_scenarios(const std::vector<std::string>& paths,
 }
 
 void check_run_inputs(const std::vector<Scenario>& scenarios, const RunnerOptions& opts) {
+  std::map<fs::path, std::string> periodic;  // checkpoint root -> the scenario saving there
   for (const Scenario& s : scenarios) {
     if (!opts.from_checkpoint.empty()) (void)check_start_checkpoint(s, opts.from_checkpoint);
-    check_checkpoint_root_unused(s, checkpoint_root(s, opts.out_dir));
+    const fs::path root = checkpoint_root(s, opts.out_dir);
+    check_checkpoint_root_unused(s, root);
+    if (s.checkpoint.every <= 0) continue;
+    const auto [it, fresh] = periodic.emplace(root.lexically_normal(), s.name);
+    MP_CHECK_INPUT(
+        fresh, "{}: checkpoint.dir {} is also scenario {}'s: two runs would save into one folder",
+        s.name, root.string(), it->second);
   }
 }
 

@@ -254,8 +254,8 @@ void check_checkpoint_root_unused(const Scenario& s, const fs::path& root) {
 
 std::map<std::string, std::string> model_record(const Scenario& s) {
   std::map<std::string, std::string> out;
-  for (const auto& [key, value] : to_canonical_json(s).at("model").items())
-    out["model." + key] = value.dump();
+  const nlohmann::json canonical = to_canonical_json(s);  // outlives the loop over its items
+  for (const auto& [key, value] : canonical.at("model").items()) out["model." + key] = value.dump();
   return out;
 }
 
@@ -334,7 +334,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
     const int64_t last = s.train.steps;
     o.after_step = [&, plan, last](engine::ShardedState& state, mesh::RankComms& comms,
                                    int64_t done) {
-      if (done % plan.every != 0 && done != last) return;
+      if (done % plan.every != 0 && done != last) return false;
       const fs::path dir = engine::save_checkpoint(plan.dir, done, state, comms, co);
       // After the commit: rank 0 removes this run's own oldest checkpoints beyond keep_last.
       on_rank0_agreed(
@@ -351,6 +351,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
             return int64_t{0};
           },
           "pruning checkpoints");
+      return true;
     };
   }
   const int64_t steps = o.steps;

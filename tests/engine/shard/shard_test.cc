@@ -222,6 +222,7 @@ std::map<std::string, std::vector<float>> first_moments(const RunOptions& base, 
       const mesh::Box& b = e.layout.box(rank);
       if (!b.empty()) mesh::copy_region(e.local, b, g, mesh::Box::whole(g.shape()), b);
     }
+    return false;  // no checkpoint saved
   };
   *out = run_training(o);
   std::map<std::string, std::vector<float>> m;
@@ -629,6 +630,7 @@ TEST(ShardedRun, TraceHooksAndReports) {
   o.after_step = [&](ShardedState& st, mesh::RankComms&, int64_t done) {
     EXPECT_EQ(st.scalars.at("optim/step"), done);
     ++saves;
+    return false;
   };
   const RunResult r = run_training(o);
   EXPECT_EQ(progress, 2);

@@ -5,9 +5,11 @@
 // and failing on a flipped chunk byte (exit 1), and one scenario hash in validate, golden and
 // checkpoint. All on scenarios/quickstart.yaml (8 virtual ranks, MXFP8, CPU backend).
 #include <H5Cpp.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
