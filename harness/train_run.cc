@@ -262,7 +262,13 @@ std::map<std::string, std::string> model_record(const Scenario& s) {
 int64_t check_start_checkpoint(const Scenario& s, const fs::path& dir) {
   // Without the file-size check: a truncated or missing rank file is an integrity failure of the
   // load (exit 1, like `ckpt verify`), not bad input.
-  const engine::CheckpointIndex index = engine::read_checkpoint_index(dir, false);
+  engine::CheckpointIndex index;
+  try {
+    index = engine::read_checkpoint_index(dir, false);
+  } catch (const kernels::Error& e) {
+    if (e.kind() != kernels::ErrorKind::kInput) throw;
+    MP_FAIL_INPUT("--from-checkpoint: {}", e.message());
+  }
   const std::map<std::string, std::string> ours = model_record(s);
   // A checkpoint without a model record (saved by a tool or test) is checked by the load itself
   // (keys, global shapes and dtypes).
