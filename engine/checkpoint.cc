@@ -170,6 +170,7 @@ json index_to_json(const CheckpointIndex& index) {
   j["git_commit"] = index.git_commit;
   j["step"] = index.step;
   j["scenario_hash"] = index.scenario_hash;
+  if (!index.model.empty()) j["model"] = index.model;
   j["mesh"] = {{"dp_replicate", index.mesh.size(mesh::MeshDim::kDpReplicate)},
                {"dp_shard", index.mesh.size(mesh::MeshDim::kDpShard)},
                {"tp", index.mesh.size(mesh::MeshDim::kTp)}};
@@ -584,6 +585,7 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
           index.step = step;
           index.mesh = comms.mesh();
           index.scenario_hash = options.scenario_hash;
+          index.model = options.model;
           index.meshproof_version = std::string(kernels::version());
           index.git_commit = std::string(kernels::git_commit());
           index.scalars = state.scalars;
@@ -663,6 +665,8 @@ CheckpointIndex read_checkpoint_index(const fs::path& dir, bool check_file_sizes
                    index.format_version, kCheckpointFormatVersion);
     index.step = j.at("step").get<int64_t>();
     index.scenario_hash = j.at("scenario_hash").get<std::string>();
+    // Optional: checkpoints saved without a model record (tools, tests) have none.
+    if (j.contains("model")) index.model = j.at("model").get<decltype(index.model)>();
     index.meshproof_version = j.at("meshproof_version").get<std::string>();
     index.git_commit = j.at("git_commit").get<std::string>();
     const json& m = j.at("mesh");

@@ -67,6 +67,10 @@ struct CheckpointOptions {
   int keep_last = 3;
   // Recorded in the index (the harness passes a hash of the resolved scenario).
   std::string scenario_hash;
+  // Recorded in the index: the model the state belongs to, field -> value as JSON text (the
+  // harness passes its scenario's `model` mapping, so a load onto another model names the field
+  // that differs before reading any chunk). Empty: none recorded.
+  std::map<std::string, std::string> model;
   // Checkpoint-side faults: fp8_state_dropped_from_checkpoint and scale_inv_saved_bf16 act on
   // save; data_cursor_not_restored and optimizer_state_not_restored act on load.
   FaultInjection faults;
@@ -127,6 +131,7 @@ struct CheckpointIndex {
   int64_t step = 0;
   mesh::DeviceMesh mesh{1, 1, 1};
   std::string scenario_hash;
+  std::map<std::string, std::string> model;  // CheckpointOptions::model (empty when not recorded)
   std::string meshproof_version;
   std::string git_commit;
   std::vector<std::string> files;   // one per saving rank

@@ -945,10 +945,11 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
               std::mutex& mu) {
   TrainingSession session(options, comms);
   if (options.before_start) {
-    options.before_start(session.state(), comms.rank());
+    options.before_start(session.state(), comms);
     session.load_scalars();
   }
   const int64_t steps = options.steps > 0 ? options.steps : options.config.training.steps;
+  using Clock = std::chrono::steady_clock;
   // The global results (metrics, traces, final parameters) are the same on every rank: rank 0
   // hands them out, and with launcher mpi every process does (each is the only rank it has).
   const bool lead = comms.rank() == 0 || options.launcher == "mpi";
@@ -956,10 +957,17 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
     const StepMetrics m = session.step();
     std::vector<TensorDigest> d;
     if (options.trace) d = session.digests();
-    if (options.after_step) options.after_step(session.state(), comms.rank(), session.steps_done());
+    StepTime time = session.last_time();
+    if (options.after_step) {
+      const auto t0 = Clock::now();
+      const bool saved = options.after_step(session.state(), comms, session.steps_done());
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      time.total += seconds;
+      if (saved) time.checkpoint = seconds;
+    }
     if (lead) {
       result.metrics.push_back(m);
-      result.times.push_back(session.last_time());
+      result.times.push_back(time);
       if (options.trace) result.trace.push_back(std::move(d));
       if (options.on_step) options.on_step(m);
     }

@@ -122,12 +122,16 @@ struct RunOptions {
   bool allgather_parity = false;
   // Progress, called on rank 0 (launcher mpi: on every process) after each step.
   std::function<void(const StepMetrics&)> on_step;
-  // Checkpoint hooks (the checkpoint module fills them). Called on every rank, collectively:
-  //   before_start(state, rank): after construction, before the first step (load: write into
-  //     the entries' tensors and scalars, then the session re-reads the scalars);
-  //   after_step(state, rank, step_done): after each optimizer step (step_done = steps taken).
-  std::function<void(ShardedState& state, int rank)> before_start;
-  std::function<void(ShardedState& state, int rank, int64_t steps_done)> after_step;
+  // Checkpoint hooks (the harness fills them with engine/checkpoint.h's load and save). Called on
+  // every rank, collectively, with the rank's communicators (comms.rank() is the rank):
+  //   before_start(state, comms): after construction, before the first step (load: write into
+  //     the entries' tensors and scalars, then the session re-reads the scalars, so the step
+  //     counter, data cursor and LR schedule continue from the loaded step);
+  //   after_step(state, comms, steps_done): after each optimizer step (steps_done = steps taken,
+  //     counting the loaded ones); returns whether it saved a checkpoint, and then its wall time
+  //     on rank 0 is the step's StepTime::checkpoint.
+  std::function<void(ShardedState& state, mesh::RankComms& comms)> before_start;
+  std::function<bool(ShardedState& state, mesh::RankComms& comms, int64_t steps_done)> after_step;
 };
 
 struct MemoryBreakdown {
@@ -161,7 +165,8 @@ struct StepTime {
   double compute = 0;  // forward + backward, without the per-unit gathers and grad reductions
   std::map<std::string, double> collectives;  // seconds per collective kind
   double optimizer = 0;                       // clipping + AdamW, without the grad-norm reduction
-  double total = 0;
+  double checkpoint = 0;  // the after_step hook when it saved a checkpoint, else 0
+  double total = 0;       // the whole step, the after_step hook included
 };
 
 struct RunResult {

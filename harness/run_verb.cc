@@ -91,6 +91,8 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
                                : fs::path(o.out_dir);
 
   opts.out_dir = out_dir;
+  opts.from_checkpoint = o.from_checkpoint;
+  check_run_inputs(scenarios, opts);
   bool any_error = false, any_missed = false;
   for (const Scenario& s : scenarios) {
     if (!o.quiet && !opts.progress) {
@@ -279,6 +281,9 @@ void add_run_command(CLI::App& app, const std::vector<std::string>& args, std::o
   cmd->add_option("--set", o->sets, "Override a field: --set key.path=value (repeatable)")
       ->allow_extra_args(false);
   cmd->add_option("--golden-dir", o->golden_dir, "Golden store root (default golden)");
+  cmd->add_option("--from-checkpoint", o->from_checkpoint,
+                  "Start from this checkpoint (DIR/step_NNNNNNN, any mesh of the same model) and "
+                  "train the remaining steps");
   cmd->add_flag("--trace", o->trace, "Locate the first diverging tensor on check failures");
   cmd->add_flag("--quiet", o->quiet, "One line per scenario, no live progress");
   cmd->callback([&out, &err, &exit_code, &args, o] {

@@ -31,6 +31,7 @@ struct RunVerbOptions {
   std::string out_dir;   // "" -> out/<timestamp>
   std::string filter;
   std::string golden_dir = "golden";
+  std::string from_checkpoint;  // "" or a step_NNNNNNN/ every scenario starts from
   bool trace = false;
   bool quiet = false;     // one line per scenario
   bool progress = false;  // live progress (the CLI sets it on a terminal outside CI)

@@ -120,6 +120,20 @@ std::vector<Scenario> load_scenarios(const std::vector<std::string>& paths,
   return all;
 }
 
+void check_run_inputs(const std::vector<Scenario>& scenarios, const RunnerOptions& opts) {
+  std::map<fs::path, std::string> periodic;  // checkpoint root -> the scenario saving there
+  for (const Scenario& s : scenarios) {
+    if (!opts.from_checkpoint.empty()) (void)check_start_checkpoint(s, opts.from_checkpoint);
+    const fs::path root = checkpoint_root(s, opts.out_dir);
+    check_checkpoint_root_unused(s, root);
+    if (s.checkpoint.every <= 0) continue;
+    const auto [it, fresh] = periodic.emplace(root.lexically_normal(), s.name);
+    MP_CHECK_INPUT(
+        fresh, "{}: checkpoint.dir {} is also scenario {}'s: two runs would save into one folder",
+        s.name, root.string(), it->second);
+  }
+}
+
 std::optional<std::string> resolve_backend(const Scenario& s, const RunnerOptions& opts,
                                            const reports::EnvironmentRecord& env,
                                            std::string* skip_reason) {
@@ -296,6 +310,11 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
 
   Scenario run = s;
   if (opts.launcher) run.launcher = *opts.launcher;
+  // One hash everywhere: the scenario as loaded (validate and golden update print and record
+  // this), not `run`, whose backend and launcher the CLI has resolved.
+  const std::string hash = scenario_hash_hex(s);
+  const fs::path& from = opts.from_checkpoint;
+  const int64_t start = from.empty() ? 0 : check_start_checkpoint(s, from);
   TrainOutcome main;
   Progress progress;
   if (opts.progress) {
@@ -311,8 +330,22 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
     req.trace = opts.trace;
     req.allgather_parity = s.checks.allgather_parity;
     req.on_step = progress.callback();
+    req.scenario_hash = hash;
+    req.from_checkpoint = from;
+    if (s.checkpoint.every > 0) {
+      req.checkpoints = CheckpointPlan{checkpoint_root(s, opts.out_dir), s.checkpoint.every,
+                                       s.checkpoint.keep_last};
+    }
     main = train_scenario(run, req);
     progress.done();
+  } catch (const CheckpointLoadError& e) {
+    // The checkpoint the run starts from does not load (the loader verified its chunks): a failed
+    // check, like `meshproof ckpt verify` (exit 1), with the key and file in the message.
+    progress.done();
+    rec.checks.push_back(make_result("checkpoint", reports::Verdict::kFail,
+                                     fmt::format("loading {}: {}", from.string(), e.message())));
+    rec.duration_s = seconds_since(t0);
+    return rec;
   } catch (const std::exception& e) {
     const auto* err = dynamic_cast<const kernels::Error*>(&e);
     rec.error = err ? err->message() : e.what();
@@ -324,6 +357,12 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   rec.memory = main.memory;
   rec.collectives = main.collectives;
   rec.notes.insert(rec.notes.end(), main.notes.begin(), main.notes.end());
+  if (!main.checkpoints.empty()) {
+    std::string kept;
+    for (const fs::path& p : main.checkpoints) kept += (kept.empty() ? "" : ", ") + p.string();
+    rec.notes.push_back(fmt::format("checkpoints (every {} steps, keep_last {}): {}",
+                                    s.checkpoint.every, s.checkpoint.keep_last, kept));
+  }
 
   const RunView main_view{&main.steps, &main.final_params, &main.trace};
   const engine::FaultInjection faults = to_fault_injection(run.faults);
@@ -333,30 +372,41 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       const std::string platform = golden_platform(*backend, env);
       const fs::path path = golden_path(opts.golden_dir, s.name, platform);
       reports::GoldenRecord g;
-      auto r = check_golden(main.steps, read_golden(path), s.checks.golden, path.string(),
-                            golden_update_command(s, opts.sets, platform), &g, opts.trace,
-                            scenario_hash_hex(s));
+      // A run that starts from a checkpoint at step k compares the steps it ran, k+1..steps,
+      // with the golden's (a golden shorter than k is left as is: the step count check fails).
+      std::optional<GoldenData> golden = read_golden(path);
+      if (golden && start > 0) {
+        for (auto& [name, values] : golden->metrics) {
+          if (static_cast<int64_t>(values.size()) >= start)
+            values.erase(values.begin(), values.begin() + start);
+        }
+      }
+      auto r = check_golden(main.steps, golden, s.checks.golden, path.string(),
+                            golden_update_command(s, opts.sets, platform), &g, opts.trace, hash);
+      for (reports::GoldenStep& gs : g.steps) gs.step += start;
       if (!g.steps.empty()) rec.golden = g;
       return r;
     }));
   }
-  if (s.checks.resume.enabled) {
+  // The resume check saves at_step steps after the run's start (step 0, or the checkpoint's);
+  // when that is not before the last step there is nothing to resume and the check is skipped.
+  if (s.checks.resume.enabled && start + s.checks.resume.at_step >= s.train.steps) {
+    rec.checks.push_back(make_result(
+        "resume", reports::Verdict::kSkipped,
+        fmt::format("the run starts from step {}: saving {} steps later leaves no step to resume",
+                    start, s.checks.resume.at_step)));
+  } else if (s.checks.resume.enabled) {
     rec.checks.push_back(guarded("resume", [&] {
       ResumeRequest req;
-      req.at_step = s.checks.resume.at_step;
+      req.at_step = start + s.checks.resume.at_step;
       req.mesh = s.checks.resume.mesh;
       req.faults = faults;
-      req.keep_last = s.checkpoint.keep_last;
       req.trace = opts.trace;
-      // The check owns a folder of its own under the checkpoint root and starts it empty, so
-      // that a rerun into the same --out never meets its previous checkpoint.
-      const fs::path root = s.checkpoint.dir.empty()
-                                ? opts.out_dir / golden_scenario_dir(s.name) / "checkpoints"
-                                : fs::path(s.checkpoint.dir);
-      req.checkpoint_root = root / fmt::format("resume_check_step{}", req.at_step);
-      std::error_code ec;
-      fs::remove_all(req.checkpoint_root, ec);
-      MP_CHECK(!ec, "clearing {}: {}", req.checkpoint_root.string(), ec.message());
+      req.scenario_hash = hash;
+      req.from_checkpoint = from;
+      // The check saves into a folder it creates under the checkpoint root (resume_check_stepN,
+      // or .2, .3, ... when a previous run left one): nothing is deleted or overwritten.
+      req.checkpoint_root = checkpoint_root(s, opts.out_dir);
       progress.phase("resume");
       req.on_step = progress.callback();
       TrainOutcome resumed = resume_scenario(run, req);
@@ -378,7 +428,16 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
                                opts.trace);
     }));
   }
-  if (s.checks.reference.enabled) {
+  // A reference with another recipe has other FP8 state than the checkpoint holds: it cannot
+  // start from it, and a reference from scratch compares other steps.
+  if (s.checks.reference.enabled && start > 0 && s.checks.reference.recipe &&
+      s.checks.reference.recipe->name != s.recipe.name) {
+    rec.checks.push_back(
+        make_result("reference", reports::Verdict::kSkipped,
+                    fmt::format("a reference with recipe {} cannot start from the {} checkpoint {}",
+                                to_string(s.checks.reference.recipe->name),
+                                to_string(s.recipe.name), from.string())));
+  } else if (s.checks.reference.enabled) {
     rec.checks.push_back(guarded("reference", [&] {
       Scenario ref = run;
       ref.faults.clear();  // the reference is the clean run the faulty one must agree with
@@ -391,6 +450,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       if (!can_execute(ref, &why)) MP_FAIL("reference run: {}", why);
       TrainRequest req;
       req.trace = opts.trace;
+      req.from_checkpoint = from;  // the same start (resharded onto the reference mesh)
       progress.phase("reference");
       req.on_step = progress.callback();
       TrainOutcome r = train_scenario(ref, req);
@@ -410,6 +470,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       TrainRequest req;
       req.faults = faults;
       req.trace = opts.trace;
+      req.from_checkpoint = from;
       progress.phase("determinism");
       req.on_step = progress.callback();
       TrainOutcome again = train_scenario(run, req);

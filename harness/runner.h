@@ -27,7 +27,15 @@ struct RunnerOptions {
   bool progress = false;  // live per-step progress (terminal); else one line per scenario
   // How the user invoked the loader, for the `golden update` command printed by a missing golden.
   std::vector<std::string> sets;
+  // --from-checkpoint: every run of the scenario (main run and checks) starts from this
+  // step_NNNNNNN/ (validated by check_run_inputs) and trains the remaining steps.
+  std::filesystem::path from_checkpoint;
 };
+
+// What `meshproof run` checks before anything runs or is written (kInput, exit 2): the start
+// checkpoint fits each scenario (check_start_checkpoint) and no scenario's periodic checkpoints
+// would go into a folder holding another run's checkpoints (check_checkpoint_root_unused).
+void check_run_inputs(const std::vector<Scenario>& scenarios, const RunnerOptions& opts);
 
 // Loads and validates every scenario (scenario schema, engine config, fault mapping) before
 // anything runs; keeps those whose name equals `filter` or whose base name equals it (empty
@@ -43,7 +51,10 @@ std::optional<std::string> resolve_backend(const Scenario& s, const RunnerOption
                                            std::string* skip_reason);
 
 // Runs one scenario and its checks. Runtime failures of the scenario itself land in
-// record.error (never thrown); `main` (when given) receives the main run's outcome.
+// record.error (never thrown); `main` (when given) receives the main run's outcome. With
+// opts.from_checkpoint a failed load of it (a corrupt chunk: the message names the key and file)
+// is a failed `checkpoint` check and nothing else runs. The main run writes the periodic
+// checkpoints of checkpoint.every (harness/train_run.h CheckpointPlan).
 reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opts,
                                      const reports::EnvironmentRecord& env, std::ostream& log,
                                      TrainOutcome* main = nullptr);

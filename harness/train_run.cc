@@ -3,16 +3,22 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
+#include <exception>
+#include <string_view>
 
 #include "engine/checkpoint.h"
 #include "engine/session.h"
+#include "harness/golden.h"
 #include "harness/scenario_faults.h"
 #include "kernels/error.h"
 #include "kernels/runtime.h"
 #include "reports/perf_metrics.h"
 
 namespace meshproof::harness {
+namespace fs = std::filesystem;
 
 engine::Config to_engine_config(const Scenario& s) {
   engine::Config c;
@@ -143,6 +149,153 @@ bool fault_runnable(const std::string& name, std::string* why) {
   return true;
 }
 
+namespace {
+
+// Runs `fn` on rank 0 alone (paths every rank shares: creating a folder, pruning checkpoints), then
+// every rank agrees on the outcome with one MAX all-reduce over the whole mesh of [error kind,
+// value]. A failure on rank 0 makes every rank throw at once with rank 0's message (broadcast),
+// instead of some ranks failing while the others block forever in the next collective (issue #18).
+// On success every rank returns fn's value (in [0, 2^24): exact in fp32).
+int64_t on_rank0_agreed(mesh::RankComms& comms, const std::function<int64_t()>& fn,
+                        std::string_view what) {
+  std::exception_ptr error;
+  float code = 0.0f;  // 1: input error, 2: runtime error
+  int64_t value = 0;
+  std::string message;
+  if (comms.rank() == 0) {
+    try {
+      value = fn();
+      MP_CHECK(value >= 0 && value < (int64_t{1} << 24), "{}: value {} out of range", what, value);
+    } catch (const kernels::Error& e) {
+      error = std::current_exception();
+      code = e.kind() == kernels::ErrorKind::kInput ? 1.0f : 2.0f;
+      message = e.message();
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      code = 2.0f;
+      message = e.what();
+    }
+  }
+  mesh::Communicator& world =
+      comms.group({mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard, mesh::MeshDim::kTp});
+  const kernels::Device device = kernels::current_context().device;
+  kernels::Tensor flags =
+      kernels::Tensor::from_vector<float>(kernels::Shape{2}, {code, static_cast<float>(value)});
+  if (!device.is_cpu()) flags = flags.to(device);
+  world.all_reduce(flags, mesh::ReduceOp::kMax);
+  const std::vector<float> got = flags.to_vector<float>();
+  if (got[0] == 0.0f) return static_cast<int64_t>(got[1]);
+  constexpr int64_t kMaxMessage = 2048;
+  kernels::Tensor text = kernels::Tensor::zeros(kernels::Shape{kMaxMessage}, kernels::DType::kUInt8,
+                                                kernels::Device::cpu());
+  std::memcpy(text.raw_data(), message.data(), std::min<size_t>(message.size(), kMaxMessage - 1));
+  if (!device.is_cpu()) text = text.to(device);
+  world.broadcast(text, 0);
+  if (error) std::rethrow_exception(error);
+  const std::vector<uint8_t> bytes = text.to_vector<uint8_t>();
+  const std::string root_message(reinterpret_cast<const char*>(bytes.data()));
+  if (got[0] == 1.0f) MP_FAIL_INPUT("{}", root_message);
+  MP_FAIL("{} (on rank 0): {}", what, root_message);
+}
+
+engine::CheckpointOptions checkpoint_options(const Scenario& s, const std::string& hash,
+                                             const engine::FaultInjection& faults) {
+  engine::CheckpointOptions co;
+  co.keep_last = 0;  // the harness prunes, and only what the run itself wrote
+  co.scenario_hash = hash.empty() ? scenario_hash_hex(s) : hash;
+  co.model = model_record(s);
+  co.faults = faults;
+  return co;
+}
+
+// Loads the checkpoint a run starts from into a fresh session's state (collective; every rank).
+// A failure (the loader verifies every chunk it reads) sets `failed`: the rank threads' errors
+// reach the caller as plain kernels::Error (mesh::LocalWorld rethrows a copy), so the caller turns
+// them into CheckpointLoadError with rethrow_load_failure.
+void load_start(const fs::path& dir, engine::ShardedState& state, mesh::RankComms& comms,
+                const engine::CheckpointOptions& co, std::atomic<bool>& failed) {
+  try {
+    engine::load_checkpoint(dir, state, comms, co);
+  } catch (const kernels::Error&) {
+    failed = true;
+    throw;
+  }
+}
+
+// Runs `fn`; a kernels::Error it throws after the start load failed is a CheckpointLoadError.
+template <typename Fn>
+void rethrow_load_failure(const std::atomic<bool>& failed, Fn&& fn) {
+  try {
+    fn();
+  } catch (const kernels::Error& e) {
+    if (failed) throw CheckpointLoadError(e);
+    throw;
+  }
+}
+
+}  // namespace
+
+fs::path checkpoint_root(const Scenario& s, const fs::path& out_dir) {
+  return s.checkpoint.dir.empty() ? out_dir / golden_scenario_dir(s.name) / "checkpoints"
+                                  : fs::path(s.checkpoint.dir);
+}
+
+void check_checkpoint_root_unused(const Scenario& s, const fs::path& root) {
+  if (s.checkpoint.every <= 0 || !fs::is_directory(root)) return;
+  for (const auto& d : fs::directory_iterator(root)) {
+    const std::string name = d.path().filename().string();
+    MP_CHECK_INPUT(name.rfind("step_", 0) != 0,
+                   "{}: checkpoint.every = {} would write into {}, which already holds {} from "
+                   "another run (a run never overwrites or prunes checkpoints it did not write): "
+                   "pass another --out or set checkpoint.dir",
+                   s.name, s.checkpoint.every, root.string(), name);
+  }
+}
+
+std::map<std::string, std::string> model_record(const Scenario& s) {
+  std::map<std::string, std::string> out;
+  const nlohmann::json canonical = to_canonical_json(s);  // outlives the loop over its items
+  for (const auto& [key, value] : canonical.at("model").items()) out["model." + key] = value.dump();
+  return out;
+}
+
+int64_t check_start_checkpoint(const Scenario& s, const fs::path& dir) {
+  // Without the file-size check: a truncated or missing rank file is an integrity failure of the
+  // load (exit 1, like `ckpt verify`), not bad input.
+  engine::CheckpointIndex index;
+  try {
+    index = engine::read_checkpoint_index(dir, false);
+  } catch (const kernels::Error& e) {
+    if (e.kind() != kernels::ErrorKind::kInput) throw;
+    MP_FAIL_INPUT("--from-checkpoint: {}", e.message());
+  }
+  const std::map<std::string, std::string> ours = model_record(s);
+  // A checkpoint without a model record (saved by a tool or test) is checked by the load itself
+  // (keys, global shapes and dtypes).
+  if (!index.model.empty()) {
+    for (const auto& [field, value] : ours) {
+      const auto it = index.model.find(field);
+      MP_CHECK_INPUT(it != index.model.end(),
+                     "--from-checkpoint {}: the checkpoint records no {} (scenario {} has {})",
+                     dir.string(), field, s.name, value);
+      MP_CHECK_INPUT(it->second == value,
+                     "--from-checkpoint {}: another model: {} is {} in the checkpoint, {} in "
+                     "scenario {}",
+                     dir.string(), field, it->second, value, s.name);
+    }
+    for (const auto& [field, value] : index.model)
+      MP_CHECK_INPUT(ours.count(field) != 0,
+                     "--from-checkpoint {}: another model: the checkpoint has {} = {}, which "
+                     "scenario {} does not have",
+                     dir.string(), field, value, s.name);
+  }
+  MP_CHECK_INPUT(index.step < s.train.steps,
+                 "--from-checkpoint {}: the checkpoint is step {}, scenario {} has train.steps = "
+                 "{}: nothing left to train",
+                 dir.string(), index.step, s.name, s.train.steps);
+  return index.step;
+}
+
 engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& request) {
   engine::RunOptions o;
   o.config = to_engine_config(s);
@@ -169,6 +322,44 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   std::string why;
   if (!can_execute(s, &why)) MP_FAIL("{}: {}", s.name, why);
   engine::RunOptions o = make_run_options(s, request);
+  const engine::CheckpointOptions co = checkpoint_options(s, request.scenario_hash, request.faults);
+  std::atomic<bool> load_failed{false};
+  if (!request.from_checkpoint.empty()) {
+    // The remaining steps up to train.steps; the session's step counter, data cursor and LR
+    // schedule continue from the loaded scalars.
+    const int64_t start = check_start_checkpoint(s, request.from_checkpoint);
+    o.steps = s.train.steps - start;
+    o.before_start = [&](engine::ShardedState& state, mesh::RankComms& comms) {
+      load_start(request.from_checkpoint, state, comms, co, load_failed);
+    };
+  }
+  // Rank 0's record of the periodic checkpoints this run committed (only rank 0 touches it).
+  std::vector<fs::path> written;
+  if (request.checkpoints && request.checkpoints->every > 0) {
+    const CheckpointPlan plan = *request.checkpoints;
+    const int64_t last = s.train.steps;
+    o.after_step = [&, plan, last](engine::ShardedState& state, mesh::RankComms& comms,
+                                   int64_t done) {
+      if (done % plan.every != 0 && done != last) return false;
+      const fs::path dir = engine::save_checkpoint(plan.dir, done, state, comms, co);
+      // After the commit: rank 0 removes this run's own oldest checkpoints beyond keep_last.
+      on_rank0_agreed(
+          comms,
+          [&] {
+            written.push_back(dir);
+            while (static_cast<int64_t>(written.size()) > plan.keep_last) {
+              std::error_code ec;
+              fs::remove_all(written.front(), ec);
+              MP_CHECK(!ec, "removing old checkpoint {}: {}", written.front().string(),
+                       ec.message());
+              written.erase(written.begin());
+            }
+            return int64_t{0};
+          },
+          "pruning checkpoints");
+      return true;
+    };
+  }
   const int64_t steps = o.steps;
   const int64_t tokens = s.train.global_batch * s.model.seq_len;
   // Step wall clock as the caller sees it (rank 0 calls on_step after each step).
@@ -184,10 +375,11 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
       const auto now = std::chrono::steady_clock::now();
       r.time.total_s = std::chrono::duration<double>(now - last).count();
       last = now;
-      request.on_step(r, steps);
+      request.on_step(r, s.train.steps);
     };
   }
-  engine::RunResult res = engine::run_training(o);
+  engine::RunResult res;
+  rethrow_load_failure(load_failed, [&] { res = engine::run_training(o); });
 
   TrainOutcome out;
   out.device = o.backend.str();
@@ -204,6 +396,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
       r.time.total_s = t.total;
       r.time.compute_s = t.compute;
       r.time.optimizer_s = t.optimizer;
+      r.time.checkpoint_s = t.checkpoint;
       for (const auto& [kind, sec] : t.collectives) {
         r.time.collectives.push_back({reports::parse_collective(kind), sec});
       }
@@ -243,14 +436,21 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   out.notes = std::move(res.notes);
   out.trace = std::move(res.trace);
   out.parity = std::move(res.parity);
+  out.checkpoints = std::move(written);
+  if (!request.from_checkpoint.empty()) {
+    out.notes.push_back(fmt::format("started from checkpoint {} (step {})",
+                                    request.from_checkpoint.string(), s.train.steps - steps));
+  }
   return out;
 }
 
 TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   std::string why;
   if (!can_execute(s, &why)) MP_FAIL("{}: {}", s.name, why);
-  MP_CHECK(request.at_step >= 1 && request.at_step < s.train.steps,
-           "{}: resume at step {} outside [1, {})", s.name, request.at_step, s.train.steps);
+  const int64_t start =
+      request.from_checkpoint.empty() ? 0 : check_start_checkpoint(s, request.from_checkpoint);
+  MP_CHECK(request.at_step > start && request.at_step < s.train.steps,
+           "{}: resume at step {} outside ({}, {})", s.name, request.at_step, start, s.train.steps);
   TrainRequest tr;
   tr.faults = request.faults;
   const engine::RunOptions first = make_run_options(s, tr);
@@ -259,16 +459,13 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   if (!can_execute(resumed, &why)) MP_FAIL("{}: resume mesh: {}", s.name, why);
   const engine::RunOptions second = make_run_options(resumed, tr);
 
-  engine::CheckpointOptions co;
-  co.keep_last = static_cast<int>(request.keep_last);
-  co.scenario_hash = scenario_hash_hex(s);
-  co.faults = request.faults;
+  const engine::CheckpointOptions co = checkpoint_options(s, request.scenario_hash, request.faults);
   const int64_t tokens = s.train.global_batch * s.model.seq_len;
   TrainOutcome out;
   out.device = first.backend.str();
-  auto record = [&](const engine::StepMetrics& m, int64_t step) {
+  auto record = [&](const engine::StepMetrics& m) {
     reports::StepMetrics r;
-    r.step = step;
+    r.step = m.step + 1;
     r.loss = m.loss;
     r.grad_norm = m.grad_norm;
     r.lr = m.lr;
@@ -287,18 +484,48 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   // and holds them (engine::run_on_ranks).
   const bool mpi = s.launcher == Launcher::kMpi;
   auto lead = [&](const mesh::RankComms& comms) { return mpi || comms.rank() == 0; };
-  // Run to at_step on the scenario's mesh and save.
+  const std::string base = fmt::format("resume_check_step{}", request.at_step);
+  // Run to at_step on the scenario's mesh and save into a folder of the check's own.
   std::filesystem::path saved;
-  engine::run_on_ranks(first, [&](mesh::RankComms& comms) {
-    engine::TrainingSession session(first, comms);
-    for (int64_t i = 0; i < request.at_step; ++i) {
-      const engine::StepMetrics m = session.step();
-      trace_step(session, comms);
-      if (lead(comms)) record(m, i + 1);
-    }
-    const std::filesystem::path dir = engine::save_checkpoint(
-        request.checkpoint_root, request.at_step, session.state(), comms, co);
-    if (lead(comms)) saved = dir;
+  std::atomic<bool> load_failed{false};
+  rethrow_load_failure(load_failed, [&] {
+    engine::run_on_ranks(first, [&](mesh::RankComms& comms) {
+      engine::TrainingSession session(first, comms);
+      if (!request.from_checkpoint.empty()) {
+        load_start(request.from_checkpoint, session.state(), comms, co, load_failed);
+        session.load_scalars();
+      }
+      while (session.steps_done() < request.at_step) {
+        const engine::StepMetrics m = session.step();
+        trace_step(session, comms);
+        if (lead(comms)) record(m);
+      }
+      // Rank 0 alone creates the folder (create_directory fails on an existing one, so the suffix
+      // search never reuses a folder), every rank learns its suffix from the agreement.
+      const int64_t suffix = on_rank0_agreed(
+          comms,
+          [&]() -> int64_t {
+            std::error_code ec;
+            fs::create_directories(request.checkpoint_root, ec);
+            MP_CHECK(!ec, "cannot create checkpoint root {}: {}", request.checkpoint_root.string(),
+                     ec.message());
+            for (int64_t k = 1; k < 10000; ++k) {
+              const fs::path p =
+                  request.checkpoint_root / (k == 1 ? base : fmt::format("{}.{}", base, k));
+              if (fs::create_directory(p, ec)) return k;
+              MP_CHECK(!ec || ec == std::errc::file_exists, "cannot create {}: {}", p.string(),
+                       ec.message());
+            }
+            MP_FAIL("{}: 9999 folders {}.* exist already; remove old ones",
+                    request.checkpoint_root.string(), base);
+          },
+          "creating the resume check's folder");
+      const fs::path root =
+          request.checkpoint_root / (suffix == 1 ? base : fmt::format("{}.{}", base, suffix));
+      const std::filesystem::path dir =
+          engine::save_checkpoint(root, request.at_step, session.state(), comms, co);
+      if (lead(comms)) saved = dir;
+    });
   });
   // A fresh engine (on the resume mesh), load, finish.
   std::map<std::string, kernels::Tensor> final_params;
@@ -308,10 +535,10 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
         engine::TrainingSession session(second, comms);
         engine::load_checkpoint(saved, session.state(), comms, co);
         session.load_scalars();
-        for (int64_t i = request.at_step; i < s.train.steps; ++i) {
+        while (session.steps_done() < s.train.steps) {
           const engine::StepMetrics m = session.step();
           trace_step(session, comms);
-          if (lead(comms)) record(m, i + 1);
+          if (lead(comms)) record(m);
         }
         std::map<std::string, kernels::Tensor> p = session.gather_params();
         if (lead(comms)) {

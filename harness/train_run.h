@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "engine/params.h"
 #include "engine/session.h"
 #include "harness/scenario.h"
+#include "kernels/error.h"
 #include "reports/run_record.h"
 
 namespace meshproof::harness {
@@ -36,8 +38,55 @@ bool can_execute(const Scenario& s, std::string* why);
 // fault's requirements are available); on false `why` says what is missing.
 bool fault_runnable(const std::string& name, std::string* why);
 
+// The periodic checkpoints of a run (the scenario's `checkpoint` mapping with `every` > 0):
+// step_NNNNNNN/ under `dir` after every `every`-th step and after the last step, each committed
+// atomically (engine::save_checkpoint); after each commit the run removes its own oldest
+// checkpoints beyond `keep_last`. Only rank 0 touches the filesystem outside the collective save.
+struct CheckpointPlan {
+  std::filesystem::path dir;
+  int64_t every = 0;
+  int64_t keep_last = 2;
+};
+
+// The checkpoints a run writes go under the scenario's checkpoint.dir, by default
+// <out_dir>/<scenario folder>/checkpoints.
+std::filesystem::path checkpoint_root(const Scenario& s, const std::filesystem::path& out_dir);
+
+// Throws kInput (before any work) when periodic checkpoints (checkpoint.every > 0) would go into a
+// folder that already holds a checkpoint (complete or .partial): a run never overwrites or prunes
+// checkpoints it did not write.
+void check_checkpoint_root_unused(const Scenario& s, const std::filesystem::path& root);
+
+// The model a checkpoint belongs to, as recorded in its index (engine::CheckpointOptions::model):
+// the scenario's canonical `model` mapping, field -> JSON text.
+std::map<std::string, std::string> model_record(const Scenario& s);
+
+// Checks that checkpoint `dir` (step_NNNNNNN/) can start scenario `s` and returns its step: the
+// index reads, its recorded model equals the scenario's field by field and its step is below
+// train.steps. kInput naming the checkpoint and the differing field otherwise.
+int64_t check_start_checkpoint(const Scenario& s, const std::filesystem::path& dir);
+
+// Loading the checkpoint a run starts from failed (a corrupt or missing chunk, a key the scenario
+// does not have): the message names the key and file. The runner reports it as a failed
+// `checkpoint` check.
+class CheckpointLoadError : public kernels::Error {
+ public:
+  explicit CheckpointLoadError(const kernels::Error& e)
+      : kernels::Error(e.kind(), e.file(), e.line(), e.expression(), e.message()) {}
+};
+
 struct TrainRequest {
   engine::FaultInjection faults;
+  // Provenance recorded in every checkpoint the run writes: the scenario's hash as validate and
+  // the goldens print it (harness::scenario_hash_hex of the scenario as loaded, before the CLI's
+  // --backend/--launcher resolve it). Empty: the hash of the scenario passed in.
+  std::string scenario_hash;
+  // Periodic checkpoints (main run only).
+  std::optional<CheckpointPlan> checkpoints;
+  // Start from this checkpoint (step_NNNNNNN/, any mesh of the same model) and train the remaining
+  // steps up to train.steps; step numbers, data cursor and LR schedule continue from it. A failed
+  // load throws CheckpointLoadError.
+  std::filesystem::path from_checkpoint;
   int64_t steps = -1;  // -1: s.train.steps
   bool trace = false;  // per-step per-tensor digests (TrainOutcome::trace)
   // Compare every FP8 all-gathered weight with quantizing the gathered weight
@@ -56,6 +105,7 @@ struct TrainOutcome {
   std::string device;              // "cpu" or "cuda:0"
   std::vector<std::vector<engine::TensorDigest>> trace;  // [step][tensor] with request.trace
   std::vector<engine::AllGatherParity> parity;           // with request.allgather_parity
+  std::vector<std::filesystem::path> checkpoints;        // periodic checkpoints kept, oldest first
 };
 
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);
@@ -64,20 +114,25 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);
 engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& request);
 
 struct ResumeRequest {
-  int64_t at_step = 1;             // save after this step (1-based)
+  int64_t at_step = 1;             // save after this step (1-based, absolute)
   std::optional<MeshConfig> mesh;  // resume on this mesh (default: the scenario's)
   engine::FaultInjection faults;   // engine and checkpoint faults (save/load side)
+  // The check saves into a folder it creates under this root: resume_check_step<N>, or
+  // resume_check_step<N>.<k> with the smallest k >= 2 that does not exist yet (a rerun into the
+  // same folder never deletes or overwrites an earlier run's checkpoint).
   std::filesystem::path checkpoint_root;
-  int64_t keep_last = 2;
+  std::string scenario_hash;              // as TrainRequest::scenario_hash
+  std::filesystem::path from_checkpoint;  // both halves start there (TrainRequest)
   bool trace = false;  // per-step per-tensor digests of both halves (TrainOutcome::trace)
   // Called on rank 0 after each step of both halves with the step's metrics (1-based step,
   // loss, grad_norm, lr, tokens; no timing) and the scenario's step count.
   std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
 };
 
-// The resume half of the resume check: train to at_step on the scenario's mesh, save a checkpoint
-// under checkpoint_root, construct a fresh engine (on the resume mesh), load, and train to the
-// end. Returns the stitched per-step metrics (1..steps), trace (with request.trace) and the final
+// The resume half of the resume check: train to at_step on the scenario's mesh (from
+// from_checkpoint when given), save a checkpoint in a fresh folder under checkpoint_root,
+// construct a fresh engine (on the resume mesh), load, and train to the end. Returns the stitched
+// per-step metrics (the steps run, up to train.steps), trace (with request.trace) and the final
 // global parameters.
 TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request);
 

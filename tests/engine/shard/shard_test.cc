@@ -212,7 +212,8 @@ std::map<std::string, std::vector<float>> first_moments(const RunOptions& base, 
         p.name, kernels::Tensor::zeros(p.shape, kernels::DType::kFloat32, kernels::Device::cpu()));
   std::mutex mu;
   RunOptions o = base;
-  o.after_step = [&](ShardedState& st, int rank, int64_t) {
+  o.after_step = [&](ShardedState& st, mesh::RankComms& comms, int64_t) {
+    const int rank = comms.rank();
     std::lock_guard<std::mutex> lock(mu);
     for (const StateEntry& e : st.entries) {
       if (!e.key.ends_with("/exp_avg")) continue;
@@ -221,6 +222,7 @@ std::map<std::string, std::vector<float>> first_moments(const RunOptions& base, 
       const mesh::Box& b = e.layout.box(rank);
       if (!b.empty()) mesh::copy_region(e.local, b, g, mesh::Box::whole(g.shape()), b);
     }
+    return false;  // no checkpoint saved
   };
   *out = run_training(o);
   std::map<std::string, std::vector<float>> m;
@@ -625,9 +627,10 @@ TEST(ShardedRun, TraceHooksAndReports) {
   std::atomic<int> saves{0};
   int progress = 0;
   o.on_step = [&](const StepMetrics&) { ++progress; };
-  o.after_step = [&](ShardedState& st, int, int64_t done) {
+  o.after_step = [&](ShardedState& st, mesh::RankComms&, int64_t done) {
     EXPECT_EQ(st.scalars.at("optim/step"), done);
     ++saves;
+    return false;
   };
   const RunResult r = run_training(o);
   EXPECT_EQ(progress, 2);
