@@ -18,6 +18,7 @@
 #include "harness/scenario_loader.h"
 #include "kernels/error.h"
 #include "kernels/runtime.h"
+#include "mesh/library_info.h"
 #include "reports/perf_metrics.h"
 
 namespace meshproof::harness {
@@ -405,7 +406,9 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       req.scenario_hash = hash;
       req.from_checkpoint = from;
       // The check saves into a folder it creates under the checkpoint root (resume_check_stepN,
-      // or .2, .3, ... when a previous run left one): nothing is deleted or overwritten.
+      // or .2, .3, ... when a previous run left one): nothing of another run is deleted or
+      // overwritten. Its own folder is removed when the check passes and kept when it fails, for
+      // `ckpt diff`/`ckpt inspect`, so reruns into one --out do not pile up folders.
       req.checkpoint_root = checkpoint_root(s, opts.out_dir);
       progress.phase("resume");
       req.on_step = progress.callback();
@@ -414,18 +417,36 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       rec.notes.insert(rec.notes.end(), resumed.notes.begin(), resumed.notes.end());
       const RunView view{&resumed.steps, &resumed.final_params, &resumed.trace};
       const RunView straight{&main.steps, &main.final_params, &main.trace};
+      reports::CheckResult result;
       if (!s.checks.resume.mesh || *s.checks.resume.mesh == s.mesh) {
-        return compare_bitwise("resume", "resume", view, straight,
-                               fmt::format("resumed run (saved after step {})", req.at_step),
-                               opts.trace);
+        result = compare_bitwise("resume", "resume", view, straight,
+                                 fmt::format("resumed run (saved after step {})", req.at_step),
+                                 opts.trace);
+      } else {
+        // Another mesh reorders reductions: loss and grad_norm within the scenario's rtol.
+        const std::map<Metric, double> rtol = {{Metric::kLoss, s.checks.resume.rtol},
+                                               {Metric::kGradNorm, s.checks.resume.rtol}};
+        result = compare_tolerance("resume", "resume", view, straight, rtol,
+                                   fmt::format("run resumed on {} (saved after step {})",
+                                               describe_mesh(*s.checks.resume.mesh), req.at_step),
+                                   opts.trace);
       }
-      // Another mesh reorders reductions: loss and grad_norm within the scenario's rtol.
-      const std::map<Metric, double> rtol = {{Metric::kLoss, s.checks.resume.rtol},
-                                             {Metric::kGradNorm, s.checks.resume.rtol}};
-      return compare_tolerance("resume", "resume", view, straight, rtol,
-                               fmt::format("run resumed on {} (saved after step {})",
-                                           describe_mesh(*s.checks.resume.mesh), req.at_step),
-                               opts.trace);
+      // Every process of an mpi launch reaches the same verdict; rank 0 alone touches the folder.
+      if (mesh::launched_rank() == 0) {
+        for (const std::filesystem::path& dir : resumed.checkpoints) {
+          if (result.verdict != reports::Verdict::kPass) {
+            rec.notes.push_back(fmt::format("resume: kept {} for inspection", dir.string()));
+            continue;
+          }
+          std::error_code ec;
+          std::filesystem::remove_all(dir, ec);
+          if (ec) {
+            rec.notes.push_back(
+                fmt::format("resume: could not remove {}: {}", dir.string(), ec.message()));
+          }
+        }
+      }
+      return result;
     }));
   }
   // A reference with another recipe has other FP8 state than the checkpoint holds: it cannot

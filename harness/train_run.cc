@@ -556,6 +556,8 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
         }
         final_params.clear();
       });
+  // The folder the check created (saved is its step_N inside): the runner removes it on a pass.
+  out.checkpoints.push_back(saved.parent_path());
   out.notes.push_back(fmt::format("resume: saved {} after step {}, resumed on {}", saved.string(),
                                   request.at_step, describe_mesh(resumed.mesh)));
   return out;

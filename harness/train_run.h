@@ -105,7 +105,8 @@ struct TrainOutcome {
   std::string device;              // "cpu" or "cuda:0"
   std::vector<std::vector<engine::TensorDigest>> trace;  // [step][tensor] with request.trace
   std::vector<engine::AllGatherParity> parity;           // with request.allgather_parity
-  std::vector<std::filesystem::path> checkpoints;        // periodic checkpoints kept, oldest first
+  // Periodic checkpoints kept, oldest first; for the resume check, the one folder it saved into.
+  std::vector<std::filesystem::path> checkpoints;
 };
 
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);

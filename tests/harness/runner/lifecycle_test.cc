@@ -121,19 +121,22 @@ TEST_F(Lifecycle, PeriodicCheckpointsPruneToKeepLastAndTimeTheSave) {
 }
 
 TEST_F(Lifecycle, RerunsNeverDeleteOrOverwriteAnotherRunsCheckpoints) {
-  // The resume check (quickstart saves after step 4): a rerun into the same --out writes into a
-  // new folder and leaves the first run's folder, and what a user put there, alone.
+  // The resume check (quickstart saves after step 4) removes the folder it created when it
+  // passes, so reruns into one --out leave nothing behind.
   CliResult r = run("a", {});
   ASSERT_EQ(r.code, kExitOk) << r.out << r.err;
   const fs::path first = checkpoints("a") / "resume_check_step4";
-  ASSERT_TRUE(fs::exists(first / "step_0000004" / "index.json"));
+  EXPECT_FALSE(fs::exists(first)) << "a passing resume check removes its own folder";
+  // A folder of that name that the run did not create (a user's, or a failed run's kept for
+  // inspection) is left alone: the check saves into resume_check_step4.2 and removes only that.
+  fs::create_directories(first / "step_0000004");
+  std::ofstream(first / "step_0000004" / "index.json") << "theirs";
   std::ofstream(first / "mine.txt") << "kept";
   r = run("a", {});
   ASSERT_EQ(r.code, kExitOk) << r.out << r.err;
   EXPECT_EQ(read_text(first / "mine.txt"), "kept");
-  EXPECT_TRUE(fs::exists(first / "step_0000004" / "index.json"));
-  EXPECT_TRUE(
-      fs::exists(checkpoints("a") / "resume_check_step4.2" / "step_0000004" / "index.json"));
+  EXPECT_EQ(read_text(first / "step_0000004" / "index.json"), "theirs");
+  EXPECT_FALSE(fs::exists(checkpoints("a") / "resume_check_step4.2"));
 
   // Periodic checkpoints into a folder that holds another run's: exit 2 before any work, naming
   // the folder and what is there; the checkpoints stay as they were.
@@ -169,7 +172,7 @@ TEST_F(Lifecycle, FromCheckpointOnTheSameMeshReproducesTheRemainingStepsBitwise)
     for (const char* key : {"loss", "grad_norm", "lr"})
       EXPECT_EQ(a.at(key).get<double>(), b.at(key).get<double>()) << key << " at step " << 5 + i;
   }
-  EXPECT_TRUE(fs::exists(checkpoints("from") / "resume_check_step6" / "step_0000006"));
+  EXPECT_FALSE(fs::exists(checkpoints("from") / "resume_check_step6")) << "removed on a pass";
 }
 
 TEST_F(Lifecycle, FromCheckpointOnAnotherMeshStaysWithinTheCrossMeshBound) {
@@ -252,12 +255,21 @@ TEST_F(Lifecycle, ValidateGoldenAndCheckpointCarryOneScenarioHash) {
   ASSERT_TRUE(g.has_value());
   EXPECT_EQ(g->provenance.at("scenario_hash"), validated);
 
-  // The resume check's checkpoint and a periodic one (--set applies to validate the same way).
-  r = run("a", {});
+  // The resume check's checkpoint (kept because the check fails: the injected fault makes the
+  // resumed run replay the first batches) and a periodic one (--set applies to validate the same
+  // way).
+  const std::vector<std::string> fault = {"--set", "faults=[data_cursor_not_restored]", "--set",
+                                          "expect=caught"};
+  std::vector<std::string> args = {"validate", kQuickstart};
+  args.insert(args.end(), fault.begin(), fault.end());
+  r = cli(args);
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("hash ([0-9a-f]{16})"))) << r.out;
+  const std::string validated_fault = m[1].str();
+  r = run("a", fault);
   ASSERT_EQ(r.code, kExitOk) << r.out << r.err;
   const json index = json::parse(
       read_text(checkpoints("a") / "resume_check_step4" / "step_0000004" / "index.json"));
-  EXPECT_EQ(index.at("scenario_hash"), validated);
+  EXPECT_EQ(index.at("scenario_hash"), validated_fault);
   EXPECT_EQ(index.at("model").at("model.hidden"), "64");
 
   r = cli({"validate", kQuickstart, "--set", "checkpoint.every=8"});
