@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -117,8 +118,8 @@ void fsync_path(const fs::path& p) {
   MP_CHECK(rc == 0, "fsync {}: {}", p.string(), std::strerror(saved));
 }
 
-// Writes and fsyncs `p` with POSIX calls, so that a failure (ENOSPC, EFBIG, EIO) reaches the
-// message as the system's reason.
+// Writes and fsyncs `p` (text or a rank file's bytes) with POSIX calls, so that a failure (ENOSPC,
+// EFBIG, EIO) reaches the message as the system's reason.
 void write_text_file(const fs::path& p, const std::string& text) {
   const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   MP_CHECK(fd >= 0, "creating {}: {}", p.string(), std::strerror(errno));
@@ -1025,22 +1026,31 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
               to_write.emplace_back(dataset, host);
             }
           }
+          std::string image;  // the rank file's bytes
           {
             std::lock_guard<std::mutex> lock(hdf5_mutex());
             kernels::silence_hdf5_errors();
-            errno = 0;
-            H5::H5File f =
-                MP_HDF5(kRuntime, H5::H5File(file_path.string(), H5F_ACC_TRUNC),
-                        "creating checkpoint rank file {}{}", file_path.string(), errno_note());
+            // The rank file is built in memory (HDF5's core driver, no backing store) and
+            // written with write_text_file: HDF5 1.10 never touches the disk, so a full disk
+            // fails in our write with errno's reason. (On the sec2 driver an ENOSPC inside
+            // H5Fclose leaves the library with a half-closed file that crashes the process at
+            // exit.) Costs one in-memory copy of this rank's chunks during the save.
+            int64_t data_bytes = 0;
+            for (const auto& [dataset, host] : to_write) data_bytes += host.nbytes().value;
+            H5::FileAccPropList fapl;
+            fapl.setCore(static_cast<size_t>(data_bytes) + (size_t{1} << 16), false);
+            H5::H5File f = MP_HDF5(
+                kRuntime,
+                H5::H5File(file_path.string(), H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, fapl),
+                "creating checkpoint rank file {} in memory", file_path.string());
             auto write_id = [&] {
               const std::string id = hash_hex(checkpoint_id);
               H5::StrType t(H5::PredType::C_S1, id.size());
               f.createAttribute("checkpoint_id", t, H5::DataSpace(H5S_SCALAR)).write(t, id);
               return 0;
             };
-            errno = 0;
-            MP_HDF5(kRuntime, write_id(), "writing the checkpoint id to rank file {}{}",
-                    file_path.string(), errno_note());
+            MP_HDF5(kRuntime, write_id(), "writing the checkpoint id to rank file {}",
+                    file_path.string());
             H5::LinkCreatPropList lcpl;
             lcpl.setCreateIntermediateGroup(true);
             for (size_t i = 0; i < to_write.size(); ++i) {
@@ -1069,17 +1079,29 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
                 }
                 return 0;
               };
-              errno = 0;
-              MP_HDF5(kRuntime, write_dataset(), "writing dataset {} to checkpoint rank file {}{}",
-                      dataset, file_path.string(), errno_note());
+              MP_HDF5(kRuntime, write_dataset(), "writing dataset {} to checkpoint rank file {}",
+                      dataset, file_path.string());
               if (options.fault_hook) {
                 options.fault_hook(SavePoint::kDatasetWritten, rank, static_cast<int64_t>(i));
               }
             }
-            errno = 0;
-            MP_HDF5(kRuntime, (f.close(), 0), "closing checkpoint rank file {}{}",
-                    file_path.string(), errno_note());
+            auto image_of = [&] {
+              f.flush(H5F_SCOPE_LOCAL);
+              const ssize_t n = H5Fget_file_image(f.getId(), nullptr, 0);
+              if (n < 0) throw H5::FileIException("H5Fget_file_image", "no file image");
+              std::string bytes(static_cast<size_t>(n), '\0');
+              if (H5Fget_file_image(f.getId(), bytes.data(), bytes.size()) != n) {
+                throw H5::FileIException("H5Fget_file_image", "short file image");
+              }
+              f.close();
+              return bytes;
+            };
+            image = MP_HDF5(kRuntime, image_of(), "building checkpoint rank file {}",
+                            file_path.string());
           }
+          write_text_file(file_path, image);
+          image.clear();
+          image.shrink_to_fit();
           fsync_path(file_path);
           json side = {{"rank", rank}, {"file", file_name}, {"chunks", records}};
           side["keys"] = json::array();

@@ -57,9 +57,10 @@ inline constexpr int kCheckpointFormatVersion = 2;
 
 // Named points of a save at which CheckpointOptions::fault_hook is called (crash-safety tests):
 //   kDatasetWritten   inside the write loop of this rank's HDF5 file, after its dataset number
-//                     `dataset` (0-based, in write order) is written, while the file is still open
-//                     and not fsynced: a crash here leaves a half-written rank file
-//   kRankFileWritten  after this rank's HDF5 file is written and fsynced
+//                     `dataset` (0-based, in write order) is written, while the file is still
+//                     being built (in memory, HDF5's core driver): a crash here leaves the partial
+//                     directory without this rank file
+//   kRankFileWritten  after this rank's HDF5 file is written to disk and fsynced
 //   kBeforeIndex      on rank 0, after every rank file exists, before index.json is written
 //   kBeforeRename     on rank 0, after index.json is written, before the directory is renamed
 enum class SavePoint { kDatasetWritten, kRankFileWritten, kBeforeIndex, kBeforeRename };

@@ -353,24 +353,19 @@ TEST(CheckpointTest, DiskFullSaveFailsWithTheReasonAndRemovesItsPartialDirectory
 }
 
 // The same failure path without root: a child process saves under RLIMIT_FSIZE (writes past the
-// limit fail with EFBIG once SIGXFSZ is ignored), limited so that the rank files fit and
-// index.json does not. The child reports the error text through a file.
+// limit fail with EFBIG once SIGXFSZ is ignored), limited below the size of every rank file of
+// this save (measured on an unlimited save of the same state). The child reports the error text
+// through a file written after the limit is lifted.
 TEST(CheckpointTest, RlimitFsizeSaveFailsWithTheReason) {
   TempDir tmp("efbig");
   const DeviceMesh m(1, 2, 1);
-  // Sizes of an unlimited save of the same state: the limit goes between the largest rank file
-  // or sidecar and index.json.
   const fs::path probe = save_on(m, tmp.path() / "probe", 2, 2);
-  const auto index_bytes = static_cast<int64_t>(fs::file_size(probe / "index.json"));
-  int64_t largest_other = 0;
-  for (const auto& f : fs::directory_iterator(probe)) {
-    if (f.path().filename() != "index.json") {
-      largest_other = std::max(largest_other, static_cast<int64_t>(fs::file_size(f.path())));
-    }
+  int64_t smallest_rank_file = INT64_MAX;
+  for (const char* f : {"rank_00000.h5", "rank_00001.h5"}) {
+    smallest_rank_file =
+        std::min(smallest_rank_file, static_cast<int64_t>(fs::file_size(probe / f)));
   }
-  // Sidecars hold the chunk records of one rank: smaller than the index, which holds them all.
-  ASSERT_LT(largest_other, index_bytes) << "the index must be the largest file for this test";
-  const int64_t limit = (largest_other + index_bytes) / 2;
+  const int64_t limit = smallest_rank_file / 2;
   const fs::path root = tmp.path() / "ckpt";
   save_on(m, root, 1, 1);
   const fs::path report = tmp.path() / "child_error.txt";
@@ -379,7 +374,9 @@ TEST(CheckpointTest, RlimitFsizeSaveFailsWithTheReason) {
   if (pid == 0) {
     ::signal(SIGXFSZ, SIG_IGN);
     struct rlimit rl {};
-    rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>(limit);
+    if (::getrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(4);
+    const rlim_t hard = rl.rlim_max;
+    rl.rlim_cur = static_cast<rlim_t>(limit);  // the soft limit only: it can be lifted again
     if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(4);
     int code = 0;
     std::string text;
@@ -389,8 +386,8 @@ TEST(CheckpointTest, RlimitFsizeSaveFailsWithTheReason) {
     } catch (const std::exception& e) {
       text = e.what();
     }
-    rl.rlim_cur = rl.rlim_max = RLIM_INFINITY;
-    ::setrlimit(RLIMIT_FSIZE, &rl);  // lowering is one-way for non-root; root may raise it back
+    rl.rlim_cur = hard;
+    ::setrlimit(RLIMIT_FSIZE, &rl);
     std::ofstream(report) << text;
     ::_exit(code);
   }
@@ -400,7 +397,7 @@ TEST(CheckpointTest, RlimitFsizeSaveFailsWithTheReason) {
   ASSERT_EQ(WEXITSTATUS(status), 0) << "4: setrlimit failed, 5: the save did not fail";
   std::ifstream in(report);
   const std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(what.find("index.json"), std::string::npos) << what;
+  EXPECT_NE(what.find("rank_0000"), std::string::npos) << what;
   EXPECT_NE(what.find(std::strerror(EFBIG)), std::string::npos) << what;
   EXPECT_FALSE(fs::exists(root / "step_0000002.partial")) << what;
   EXPECT_FALSE(fs::exists(root / "step_0000002")) << what;

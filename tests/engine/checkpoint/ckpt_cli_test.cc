@@ -209,9 +209,10 @@ TEST_F(CkptCliTest, InspectSummaryAndKeyFilter) {
   std::ifstream in(idx);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   in.close();
-  const size_t at = text.find("\"data/cursor\": 101");
+  const std::string from = "\"data/cursor\": 101";
+  const size_t at = text.find(from);
   ASSERT_NE(at, std::string::npos);
-  text.replace(at, 19, "\"data/cursor\": 105");
+  text.replace(at, from.size(), "\"data/cursor\": 105");
   std::ofstream(idx) << text;
   r = run({"ckpt", "inspect", dir});
   EXPECT_EQ(r.code, kExitCheckFailed) << r.out << r.err;

@@ -568,7 +568,8 @@ TEST(IndexParseTest, ParsesFromAStringAndRejectsMalformedText) {
   const CheckpointIndex index = parse_checkpoint_index(text, "test");
   EXPECT_EQ(compute_index_xxh64(index), index.index_xxh64);
   EXPECT_EQ(index_json_text(index), text);
-  for (const std::string bad : {"", "[]", "{}", "{\"format\": \"meshproof-checkpoint\"}", "nul",
+  for (const std::string& bad :
+       std::vector<std::string>{"", "[]", "{}", "{\"format\": \"meshproof-checkpoint\"}", "nul",
                                 text.substr(0, text.size() / 2)}) {
     try {
       parse_checkpoint_index(bad, "test");
