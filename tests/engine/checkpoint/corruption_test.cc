@@ -581,25 +581,5 @@ TEST(IndexParseTest, ParsesFromAStringAndRejectsMalformedText) {
   fs::remove_all(root);
 }
 
-// Box arithmetic on values from files: overflow is an input error, not undefined behaviour.
-TEST(BoxArithmeticTest, OverflowIsAnInputError) {
-  mesh::Box big;
-  big.offset = {kernels::Elements(0), kernels::Elements(0)};
-  big.extent = {kernels::Elements(int64_t{1} << 62), kernels::Elements(8)};
-  EXPECT_THROW(big.numel(), kernels::Error);
-  mesh::Box far;
-  far.offset = {kernels::Elements(INT64_MAX - 1)};
-  far.extent = {kernels::Elements(4)};
-  mesh::Box whole = mesh::Box::whole(kernels::Shape{5});
-  EXPECT_THROW((void)whole.contains(far), kernels::Error);
-  EXPECT_THROW((void)whole.intersect(far), kernels::Error);
-  EXPECT_NE(far.str().find("+4"), std::string::npos) << far.str();
-  mesh::Box ok;
-  ok.offset = {kernels::Elements(1)};
-  ok.extent = {kernels::Elements(3)};
-  EXPECT_TRUE(whole.contains(ok));
-  EXPECT_EQ(ok.numel().value, 3);
-}
-
 }  // namespace
 }  // namespace meshproof::engine
