@@ -347,8 +347,12 @@ void add_ckpt_command(CLI::App& app, std::ostream& out, int& exit_code) {
   inspect->add_flag("--summary", inspect_opts->summary,
                     "One line per key group (first path component): keys, chunks, elements, "
                     "bytes, dtypes");
-  inspect->add_option("--key", inspect_opts->key_globs,
-                      "Only keys (and scalars) matching this glob (fnmatch; repeatable)");
+  // One glob per --key (repeat the flag), so that positionals after it stay positionals.
+  inspect
+      ->add_option("--key", inspect_opts->key_globs,
+                   "Only keys (and scalars) matching this glob (fnmatch; repeatable)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   inspect->callback([&out, &exit_code, dir, inspect_opts] {
     exit_code = ckpt_inspect(*dir, out, *inspect_opts);
   });
@@ -371,7 +375,9 @@ void add_ckpt_command(CLI::App& app, std::ostream& out, int& exit_code) {
                    "Relative tolerance for floating-point keys: |a-b| <= atol + rtol*|b| passes");
   diff->add_option("--atol", diff_opts->atol, "Absolute tolerance for floating-point keys");
   diff->add_option("--key", diff_opts->key_globs,
-                   "Only keys (and scalars) matching this glob (fnmatch; repeatable)");
+                   "Only keys (and scalars) matching this glob (fnmatch; repeatable)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   diff->callback(
       [&out, &exit_code, a, b, diff_opts] { exit_code = ckpt_diff(*a, *b, out, *diff_opts); });
 }

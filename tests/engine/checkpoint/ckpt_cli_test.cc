@@ -253,11 +253,18 @@ TEST_F(CkptCliTest, DiffWithToleranceAndKeyFilter) {
       << r.out;
   EXPECT_NE(r.out.find("5 outside rtol 2e-08"), std::string::npos) << r.out;
 
-  // --key: only the optimizer state (untouched) is compared.
-  r = run({"ckpt", "diff", a, b, "--key", "optim/*"});
+  // --key: only the optimizer state (untouched) is compared; the flag takes one glob per use,
+  // also before the positionals.
+  r = run({"ckpt", "diff", "--key", "optim/*", a, b});
   EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
   EXPECT_EQ(r.out.find("model/"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("checkpoints are equal (2 keys, 1 scalars)"), std::string::npos) << r.out;
+  r = run({"ckpt", "diff", a, b, "--key", "optim/*/exp_avg", "--key", "model/final_ln.weight"});
+  EXPECT_EQ(r.code, kExitCheckFailed) << r.out << r.err;
+  EXPECT_NE(r.out.find("optim/layers.0.attn.qkv.weight/exp_avg: equal"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("model/final_ln.weight: 5 of 5"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("exp_avg_sq"), std::string::npos) << r.out;
 
   // Scalars stay exact under a tolerance.
   const std::string c = save_with("c", mesh::DeviceMesh(1, 2, 1), 1, [&](engine::ShardedState& s) {
