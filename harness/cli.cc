@@ -92,6 +92,10 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
       fmt::print(err, "meshproof: error: {}\n", e.message());
       return kExitBadInput;
     }
+    if (e.kind() == kernels::ErrorKind::kIntegrity) {
+      fmt::print(err, "meshproof: integrity check failed: {}\n", e.message());
+      return kExitCheckFailed;
+    }
     fmt::print(err, "meshproof: runtime error: {}\n", e.what());
     return kExitRuntimeError;
   } catch (const std::exception& e) {

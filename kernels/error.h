@@ -1,6 +1,7 @@
 // Error handling core: every failed check throws meshproof::kernels::Error carrying the file:line,
 // the failed expression and a specific formatted message. The CLI maps error kinds to exit codes
-// (DESIGN.md section 10): kInput -> 2 (bad input or usage), kRuntime -> 3 (runtime error).
+// (DESIGN.md section 10): kInput -> 2 (bad input or usage), kIntegrity -> 1 (stored data failed an
+// integrity check), kRuntime -> 3 (runtime error).
 #pragma once
 
 #include <fmt/format.h>
@@ -11,8 +12,10 @@
 namespace meshproof::kernels {
 
 enum class ErrorKind {
-  kInput,    // the user's input is wrong (file, key, shape, option): exit code 2
-  kRuntime,  // something failed while running (CUDA, NCCL, I/O, internal invariant): exit code 3
+  kInput,      // the user's input is wrong (file, key, shape, option): exit code 2
+  kIntegrity,  // well-formed stored data that fails its own integrity record (a checksum, size or
+               // self-description mismatch: corruption, truncation, a swapped file): exit code 1
+  kRuntime,    // something failed while running (CUDA, NCCL, I/O, internal invariant): exit code 3
 };
 
 class Error : public std::runtime_error {
@@ -57,6 +60,16 @@ class Error : public std::runtime_error {
       ::meshproof::kernels::throw_error(::meshproof::kernels::ErrorKind::kInput, __FILE__, \
                                         __LINE__, #cond, ::fmt::format(__VA_ARGS__));      \
     }                                                                                      \
+  } while (0)
+
+// MP_CHECK_INTEGRITY(cond, "format {}", args...): stored data contradicts its own integrity
+// record (exit 1). The message must name the file and key.
+#define MP_CHECK_INTEGRITY(cond, ...)                                                          \
+  do {                                                                                         \
+    if (!(cond)) [[unlikely]] {                                                                \
+      ::meshproof::kernels::throw_error(::meshproof::kernels::ErrorKind::kIntegrity, __FILE__, \
+                                        __LINE__, #cond, ::fmt::format(__VA_ARGS__));          \
+    }                                                                                          \
   } while (0)
 
 // Unconditional failures, for switch defaults and parse errors.

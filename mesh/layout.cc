@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels/error.h"
 
@@ -27,8 +28,20 @@ std::string Placement::str() const {
 
 Elements Box::numel() const {
   int64_t n = 1;
-  for (const Elements& e : extent) n *= e.value;
+  for (const Elements& e : extent) {
+    MP_CHECK_INPUT(e.value >= 0, "box {} has a negative extent", str());
+    MP_CHECK_INPUT(!__builtin_mul_overflow(n, e.value, &n),
+                   "box {} has more elements than an int64 can count", str());
+  }
   return Elements(n);
+}
+
+int64_t Box::end(int d) const {
+  const size_t i = static_cast<size_t>(d);
+  int64_t e = 0;
+  MP_CHECK_INPUT(!__builtin_add_overflow(offset[i].value, extent[i].value, &e),
+                 "box {}: offset + extent of dim {} overflows int64", str(), d);
+  return e;
 }
 
 Shape Box::shape() const {
@@ -43,8 +56,7 @@ Box Box::intersect(const Box& other) const {
   for (int d = 0; d < rank(); ++d) {
     const size_t i = static_cast<size_t>(d);
     const int64_t lo = std::max(offset[i].value, other.offset[i].value);
-    const int64_t hi =
-        std::min(offset[i].value + extent[i].value, other.offset[i].value + other.extent[i].value);
+    const int64_t hi = std::min(end(d), other.end(d));
     out.offset.emplace_back(lo);
     out.extent.emplace_back(std::max<int64_t>(hi - lo, 0));
   }
@@ -53,11 +65,9 @@ Box Box::intersect(const Box& other) const {
 
 bool Box::contains(const Box& inner) const {
   if (rank() != inner.rank()) return false;
-  for (size_t i = 0; i < offset.size(); ++i) {
-    if (inner.offset[i] < offset[i] ||
-        inner.offset[i].value + inner.extent[i].value > offset[i].value + extent[i].value) {
-      return false;
-    }
+  for (int d = 0; d < rank(); ++d) {
+    const size_t i = static_cast<size_t>(d);
+    if (inner.offset[i] < offset[i] || inner.end(d) > end(d)) return false;
   }
   return true;
 }
@@ -65,7 +75,11 @@ bool Box::contains(const Box& inner) const {
 std::string Box::str() const {
   std::vector<std::string> parts;
   for (size_t i = 0; i < offset.size(); ++i) {
-    parts.push_back(fmt::format("{}:{}", offset[i].value, offset[i].value + extent[i].value));
+    // Printed without adding (the sum may overflow on a malformed box).
+    parts.push_back(offset[i].value >= 0 && extent[i].value >= 0 &&
+                            offset[i].value <= INT64_MAX - extent[i].value
+                        ? fmt::format("{}:{}", offset[i].value, offset[i].value + extent[i].value)
+                        : fmt::format("{}+{}", offset[i].value, extent[i].value));
   }
   return fmt::format("[{}]", fmt::join(parts, ", "));
 }
@@ -152,8 +166,10 @@ Layout::Layout(DeviceMesh mesh, Shape global_shape, std::vector<Placement> place
       for (MeshDim m : order[d]) {
         const int64_t n = mesh_.size(m);
         const int64_t i = c[static_cast<size_t>(m)];
-        const int64_t chunk = (ext + n - 1) / n;
-        const int64_t start = std::min(i * chunk, ext);
+        // ceil(ext / n) and min(i * chunk, ext) without overflow (shapes may come from files).
+        const int64_t chunk = ext / n + (ext % n != 0 ? 1 : 0);
+        int64_t start = 0;
+        if (__builtin_mul_overflow(i, chunk, &start) || start > ext) start = ext;
         const int64_t len = std::min(chunk, ext - start);
         off += start;
         ext = len;

@@ -41,13 +41,17 @@ struct Placement {
 };
 
 // A hyperrectangle of a global tensor: per tensor dim an offset and an extent, in elements along
-// that dim (never bytes).
+// that dim (never bytes). Boxes may come from files (checkpoint indexes): the arithmetic is
+// checked, and a box whose element count or end (offset + extent) overflows int64, or whose extent
+// is negative, is an input error rather than undefined behaviour.
 struct Box {
   std::vector<kernels::Elements> offset;
   std::vector<kernels::Elements> extent;
 
   int rank() const { return static_cast<int>(offset.size()); }
   kernels::Elements numel() const;
+  // offset + extent along dim d (checked).
+  int64_t end(int d) const;
   bool empty() const { return numel().value == 0; }
   kernels::Shape shape() const;
   // The overlap of two boxes of the same tensor (extent 0 along some dim when disjoint).

@@ -329,5 +329,37 @@ TEST(LayoutPropertyTest, ReshardEqualsUnshardThenShard) {
   }
 }
 
+// Box arithmetic on values from files (checkpoint indexes): overflow is an input error, not
+// undefined behaviour (Box::numel and Box::contains multiplied and added unchecked).
+TEST(BoxArithmeticTest, OverflowIsAnInputError) {
+  Box big;
+  big.offset = {Elements(0), Elements(0)};
+  big.extent = {Elements(int64_t{1} << 62), Elements(8)};
+  EXPECT_THROW(big.numel(), kernels::Error);
+  Box far;
+  far.offset = {Elements(INT64_MAX - 1)};
+  far.extent = {Elements(4)};
+  const Box whole = Box::whole(Shape{5});
+  EXPECT_THROW((void)whole.contains(far), kernels::Error);
+  EXPECT_THROW((void)whole.intersect(far), kernels::Error);
+  EXPECT_EQ(far.str(), "[9223372036854775806+4]");
+  Box ok;
+  ok.offset = {Elements(1)};
+  ok.extent = {Elements(3)};
+  EXPECT_TRUE(whole.contains(ok));
+  EXPECT_EQ(ok.numel().value, 3);
+  EXPECT_EQ(ok.str(), "[1:4]");
+}
+
+// Chunking a dim near INT64_MAX: ceil(n/k) and i * chunk without overflow.
+TEST(BoxArithmeticTest, LayoutOfAHugeDimDoesNotOverflow) {
+  const Layout l(DeviceMesh(1, 4, 1), Shape{INT64_MAX},
+                 {Placement::replicate(), Placement::shard(0), Placement::replicate()});
+  const int64_t chunk = INT64_MAX / 4 + 1;
+  EXPECT_EQ(l.box(1).offset[0].value, chunk);
+  EXPECT_EQ(l.box(3).offset[0].value, 3 * chunk);
+  EXPECT_EQ(l.box(3).extent[0].value, INT64_MAX - 3 * chunk);
+}
+
 }  // namespace
 }  // namespace meshproof::mesh

@@ -5,9 +5,14 @@
 #include "engine/checkpoint.h"
 
 #include <H5Cpp.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -247,7 +252,9 @@ TEST(CheckpointTest, KeepsLastNAndNeverOverwrites) {
   expect_state_is_seed(load_on(m, all[1], 2).states, 4, "step 4 after refused overwrite");
 }
 
-TEST(CheckpointTest, AbortedSaveLeavesPreviousCheckpointAndIsIgnored) {
+// A save that fails (here a hook that throws on one rank) removes its partial directory on every
+// path and leaves the previous checkpoint loadable; crashes (which cannot clean up) are below.
+TEST(CheckpointTest, FailedSaveRemovesItsPartialDirectoryAndKeepsThePrevious) {
   const DeviceMesh m(2, 2, 1);
   for (SavePoint point :
        {SavePoint::kRankFileWritten, SavePoint::kBeforeIndex, SavePoint::kBeforeRename}) {
@@ -262,19 +269,140 @@ TEST(CheckpointTest, AbortedSaveLeavesPreviousCheckpointAndIsIgnored) {
       }
     };
     EXPECT_THROW(save_on(m, tmp.path(), 2, 2, crash), std::exception) << ctx;
-    EXPECT_TRUE(fs::is_directory(tmp.path() / "step_0000002.partial")) << ctx;
+    EXPECT_FALSE(fs::exists(tmp.path() / "step_0000002.partial")) << ctx;
     EXPECT_FALSE(fs::exists(tmp.path() / "step_0000002")) << ctx;
     ASSERT_EQ(latest_checkpoint(tmp.path())->filename(), "step_0000001") << ctx;
     expect_state_is_seed(load_on(DeviceMesh(1, 1, 2), *latest_checkpoint(tmp.path()), 2).states, 1,
                          ctx);
-    // The partial directory is not a checkpoint, whatever it holds.
-    expect_load_fails(DeviceMesh(1, 1, 1), tmp.path() / "step_0000002.partial",
-                      kernels::ErrorKind::kInput, {"step_0000002.partial"});
-    // The next save cleans it up and commits.
+    // The next save commits.
     save_on(m, tmp.path(), 3, 3);
-    EXPECT_FALSE(fs::exists(tmp.path() / "step_0000002.partial")) << ctx;
     EXPECT_EQ(latest_checkpoint(tmp.path())->filename(), "step_0000003") << ctx;
   }
+}
+
+// Fills the filesystem of `dir` up to leaving about `free_bytes` free (statvfs granularity).
+void fill_leaving(const fs::path& dir, int64_t free_bytes) {
+  struct statvfs v {};
+  ASSERT_EQ(::statvfs(dir.c_str(), &v), 0) << std::strerror(errno);
+  const int64_t avail = static_cast<int64_t>(v.f_bavail) * static_cast<int64_t>(v.f_frsize);
+  const int64_t fill = avail - free_bytes;
+  if (fill <= 0) return;
+  const int fd = ::open((dir / "filler").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const std::vector<char> block(4096, 'x');
+  int64_t done = 0;
+  while (done < fill) {
+    const ssize_t n =
+        ::write(fd, block.data(), static_cast<size_t>(std::min<int64_t>(4096, fill - done)));
+    if (n <= 0) break;
+    done += n;
+  }
+  ::close(fd);
+}
+
+// Disk full (a real ENOSPC on a small tmpfs; needs root to mount): a step-1 checkpoint is saved,
+// the filesystem is then filled so that only `k` pages stay free, for k = 0, 1, 2, ... until a
+// step-2 save succeeds. Every failed save must name the file and the system's reason ("No space
+// left on device"), remove its .partial directory and leave step 1 loadable; some level must fail
+// while writing a rank file and some while writing a JSON file (sidecar or index.json).
+TEST(CheckpointTest, DiskFullSaveFailsWithTheReasonAndRemovesItsPartialDirectory) {
+  TempDir tmp("enospc");
+  const fs::path mnt = tmp.path() / "mnt";
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    GTEST_SKIP() << "cannot mount a 1 MiB tmpfs to fill up (" << std::strerror(errno)
+                 << "): needs root (CAP_SYS_ADMIN); RlimitFsizeSaveFailsWithTheReason covers "
+                    "the failure path without it";
+  }
+  struct Unmount {
+    fs::path p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const DeviceMesh m(1, 2, 1);
+  const fs::path root = mnt / "ckpt";
+  save_on(m, root, 1, 1);
+  bool saved = false;
+  bool rank_file_failed = false;
+  bool json_failed = false;
+  for (int64_t pages = 0; pages <= 64 && !saved; ++pages) {
+    fs::remove(mnt / "filler");
+    fill_leaving(mnt, pages * 4096);
+    try {
+      save_on(m, root, 2, 2);
+      saved = true;
+    } catch (const kernels::Error& e) {
+      const std::string what = e.what();
+      const std::string ctx = fmt::format("{} free pages: {}", pages, what);
+      EXPECT_NE(what.find("No space left on device"), std::string::npos) << ctx;
+      EXPECT_FALSE(fs::exists(root / "step_0000002.partial")) << ctx;
+      EXPECT_FALSE(fs::exists(root / "step_0000002")) << ctx;
+      if (what.find(".h5") != std::string::npos) rank_file_failed = true;
+      if (what.find(".json") != std::string::npos) json_failed = true;
+    }
+    fs::remove(mnt / "filler");
+    expect_state_is_seed(load_on(DeviceMesh(1, 1, 1), root / "step_0000001", 3).states, 1,
+                         fmt::format("step 1 after {} free pages", pages));
+  }
+  EXPECT_TRUE(saved) << "no fill level let the save through";
+  EXPECT_TRUE(rank_file_failed) << "no level failed inside a rank file";
+  EXPECT_TRUE(json_failed) << "no level failed writing a sidecar or index.json";
+  if (saved) {
+    expect_state_is_seed(load_on(DeviceMesh(1, 2, 1), root / "step_0000002", 3).states, 2,
+                         "step 2");
+  }
+}
+
+// The same failure path without root: a child process saves under RLIMIT_FSIZE (writes past the
+// limit fail with EFBIG once SIGXFSZ is ignored), limited below the size of every rank file of
+// this save (measured on an unlimited save of the same state). The child reports the error text
+// through a file written after the limit is lifted.
+TEST(CheckpointTest, RlimitFsizeSaveFailsWithTheReason) {
+  TempDir tmp("efbig");
+  const DeviceMesh m(1, 2, 1);
+  const fs::path probe = save_on(m, tmp.path() / "probe", 2, 2);
+  int64_t smallest_rank_file = INT64_MAX;
+  for (const char* f : {"rank_00000.h5", "rank_00001.h5"}) {
+    smallest_rank_file =
+        std::min(smallest_rank_file, static_cast<int64_t>(fs::file_size(probe / f)));
+  }
+  const int64_t limit = smallest_rank_file / 2;
+  const fs::path root = tmp.path() / "ckpt";
+  save_on(m, root, 1, 1);
+  const fs::path report = tmp.path() / "child_error.txt";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0) << std::strerror(errno);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl {};
+    if (::getrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(4);
+    const rlim_t hard = rl.rlim_max;
+    rl.rlim_cur = static_cast<rlim_t>(limit);  // the soft limit only: it can be lifted again
+    if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(4);
+    int code = 0;
+    std::string text;
+    try {
+      save_on(m, root, 2, 2);
+      code = 5;  // the save went through: the parent fails the test
+    } catch (const std::exception& e) {
+      text = e.what();
+    }
+    rl.rlim_cur = hard;
+    ::setrlimit(RLIMIT_FSIZE, &rl);
+    std::ofstream(report) << text;
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "4: setrlimit failed, 5: the save did not fail";
+  std::ifstream in(report);
+  const std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(what.find("rank_0000"), std::string::npos) << what;
+  EXPECT_NE(what.find(std::strerror(EFBIG)), std::string::npos) << what;
+  EXPECT_FALSE(fs::exists(root / "step_0000002.partial")) << what;
+  EXPECT_FALSE(fs::exists(root / "step_0000002")) << what;
+  expect_state_is_seed(load_on(DeviceMesh(1, 1, 1), root / "step_0000001", 3).states, 1,
+                       "step 1 after the failed save");
 }
 
 // A real crash: a child process saves and dies inside the save (SIGKILL, or _exit as a process
@@ -351,11 +479,16 @@ TEST(CheckpointTest, SaveKilledMidWriteLeavesPreviousCheckpoint) {
       EXPECT_NE(err.str().find("incomplete (.partial) save"), std::string::npos) << err.str();
     }
     // A later save with keep_last 2 commits, removes the partial directory and keeps step 1
-    // (the partial one did not count as a checkpoint).
+    // (the partial one did not count as a checkpoint). A folder that only looks like a partial
+    // save is not meshproof's and stays.
+    const fs::path not_ours = tmp.path() / "notes.partial";
+    fs::create_directories(not_ours);
     CheckpointOptions keep2;
     keep2.keep_last = 2;
     save_on(m, tmp.path(), 3, 3, keep2);
     EXPECT_FALSE(fs::exists(partial)) << ctx;
+    EXPECT_TRUE(fs::is_directory(not_ours)) << ctx;
+    fs::remove(not_ours);
     const auto after = list_checkpoints(tmp.path());
     ASSERT_EQ(after.size(), 2u) << ctx;
     EXPECT_EQ(after[0].filename(), "step_0000001") << ctx;
@@ -369,9 +502,9 @@ TEST(CheckpointTest, FlippedByteIsCaughtAndNothingIsModified) {
   const fs::path dir = save_on(DeviceMesh(1, 2, 1), tmp.path(), 1, 1);
   flip_byte(dir / "rank_00001.h5", "/model/layers.0.attn.qkv.weight", 5);
   // One rank reads the bad chunk; the other rank must not commit either.
-  expect_load_fails(DeviceMesh(1, 2, 1), dir, kernels::ErrorKind::kInput,
+  expect_load_fails(DeviceMesh(1, 2, 1), dir, kernels::ErrorKind::kIntegrity,
                     {"checksum mismatch", "model/layers.0.attn.qkv.weight", "rank_00001.h5"});
-  expect_load_fails(DeviceMesh(1, 1, 1), dir, kernels::ErrorKind::kInput,
+  expect_load_fails(DeviceMesh(1, 1, 1), dir, kernels::ErrorKind::kIntegrity,
                     {"checksum mismatch", "rank_00001.h5"});
 }
 
@@ -380,17 +513,20 @@ TEST(CheckpointTest, TruncatedFileIsAClearError) {
   const fs::path dir = save_on(DeviceMesh(1, 2, 1), tmp.path(), 1, 1);
   const fs::path f = dir / "rank_00001.h5";
   fs::resize_file(f, fs::file_size(f) / 2);
-  expect_load_fails(DeviceMesh(1, 2, 1), dir, kernels::ErrorKind::kInput,
+  expect_load_fails(DeviceMesh(1, 2, 1), dir, kernels::ErrorKind::kIntegrity,
                     {"rank_00001.h5", "truncated"});
-  // Also when the recorded size is not there to compare (a hand-edited index): HDF5 itself fails.
+  // Also when the recorded size is not there to compare (an index edited and re-sealed with a
+  // matching checksum): HDF5 itself fails, still an integrity error naming the file.
   const fs::path idx = dir / "index.json";
   std::ifstream in(idx);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   in.close();
   auto j = nlohmann::json::parse(text);
   j["files"][1]["bytes"] = static_cast<int64_t>(fs::file_size(f));
+  j.erase("index_xxh64");
+  j["index_xxh64"] = fmt::format("{:016x}", XXH64(j.dump().data(), j.dump().size(), 0));
   std::ofstream(idx) << j.dump();
-  expect_load_fails(DeviceMesh(1, 1, 1), dir, kernels::ErrorKind::kInput, {"rank_00001.h5"});
+  expect_load_fails(DeviceMesh(1, 1, 1), dir, kernels::ErrorKind::kIntegrity, {"rank_00001.h5"});
 }
 
 TEST(CheckpointTest, MissingIndexAndMissingDirectory) {
