@@ -264,7 +264,7 @@ int64_t check_start_checkpoint(const Scenario& s, const fs::path& dir) {
   // load (exit 1, like `ckpt verify`), not bad input.
   engine::CheckpointIndex index;
   try {
-    index = engine::read_checkpoint_index(dir, false);
+    index = engine::read_checkpoint_index(dir, {.checksum = true, .file_sizes = false});
   } catch (const kernels::Error& e) {
     if (e.kind() != kernels::ErrorKind::kInput) throw;
     MP_FAIL_INPUT("--from-checkpoint: {}", e.message());
