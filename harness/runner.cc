@@ -102,7 +102,7 @@ std::vector<Scenario> load_scenarios(const std::vector<std::string>& paths,
   std::vector<Scenario> all;
   std::map<std::string, std::string> names;  // name -> where it was given
   for (const std::string& file : expand_scenario_paths(paths)) {
-    for (Scenario& s : load_scenario_file(file, overrides)) {
+    for (Scenario& s : load_scenario_file(file, overrides, filter)) {
       if (!filter.empty() && s.name != filter && s.base_name != filter) continue;
       // Everything the engine would reject is bad input too: check it before running anything.
       try {
@@ -351,7 +351,8 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       // The check owns a folder of its own under the checkpoint root and starts it empty, so
       // that a rerun into the same --out never meets its previous checkpoint.
       const fs::path root = s.checkpoint.dir.empty()
-                                ? opts.out_dir / golden_scenario_dir(s.name) / "checkpoints"
+                                ? path_inside(opts.out_dir,
+                                              fs::path(golden_scenario_dir(s.name)) / "checkpoints")
                                 : fs::path(s.checkpoint.dir);
       req.checkpoint_root = root / fmt::format("resume_check_step{}", req.at_step);
       std::error_code ec;
