@@ -153,7 +153,8 @@ std::vector<ConfigIssue> check_config(const Config& c) {
   }
   needf("recipe.amax_history_len", r.amax_history_len >= 1,
         fmt::format("recipe.amax_history_len = {} must be >= 1", r.amax_history_len));
-  needf("recipe.amax_compute_algo", r.amax_compute_algo == "max" || r.amax_compute_algo == "most_recent",
+  needf("recipe.amax_compute_algo",
+        r.amax_compute_algo == "max" || r.amax_compute_algo == "most_recent",
         fmt::format("recipe.amax_compute_algo = '{}': expected max or most_recent",
                     r.amax_compute_algo));
   return issues;

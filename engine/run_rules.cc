@@ -47,7 +47,9 @@ HostLimits probe() {
   return h;
 }
 
-std::string gib(int64_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1 << 30)); }
+std::string gib(int64_t bytes) {
+  return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1 << 30));
+}
 
 }  // namespace
 
@@ -59,13 +61,16 @@ const HostLimits& host_limits() {
 MemoryEstimate estimate_memory(const RunOptions& o) {
   const Config& c = o.config;
   MemoryEstimate e;
-  const int64_t world = std::max(1, o.mesh.world_size());
+  // In int64: each dim may be up to 4096, their product overflows MeshSpec::world_size's int.
+  const int64_t world =
+      std::max<int64_t>(1, int64_t{o.mesh.dp_replicate} * o.mesh.dp_shard * o.mesh.tp);
   e.ranks_in_process = o.launcher == "mpi" ? 1 : world;
   // Parameters: each rank holds at least its 1/(dp_shard x tp) share of every tensor as fp32
   // master, exp_avg, exp_avg_sq and gradient (replicated tensors hold more: a lower bound).
   // Counted in double: the point is to refuse sizes whose int64 products would overflow too.
   double params = 0;
-  for (const ParamSpec& s : param_specs(c.model)) params += static_cast<double>(s.shape.numel().value);
+  for (const ParamSpec& s : param_specs(c.model))
+    params += static_cast<double>(s.shape.numel().value);
   const double shards = static_cast<double>(std::max(1, o.mesh.dp_shard)) *
                         static_cast<double>(std::max(1, o.mesh.tp));
   double bytes = 16.0 * params / shards;
@@ -73,7 +78,7 @@ MemoryEstimate estimate_memory(const RunOptions& o) {
   bytes += 4.0 * std::pow(static_cast<double>(c.model.vocab),
                           static_cast<double>(c.data.markov_order + 1));
   // One micro-batch's fp32 logits [rows, V] on this rank (sequence shard under SP).
-  const double dp = static_cast<double>(std::max(1, o.mesh.dp_replicate * o.mesh.dp_shard));
+  const double dp = std::max(1.0, static_cast<double>(o.mesh.dp_replicate) * o.mesh.dp_shard);
   const double rows = static_cast<double>(c.training.batch) / dp /
                       static_cast<double>(std::max<int64_t>(1, c.training.micro_batches)) *
                       static_cast<double>(c.training.seq_len) /
@@ -171,22 +176,25 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
   }
 
   // What this machine can hold: refused up front rather than after minutes of allocation.
+  // Only for a valid configuration (a broken one has no meaningful size).
+  if (!issues.empty()) return issues;
   if (o.launcher != "mpi" && limits.max_threads > 0) {
-    need("mesh", ms.world_size() <= limits.max_threads,
+    const int64_t world = dp * tp;
+    need("mesh", world <= limits.max_threads,
          fmt::format("launcher local runs one thread per rank: {} ranks, but this process may "
                      "start at most {} threads here",
-                     ms.world_size(), limits.max_threads));
+                     world, limits.max_threads));
   }
   if (limits.memory_bytes > 0) {
     const MemoryEstimate e = estimate_memory(o);
-    need("model", static_cast<double>(e.per_rank_bytes) * static_cast<double>(e.ranks_in_process) <=
-                      static_cast<double>(limits.memory_bytes),
+    need("model",
+         static_cast<double>(e.per_rank_bytes) * static_cast<double>(e.ranks_in_process) <=
+             static_cast<double>(limits.memory_bytes),
          fmt::format("the run needs at least {} of host memory ({} rank{} in this process x {} "
                      "each: fp32 weights, AdamW moments and gradients, the data table, logits); "
                      "this machine has {}",
-                     gib(e.process_bytes()), e.ranks_in_process,
-                     e.ranks_in_process == 1 ? "" : "s", gib(e.per_rank_bytes),
-                     gib(limits.memory_bytes)));
+                     gib(e.process_bytes()), e.ranks_in_process, e.ranks_in_process == 1 ? "" : "s",
+                     gib(e.per_rank_bytes), gib(limits.memory_bytes)));
   }
   return issues;
 }

@@ -350,10 +350,10 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       req.trace = opts.trace;
       // The check owns a folder of its own under the checkpoint root and starts it empty, so
       // that a rerun into the same --out never meets its previous checkpoint.
-      const fs::path root = s.checkpoint.dir.empty()
-                                ? path_inside(opts.out_dir,
-                                              fs::path(golden_scenario_dir(s.name)) / "checkpoints")
-                                : fs::path(s.checkpoint.dir);
+      const fs::path root =
+          s.checkpoint.dir.empty()
+              ? path_inside(opts.out_dir, fs::path(golden_scenario_dir(s.name)) / "checkpoints")
+              : fs::path(s.checkpoint.dir);
       req.checkpoint_root = root / fmt::format("resume_check_step{}", req.at_step);
       std::error_code ec;
       fs::remove_all(req.checkpoint_root, ec);

@@ -223,9 +223,10 @@ std::string name_problem(const std::string& name) {
     }
   }
   if (name == "." || name == "..") {
-    return fmt::format("'{}' names a folder's self or parent; golden and checkpoint folders are "
-                       "named after the scenario",
-                       name);
+    return fmt::format(
+        "'{}' names a folder's self or parent; golden and checkpoint folders are "
+        "named after the scenario",
+        name);
   }
   return "";
 }

@@ -14,10 +14,10 @@
 #include <set>
 #include <sstream>
 
+#include "engine/run_rules.h"
 #include "harness/golden.h"
 #include "harness/scenario_faults.h"
 #include "harness/train_run.h"
-#include "engine/run_rules.h"
 #include "kernels/error.h"
 
 namespace meshproof::harness {
@@ -154,9 +154,9 @@ Value convert(const YAML::Node& node, const WhereFn& where_of, const std::string
   v.where = where_of(node.Mark());
   const std::string shown = path.empty() ? "scenario" : path;
   if (depth > kMaxDepth) {
-    fail(v.where, shown,
-         fmt::format("nested more than {} levels deep (a self-referential YAML alias?)",
-                     kMaxDepth));
+    fail(
+        v.where, shown,
+        fmt::format("nested more than {} levels deep (a self-referential YAML alias?)", kMaxDepth));
   }
   if (++budget.nodes > kMaxNodes) {
     fail(v.where, shown,
@@ -672,7 +672,7 @@ struct Resolver {
       if (value % q != 0) bad(path, fmt::format("{} = {}: {}", what, value, why));
     };
     need(model.hidden, "model.hidden", "hidden");
-    need(model.hidden / m.tp, tp_path, "hidden / tp (proj K)");
+    if (m.tp > 1) need(model.hidden / m.tp, tp_path, "hidden / tp (proj K)");
     need(model.ffn / m.tp, m.tp > 1 ? tp_path : "model.ffn", m.tp > 1 ? "ffn / tp (fc2 K)" : "ffn");
     need(tokens, "train.global_batch",
          fmt::format("tokens per rank and micro-batch (global_batch / (dp x micro_batches) x "
@@ -828,8 +828,7 @@ struct Resolver {
         if (i.key_path.rfind("mesh", 0) == 0) {
           emit("checks.resume." + i.key_path, scenario_text(i.message));
         } else {
-          emit(scenario_key(i.key_path),
-               scenario_text(i.message) + " (on checks.resume.mesh)");
+          emit(scenario_key(i.key_path), scenario_text(i.message) + " (on checks.resume.mesh)");
         }
       }
       check_fits(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model, sc.train);
@@ -838,8 +837,8 @@ struct Resolver {
       Scenario r = sc;
       if (c.reference.mesh) r.mesh = *c.reference.mesh;
       if (c.reference.recipe) r.recipe = *c.reference.recipe;
-      const std::string owner = c.reference.recipe ? "checks.reference.recipe"
-                                                   : "checks.reference.mesh";
+      const std::string owner =
+          c.reference.recipe ? "checks.reference.recipe" : "checks.reference.mesh";
       for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(r))) {
         if (main_issues.count({i.key_path, i.message}) > 0) continue;
         if (c.reference.mesh && i.key_path.rfind("mesh", 0) == 0) {
@@ -1221,12 +1220,11 @@ struct Found {
 // " (in matrix entry a[x=1])", " (in matrix entries a[x=1], a[x=2] and 3 more)".
 std::string entries_note(const std::vector<std::string>& entries) {
   constexpr size_t kShown = 3;
-  std::vector<std::string> shown(entries.begin(),
-                                 entries.begin() + static_cast<std::ptrdiff_t>(
-                                                       std::min(entries.size(), kShown)));
-  std::string more = entries.size() > kShown
-                         ? fmt::format(" and {} more", entries.size() - kShown)
-                         : std::string();
+  std::vector<std::string> shown(
+      entries.begin(),
+      entries.begin() + static_cast<std::ptrdiff_t>(std::min(entries.size(), kShown)));
+  std::string more = entries.size() > kShown ? fmt::format(" and {} more", entries.size() - kShown)
+                                             : std::string();
   return fmt::format(" (in matrix entr{} {}{})", entries.size() == 1 ? "y" : "ies",
                      fmt::join(shown, ", "), more);
 }
@@ -1278,8 +1276,15 @@ std::vector<Scenario> load_scenario_text(std::string_view yaml, const std::strin
 
       std::vector<Axis> axes;
       if (const Value* m = root.find("matrix")) axes = read_matrix(*m);
+      const std::string matrix_where = root.key_location("matrix");
       root.erase("matrix");
       has_matrix = !axes.empty();
+      double entries = 1;  // the cartesian product; in double, it may exceed any integer
+      for (const Axis& a : axes) entries *= static_cast<double>(a.values.size());
+      if (entries > static_cast<double>(kMaxMatrixEntries)) {
+        fail(matrix_where, "matrix",
+             fmt::format("expands to {:.0f} scenarios, more than {}", entries, kMaxMatrixEntries));
+      }
 
       // Odometer over the axes, last axis fastest.
       std::vector<size_t> idx(axes.size(), 0);
@@ -1338,9 +1343,8 @@ std::vector<Scenario> load_scenario_text(std::string_view yaml, const std::strin
             if (paths.insert(i.path).second) kept.push_back(i);
           }
           for (const Issue& i : kept) {
-            auto it = std::find_if(found.begin(), found.end(), [&](const Found& f) {
-              return f.issue.line() == i.line();
-            });
+            auto it = std::find_if(found.begin(), found.end(),
+                                   [&](const Found& f) { return f.issue.line() == i.line(); });
             if (it == found.end()) {
               found.push_back({i, {name}});
             } else {

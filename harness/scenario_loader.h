@@ -16,10 +16,11 @@ namespace meshproof::harness {
 
 // Bounds of what the loader reads (DESIGN.md section 11); each one passed is an input error at
 // the value that passed it.
-constexpr size_t kMaxScalarBytes = 4096;  // one scalar or key
-constexpr int kMaxDepth = 64;             // nesting of sequences and mappings (aliases expanded)
-constexpr size_t kMaxNodes = 100000;      // values in one document, aliases expanded
-constexpr size_t kMaxIssues = 20;         // problems reported for one file before stopping
+constexpr size_t kMaxScalarBytes = 4096;     // one scalar or key
+constexpr int kMaxDepth = 64;                // nesting of sequences and mappings (aliases expanded)
+constexpr size_t kMaxNodes = 100000;         // values in one document, aliases expanded
+constexpr size_t kMaxIssues = 20;            // problems reported for one file before stopping
+constexpr size_t kMaxMatrixEntries = 10000;  // scenarios one matrix expands to
 
 // One `--set key.path=value` override. The value is parsed as YAML (a scalar, or a flow
 // sequence/mapping such as `[bf16, mxfp8]` or `{dp_shard: 4}`).

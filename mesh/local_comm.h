@@ -27,7 +27,7 @@ struct LocalWorldOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Starts one rank's thread; empty: std::thread. Tests inject a start failure through it (a
   // machine out of threads throws std::system_error from std::thread's constructor).
-  std::function<std::thread(std::function<void()>)> start_thread;
+  std::function<std::thread(std::function<void()>)> start_thread = nullptr;
 };
 
 class LocalWorld {

@@ -8,9 +8,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <system_error>
 #include <thread>
-#include <cstring>
 
 #include "kernels/error.h"
 #include "kernels/tensor.h"
