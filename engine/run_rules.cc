@@ -132,8 +132,7 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
        fmt::format("needs an FP8 recipe (delayed, current, mxfp8 or block), got recipe {}",
                    recipe_name(rk)));
   need("fsdp.fp8_params", !o.fsdp.fp8_params || fp8,
-       fmt::format("needs an FP8 recipe (delayed, current, mxfp8 or block), got recipe {}",
-                   recipe_name(rk)));
+       fmt::format("needs recipe current, delayed or mxfp8, got {}", recipe_name(rk)));
   need("fsdp.fp8_params", !o.fsdp.fp8_params || !fp8 || rk != RecipeKind::kBlock,
        "needs recipe delayed, current or mxfp8 (block-scaled weights are not kept as FP8 primary "
        "weights), got block");
@@ -143,15 +142,19 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     // before the SP gather) and the TP-local weight boxes (N and K): multiples of 32 for the
     // 1x32 / 32x1 blocks.
     const int64_t tokens = t.batch / split * t.seq_len;
+    const std::string on =
+        fmt::format("recipe = mxfp8 on mesh (dp_replicate {}, dp_shard {}, tp {})", ms.dp_replicate,
+                    ms.dp_shard, ms.tp);
     need("training.batch", tokens % 32 == 0,
-         fmt::format("tokens per rank and micro-batch (global_batch / (dp x micro_batches) x "
-                     "seq_len) = {}: recipe mxfp8 needs multiples of 32 (1x32 / 32x1 blocks)",
-                     tokens));
+         fmt::format("{}: each data-parallel rank's micro-batch has global_batch / (dp x "
+                     "micro_batches) x seq_len = {} tokens, not a multiple of 32 (1x32 / 32x1 "
+                     "blocks)",
+                     on, tokens));
     if (tp > 1) {
       for (const auto& [what, value] : {std::pair{"hidden / tp (proj K)", m.hidden / tp},
                                         std::pair{"ffn / tp (fc2 K)", m.ffn / tp}}) {
-        need("mesh.tp", m.hidden % tp == 0 && m.ffn % tp == 0 && value % 32 == 0,
-             fmt::format("{} = {}: recipe mxfp8 needs multiples of 32 (1x32 / 32x1 blocks)", what,
+        need("mesh.tp", value % 32 == 0,
+             fmt::format("{}: {} = {} is not a multiple of 32 (1x32 / 32x1 blocks)", on, what,
                          value));
       }
     }
@@ -159,17 +162,23 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
       // FP8 primary weights live as shards: every dp_shard chunk of each GEMM weight's
       // TP-local rows must hold whole 32x1 columnwise blocks. For torch.chunk over n <= 31
       // ranks that holds exactly when the rows are a multiple of 32 * n.
-      const std::pair<const char*, int64_t> rows[] = {{"attn.qkv", 3 * m.hidden / tp},
-                                                      {"attn.proj", m.hidden},
-                                                      {"mlp.fc1", m.ffn / tp},
-                                                      {"mlp.fc2", m.hidden}};
-      for (const auto& [name, r] : rows) {
-        if (r % (32 * ms.dp_shard) == 0) continue;
+      const std::string fc1 =
+          m.activation == Activation::kSwiGlu ? "layers.0.mlp.fc1_gate" : "layers.0.mlp.fc1";
+      struct Weight {
+        std::string name;
+        int64_t rows, cols, local_rows;  // global shape; rows per tp rank
+      };
+      const Weight weights[] = {{"layers.0.attn.qkv", 3 * m.hidden, m.hidden, 3 * m.hidden / tp},
+                                {"layers.0.attn.proj", m.hidden, m.hidden, m.hidden},
+                                {fc1, m.ffn, m.hidden, m.ffn / tp},
+                                {"layers.0.mlp.fc2", m.hidden, m.ffn, m.hidden}};
+      for (const Weight& w : weights) {
+        if (w.local_rows % (32 * ms.dp_shard) == 0) continue;
         need("mesh.dp_shard", false,
-             fmt::format("fsdp.fp8_params with recipe mxfp8: {} weight has {} rows per tp rank, "
-                         "not a multiple of 32 x dp_shard = {} (each shard must hold whole 32x1 "
-                         "blocks)",
-                         name, r, 32 * ms.dp_shard));
+             fmt::format("fsdp.fp8_params with recipe mxfp8: {}.weight [{}, {}] has {} rows per "
+                         "tp rank, not a multiple of 32 x dp_shard = {} (each shard must hold "
+                         "whole 32x1 blocks)",
+                         w.name, w.rows, w.cols, w.local_rows, 32 * ms.dp_shard));
         break;
       }
     }

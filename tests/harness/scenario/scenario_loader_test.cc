@@ -651,15 +651,15 @@ const RuleCase kRuleCases[] = {
     {"recipe: bf16\nfsdp:\n  fp8_all_gather: true\n", "x.yaml:3:19: fsdp.fp8_all_gather",
      "fsdp.fp8_all_gather", "needs an FP8 recipe"},
     {"recipe: bf16\nfsdp:\n  fp8_params: true\n", "x.yaml:3:15: fsdp.fp8_params", "fsdp.fp8_params",
-     "needs an FP8 recipe"},
+     "needs recipe current, delayed or mxfp8, got bf16"},
     {"recipe: block\nfsdp:\n  fp8_params: true\n", "x.yaml:3:15: fsdp.fp8_params",
      "fsdp.fp8_params", "block-scaled weights are not kept"},
     {"model:\n  hidden: 64\nmesh:\n  dp_shard: 4\nrecipe: mxfp8\nfsdp:\n  fp8_params: true\n",
      "x.yaml:4:13: mesh.dp_shard", "mesh.dp_shard", "not a multiple of 32 x dp_shard = 128"},
     {"model:\n  seq_len: 20\nrecipe: mxfp8\ntrain:\n  global_batch: 4\n",
-     "x.yaml:5:17: train.global_batch", "training.batch", "tokens per rank and micro-batch"},
+     "x.yaml:5:17: train.global_batch", "training.batch", "tokens, not a multiple of 32"},
     {"model:\n  heads: 4\nmesh:\n  tp: 4\nrecipe: mxfp8\n", "x.yaml:4:7: mesh.tp", "mesh.tp",
-     "hidden / tp (proj K) = 16"},
+     "hidden / tp (proj K) = 16 is not a multiple of 32"},
     {"model:\n  vocab: 8192\n", "x.yaml:1:1: data.order", "data.markov_order",
      "the transition table"},
     {"model:\n  hidden: 1048576\n  ffn: 1048576\n  layers: 1024\n", "x.yaml:2:3: model", "model",
@@ -699,8 +699,8 @@ TEST(ScenarioRules, ChecksRunsFollowTheSameRules) {
             "not");
   EXPECT_EQ(load_error("recipe: current\nfsdp:\n  fp8_params: true\nchecks:\n  reference:\n    "
                        "recipe: fp32\n    rtol: 0.1\n"),
-            "x.yaml:6:13: checks.reference.recipe: fsdp.fp8_params: needs an FP8 recipe "
-            "(delayed, current, mxfp8 or block), got recipe fp32 (in the reference run)");
+            "x.yaml:6:13: checks.reference.recipe: fsdp.fp8_params: needs recipe current, "
+            "delayed or mxfp8, got fp32 (in the reference run)");
 }
 
 TEST(ScenarioRules, ResourceRulesUseTheMachineLimits) {
@@ -749,8 +749,8 @@ TEST(ScenarioErrors, MatrixEntryErrorsNameTheEntryAndFilterSkipsOthers) {
       "name: m\nmodel:\n  hidden: 64\nmatrix:\n  recipe: [bf16, delayed]\n  fsdp: "
       "[{fp8_params: false}, {fp8_params: true}]\n";
   EXPECT_EQ(load_error(yaml),
-            "x.yaml:6:44: fsdp.fp8_params: needs an FP8 recipe (delayed, current, mxfp8 or "
-            "block), got recipe bf16 (in matrix entry m[recipe=bf16,fsdp=fp8_params])");
+            "x.yaml:6:44: fsdp.fp8_params: needs recipe current, delayed or mxfp8, got bf16 (in "
+            "matrix entry m[recipe=bf16,fsdp=fp8_params])");
   // --filter reads only the selected entries: an error elsewhere does not stop them.
   const std::vector<Scenario> one =
       load_scenario_text(yaml, "x.yaml", {}, "m[recipe=delayed,fsdp=fp8_params]");
