@@ -478,8 +478,6 @@ TEST(ValidateVerb, BadInputExits2AndReportsEveryBrokenFile) {
 // ---- #18.3: bounded reading. Each of these crashed (stack overflow in std::regex or in the
 // recursive copy of a cyclic alias) or grew to gigabytes before the fix.
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
 TEST(ScenarioLimits, LongScalarsAreErrorsNotStackOverflows) {
   const std::string big(40000, 'a');
   EXPECT_EQ(load_error("name: " + big + "\n"),
