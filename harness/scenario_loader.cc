@@ -740,6 +740,13 @@ struct Resolver {
     sc.fsdp.fp8_all_gather = fs.boolean("fp8_all_gather", false);
     sc.fsdp.fp8_params = fs.boolean("fp8_params", false);
     sc.fsdp.sync_each_micro_batch = fs.boolean("sync_each_micro_batch", false);
+    // Scenario policy: the engine runs it with a note (a high-precision gather), which would make
+    // the scenario mean something it does not do. (fsdp.fp8_params is the engine's rule.)
+    if (sc.fsdp.fp8_all_gather && !sc.recipe.is_fp8()) {
+      bad(fs.child("fp8_all_gather"),
+          fmt::format("needs an FP8 recipe (delayed, current, mxfp8 or block), got recipe {}",
+                      to_string(sc.recipe.name)));
+    }
 
     Section ts(
         top.get("train"), "train", root_where, locs,

@@ -646,8 +646,6 @@ const RuleCase kRuleCases[] = {
      "does not divide model.hidden = 64"},
     {"mesh:\n  dp_shard: 4\ntrain:\n  global_batch: 6\n", "x.yaml:4:17: train.global_batch",
      "training.batch", "6 is not divisible by dp_replicate x dp_shard x micro_batches"},
-    {"recipe: bf16\nfsdp:\n  fp8_all_gather: true\n", "x.yaml:3:19: fsdp.fp8_all_gather",
-     "fsdp.fp8_all_gather", "needs an FP8 recipe"},
     {"recipe: bf16\nfsdp:\n  fp8_params: true\n", "x.yaml:3:15: fsdp.fp8_params", "fsdp.fp8_params",
      "needs recipe current, delayed or mxfp8, got bf16"},
     {"recipe: block\nfsdp:\n  fp8_params: true\n", "x.yaml:3:15: fsdp.fp8_params",
