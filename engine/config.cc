@@ -73,71 +73,96 @@ LrSchedule parse_schedule(std::string_view s, std::string_view field) {
   MP_FAIL_INPUT("{} = '{}': expected constant or warmup_cosine", field, s);
 }
 
-void validate(const Config& c) {
+std::vector<ConfigIssue> check_config(const Config& c) {
+  std::vector<ConfigIssue> issues;
+  // needf(key, cond, message): records the issue when `cond` does not hold.
+  const auto needf = [&issues](const char* key, bool cond, std::string text) {
+    if (!cond) issues.push_back({key, std::move(text)});
+  };
   const ModelConfig& m = c.model;
   const TrainingConfig& t = c.training;
-  MP_CHECK_INPUT(m.vocab >= 2, "model.vocab = {} must be >= 2", m.vocab);
-  MP_CHECK_INPUT(m.vocab <= (int64_t{1} << 30), "model.vocab = {} too large for int32 token ids",
-                 m.vocab);
-  MP_CHECK_INPUT(m.hidden >= 1, "model.hidden = {} must be >= 1", m.hidden);
-  MP_CHECK_INPUT(m.heads >= 1, "model.heads = {} must be >= 1", m.heads);
-  MP_CHECK_INPUT(m.hidden % m.heads == 0, "model.heads = {} does not divide model.hidden = {}",
-                 m.heads, m.hidden);
-  MP_CHECK_INPUT(m.layers >= 1, "model.layers = {} must be >= 1", m.layers);
-  MP_CHECK_INPUT(m.ffn >= 1, "model.ffn = {} must be >= 1", m.ffn);
-  MP_CHECK_INPUT(m.max_positions >= 1, "model.max_positions = {} must be >= 1", m.max_positions);
-  MP_CHECK_INPUT(m.dropout >= 0.0 && m.dropout < 1.0, "model.dropout = {} must be in [0, 1)",
-                 m.dropout);
-  MP_CHECK_INPUT(m.norm_eps > 0.0, "model.norm_eps = {} must be > 0", m.norm_eps);
+  needf("model.vocab", m.vocab >= 2, fmt::format("model.vocab = {} must be >= 2", m.vocab));
+  needf("model.vocab", m.vocab <= (int64_t{1} << 30),
+        fmt::format("model.vocab = {} too large for int32 token ids", m.vocab));
+  needf("model.hidden", m.hidden >= 1, fmt::format("model.hidden = {} must be >= 1", m.hidden));
+  needf("model.heads", m.heads >= 1, fmt::format("model.heads = {} must be >= 1", m.heads));
+  needf("model.heads", m.heads < 1 || m.hidden % m.heads == 0,
+        fmt::format("model.heads = {} does not divide model.hidden = {}", m.heads, m.hidden));
+  needf("model.layers", m.layers >= 1, fmt::format("model.layers = {} must be >= 1", m.layers));
+  needf("model.ffn", m.ffn >= 1, fmt::format("model.ffn = {} must be >= 1", m.ffn));
+  needf("model.max_positions", m.max_positions >= 1,
+        fmt::format("model.max_positions = {} must be >= 1", m.max_positions));
+  needf("model.dropout", m.dropout >= 0.0 && m.dropout < 1.0,
+        fmt::format("model.dropout = {} must be in [0, 1)", m.dropout));
+  needf("model.norm_eps", m.norm_eps > 0.0,
+        fmt::format("model.norm_eps = {} must be > 0", m.norm_eps));
 
-  MP_CHECK_INPUT(t.batch >= 1, "training.batch = {} must be >= 1", t.batch);
-  MP_CHECK_INPUT(t.seq_len >= 1, "training.seq_len = {} must be >= 1", t.seq_len);
-  MP_CHECK_INPUT(t.seq_len <= m.max_positions,
-                 "training.seq_len = {} exceeds model.max_positions = {}", t.seq_len,
-                 m.max_positions);
-  MP_CHECK_INPUT(t.steps >= 1, "training.steps = {} must be >= 1", t.steps);
-  MP_CHECK_INPUT(t.micro_batches >= 1 && t.batch % t.micro_batches == 0,
-                 "training.micro_batches = {} must be >= 1 and divide training.batch = {}",
-                 t.micro_batches, t.batch);
-  MP_CHECK_INPUT(std::isfinite(t.lr) && t.lr >= 0.0, "training.lr = {} must be finite and >= 0",
-                 t.lr);
-  MP_CHECK_INPUT(t.min_lr >= 0.0 && t.min_lr <= t.lr,
-                 "training.min_lr = {} must be in [0, lr = {}]", t.min_lr, t.lr);
-  MP_CHECK_INPUT(t.warmup_steps >= 0, "training.warmup_steps = {} must be >= 0", t.warmup_steps);
-  MP_CHECK_INPUT(t.beta1 >= 0.0 && t.beta1 < 1.0, "training.beta1 = {} must be in [0, 1)", t.beta1);
-  MP_CHECK_INPUT(t.beta2 >= 0.0 && t.beta2 < 1.0, "training.beta2 = {} must be in [0, 1)", t.beta2);
-  MP_CHECK_INPUT(t.adam_eps > 0.0, "training.adam_eps = {} must be > 0", t.adam_eps);
-  MP_CHECK_INPUT(t.weight_decay >= 0.0, "training.weight_decay = {} must be >= 0", t.weight_decay);
+  needf("training.batch", t.batch >= 1, fmt::format("training.batch = {} must be >= 1", t.batch));
+  needf("training.seq_len", t.seq_len >= 1,
+        fmt::format("training.seq_len = {} must be >= 1", t.seq_len));
+  needf("training.seq_len", t.seq_len <= m.max_positions,
+        fmt::format("training.seq_len = {} exceeds model.max_positions = {}", t.seq_len,
+                    m.max_positions));
+  needf("training.steps", t.steps >= 1, fmt::format("training.steps = {} must be >= 1", t.steps));
+  needf("training.micro_batches", t.micro_batches >= 1 && t.batch % t.micro_batches == 0,
+        fmt::format("training.micro_batches = {} must be >= 1 and divide training.batch = {}",
+                    t.micro_batches, t.batch));
+  needf("training.lr", std::isfinite(t.lr) && t.lr >= 0.0,
+        fmt::format("training.lr = {} must be finite and >= 0", t.lr));
+  needf("training.min_lr", t.min_lr >= 0.0 && t.min_lr <= t.lr,
+        fmt::format("training.min_lr = {} must be in [0, lr = {}]", t.min_lr, t.lr));
+  needf("training.warmup_steps", t.warmup_steps >= 0,
+        fmt::format("training.warmup_steps = {} must be >= 0", t.warmup_steps));
+  needf("training.beta1", t.beta1 >= 0.0 && t.beta1 < 1.0,
+        fmt::format("training.beta1 = {} must be in [0, 1)", t.beta1));
+  needf("training.beta2", t.beta2 >= 0.0 && t.beta2 < 1.0,
+        fmt::format("training.beta2 = {} must be in [0, 1)", t.beta2));
+  needf("training.adam_eps", t.adam_eps > 0.0,
+        fmt::format("training.adam_eps = {} must be > 0", t.adam_eps));
+  needf("training.weight_decay", t.weight_decay >= 0.0,
+        fmt::format("training.weight_decay = {} must be >= 0", t.weight_decay));
 
   const DataConfig& d = c.data;
-  MP_CHECK_INPUT(d.markov_order >= 1 && d.markov_order <= 4,
-                 "data.markov_order = {} must be in [1, 4]", d.markov_order);
-  MP_CHECK_INPUT(std::pow(static_cast<double>(m.vocab), static_cast<double>(d.markov_order)) *
-                         static_cast<double>(m.vocab) <=
-                     static_cast<double>(int64_t{1} << 26),
-                 "data.markov_order = {} with model.vocab = {}: the transition table (V^(k+1) "
-                 "entries) exceeds 2^26",
-                 d.markov_order, m.vocab);
-  MP_CHECK_INPUT(d.decay > 0.0 && d.decay <= 1.0, "data.decay = {} must be in (0, 1]", d.decay);
+  needf("data.markov_order", d.markov_order >= 1 && d.markov_order <= 4,
+        fmt::format("data.markov_order = {} must be in [1, 4]", d.markov_order));
+  // The transition table holds V^k contexts x V int32 tokens: capped at 2^24 entries (64 MiB),
+  // the bound docs/scenarios.md states for data.order.
+  needf("data.markov_order",
+        std::pow(static_cast<double>(m.vocab), static_cast<double>(d.markov_order)) *
+                static_cast<double>(m.vocab) <=
+            static_cast<double>(int64_t{1} << 24),
+        fmt::format("data.markov_order = {} with model.vocab = {}: the transition table "
+                    "(vocab^(order+1) = {}^{} entries) exceeds 2^24",
+                    d.markov_order, m.vocab, m.vocab, d.markov_order + 1));
+  needf("data.decay", d.decay > 0.0 && d.decay <= 1.0,
+        fmt::format("data.decay = {} must be in (0, 1]", d.decay));
 
   const RecipeConfig& r = c.recipe;
   if (r.kind == RecipeKind::kMxfp8) {
     // MXFP8 blocks of 32 run along K (rowwise) and along M (columnwise) of every GEMM operand of
     // qkv/proj/fc1/fc2: K in {H, F}, N in {3H, H, F}, M = micro-batch rows * seq_len.
-    MP_CHECK_INPUT(m.hidden % 32 == 0, "recipe = mxfp8 needs model.hidden % 32 == 0, got {}",
-                   m.hidden);
-    MP_CHECK_INPUT(m.ffn % 32 == 0, "recipe = mxfp8 needs model.ffn % 32 == 0, got {}", m.ffn);
+    needf("model.hidden", m.hidden % 32 == 0,
+          fmt::format("recipe = mxfp8 needs model.hidden % 32 == 0, got {}", m.hidden));
+    needf("model.ffn", m.ffn % 32 == 0,
+          fmt::format("recipe = mxfp8 needs model.ffn % 32 == 0, got {}", m.ffn));
     const int64_t rows = t.batch / std::max<int64_t>(t.micro_batches, 1) * t.seq_len;
-    MP_CHECK_INPUT(rows % 32 == 0,
-                   "recipe = mxfp8 needs (training.batch / training.micro_batches) * "
-                   "training.seq_len % 32 == 0, got {}",
-                   rows);
+    needf("training.batch", rows % 32 == 0,
+          fmt::format("recipe = mxfp8 needs (training.batch / training.micro_batches) * "
+                      "training.seq_len % 32 == 0, got {}",
+                      rows));
   }
-  MP_CHECK_INPUT(r.amax_history_len >= 1, "recipe.amax_history_len = {} must be >= 1",
-                 r.amax_history_len);
-  MP_CHECK_INPUT(r.amax_compute_algo == "max" || r.amax_compute_algo == "most_recent",
-                 "recipe.amax_compute_algo = '{}': expected max or most_recent",
-                 r.amax_compute_algo);
+  needf("recipe.amax_history_len", r.amax_history_len >= 1,
+        fmt::format("recipe.amax_history_len = {} must be >= 1", r.amax_history_len));
+  needf("recipe.amax_compute_algo",
+        r.amax_compute_algo == "max" || r.amax_compute_algo == "most_recent",
+        fmt::format("recipe.amax_compute_algo = '{}': expected max or most_recent",
+                    r.amax_compute_algo));
+  return issues;
+}
+
+void validate(const Config& c) {
+  const std::vector<ConfigIssue> issues = check_config(c);
+  if (!issues.empty()) MP_FAIL_INPUT("{}", issues.front().message);
 }
 
 std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {

@@ -80,7 +80,18 @@ struct Config {
   uint64_t seed = 1234;  // Philox key of parameter init and dropout (data: data.seed)
 };
 
-// Throws kernels::Error (kInput) naming the offending field, e.g.
+// One broken input rule: the key it is about (engine names, e.g. "model.heads",
+// "training.batch", "mesh.sequence_parallel") and a sentence that says what is wrong.
+struct ConfigIssue {
+  std::string key_path;
+  std::string message;
+};
+
+// Every rule of a single-rank configuration that `config` breaks, in a fixed order (empty: valid).
+// The mesh-level rules are engine::check_run's (engine/run_rules.h).
+std::vector<ConfigIssue> check_config(const Config& config);
+
+// Throws kernels::Error (kInput) with the first issue of check_config, e.g.
 // "model.heads = 3 does not divide model.hidden = 32".
 void validate(const Config& config);
 

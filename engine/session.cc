@@ -13,6 +13,7 @@
 #include "engine/optimizer.h"
 #include "engine/params.h"
 #include "engine/recipe.h"
+#include "engine/run_rules.h"
 #include "kernels/adamw.h"
 #include "kernels/cast.h"
 #include "kernels/device.h"
@@ -282,36 +283,14 @@ struct TrainingSession::Impl {
         data(config.model.vocab, config.data, config.training.batch, config.training.seq_len),
         recipe(config.recipe, [this](const std::string& linear, Fp8Role role, float* amax,
                                      int64_t n) { reduce_amax(linear, role, amax, n); }) {
-    validate(config);
+    // The input rules (engine/run_rules.h check_run) ran in TrainingSession's constructor,
+    // before any member allocated.
     const MeshSpec& ms = options.mesh;
     MP_CHECK_INPUT(mesh == ms.device_mesh(),
                    "session: communicators are for mesh {}, options ask {}", mesh.str(),
                    ms.device_mesh().str());
-    MP_CHECK_INPUT(config.model.heads % ms.tp == 0,
-                   "mesh.tp = {} must divide model.heads = {} (TP shards hold whole heads)", ms.tp,
-                   config.model.heads);
-    MP_CHECK_INPUT(!ms.sequence_parallel || ms.tp > 1,
-                   "mesh.sequence_parallel needs tensor parallelism (mesh.tp > 1)");
-    MP_CHECK_INPUT(!ms.sequence_parallel || config.training.seq_len % ms.tp == 0,
-                   "mesh.sequence_parallel: training.seq_len = {} is not divisible by mesh.tp = {}",
-                   config.training.seq_len, ms.tp);
-    // Dropout masks are keyed by contiguous global element ranges of [B*S, H]; a sequence shard
-    // is not contiguous, so sequence parallelism is limited to dropout 0.
-    MP_CHECK_INPUT(!ms.sequence_parallel || config.model.dropout == 0.0,
-                   "mesh.sequence_parallel needs model.dropout = 0 (got {})", config.model.dropout);
-    const int64_t dp = mesh.group_size(kData);
-    const TrainingConfig& t = config.training;
-    MP_CHECK_INPUT(t.batch % (dp * t.micro_batches) == 0,
-                   "training.batch = {} must be divisible by the data-parallel size {} times "
-                   "training.micro_batches = {}",
-                   t.batch, dp, t.micro_batches);
     const RecipeKind rk = config.recipe.kind;
     fp8_params = options.fsdp.fp8_params;
-    MP_CHECK_INPUT(!fp8_params || rk == RecipeKind::kCurrent || rk == RecipeKind::kDelayed ||
-                       rk == RecipeKind::kMxfp8,
-                   "fsdp.fp8_params (FP8 primary weights) needs recipe current, delayed or mxfp8, "
-                   "got {}",
-                   recipe_name(rk));
     // stale_columnwise_copy (fault) needs the executor to hold the quantized weights, so it also
     // takes the FP8 all-gather path (bitwise equal to the high-precision gather, see tests).
     // FP8 primary weights are gathered as FP8 (there is no high-precision compute copy).
@@ -892,8 +871,17 @@ struct TrainingSession::Impl {
   }
 };
 
+namespace {
+// check_run before the session's members exist: the model, the data table and the shards
+// allocate in their constructors.
+const RunOptions& checked(const RunOptions& options) {
+  require_valid_run(options);
+  return options;
+}
+}  // namespace
+
 TrainingSession::TrainingSession(const RunOptions& options, mesh::RankComms& comms)
-    : impl_(std::make_unique<Impl>(options, comms)) {}
+    : impl_(std::make_unique<Impl>(checked(options), comms)) {}
 TrainingSession::~TrainingSession() = default;
 StepMetrics TrainingSession::step() { return impl_->run_step(); }
 ShardedState& TrainingSession::state() { return impl_->state; }
@@ -987,6 +975,9 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
 
 void run_on_ranks(const RunOptions& options, const std::function<void(mesh::RankComms&)>& body,
                   const std::function<void()>& after) {
+  // Every input rule, the thread count and memory of this machine included, before any rank
+  // thread starts.
+  require_valid_run(options);
   const mesh::DeviceMesh dmesh = options.mesh.device_mesh();
   if (options.backend.is_cuda()) {
     const kernels::CudaStatus& cuda = kernels::cuda_status();

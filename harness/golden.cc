@@ -8,6 +8,7 @@
 #include <cmath>
 #include <system_error>
 
+#include "harness/scenario.h"
 #include "kernels/error.h"
 #include "kernels/hdf5_check.h"
 
@@ -47,7 +48,7 @@ std::string golden_scenario_dir(const std::string& scenario_name) {
 
 fs::path golden_path(const fs::path& root, const std::string& scenario_name,
                      const std::string& platform) {
-  return root / golden_scenario_dir(scenario_name) / (platform + ".h5");
+  return path_inside(root, fs::path(golden_scenario_dir(scenario_name)) / (platform + ".h5"));
 }
 
 namespace {

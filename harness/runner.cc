@@ -103,7 +103,7 @@ std::vector<Scenario> load_scenarios(const std::vector<std::string>& paths,
   std::vector<Scenario> all;
   std::map<std::string, std::string> names;  // name -> where it was given
   for (const std::string& file : expand_scenario_paths(paths)) {
-    for (Scenario& s : load_scenario_file(file, overrides)) {
+    for (Scenario& s : load_scenario_file(file, overrides, filter)) {
       if (!filter.empty() && s.name != filter && s.base_name != filter) continue;
       // Everything the engine would reject is bad input too: check it before running anything.
       try {

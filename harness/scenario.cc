@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 #include <xxhash.h>
 
+#include "kernels/error.h"
+
 namespace meshproof::harness {
 
 const char* to_string(Norm v) { return v == Norm::kLayerNorm ? "layernorm" : "rmsnorm"; }
@@ -199,6 +201,50 @@ std::string describe_mesh(const MeshConfig& m) {
   return fmt::format("dp_replicate={} dp_shard={} tp={}{} ({} rank{})", m.dp_replicate, m.dp_shard,
                      m.tp, m.sequence_parallel ? " sp" : "", m.world_size(),
                      m.world_size() == 1 ? "" : "s");
+}
+
+std::string name_problem(const std::string& name) {
+  if (name.empty()) {
+    return "'' must be non-empty and use only letters, digits, '_', '.', '+' and '-' (it names "
+           "golden files)";
+  }
+  if (name.size() > kMaxNameBytes) {
+    return fmt::format("is {} bytes long, more than {} (it names golden and checkpoint folders)",
+                       name.size(), kMaxNameBytes);
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '+' || c == '-';
+    if (!ok) {
+      return fmt::format(
+          "'{}' must be non-empty and use only letters, digits, '_', '.', '+' and '-' (it names "
+          "golden files)",
+          name);
+    }
+  }
+  if (name == "." || name == "..") {
+    return fmt::format(
+        "'{}' names a folder's self or parent; golden and checkpoint folders are "
+        "named after the scenario",
+        name);
+  }
+  return "";
+}
+
+std::filesystem::path path_inside(const std::filesystem::path& root,
+                                  const std::filesystem::path& relative) {
+  MP_CHECK_INPUT(!relative.empty() && relative.is_relative() && !relative.has_root_name() &&
+                     !relative.has_root_directory(),
+                 "the path '{}' derived from a scenario name is not relative to {}",
+                 relative.string(), root.string());
+  for (const std::filesystem::path& part : relative) {
+    const std::string p = part.string();
+    MP_CHECK_INPUT(!p.empty() && p != "." && p != ".." && p.size() <= kMaxNameBytes,
+                   "the path '{}' derived from a scenario name leaves {} or has an unusable "
+                   "component '{}' (empty, '.', '..' or over {} bytes)",
+                   relative.string(), root.string(), p, kMaxNameBytes);
+  }
+  return root / relative;
 }
 
 std::string summary_line(const Scenario& s) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -208,5 +209,19 @@ std::string scenario_hash_hex(const Scenario& s);  // 16 lowercase hex digits
 // "mesh dp_replicate=2 dp_shard=2 tp=2 (8 ranks) | recipe mxfp8 | steps 8 | checks golden,resume"
 std::string summary_line(const Scenario& s);
 std::string describe_mesh(const MeshConfig& m);
+
+// Scenario names key golden folders, checkpoint folders and reports (DESIGN.md section 11): a
+// name is 1 to kMaxNameBytes bytes of [A-Za-z0-9_.+-] and not "." or "..". Returns "" for a
+// valid name, else what is wrong (a sentence for a loader message).
+constexpr size_t kMaxNameBytes = 255;
+std::string name_problem(const std::string& name);
+
+// `root / relative` for a path derived from a scenario name (a golden file, a checkpoint or
+// output folder), after checking that it stays inside `root`: `relative` is relative, and each
+// of its components is a non-empty name other than "." and "..", at most kMaxNameBytes long.
+// Throws kInput naming the derived path otherwise: a name that escapes its root must never
+// reach the file system (golden update, run --out write and remove_all under these paths).
+std::filesystem::path path_inside(const std::filesystem::path& root,
+                                  const std::filesystem::path& relative);
 
 }  // namespace meshproof::harness

@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <regex>
 #include <set>
 #include <sstream>
 
+#include "engine/run_rules.h"
+#include "harness/golden.h"
 #include "harness/scenario_faults.h"
+#include "harness/train_run.h"
 #include "kernels/error.h"
 
 namespace meshproof::harness {
@@ -41,8 +43,41 @@ namespace {
 // matrix entries and --set overrides must keep pointing at the line (or override) that wrote
 // them, so the loader works on this copy.
 
+// Every problem of a file is collected (up to kMaxIssues) and reported together. report()
+// records one and goes on (the value read falls back to its default); fail() records one the
+// loader cannot read past and stops the document (or the matrix entry) with Stop.
+struct Issue {
+  std::string where, path, what;
+  std::string line() const { return fmt::format("{}: {}: {}", where, path, what); }
+};
+struct Issues {
+  std::vector<Issue> list;
+  size_t limit = kMaxIssues;
+};
+struct Stop {};  // unwinds to the document or matrix entry being read
+thread_local Issues* g_issues = nullptr;
+
+// Installs `issues` as the collector of this thread for its lifetime.
+class Collect {
+ public:
+  explicit Collect(Issues& issues) : prev_(g_issues) { g_issues = &issues; }
+  ~Collect() { g_issues = prev_; }
+  Collect(const Collect&) = delete;
+  Collect& operator=(const Collect&) = delete;
+
+ private:
+  Issues* prev_;
+};
+
+void report(const std::string& where, const std::string& path, const std::string& what) {
+  if (g_issues == nullptr) MP_FAIL_INPUT("{}: {}: {}", where, path, what);
+  g_issues->list.push_back({where, path, what});
+  if (g_issues->list.size() >= g_issues->limit) throw Stop{};
+}
+
 [[noreturn]] void fail(const std::string& where, const std::string& path, const std::string& what) {
-  MP_FAIL_INPUT("{}: {}: {}", where, path, what);
+  report(where, path, what);
+  throw Stop{};
 }
 
 struct Value {
@@ -105,9 +140,30 @@ std::string describe(const Value& v) {
 
 using WhereFn = std::function<std::string(const YAML::Mark&)>;
 
-Value convert(const YAML::Node& node, const WhereFn& where_of, const std::string& path) {
+// Bounds of one document's tree (DESIGN.md section 11). yaml-cpp resolves an alias to the node
+// it names, so `d: &a [*a]` is a cycle and 8 levels of 9 aliases are 9^8 nodes once expanded:
+// the walk below counts nodes and depth as it copies and stops at the first bound it passes,
+// before the expansion can grow.
+struct TreeBudget {
+  size_t nodes = 0;
+};
+
+Value convert(const YAML::Node& node, const WhereFn& where_of, const std::string& path,
+              TreeBudget& budget, int depth = 0) {
   Value v;
   v.where = where_of(node.Mark());
+  const std::string shown = path.empty() ? "scenario" : path;
+  if (depth > kMaxDepth) {
+    fail(
+        v.where, shown,
+        fmt::format("nested more than {} levels deep (a self-referential YAML alias?)", kMaxDepth));
+  }
+  if (++budget.nodes > kMaxNodes) {
+    fail(v.where, shown,
+         fmt::format("the document expands to more than {} values (YAML aliases repeat what "
+                     "they name)",
+                     kMaxNodes));
+  }
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
     case YAML::NodeType::Null:
@@ -115,6 +171,11 @@ Value convert(const YAML::Node& node, const WhereFn& where_of, const std::string
       break;
     case YAML::NodeType::Scalar:
       v.kind = Value::kScalar;
+      if (node.Scalar().size() > kMaxScalarBytes) {
+        fail(v.where, shown,
+             fmt::format("a value of {} bytes; values are at most {} bytes", node.Scalar().size(),
+                         kMaxScalarBytes));
+      }
       v.scalar = node.Scalar();
       v.quoted = node.Tag() == "!";
       break;
@@ -122,7 +183,8 @@ Value convert(const YAML::Node& node, const WhereFn& where_of, const std::string
       v.kind = Value::kSeq;
       size_t i = 0;
       for (const YAML::Node& item : node) {
-        v.seq.push_back(convert(item, where_of, fmt::format("{}[{}]", path, i++)));
+        v.seq.push_back(
+            convert(item, where_of, fmt::format("{}[{}]", path, i++), budget, depth + 1));
       }
       break;
     }
@@ -130,15 +192,20 @@ Value convert(const YAML::Node& node, const WhereFn& where_of, const std::string
       v.kind = Value::kMap;
       for (auto it = node.begin(); it != node.end(); ++it) {
         const std::string key_where = where_of(it->first.Mark());
-        if (!it->first.IsScalar())
-          fail(key_where, path.empty() ? "scenario" : path, "keys must be plain names");
+        if (!it->first.IsScalar()) fail(key_where, shown, "keys must be plain names");
+        if (it->first.Scalar().size() > kMaxScalarBytes) {
+          fail(key_where, shown,
+               fmt::format("a key of {} bytes; keys are at most {} bytes",
+                           it->first.Scalar().size(), kMaxScalarBytes));
+        }
         const std::string key = it->first.Scalar();
         const std::string child_path = join_path(path, key);
         if (v.find(key) != nullptr) {
-          fail(key_where, child_path,
-               fmt::format("duplicate key (first given at {})", v.key_location(key)));
+          report(key_where, child_path,
+                 fmt::format("duplicate key (first given at {})", v.key_location(key)));
+          continue;
         }
-        v.map.emplace_back(key, convert(it->second, where_of, child_path));
+        v.map.emplace_back(key, convert(it->second, where_of, child_path, budget, depth + 1));
         v.key_where.push_back(key_where);
       }
       break;
@@ -262,17 +329,65 @@ std::string unknown_message(const std::string& what, const std::string& word,
 // location when given, else the enclosing mapping's (the defaults live there).
 using Locations = std::map<std::string, std::string>;
 
+// Linear scanners (std::regex recurses per character and overflows the stack on scalars of a
+// few ten thousand characters).
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// [+-]?[0-9]+
+bool is_integer_text(std::string_view s) {
+  size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+  if (i == s.size()) return false;
+  for (; i < s.size(); ++i) {
+    if (!is_digit(s[i])) return false;
+  }
+  return true;
+}
+
+// [+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?
+bool is_float_text(std::string_view s) {
+  size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+  size_t int_digits = 0, frac_digits = 0;
+  while (i < s.size() && is_digit(s[i])) ++i, ++int_digits;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    while (i < s.size() && is_digit(s[i])) ++i, ++frac_digits;
+  }
+  if (int_digits == 0 && frac_digits == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    size_t exp_digits = 0;
+    while (i < s.size() && is_digit(s[i])) ++i, ++exp_digits;
+    if (exp_digits == 0) return false;
+  }
+  return i == s.size();
+}
+
+// [A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*
+bool is_key_path(std::string_view s) {
+  bool empty_part = true;
+  for (char c : s) {
+    if (c == '.') {
+      if (empty_part) return false;
+      empty_part = true;
+      continue;
+    }
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '_';
+    if (!ok) return false;
+    empty_part = false;
+  }
+  return !empty_part;
+}
+
 bool parse_int(const std::string& s, int64_t& out) {
-  static const std::regex re("[+-]?[0-9]+");
-  if (!std::regex_match(s, re)) return false;
+  if (!is_integer_text(s)) return false;
   const char* begin = s.data() + (s[0] == '+' ? 1 : 0);
   const auto [ptr, ec] = std::from_chars(begin, s.data() + s.size(), out);
   return ec == std::errc() && ptr == s.data() + s.size();
 }
 
 bool parse_float(const std::string& s, double& out) {
-  static const std::regex re("[+-]?([0-9]+\\.?[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?");
-  if (!std::regex_match(s, re)) return false;
+  if (!is_float_text(s)) return false;
   char* end = nullptr;
   out = std::strtod(s.c_str(), &end);
   return end == s.c_str() + s.size() && std::isfinite(out);
@@ -293,7 +408,7 @@ class Section {
       for (size_t i = 0; i < v_->map.size(); ++i) {
         const std::string& key = v_->map[i].first;
         if (std::find(keys_.begin(), keys_.end(), key) == keys_.end()) {
-          fail(v_->key_where[i], child(key), unknown_message("key", key, keys_));
+          report(v_->key_where[i], child(key), unknown_message("key", key, keys_));
         }
       }
     }
@@ -315,10 +430,12 @@ class Section {
     if (v == nullptr) return def;
     int64_t out = 0;
     if (v->kind != Value::kScalar || v->quoted || !parse_int(v->scalar, out)) {
-      fail(v->where, child(key), fmt::format("expected an integer, got {}", describe(*v)));
+      report(v->where, child(key), fmt::format("expected an integer, got {}", describe(*v)));
+      return def;
     }
     if (out < min || out > max) {
-      fail(v->where, child(key), fmt::format("must be in [{}, {}], got {}", min, max, out));
+      report(v->where, child(key), fmt::format("must be in [{}, {}], got {}", min, max, out));
+      return def;
     }
     return out;
   }
@@ -330,14 +447,16 @@ class Section {
     if (v == nullptr) return def;
     double out = 0;
     if (v->kind != Value::kScalar || v->quoted || !parse_float(v->scalar, out)) {
-      fail(v->where, child(key), fmt::format("expected a number, got {}", describe(*v)));
+      report(v->where, child(key), fmt::format("expected a number, got {}", describe(*v)));
+      return def;
     }
     const bool below = min_exclusive ? out <= min : out < min;
     const bool above = max_exclusive ? out >= max : out > max;
     if (below || above) {
-      fail(v->where, child(key),
-           fmt::format("must be in {}{}, {}{}, got {}", min_exclusive ? "(" : "[", min, max,
-                       max_exclusive ? ")" : "]", v->scalar));
+      report(v->where, child(key),
+             fmt::format("must be in {}{}, {}{}, got {}", min_exclusive ? "(" : "[", min, max,
+                         max_exclusive ? ")" : "]", v->scalar));
+      return def;
     }
     return out;
   }
@@ -345,22 +464,24 @@ class Section {
   bool boolean(const std::string& key, bool def) {
     const Value* v = note(key);
     if (v == nullptr) return def;
-    return as_bool(*v, child(key));
+    return as_bool(*v, child(key), def);
   }
 
-  static bool as_bool(const Value& v, const std::string& path) {
+  static bool as_bool(const Value& v, const std::string& path, bool def) {
     if (v.kind == Value::kScalar && !v.quoted) {
       if (v.scalar == "true" || v.scalar == "True" || v.scalar == "TRUE") return true;
       if (v.scalar == "false" || v.scalar == "False" || v.scalar == "FALSE") return false;
     }
-    fail(v.where, path, fmt::format("expected true or false, got {}", describe(v)));
+    report(v.where, path, fmt::format("expected true or false, got {}", describe(v)));
+    return def;
   }
 
   std::string string(const std::string& key, const std::string& def) {
     const Value* v = note(key);
     if (v == nullptr) return def;
     if (v->kind != Value::kScalar) {
-      fail(v->where, child(key), fmt::format("expected a string, got {}", describe(*v)));
+      report(v->where, child(key), fmt::format("expected a string, got {}", describe(*v)));
+      return def;
     }
     return v->scalar;
   }
@@ -369,25 +490,27 @@ class Section {
   E choice(const std::string& key, E def, const std::vector<std::pair<std::string, E>>& table) {
     const Value* v = note(key);
     if (v == nullptr) return def;
-    return as_choice(*v, child(key), table);
+    return as_choice(*v, child(key), table, def);
   }
 
   template <typename E>
   static E as_choice(const Value& v, const std::string& path,
-                     const std::vector<std::pair<std::string, E>>& table) {
+                     const std::vector<std::pair<std::string, E>>& table, E def) {
     std::vector<std::string> names;
     for (const auto& [n, e] : table) names.push_back(n);
     if (v.kind != Value::kScalar) {
-      fail(v.where, path,
-           fmt::format("expected one of {}, got {}", fmt::join(names, "|"), describe(v)));
+      report(v.where, path,
+             fmt::format("expected one of {}, got {}", fmt::join(names, "|"), describe(v)));
+      return def;
     }
     for (const auto& [n, e] : table) {
       if (n == v.scalar) return e;
     }
     const std::string best = suggestion(v.scalar, names);
-    fail(v.where, path,
-         fmt::format("expected one of {}, got '{}'{}", fmt::join(names, "|"), v.scalar,
-                     best.empty() ? "" : fmt::format("; did you mean '{}'?", best)));
+    report(v.where, path,
+           fmt::format("expected one of {}, got '{}'{}", fmt::join(names, "|"), v.scalar,
+                       best.empty() ? "" : fmt::format("; did you mean '{}'?", best)));
+    return def;
   }
 
  private:
@@ -395,7 +518,8 @@ class Section {
     const Value* v = get(key);
     locs_[child(key)] = v != nullptr ? v->where : where_;
     if (v != nullptr && v->kind == Value::kNull) {
-      fail(v->where, child(key), "expected a value, got nothing (null)");
+      report(v->where, child(key), "expected a value, got nothing (null)");
+      return nullptr;
     }
     return v;
   }
@@ -420,6 +544,31 @@ const std::vector<std::string> kTopKeys = {
 
 constexpr int64_t kMaxDim = int64_t{1} << 20;
 
+// engine::ConfigIssue key paths and message words in the scenario's names (the engine's Config
+// calls the global batch training.batch, the sequence length training.seq_len and also
+// model.max_positions, the data order data.markov_order).
+const std::pair<std::string_view, std::string_view> kEngineNames[] = {
+    {"training.batch", "train.global_batch"}, {"training.seq_len", "model.seq_len"},
+    {"model.max_positions", "model.seq_len"}, {"data.markov_order", "data.order"},
+    {"recipe.kind", "recipe.name"},           {"training.", "train."}};
+
+std::string scenario_key(const std::string& key) {
+  for (const auto& [engine_name, name] : kEngineNames) {
+    if (key.rfind(engine_name, 0) == 0) return std::string(name) + key.substr(engine_name.size());
+  }
+  return key;
+}
+
+std::string scenario_text(std::string text) {
+  for (const auto& [engine_name, name] : kEngineNames) {
+    for (size_t pos = 0; (pos = text.find(engine_name, pos)) != std::string::npos;) {
+      text.replace(pos, engine_name.size(), name);
+      pos += name.size();
+    }
+  }
+  return text;
+}
+
 // Everything the resolver needs about one scenario document.
 struct Resolver {
   const Value& root;
@@ -438,9 +587,7 @@ struct Resolver {
       p = p.substr(0, dot);
     }
   }
-  [[noreturn]] void bad(const std::string& path, const std::string& what) const {
-    fail(at(path), path, what);
-  }
+  void bad(const std::string& path, const std::string& what) const { report(at(path), path, what); }
 
   MeshConfig read_mesh(const Value* v, const std::string& path, const std::string& absent_where) {
     Section s(v, path, absent_where, locs,
@@ -485,6 +632,13 @@ struct Resolver {
         s.choice("amax_compute_algo", AmaxAlgo::kMax,
                  {{"max", AmaxAlgo::kMax}, {"most_recent", AmaxAlgo::kMostRecent}});
     r.eps = s.number("eps", 0.0, 0.0, 1.0);
+    if (r.eps != 0.0) {
+      // harness/train_run.h to_engine_config refuses it: the engine has no eps.
+      bad(s.child("eps"),
+          fmt::format("{} is not supported by the engine (current scaling uses amax 0 -> scale "
+                      "1); leave it at 0",
+                      r.eps));
+    }
     r.power_2_scale = s.boolean("power_2_scale", r.power_2_scale);
     if (kind == RecipeKind::kMxfp8 && r.fp8_format != Fp8Format::kE4M3) {
       // DESIGN.md section 4: MXFP8 is E4M3 for all tensors; we implement no MXFP8 E5M2 path.
@@ -496,24 +650,11 @@ struct Resolver {
   // The shape rules a (mesh, recipe) pair imposes on the model and batch.
   void check_fits(const MeshConfig& m, const std::string& mesh_path, const RecipeConfig& r,
                   const ModelConfig& model, const TrainConfig& train) {
+    // Scenario policy beyond the engine's rules (engine::check_run): whole ffn columns per TP
+    // rank, and FP8 GEMM dims that cuBLASLt accepts on every backend.
     const std::string tp_path = mesh_path + ".tp";
-    if (model.heads % m.tp != 0) {
-      bad(tp_path, fmt::format("model.heads = {} is not divisible by tp = {}", model.heads, m.tp));
-    }
     if (model.ffn % m.tp != 0) {
       bad(tp_path, fmt::format("model.ffn = {} is not divisible by tp = {}", model.ffn, m.tp));
-    }
-    if (m.sequence_parallel && model.seq_len % m.tp != 0) {
-      bad(mesh_path + ".sequence_parallel",
-          fmt::format("model.seq_len = {} is not divisible by tp = {}", model.seq_len, m.tp));
-    }
-    const int64_t split = m.dp() * train.micro_batches;
-    if (train.global_batch % split != 0) {
-      bad("train.global_batch",
-          fmt::format("{} is not divisible by dp_replicate x dp_shard x micro_batches = {} x {} "
-                      "x {} = {}{}",
-                      train.global_batch, m.dp_replicate, m.dp_shard, train.micro_batches, split,
-                      mesh_path == "mesh" ? "" : fmt::format(" (on {})", mesh_path)));
     }
     if (!r.is_fp8()) return;
     // GEMM operand dims: K of qkv/fc1 is H; K of proj is H/tp and of fc2 F/tp (row parallel);
@@ -531,39 +672,13 @@ struct Resolver {
       if (value % q != 0) bad(path, fmt::format("{} = {}: {}", what, value, why));
     };
     need(model.hidden, "model.hidden", "hidden");
-    need(model.hidden / m.tp, tp_path, "hidden / tp (proj K)");
+    if (m.tp > 1) need(model.hidden / m.tp, tp_path, "hidden / tp (proj K)");
     need(model.ffn / m.tp, m.tp > 1 ? tp_path : "model.ffn", m.tp > 1 ? "ffn / tp (fc2 K)" : "ffn");
     need(tokens, "train.global_batch",
          fmt::format("tokens per rank and micro-batch (global_batch / (dp x micro_batches) x "
                      "seq_len{}{})",
                      m.sequence_parallel ? " / tp" : "",
                      mesh_path == "mesh" ? "" : fmt::format(" on {}", mesh_path)));
-  }
-
-  // FP8 primary weights live as shards: MXFP8 shards need whole 32x1 columnwise blocks, i.e.
-  // every dp_shard chunk of each GEMM weight's TP-local rows a multiple of 32. For torch.chunk
-  // over n <= 31 ranks that holds exactly when the rows are a multiple of 32 * n.
-  void check_fp8_params(const MeshConfig& m, const std::string& mesh_path, const RecipeConfig& r,
-                        const ModelConfig& model) {
-    if (r.name == RecipeKind::kBlock) {
-      bad("fsdp.fp8_params",
-          "needs recipe delayed, current or mxfp8 (block-scaled weights are "
-          "not kept as FP8 primary weights), got block");
-    }
-    if (r.name != RecipeKind::kMxfp8) return;
-    const std::pair<const char*, int64_t> rows[] = {{"attn.qkv", 3 * model.hidden / m.tp},
-                                                    {"attn.proj", model.hidden},
-                                                    {"mlp.fc1", model.ffn / m.tp},
-                                                    {"mlp.fc2", model.hidden}};
-    for (const auto& [name, r_rows] : rows) {
-      if (r_rows % (32 * m.dp_shard) != 0) {
-        bad(mesh_path + ".dp_shard",
-            fmt::format("fsdp.fp8_params with recipe mxfp8: {} weight has {} rows per tp rank, "
-                        "not a multiple of 32 x dp_shard = {} (each shard must hold whole 32x1 "
-                        "blocks)",
-                        name, r_rows, 32 * m.dp_shard));
-      }
-    }
   }
 
   // Default relative tolerance for comparisons across meshes or recipes (DESIGN.md section 8:
@@ -594,12 +709,7 @@ struct Resolver {
     sc.source = source;
     sc.base_name = top.string("name", default_name);
     sc.name_where = top.where("name");
-    static const std::regex name_re("[A-Za-z0-9_.+-]+");
-    if (!std::regex_match(sc.base_name, name_re)) {
-      bad("name", fmt::format("'{}' must be non-empty and use only letters, digits, '_', '.', "
-                              "'+' and '-' (it names golden files)",
-                              sc.base_name));
-    }
+    if (const std::string why = name_problem(sc.base_name); !why.empty()) bad("name", why);
     sc.description = top.string("description", "");
 
     Section ms(top.get("model"), "model", root_where, locs,
@@ -620,10 +730,6 @@ struct Resolver {
                                   {"swiglu", Activation::kSwiGlu}});
     model.tied_embeddings = ms.boolean("tied_embeddings", false);
     model.dropout = ms.number("dropout", 0.0, 0.0, 1.0, false, true);
-    if (model.hidden % model.heads != 0) {
-      bad("model.heads", fmt::format("model.hidden = {} is not divisible by heads = {}",
-                                     model.hidden, model.heads));
-    }
 
     sc.mesh = read_mesh(top.get("mesh"), "mesh", root_where);
     sc.recipe = read_recipe(top.get("recipe"), "recipe", root_where);
@@ -634,14 +740,12 @@ struct Resolver {
     sc.fsdp.fp8_all_gather = fs.boolean("fp8_all_gather", false);
     sc.fsdp.fp8_params = fs.boolean("fp8_params", false);
     sc.fsdp.sync_each_micro_batch = fs.boolean("sync_each_micro_batch", false);
-    for (const char* key : {"fp8_all_gather", "fp8_params"}) {
-      const bool on =
-          std::string(key) == "fp8_all_gather" ? sc.fsdp.fp8_all_gather : sc.fsdp.fp8_params;
-      if (on && !sc.recipe.is_fp8()) {
-        bad(fs.child(key), fmt::format("needs an FP8 recipe (delayed, current, mxfp8 or block), "
-                                       "got recipe {}",
-                                       to_string(sc.recipe.name)));
-      }
+    // Scenario policy: the engine runs it with a note (a high-precision gather), which would make
+    // the scenario mean something it does not do. (fsdp.fp8_params is the engine's rule.)
+    if (sc.fsdp.fp8_all_gather && !sc.recipe.is_fp8()) {
+      bad(fs.child("fp8_all_gather"),
+          fmt::format("needs an FP8 recipe (delayed, current, mxfp8 or block), got recipe {}",
+                      to_string(sc.recipe.name)));
     }
 
     Section ts(
@@ -674,19 +778,8 @@ struct Resolver {
 
     Section ds(top.get("data"), "data", root_where, locs, {"kind", "order", "seed"});
     sc.data.kind = ds.choice("kind", DataKind::kMarkov, {{"markov", DataKind::kMarkov}});
-    sc.data.order = ds.integer("order", 1, 0, 4);
+    sc.data.order = ds.integer("order", 1, 1, 4);
     sc.data.seed = static_cast<uint64_t>(ds.integer("seed", 42, 0, INT64_MAX));
-    {
-      // The transition table has vocab^(order+1) entries; cap it at 2^24 (64 MiB of fp32).
-      double entries = 1;
-      for (int64_t i = 0; i <= sc.data.order; ++i) entries *= static_cast<double>(model.vocab);
-      if (entries > static_cast<double>(1 << 24)) {
-        bad("data.order", fmt::format("an order-{} Markov chain over vocab {} needs {}^{} "
-                                      "transition entries, more than 2^24",
-                                      sc.data.order, model.vocab, model.vocab, sc.data.order + 1));
-      }
-    }
-
     sc.backend =
         top.choice("backend", Backend::kAuto,
                    {{"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}, {"auto", Backend::kAuto}});
@@ -703,11 +796,10 @@ struct Resolver {
     sc.checkpoint.every = cs.integer("every", 0, 0, t.steps);
     sc.checkpoint.keep_last = cs.integer("keep_last", 2, 1, 1000000);
 
-    check_fits(sc.mesh, "mesh", sc.recipe, model, t);
-    if (sc.fsdp.fp8_params) check_fp8_params(sc.mesh, "mesh", sc.recipe, model);
     read_checks(top.get("checks"), sc);
     read_faults(top.get("faults"), sc);
 
+    engine_rules(sc);
     sc.expect =
         top.choice("expect", Expect::kPass, {{"pass", Expect::kPass}, {"caught", Expect::kCaught}});
     if (sc.expect == Expect::kCaught && sc.faults.empty()) {
@@ -717,6 +809,59 @@ struct Resolver {
       bad("faults", "a scenario with injected faults must say expect: caught");
     }
     return sc;
+  }
+
+  // engine::check_run (engine/run_rules.h), the one set of model x mesh x recipe x FSDP rules
+  // the training session applies, on the scenario's run and on the runs its checks make (the
+  // resume half on checks.resume.mesh, the reference run). Each issue is reported at the
+  // scenario key that wrote the setting; a key the loader's own reading already reported is
+  // not reported twice.
+  void engine_rules(const Scenario& sc) {
+    std::set<std::pair<std::string, std::string>> main_issues;
+    auto emit = [&](const std::string& path, const std::string& what) {
+      report(at(path), path, what);
+    };
+    for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(sc))) {
+      main_issues.insert({i.key_path, i.message});
+      emit(scenario_key(i.key_path), scenario_text(i.message));
+    }
+    check_fits(sc.mesh, "mesh", sc.recipe, sc.model, sc.train);
+    const ChecksConfig& c = sc.checks;
+    if (c.resume.enabled && c.resume.mesh) {
+      Scenario r = sc;
+      r.mesh = *c.resume.mesh;
+      for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(r))) {
+        if (main_issues.count({i.key_path, i.message}) > 0) continue;
+        if (i.key_path.rfind("mesh", 0) == 0) {
+          emit("checks.resume." + i.key_path, scenario_text(i.message));
+        } else {
+          emit(scenario_key(i.key_path), scenario_text(i.message) + " (on checks.resume.mesh)");
+        }
+      }
+      check_fits(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model, sc.train);
+    }
+    if (c.reference.enabled) {
+      Scenario r = sc;
+      if (c.reference.mesh) r.mesh = *c.reference.mesh;
+      if (c.reference.recipe) r.recipe = *c.reference.recipe;
+      const std::string owner =
+          c.reference.recipe ? "checks.reference.recipe" : "checks.reference.mesh";
+      for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(r))) {
+        if (main_issues.count({i.key_path, i.message}) > 0) continue;
+        if (c.reference.mesh && i.key_path.rfind("mesh", 0) == 0) {
+          emit("checks.reference." + i.key_path, scenario_text(i.message));
+        } else if (c.reference.recipe && i.key_path.rfind("recipe", 0) == 0) {
+          emit("checks.reference." + scenario_key(i.key_path), scenario_text(i.message));
+        } else {
+          // A setting of the scenario that the reference's mesh or recipe cannot run with
+          // (e.g. fsdp.fp8_params with a reference recipe fp32): the reference key is the cause.
+          emit(owner, fmt::format("{}: {} (in the reference run)", scenario_key(i.key_path),
+                                  scenario_text(i.message)));
+        }
+      }
+      check_fits(r.mesh, c.reference.mesh ? "checks.reference.mesh" : "mesh", r.recipe, sc.model,
+                 sc.train);
+    }
   }
 
   // Launcher mpi runs one process per rank of a single mpirun, so every run of a check (the
@@ -764,7 +909,7 @@ struct Resolver {
         c.golden.metrics.clear();
         for (size_t i = 0; i < mv->seq.size(); ++i) {
           const std::string p = fmt::format("checks.golden.metrics[{}]", i);
-          const Metric m = Section::as_choice(mv->seq[i], p, kMetrics);
+          const Metric m = Section::as_choice(mv->seq[i], p, kMetrics, Metric::kLoss);
           if (std::find(c.golden.metrics.begin(), c.golden.metrics.end(), m) !=
               c.golden.metrics.end()) {
             fail(mv->seq[i].where, p, fmt::format("'{}' is listed twice", to_string(m)));
@@ -808,9 +953,6 @@ struct Resolver {
       }
       if (r.has("mesh")) {
         c.resume.mesh = read_mesh(r.get("mesh"), "checks.resume.mesh", r.where("mesh"));
-        check_fits(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model, t);
-        if (sc.fsdp.fp8_params)
-          check_fp8_params(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model);
         same_world_under_mpi(sc, *c.resume.mesh, "checks.resume.mesh", "resume");
         c.resume.rtol = r.has("rtol") ? r.number("rtol", 0, 0, 1)
                                       : default_rtol(sc.recipe, nullptr, "checks.resume.rtol");
@@ -840,8 +982,6 @@ struct Resolver {
       if (ref_mesh == sc.mesh && ref_recipe == sc.recipe) {
         bad("checks.reference", "the reference mesh and recipe equal the scenario's own");
       }
-      check_fits(ref_mesh, c.reference.mesh ? "checks.reference.mesh" : "mesh", ref_recipe,
-                 sc.model, t);
       const Value* tol = r.get("rtol");
       if (tol != nullptr && tol->kind == Value::kMap) {
         Section ts(tol, "checks.reference.rtol", tol->where, locs, {"loss", "grad_norm"});
@@ -889,7 +1029,7 @@ struct Resolver {
       const Value* name_v = &item;
       if (item.kind == Value::kMap) {
         name_v = item.find("name");
-        if (name_v == nullptr) bad(path, "a fault mapping needs a name");
+        if (name_v == nullptr) fail(at(path), path, "a fault mapping needs a name");
       }
       if (name_v->kind != Value::kScalar) {
         fail(name_v->where, path, fmt::format("expected a fault name, got {}", describe(*name_v)));
@@ -1031,8 +1171,15 @@ std::vector<Axis> read_matrix(const Value& m) {
   return axes;
 }
 
+// "--set PATH=VALUE" for messages; a value too long to read in one line is cut.
+std::string set_where(const Override& o) {
+  constexpr size_t kShown = 80;
+  if (o.text.size() <= kShown) return "--set " + o.text;
+  return fmt::format("--set {}... ({} bytes)", o.text.substr(0, kShown), o.text.size());
+}
+
 Value override_value(const Override& o) {
-  const std::string where = "--set " + o.text;
+  const std::string where = set_where(o);
   YAML::Node node;
   try {
     node = YAML::Load(o.value);
@@ -1042,8 +1189,9 @@ Value override_value(const Override& o) {
   if (o.value.empty() || !node.IsDefined() || node.IsNull()) {
     fail(where, o.path, "expected a value after '='");
   }
+  TreeBudget budget;
   return convert(
-      node, [&](const YAML::Mark&) { return where; }, o.path);
+      node, [&](const YAML::Mark&) { return where; }, o.path, budget);
 }
 
 std::string file_stem(const std::string& source) {
@@ -1061,93 +1209,194 @@ Override parse_override(const std::string& text) {
   o.path = text.substr(0, eq);
   o.value = text.substr(eq + 1);
   o.text = text;
-  static const std::regex path_re("[A-Za-z0-9_]+(\\.[A-Za-z0-9_]+)*");
-  if (!std::regex_match(o.path, path_re)) {
+  if (!is_key_path(o.path)) {
     MP_FAIL_INPUT("--set {}: {}: malformed key path (expected names joined by '.')", text,
                   o.path.empty() ? "(empty)" : o.path);
   }
   return o;
 }
 
+namespace {
+
+// One problem and the matrix entries it was found in (empty: the document itself).
+struct Found {
+  Issue issue;
+  std::vector<std::string> entries;
+};
+
+// " (in matrix entry a[x=1])", " (in matrix entries a[x=1], a[x=2] and 3 more)".
+std::string entries_note(const std::vector<std::string>& entries) {
+  constexpr size_t kShown = 3;
+  std::vector<std::string> shown(
+      entries.begin(),
+      entries.begin() + static_cast<std::ptrdiff_t>(std::min(entries.size(), kShown)));
+  std::string more = entries.size() > kShown ? fmt::format(" and {} more", entries.size() - kShown)
+                                             : std::string();
+  return fmt::format(" (in matrix entr{} {}{})", entries.size() == 1 ? "y" : "ies",
+                     fmt::join(shown, ", "), more);
+}
+
+}  // namespace
+
 std::vector<Scenario> load_scenario_text(std::string_view yaml, const std::string& source,
-                                         const std::vector<Override>& overrides) {
-  YAML::Node doc;
-  try {
-    doc = YAML::Load(std::string(yaml));
-  } catch (const YAML::ParserException& e) {
-    MP_FAIL_INPUT("{}:{}:{}: yaml: {}", source, e.mark.line + 1, e.mark.column + 1, e.msg);
-  } catch (const YAML::Exception& e) {
-    MP_FAIL_INPUT("{}:{}:{}: yaml: {}", source, e.mark.line + 1, e.mark.column + 1, e.msg);
-  }
-  const std::string root_where = fmt::format("{}:1:1", source);
-  Value root = convert(
-      doc,
-      [&](const YAML::Mark& m) {
-        if (m.is_null()) return root_where;
-        return fmt::format("{}:{}:{}", source, m.line + 1, m.column + 1);
-      },
-      "");
-  if (root.kind != Value::kMap) {
-    fail(root_where, "scenario", fmt::format("expected a mapping of keys, got {}", describe(root)));
-  }
-  if (Value* r = root.find("recipe")) *r = recipe_shorthand(*r);
-
-  std::vector<std::pair<Override, Value>> later;
-  for (const Override& o : overrides) {
-    Value v = override_value(o);
-    if (split_path(o.path)[0] == "matrix") {
-      set_at(root, o.path, std::move(v), "--set " + o.text);
-    } else {
-      later.emplace_back(o, std::move(v));
-    }
-  }
-
-  std::vector<Axis> axes;
-  if (const Value* m = root.find("matrix")) axes = read_matrix(*m);
-  root.erase("matrix");
-
-  // Odometer over the axes, last axis fastest.
-  std::vector<size_t> idx(axes.size(), 0);
+                                         const std::vector<Override>& overrides,
+                                         const std::string& filter) {
+  Issues doc_issues;  // problems of the document (parse, tree, overrides, matrix)
+  std::vector<Found> found;
   std::vector<Scenario> out;
-  std::set<std::string> seen;
-  while (true) {
-    Value doc_i = root;
-    std::vector<std::pair<std::string, std::string>> labels;
-    for (size_t a = 0; a < axes.size(); ++a) {
-      set_at(doc_i, axes[a].key, axes[a].values[idx[a]], axes[a].values[idx[a]].where);
-      labels.emplace_back(axes[a].key, axes[a].labels[idx[a]]);
+  size_t entries_read = 0;
+  bool has_matrix = false, truncated = false;
+  auto count = [&] { return doc_issues.list.size() + found.size(); };
+  {
+    Collect collect(doc_issues);
+    try {
+      YAML::Node doc;
+      try {
+        doc = YAML::Load(std::string(yaml));
+      } catch (const YAML::Exception& e) {
+        fail(fmt::format("{}:{}:{}", source, e.mark.line + 1, e.mark.column + 1), "yaml", e.msg);
+      }
+      const std::string root_where = fmt::format("{}:1:1", source);
+      TreeBudget budget;
+      Value root = convert(
+          doc,
+          [&](const YAML::Mark& m) {
+            if (m.is_null()) return root_where;
+            return fmt::format("{}:{}:{}", source, m.line + 1, m.column + 1);
+          },
+          "", budget);
+      if (root.kind != Value::kMap) {
+        fail(root_where, "scenario",
+             fmt::format("expected a mapping of keys, got {}", describe(root)));
+      }
+      if (Value* r = root.find("recipe")) *r = recipe_shorthand(*r);
+
+      std::vector<std::pair<Override, Value>> later;
+      for (const Override& o : overrides) {
+        Value v = override_value(o);
+        if (split_path(o.path)[0] == "matrix") {
+          set_at(root, o.path, std::move(v), set_where(o));
+        } else {
+          later.emplace_back(o, std::move(v));
+        }
+      }
+
+      std::vector<Axis> axes;
+      if (const Value* m = root.find("matrix")) axes = read_matrix(*m);
+      const std::string matrix_where = root.key_location("matrix");
+      root.erase("matrix");
+      has_matrix = !axes.empty();
+      double entries = 1;  // the cartesian product; in double, it may exceed any integer
+      for (const Axis& a : axes) entries *= static_cast<double>(a.values.size());
+      if (entries > static_cast<double>(kMaxMatrixEntries)) {
+        fail(matrix_where, "matrix",
+             fmt::format("expands to {:.0f} scenarios, more than {}", entries, kMaxMatrixEntries));
+      }
+
+      // Odometer over the axes, last axis fastest.
+      std::vector<size_t> idx(axes.size(), 0);
+      std::set<std::string> seen;
+      while (true) {
+        Value doc_i = root;
+        std::vector<std::pair<std::string, std::string>> labels;
+        for (size_t a = 0; a < axes.size(); ++a) {
+          set_at(doc_i, axes[a].key, axes[a].values[idx[a]], axes[a].values[idx[a]].where);
+          labels.emplace_back(axes[a].key, axes[a].labels[idx[a]]);
+        }
+        for (const auto& [o, v] : later) set_at(doc_i, o.path, v, set_where(o));
+        // The entry's name before it is read: --filter picks entries without reading the others.
+        const Value* name_v = doc_i.find("name");
+        const std::string base = name_v != nullptr && name_v->kind == Value::kScalar
+                                     ? name_v->scalar
+                                     : file_stem(source);
+        std::string name = base;
+        if (!labels.empty()) {
+          std::vector<std::string> parts;
+          for (const auto& [k, l] : labels) parts.push_back(k + "=" + l);
+          name += fmt::format("[{}]", fmt::join(parts, ","));
+        }
+        if (filter.empty() || name == filter || base == filter) {
+          ++entries_read;
+          Issues entry;
+          entry.limit = std::max<size_t>(1, kMaxIssues - std::min(kMaxIssues, count()));
+          {
+            Collect collect_entry(entry);
+            try {
+              Resolver resolver{doc_i, source, root_where, {}};
+              Scenario sc = resolver.resolve(file_stem(source));
+              sc.matrix_labels = labels;
+              sc.name = name;
+              if (!seen.insert(sc.name).second) {
+                fail(root_where, "matrix",
+                     fmt::format("two entries expand to the same name '{}'", sc.name));
+              }
+              // Matrix labels are free text: the folder the name derives must stay usable.
+              const std::string dir = golden_scenario_dir(sc.name);
+              if (dir.size() > kMaxNameBytes) {
+                report(sc.name_where, "name",
+                       fmt::format("the expanded name gives a folder name of {} bytes, more than "
+                                   "{} (shorten the name or the matrix labels)",
+                                   dir.size(), kMaxNameBytes));
+              }
+              if (entry.list.empty()) out.push_back(std::move(sc));
+            } catch (const Stop&) {
+            }
+          }
+          // One problem per key: the engine's rule and the loader's stricter policy on the
+          // same key (or one rule seen from two runs) would say the same thing twice.
+          std::set<std::string> paths;
+          std::vector<Issue> kept;
+          for (const Issue& i : entry.list) {
+            if (paths.insert(i.path).second) kept.push_back(i);
+          }
+          for (const Issue& i : kept) {
+            auto it = std::find_if(found.begin(), found.end(),
+                                   [&](const Found& f) { return f.issue.line() == i.line(); });
+            if (it == found.end()) {
+              found.push_back({i, {name}});
+            } else {
+              it->entries.push_back(name);
+            }
+          }
+          if (count() >= kMaxIssues) {
+            truncated = true;
+            break;
+          }
+        }
+        bool carry = true;  // advance the odometer; a carry out of the first axis ends it
+        for (size_t a = axes.size(); a > 0 && carry; --a) {
+          carry = ++idx[a - 1] == axes[a - 1].values.size();
+          if (carry) idx[a - 1] = 0;
+        }
+        if (carry) break;
+      }
+    } catch (const Stop&) {
+      truncated = truncated || count() >= kMaxIssues;
     }
-    for (const auto& [o, v] : later) set_at(doc_i, o.path, v, "--set " + o.text);
-    Resolver resolver{doc_i, source, root_where, {}};
-    Scenario sc = resolver.resolve(file_stem(source));
-    sc.matrix_labels = labels;
-    sc.name = sc.base_name;
-    if (!labels.empty()) {
-      std::vector<std::string> parts;
-      for (const auto& [k, l] : labels) parts.push_back(k + "=" + l);
-      sc.name += fmt::format("[{}]", fmt::join(parts, ","));
-    }
-    if (!seen.insert(sc.name).second) {
-      fail(root_where, "matrix", fmt::format("two entries expand to the same name '{}'", sc.name));
-    }
-    out.push_back(std::move(sc));
-    bool carry = true;  // advance the odometer; a carry out of the first axis ends it
-    for (size_t a = axes.size(); a > 0 && carry; --a) {
-      carry = ++idx[a - 1] == axes[a - 1].values.size();
-      if (carry) idx[a - 1] = 0;
-    }
-    if (carry) break;
   }
-  return out;
+  if (count() == 0) return out;
+  std::vector<std::string> lines;
+  for (const Issue& i : doc_issues.list) lines.push_back(i.line());
+  for (const Found& f : found) {
+    // Name the entries unless every entry read has the problem (then it is the file's).
+    const bool everywhere = f.entries.size() == entries_read && entries_read > 1;
+    lines.push_back(f.issue.line() +
+                    (has_matrix && !everywhere ? entries_note(f.entries) : std::string()));
+  }
+  if (truncated) {
+    lines.push_back(fmt::format("{}: stopped after {} problems", source, kMaxIssues));
+  }
+  MP_FAIL_INPUT("{}", fmt::join(lines, "\n"));
 }
 
 std::vector<Scenario> load_scenario_file(const std::string& path,
-                                         const std::vector<Override>& overrides) {
+                                         const std::vector<Override>& overrides,
+                                         const std::string& filter) {
   std::ifstream in(path, std::ios::binary);
   if (!in) MP_FAIL_INPUT("{}: cannot open the scenario file", path);
   std::ostringstream text;
   text << in.rdbuf();
-  return load_scenario_text(text.str(), path, overrides);
+  return load_scenario_text(text.str(), path, overrides, filter);
 }
 
 void check_unique_name(const Scenario& s, std::map<std::string, std::string>& seen) {

@@ -14,6 +14,14 @@
 
 namespace meshproof::harness {
 
+// Bounds of what the loader reads (DESIGN.md section 11); each one passed is an input error at
+// the value that passed it.
+constexpr size_t kMaxScalarBytes = 4096;     // one scalar or key
+constexpr int kMaxDepth = 64;                // nesting of sequences and mappings (aliases expanded)
+constexpr size_t kMaxNodes = 100000;         // values in one document, aliases expanded
+constexpr size_t kMaxIssues = 20;            // problems reported for one file before stopping
+constexpr size_t kMaxMatrixEntries = 10000;  // scenarios one matrix expands to
+
 // One `--set key.path=value` override. The value is parsed as YAML (a scalar, or a flow
 // sequence/mapping such as `[bf16, mxfp8]` or `{dp_shard: 4}`).
 struct Override {
@@ -28,12 +36,22 @@ Override parse_override(const std::string& text);
 // Loads one scenario file and returns its scenarios: one, or one per matrix entry in a stable
 // order (the cartesian product of the matrix keys in file order, last key varying fastest).
 // Overrides whose path starts with `matrix` edit the matrix; all others apply to each expanded
-// scenario after the matrix entry (so --set wins over the matrix).
+// scenario after the matrix entry (so --set wins over the matrix). A non-empty `filter` keeps
+// only the entries whose expanded or base name equals it; the others are not read, so their
+// errors do not count (the result may be empty).
+//
+// Every problem found is reported, up to kMaxIssues: the kInput error's message() holds one
+// line per problem, the first being the first found; a problem of a matrix entry names the
+// entry ("... (in matrix entry NAME[KEY=LABEL])") unless every entry has it. The rules are the
+// loader's own plus engine::check_run's (engine/run_rules.h): what loads runs.
 std::vector<Scenario> load_scenario_file(const std::string& path,
-                                         const std::vector<Override>& overrides = {});
-// The same from YAML text; `source` names it in error messages (e.g. a file name).
+                                         const std::vector<Override>& overrides = {},
+                                         const std::string& filter = "");
+// The same from YAML text; `source` names it in error messages (e.g. a file name). Any text is
+// safe to pass (the fuzzing entry point): bounded by kMaxScalarBytes, kMaxDepth and kMaxNodes.
 std::vector<Scenario> load_scenario_text(std::string_view yaml, const std::string& source,
-                                         const std::vector<Override>& overrides = {});
+                                         const std::vector<Override>& overrides = {},
+                                         const std::string& filter = "");
 
 // Scenario names key the reports and goldens, so one run or validate may not hold a name twice
 // (two files, or a file given twice). `seen` maps each name to where it was given; a repeat is

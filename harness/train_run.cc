@@ -21,6 +21,16 @@ namespace meshproof::harness {
 namespace fs = std::filesystem;
 
 engine::Config to_engine_config(const Scenario& s) {
+  MP_CHECK_INPUT(s.recipe.eps == 0.0,
+                 "{}: recipe.eps = {} is not supported by the engine (current scaling uses "
+                 "amax 0 -> scale 1)",
+                 s.name, s.recipe.eps);
+  engine::Config c = engine_config_of(s);
+  engine::validate(c);
+  return c;
+}
+
+engine::Config engine_config_of(const Scenario& s) {
   engine::Config c;
   c.model.vocab = s.model.vocab;
   c.model.hidden = s.model.hidden;
@@ -39,10 +49,6 @@ engine::Config to_engine_config(const Scenario& s) {
       s.recipe.amax_compute_algo == AmaxAlgo::kMostRecent ? "most_recent" : "max";
   c.recipe.margin = s.recipe.margin;
   c.recipe.power_2_scale = s.recipe.power_2_scale;
-  MP_CHECK_INPUT(s.recipe.eps == 0.0,
-                 "{}: recipe.eps = {} is not supported by the engine (current scaling uses "
-                 "amax 0 -> scale 1)",
-                 s.name, s.recipe.eps);
 
   c.training.batch = s.train.global_batch;
   c.training.seq_len = s.model.seq_len;
@@ -61,8 +67,22 @@ engine::Config to_engine_config(const Scenario& s) {
   c.data.markov_order = s.data.order;
   c.data.seed = s.data.seed;
   c.seed = s.train.seed;
-  engine::validate(c);
   return c;
+}
+
+engine::RunOptions engine_run_options(const Scenario& s) {
+  engine::RunOptions o;
+  o.config = engine_config_of(s);
+  o.mesh.dp_replicate = static_cast<int>(s.mesh.dp_replicate);
+  o.mesh.dp_shard = static_cast<int>(s.mesh.dp_shard);
+  o.mesh.tp = static_cast<int>(s.mesh.tp);
+  o.mesh.sequence_parallel = s.mesh.sequence_parallel;
+  o.fsdp.reshard_after_forward = s.fsdp.reshard_after_forward;
+  o.fsdp.fp8_all_gather = s.fsdp.fp8_all_gather;
+  o.fsdp.fp8_params = s.fsdp.fp8_params;
+  o.fsdp.sync_each_micro_batch = s.fsdp.sync_each_micro_batch;
+  o.launcher = s.launcher == Launcher::kMpi ? "mpi" : "local";
+  return o;
 }
 
 engine::FaultInjection to_fault_injection(const std::vector<FaultSpec>& faults) {
@@ -236,8 +256,10 @@ void rethrow_load_failure(const std::atomic<bool>& failed, Fn&& fn) {
 }  // namespace
 
 fs::path checkpoint_root(const Scenario& s, const fs::path& out_dir) {
-  return s.checkpoint.dir.empty() ? out_dir / golden_scenario_dir(s.name) / "checkpoints"
-                                  : fs::path(s.checkpoint.dir);
+  // The default is derived from the scenario's name, so it must stay inside --out.
+  return s.checkpoint.dir.empty()
+             ? path_inside(out_dir, fs::path(golden_scenario_dir(s.name)) / "checkpoints")
+             : fs::path(s.checkpoint.dir);
 }
 
 void check_checkpoint_root_unused(const Scenario& s, const fs::path& root) {
@@ -297,20 +319,11 @@ int64_t check_start_checkpoint(const Scenario& s, const fs::path& dir) {
 }
 
 engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& request) {
-  engine::RunOptions o;
+  engine::RunOptions o = engine_run_options(s);
   o.config = to_engine_config(s);
-  o.mesh.dp_replicate = static_cast<int>(s.mesh.dp_replicate);
-  o.mesh.dp_shard = static_cast<int>(s.mesh.dp_shard);
-  o.mesh.tp = static_cast<int>(s.mesh.tp);
-  o.mesh.sequence_parallel = s.mesh.sequence_parallel;
-  o.fsdp.reshard_after_forward = s.fsdp.reshard_after_forward;
-  o.fsdp.fp8_all_gather = s.fsdp.fp8_all_gather;
-  o.fsdp.fp8_params = s.fsdp.fp8_params;
-  o.fsdp.sync_each_micro_batch = s.fsdp.sync_each_micro_batch;
   // The runner resolves auto before it gets here (harness/runner.h resolve_backend).
   MP_CHECK(s.backend != Backend::kAuto, "{}: backend auto reached the engine unresolved", s.name);
   o.backend = s.backend == Backend::kCuda ? kernels::Device::cuda(0) : kernels::Device::cpu();
-  o.launcher = s.launcher == Launcher::kMpi ? "mpi" : "local";
   o.faults = request.faults;
   o.steps = request.steps < 0 ? s.train.steps : request.steps;
   o.trace = request.trace;

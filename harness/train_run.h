@@ -25,6 +25,11 @@ namespace meshproof::harness {
 // scenario -> engine::Config. Throws kInput (naming the scenario key) for settings the engine
 // does not support, and runs engine::validate().
 engine::Config to_engine_config(const Scenario& s);
+// The same mapping without any check (for engine::check_run, which reports every issue).
+engine::Config engine_config_of(const Scenario& s);
+// The scenario's config, mesh, FSDP options and launcher as engine::RunOptions, unchecked: what
+// the loader hands to engine::check_run (engine/run_rules.h).
+engine::RunOptions engine_run_options(const Scenario& s);
 
 // The scenario's faults as an engine::FaultInjection. Scenario `from_step` is 1-based (the first
 // optimizer step at which the fault is active); the engine counts steps from 0.

@@ -13,7 +13,7 @@
 
 namespace meshproof::harness {
 int validate_scenarios(const std::vector<std::string>& paths, const std::vector<std::string>& sets,
-                       std::ostream& out, std::ostream& err) {
+                       std::ostream& out, std::ostream& err, const std::string& filter) {
   std::vector<Override> overrides;
   for (const std::string& s : sets) overrides.push_back(parse_override(s));
   int failed = 0;
@@ -22,7 +22,8 @@ int validate_scenarios(const std::vector<std::string>& paths, const std::vector<
   std::map<std::string, std::string> names;  // across files, as `run` requires
   for (const std::string& file : files) {
     try {
-      const std::vector<Scenario> scenarios = load_scenario_file(file, overrides);
+      // The loader reads only the entries --filter selects (run does the same).
+      const std::vector<Scenario> scenarios = load_scenario_file(file, overrides, filter);
       for (const Scenario& s : scenarios) check_unique_name(s, names);
       for (const Scenario& s : scenarios) {
         fmt::print(out, "{}  {}  hash {}\n", s.name, summary_line(s), scenario_hash_hex(s));
@@ -38,6 +39,10 @@ int validate_scenarios(const std::vector<std::string>& paths, const std::vector<
     fmt::print(err, "meshproof: {} of {} scenario file(s) invalid\n", failed, files.size());
     return kExitBadInput;
   }
+  if (!filter.empty() && total == 0) {
+    fmt::print(err, "meshproof: no scenario matches --filter {}\n", filter);
+    return kExitBadInput;
+  }
   fmt::print(out, "{} scenario(s) from {} file(s) valid\n", total, files.size());
   return kExitOk;
 }
@@ -47,11 +52,14 @@ void add_validate_command(CLI::App& app, std::ostream& out, std::ostream& err, i
       "validate", "Load and validate scenario files (or folders of them) without running them");
   auto paths = std::make_shared<std::vector<std::string>>();
   auto sets = std::make_shared<std::vector<std::string>>();
+  auto filter = std::make_shared<std::string>();
   cmd->add_option("SCENARIO", *paths, "Scenario YAML files or folders")->required();
+  cmd->add_option("--filter", *filter,
+                  "Validate only the scenario with this (expanded or base) name, as run does");
   cmd->add_option("--set", *sets, "Override a field: --set key.path=value (repeatable)")
       ->allow_extra_args(false);
-  cmd->callback([&out, &err, &exit_code, paths, sets] {
-    exit_code = validate_scenarios(*paths, *sets, out, err);
+  cmd->callback([&out, &err, &exit_code, paths, sets, filter] {
+    exit_code = validate_scenarios(*paths, *sets, out, err, *filter);
   });
 }
 

@@ -331,7 +331,20 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
   }
 
   const int n = mesh_.world_size();
-  std::vector<void*> streams(static_cast<size_t>(n), nullptr);
+  // The ranks' CUDA streams, destroyed on every way out (a failed stream creation or thread
+  // start included).
+  struct Streams {
+    std::vector<void*> s;
+    ~Streams() {
+#if MESHPROOF_HAVE_CUDA
+      for (void* st : s) {
+        if (st != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(st));
+      }
+#endif
+    }
+  } owned;
+  owned.s.assign(static_cast<size_t>(n), nullptr);
+  std::vector<void*>& streams = owned.s;
 #if MESHPROOF_HAVE_CUDA
   if (options_.device.is_cuda()) {
     MP_CUDA_CHECK(cudaSetDevice(options_.device.index));
@@ -349,7 +362,7 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
-    threads.emplace_back([this, &impl, &fn, &streams, r] {
+    std::function<void()> body = [this, &impl, &fn, &streams, r] {
       try {
         kernels::ScopedRankContext ctx(kernels::RankContext{r, options_.device,
                                                             streams[static_cast<size_t>(r)],
@@ -376,14 +389,20 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
         }
         impl.abort();
       }
-    });
+    };
+    try {
+      threads.push_back(options_.start_thread ? options_.start_thread(std::move(body))
+                                              : std::thread(std::move(body)));
+    } catch (const std::exception& e) {
+      // The ranks already running may wait in a collective for this one: abort them, join
+      // them, then report the start failure (the cause) rather than their aborts.
+      impl.abort();
+      for (auto& t : threads) t.join();
+      MP_FAIL("local world {}: could not start the thread of rank {} of {} ({} running): {}",
+              mesh_.str(), r, n, threads.size(), e.what());
+    }
   }
   for (auto& t : threads) t.join();
-#if MESHPROOF_HAVE_CUDA
-  for (void* s : streams) {
-    if (s != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(s));
-  }
-#endif
   if (impl.first_error) std::rethrow_exception(impl.first_error);
 }
 

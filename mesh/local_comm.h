@@ -12,6 +12,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include "kernels/runtime.h"
 #include "mesh/communicator.h"
@@ -24,6 +25,9 @@ struct LocalWorldOptions {
   kernels::Device device = kernels::Device::cpu();
   // How long a member waits for the others in one collective before failing.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Starts one rank's thread; empty: std::thread. Tests inject a start failure through it (a
+  // machine out of threads throws std::system_error from std::thread's constructor).
+  std::function<std::thread(std::function<void()>)> start_thread = nullptr;
 };
 
 class LocalWorld {
@@ -38,7 +42,9 @@ class LocalWorld {
 
   // Runs fn(comms) once per rank on mesh().world_size() threads and joins them. If any rank
   // throws, the others are aborted and the first error is rethrown (kernels::Error with the
-  // rank prepended to its message, same kind).
+  // rank prepended to its message, same kind). A rank thread that cannot start aborts the ranks
+  // already running, joins them and throws kRuntime naming the rank: every failure path joins
+  // every started thread (destroying a joinable std::thread would std::terminate).
   void run(const std::function<void(RankComms&)>& fn);
 
   // Per-rank memory accounting of the last run (live and peak bytes).

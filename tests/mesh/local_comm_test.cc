@@ -6,8 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <system_error>
+#include <thread>
 
 #include "kernels/error.h"
 #include "kernels/tensor.h"
@@ -206,6 +209,48 @@ TEST(LocalCommTest, ExceptionOnOneRankAbortsTheOthers) {
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 30.0);
+}
+
+TEST(LocalCommTest, ThreadStartFailureIsAnErrorNotTerminate) {
+  // A machine out of threads makes std::thread's constructor throw. Before the fix the vector
+  // of joinable threads was destroyed during unwinding: std::terminate. Now the started ranks
+  // (waiting in a collective for the missing ones) are aborted and joined, and run() throws.
+  // Default 300 s timeout: the abort must wake them, not their timeout.
+  LocalWorldOptions o;
+  int started = 0;
+  o.start_thread = [&started](std::function<void()> body) {
+    if (started == 2) {
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                              "thread start refused by the test");
+    }
+    ++started;
+    return std::thread(std::move(body));
+  };
+  LocalWorld world(DeviceMesh(1, 4, 1), o);
+  std::atomic<int> ran{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    world.run([&](RankComms& comms) {
+      ++ran;
+      Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{1.0f});
+      comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
+    });
+    FAIL() << "expected the thread-start error";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kRuntime);
+    EXPECT_NE(e.message().find("could not start the thread of rank 2 of 4 (2 running)"),
+              std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("thread start refused by the test"), std::string::npos)
+        << e.message();
+  }
+  EXPECT_EQ(ran.load(), 2);  // ranks 0 and 1 ran and were joined
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 30.0);  // not the 300 s timeout; generous for a loaded 2-core machine
+  // The world stays usable after the failure.
+  o.start_thread = nullptr;
+  LocalWorld again(DeviceMesh(1, 2, 1), o);
+  EXPECT_NO_THROW(again.run([](RankComms&) {}));
 }
 
 TEST(LocalCommTest, MismatchedCallsAndBadBuffersAreErrors) {

@@ -3,9 +3,12 @@
 // catalog, the starter library and the `validate` verb.
 #include "harness/scenario_loader.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,10 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "engine/run_rules.h"
 #include "harness/cli.h"
 #include "harness/exit_codes.h"
+#include "harness/golden.h"
 #include "harness/scenario.h"
 #include "harness/scenario_faults.h"
+#include "harness/train_run.h"
 #include "harness/validate_verb.h"
 #include "kernels/error.h"
 
@@ -142,9 +148,10 @@ TEST(ScenarioErrors, ConsistencyRules) {
       "x.yaml:1:21: checks.reference: needs a mesh and/or recipe override to compare against");
   EXPECT_EQ(load_error("checks: {allgather_parity: true}\n"),
             "x.yaml:1:28: checks.allgather_parity: needs fsdp.fp8_all_gather: true");
+  // The engine's rule (engine::check_config), in the scenario's key names.
   EXPECT_EQ(load_error("model: {vocab: 5000}\ndata: {order: 2}\n"),
-            "x.yaml:2:15: data.order: an order-2 Markov chain over vocab 5000 needs 5000^3 "
-            "transition entries, more than 2^24");
+            "x.yaml:2:15: data.order: data.order = 2 with model.vocab = 5000: the transition "
+            "table (vocab^(order+1) = 5000^3 entries) exceeds 2^24");
   // the resume target mesh must fit the model too
   EXPECT_EQ(load_error("checks: {resume: {mesh: {tp: 3}}}\n"),
             "x.yaml:1:30: checks.resume.mesh.tp: model.heads = 4 is not divisible by tp = 3");
@@ -466,6 +473,299 @@ TEST(ValidateVerb, BadInputExits2AndReportsEveryBrokenFile) {
             "before the last of train.steps = 8), got 8");
   EXPECT_EQ(run({"validate", "/nonexistent/x.yaml"}).code, kExitBadInput);
   EXPECT_EQ(run({"validate"}).code, kExitBadInput);  // SCENARIO is required
+}
+
+// ---- #18.3: bounded reading. Each of these crashed (stack overflow in std::regex or in the
+// recursive copy of a cyclic alias) or grew to gigabytes before the fix.
+
+TEST(ScenarioLimits, LongScalarsAreErrorsNotStackOverflows) {
+  const std::string big(40000, 'a');
+  EXPECT_EQ(load_error("name: " + big + "\n"),
+            "x.yaml:1:7: name: a value of 40000 bytes; values are at most 4096 bytes");
+  const std::string digits(40000, '7');
+  EXPECT_EQ(load_error("model:\n  vocab: " + digits + "\n"),
+            "x.yaml:2:10: model.vocab: a value of 40000 bytes; values are at most 4096 bytes");
+  // Under the scalar bound, the scanners take long numbers and names in linear time.
+  EXPECT_EQ(load_error("model:\n  vocab: " + std::string(4000, '7') + "\n"),
+            "x.yaml:2:10: model.vocab: expected an integer, got '" + std::string(4000, '7') + "'");
+  EXPECT_EQ(load_error("train:\n  lr: 0." + std::string(4000, '1') + "\n"), "");
+  const std::string msg = load_error("name: a\n", {"name=" + big});
+  EXPECT_EQ(msg, "--set name=" + std::string(75, 'a') +
+                     "... (40005 bytes): name: a value of 40000 bytes; values are at most 4096 "
+                     "bytes");
+  try {
+    parse_override(big + ".=1");  // a long path with an empty last name
+    FAIL() << "expected a malformed key path";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(e.message().find("malformed key path"), std::string::npos);
+  }
+}
+
+TEST(ScenarioLimits, SelfReferentialAliasIsAnError) {
+  const std::string msg = load_error("d: &a [*a]\n");
+  EXPECT_EQ(msg.rfind("x.yaml:1:", 0), 0u) << msg;
+  EXPECT_NE(msg.find("nested more than 64 levels deep (a self-referential YAML alias?)"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(ScenarioLimits, AliasBombStopsAtTheNodeBound) {
+  // 435 bytes: 9 aliases per level over 8 levels expand to 9^8 = 43 million values (5 GB as a
+  // tree). The copy stops at kMaxNodes.
+  std::string yaml = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+  char prev = 'a';
+  for (char c = 'b'; c <= 'i'; ++c) {
+    yaml += fmt::format("{}: &{} [", c, c);
+    for (int i = 0; i < 9; ++i) yaml += fmt::format("{}*{}", i ? ", " : "", prev);
+    yaml += "]\n";
+    prev = c;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = load_error(yaml);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(msg.find("the document expands to more than 100000 values"), std::string::npos) << msg;
+  EXPECT_LT(s, 30.0);  // bounded work (about 0.1 s here); generous for a loaded 2-core machine
+}
+
+TEST(ScenarioLimits, MatrixExpansionIsBounded) {
+  // 5 axes of 10 values: 100000 scenarios, each a copy of the document, refused before any.
+  std::string yaml = "matrix:\n";
+  for (const char* key :
+       {"train.seed", "data.seed", "train.steps", "model.layers", "checkpoint.every"}) {
+    yaml += fmt::format("  {}: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n", key);
+  }
+  EXPECT_EQ(load_error(yaml), "x.yaml:1:1: matrix: expands to 100000 scenarios, more than 10000");
+}
+
+// ---- #18.5 / #18.4: names that name folders.
+
+TEST(ScenarioNames, DotNamesAndLongNamesAreRejected) {
+  EXPECT_EQ(load_error("name: ..\n"),
+            "x.yaml:1:7: name: '..' names a folder's self or parent; golden and checkpoint "
+            "folders are named after the scenario");
+  EXPECT_EQ(load_error("name: .\n"),
+            "x.yaml:1:7: name: '.' names a folder's self or parent; golden and checkpoint "
+            "folders are named after the scenario");
+  EXPECT_EQ(load_error("name: " + std::string(256, 'n') + "\n"),
+            "x.yaml:1:7: name: is 256 bytes long, more than 255 (it names golden and "
+            "checkpoint folders)");
+  EXPECT_EQ(load_error("name: " + std::string(255, 'n') + "\n"), "");
+  EXPECT_EQ(load_error("name: a\n", {"name=.."}),
+            "--set name=..: name: '..' names a folder's self or parent; golden and checkpoint "
+            "folders are named after the scenario");
+  EXPECT_EQ(load_error("name: ...\n"), "");  // a plain file name
+  // Matrix labels are free text: the derived folder name must stay a usable name.
+  const std::string label(300, 'l');
+  const std::string msg = load_error("name: m\nmatrix:\n  checkpoint.dir: [\"" + label + "\"]\n");
+  EXPECT_NE(msg.find("x.yaml:1:7: name: the expanded name gives a folder name of 317 bytes, "
+                     "more than 255"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(ScenarioNames, DerivedPathsStayInsideTheirRoot) {
+  EXPECT_EQ(path_inside("golden", "a/cpu.h5"), fs::path("golden/a/cpu.h5"));
+  for (const char* bad : {"../cpu.h5", "a/../../x", "/etc/x", "./x", "a//"}) {
+    EXPECT_THROW(path_inside("golden", bad), kernels::Error) << bad;
+  }
+  EXPECT_THROW(path_inside("out", std::string(256, 'x')), kernels::Error);
+  EXPECT_THROW(golden_path("golden", "..", "cpu"), kernels::Error);
+  EXPECT_THROW(golden_path("golden", "ok", "../../cpu"), kernels::Error);  // --platform
+  EXPECT_EQ(golden_path("golden", "fsdp[recipe=bf16]", "cpu"),
+            fs::path("golden/fsdp@recipe=bf16/cpu.h5"));
+}
+
+TEST(ScenarioRules, DataOrderZeroIsRejected) {
+  // The engine's data source needs order >= 1; validate used to accept 0 and run refuse it.
+  EXPECT_EQ(load_error("data:\n  order: 0\n"), "x.yaml:2:10: data.order: must be in [1, 4], got 0");
+}
+
+// ---- #17.4: one set of rules. Every rule of engine::check_run that a scenario can break, each
+// with a minimal scenario: the engine refuses the run (the session constructor's
+// require_valid_run) and the loader reports the same rule at FILE:LINE:COL of the key.
+
+struct RuleCase {
+  const char* yaml;
+  const char* where_key;   // "x.yaml:L:C: key" the loader must report
+  const char* engine_key;  // the engine's key path
+  const char* words;       // part of the engine's message
+};
+
+Scenario base_scenario() {
+  Scenario s = load_one("name: base\n");
+  s.backend = Backend::kCpu;
+  return s;
+}
+
+// The scenario as the loader resolves it, but without the loader's rules: the settings are
+// applied to a valid scenario directly, so the engine judges them alone.
+engine::RunOptions options_of(const std::string& yaml) {
+  // Parse the few keys the cases use into a Scenario by hand.
+  Scenario s = base_scenario();
+  const YAML::Node n = YAML::Load(yaml);
+  if (n["model"]) {
+    if (n["model"]["dropout"]) s.model.dropout = n["model"]["dropout"].as<double>();
+    if (n["model"]["heads"]) s.model.heads = n["model"]["heads"].as<int64_t>();
+    if (n["model"]["hidden"]) s.model.hidden = n["model"]["hidden"].as<int64_t>();
+    if (n["model"]["seq_len"]) s.model.seq_len = n["model"]["seq_len"].as<int64_t>();
+    if (n["model"]["vocab"]) s.model.vocab = n["model"]["vocab"].as<int64_t>();
+    if (n["model"]["ffn"]) s.model.ffn = n["model"]["ffn"].as<int64_t>();
+    if (n["model"]["layers"]) s.model.layers = n["model"]["layers"].as<int64_t>();
+  }
+  if (n["mesh"]) {
+    if (n["mesh"]["tp"]) s.mesh.tp = n["mesh"]["tp"].as<int64_t>();
+    if (n["mesh"]["dp_shard"]) s.mesh.dp_shard = n["mesh"]["dp_shard"].as<int64_t>();
+    if (n["mesh"]["dp_replicate"]) s.mesh.dp_replicate = n["mesh"]["dp_replicate"].as<int64_t>();
+    if (n["mesh"]["sequence_parallel"])
+      s.mesh.sequence_parallel = n["mesh"]["sequence_parallel"].as<bool>();
+  }
+  if (n["recipe"])
+    s.recipe = default_recipe(engine::parse_recipe(n["recipe"].as<std::string>(), "recipe"));
+  if (n["fsdp"]) {
+    if (n["fsdp"]["fp8_all_gather"]) s.fsdp.fp8_all_gather = n["fsdp"]["fp8_all_gather"].as<bool>();
+    if (n["fsdp"]["fp8_params"]) s.fsdp.fp8_params = n["fsdp"]["fp8_params"].as<bool>();
+  }
+  if (n["train"] && n["train"]["global_batch"])
+    s.train.global_batch = n["train"]["global_batch"].as<int64_t>();
+  if (n["data"] && n["data"]["order"]) s.data.order = n["data"]["order"].as<int64_t>();
+  return engine_run_options(s);
+}
+
+const RuleCase kRuleCases[] = {
+    {"model:\n  dropout: 0.1\nmesh:\n  tp: 2\n  sequence_parallel: true\n",
+     "x.yaml:5:22: mesh.sequence_parallel", "mesh.sequence_parallel", "needs model.dropout = 0"},
+    {"mesh:\n  sequence_parallel: true\n", "x.yaml:2:22: mesh.sequence_parallel",
+     "mesh.sequence_parallel", "needs tensor parallelism"},
+    {"model:\n  seq_len: 33\nmesh:\n  tp: 2\n  sequence_parallel: true\n",
+     "x.yaml:5:22: mesh.sequence_parallel", "mesh.sequence_parallel",
+     "seq_len = 33 is not divisible by tp = 2"},
+    {"model:\n  hidden: 96\n  heads: 6\n  ffn: 384\nmesh:\n  tp: 4\n", "x.yaml:6:7: mesh.tp",
+     "mesh.tp", "model.heads = 6 is not divisible by tp = 4"},
+    {"model:\n  hidden: 64\n  heads: 3\n", "x.yaml:3:10: model.heads", "model.heads",
+     "does not divide model.hidden = 64"},
+    {"mesh:\n  dp_shard: 4\ntrain:\n  global_batch: 6\n", "x.yaml:4:17: train.global_batch",
+     "training.batch", "6 is not divisible by dp_replicate x dp_shard x micro_batches"},
+    {"recipe: bf16\nfsdp:\n  fp8_params: true\n", "x.yaml:3:15: fsdp.fp8_params", "fsdp.fp8_params",
+     "needs recipe current, delayed or mxfp8, got bf16"},
+    {"recipe: block\nfsdp:\n  fp8_params: true\n", "x.yaml:3:15: fsdp.fp8_params",
+     "fsdp.fp8_params", "block-scaled weights are not kept"},
+    {"model:\n  hidden: 64\nmesh:\n  dp_shard: 4\nrecipe: mxfp8\nfsdp:\n  fp8_params: true\n",
+     "x.yaml:4:13: mesh.dp_shard", "mesh.dp_shard", "not a multiple of 32 x dp_shard = 128"},
+    {"model:\n  seq_len: 20\nrecipe: mxfp8\ntrain:\n  global_batch: 4\n",
+     "x.yaml:5:17: train.global_batch", "training.batch", "tokens, not a multiple of 32"},
+    {"model:\n  heads: 4\nmesh:\n  tp: 4\nrecipe: mxfp8\n", "x.yaml:4:7: mesh.tp", "mesh.tp",
+     "hidden / tp (proj K) = 16 is not a multiple of 32"},
+    {"model:\n  vocab: 8192\n", "x.yaml:1:1: data.order", "data.markov_order",
+     "the transition table"},
+    {"model:\n  hidden: 1048576\n  ffn: 1048576\n  layers: 1024\n", "x.yaml:2:3: model", "model",
+     "of host memory"},
+};
+
+TEST(ScenarioRules, EveryEngineRuleIsALoaderErrorAtItsKey) {
+  for (const RuleCase& c : kRuleCases) {
+    SCOPED_TRACE(c.yaml);
+    // The engine refuses the run: the rule is in check_run, and the session constructor and
+    // run_training throw it before any work.
+    const engine::RunOptions o = options_of(c.yaml);
+    bool found = false;
+    for (const engine::ConfigIssue& i : engine::check_run(o)) {
+      found = found || (i.key_path == c.engine_key && i.message.find(c.words) != std::string::npos);
+    }
+    EXPECT_TRUE(found) << "check_run has no " << c.engine_key << " issue with '" << c.words << "'";
+    try {
+      engine::require_valid_run(o);
+      ADD_FAILURE() << "require_valid_run accepted it";
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    }
+    // The loader reports it at the key's line and column.
+    const std::string msg = load_error(c.yaml);
+    EXPECT_NE(msg.find(std::string(c.where_key) + ": "), std::string::npos) << msg;
+  }
+}
+
+TEST(ScenarioRules, ChecksRunsFollowTheSameRules) {
+  // The runs a scenario's checks make are judged too, each at the checks.* key that asks for
+  // them (before: validate passed, run failed after training with exit 3).
+  EXPECT_EQ(load_error("model:\n  dropout: 0.1\ntrain:\n  steps: 4\nchecks:\n  resume:\n    mesh: "
+                       "{tp: 2, sequence_parallel: true}\n"),
+            "x.yaml:7:38: checks.resume.mesh.sequence_parallel: needs model.dropout = 0 (got "
+            "0.1): dropout masks are keyed by contiguous token ranges, which a sequence shard is "
+            "not");
+  EXPECT_EQ(load_error("recipe: current\nfsdp:\n  fp8_params: true\nchecks:\n  reference:\n    "
+                       "recipe: fp32\n    rtol: 0.1\n"),
+            "x.yaml:6:13: checks.reference.recipe: fsdp.fp8_params: needs recipe current, "
+            "delayed or mxfp8, got fp32 (in the reference run)");
+}
+
+TEST(ScenarioRules, ResourceRulesUseTheMachineLimits) {
+  engine::RunOptions o = options_of("mesh:\n  dp_shard: 8\n");
+  o.config.training.batch = 8;
+  engine::HostLimits tight{.memory_bytes = 1 << 20, .max_threads = 4};
+  const std::vector<engine::ConfigIssue> issues = engine::check_run(o, tight);
+  ASSERT_EQ(issues.size(), 2u);
+  EXPECT_EQ(issues[0].key_path, "mesh");
+  EXPECT_EQ(issues[0].message,
+            "launcher local runs one thread per rank: 8 ranks, but this process may start at "
+            "most 4 threads here");
+  EXPECT_EQ(issues[1].key_path, "model");
+  EXPECT_NE(issues[1].message.find("this machine has 0.00 GiB"), std::string::npos)
+      << issues[1].message;
+  // The estimate is a lower bound: 16 bytes per parameter over dp_shard x tp, the data table,
+  // the logits; launcher mpi holds one rank per process.
+  const engine::MemoryEstimate e = engine::estimate_memory(o);
+  EXPECT_EQ(e.ranks_in_process, 8);
+  o.launcher = "mpi";
+  EXPECT_EQ(engine::estimate_memory(o).ranks_in_process, 1);
+  EXPECT_TRUE(engine::check_run(o, {.memory_bytes = 0, .max_threads = 4}).empty());
+}
+
+// ---- #17.7 / #17.8: every problem of a file; --filter reads only the selected entries.
+
+TEST(ScenarioErrors, EveryProblemOfAFileIsReported) {
+  const std::string msg = load_error(
+      "mesh:\n  tp: two\n  dp_shards: 2\ntrain:\n  lr: -1\n  steps: 0\ndata:\n  order: 9\n");
+  EXPECT_EQ(msg,
+            "x.yaml:3:3: mesh.dp_shards: unknown key; did you mean 'dp_shard'?\n"
+            "x.yaml:2:7: mesh.tp: expected an integer, got 'two'\n"
+            "x.yaml:6:10: train.steps: must be in [1, 1000000], got 0\n"
+            "x.yaml:5:7: train.lr: must be in (0, 10], got -1\n"
+            "x.yaml:8:10: data.order: must be in [1, 4], got 9");
+  // At most kMaxIssues, then a last line says the report stopped.
+  std::string many = "model:\n";
+  for (int i = 0; i < 30; ++i) many += fmt::format("  bogus{}: 1\n", i);
+  const std::string capped = load_error(many);
+  EXPECT_EQ(std::count(capped.begin(), capped.end(), '\n'), 20) << capped;
+  EXPECT_NE(capped.find("x.yaml: stopped after 20 problems"), std::string::npos) << capped;
+}
+
+TEST(ScenarioErrors, MatrixEntryErrorsNameTheEntryAndFilterSkipsOthers) {
+  const std::string yaml =
+      "name: m\nmodel:\n  hidden: 64\nmatrix:\n  recipe: [bf16, delayed]\n  fsdp: "
+      "[{fp8_params: false}, {fp8_params: true}]\n";
+  EXPECT_EQ(load_error(yaml),
+            "x.yaml:6:44: fsdp.fp8_params: needs recipe current, delayed or mxfp8, got bf16 (in "
+            "matrix entry m[recipe=bf16,fsdp=fp8_params])");
+  // --filter reads only the selected entries: an error elsewhere does not stop them.
+  const std::vector<Scenario> one =
+      load_scenario_text(yaml, "x.yaml", {}, "m[recipe=delayed,fsdp=fp8_params]");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].name, "m[recipe=delayed,fsdp=fp8_params]");
+  EXPECT_TRUE(load_scenario_text(yaml, "x.yaml", {}, "nothing").empty());
+  // A problem every entry shares is the file's: no entry named.
+  EXPECT_EQ(load_error("name: m\nmodel:\n  heads: 3\nmatrix:\n  recipe: [bf16, fp32]\n"),
+            "x.yaml:3:10: model.heads: model.heads = 3 does not divide model.hidden = 64");
+  // The validate verb takes --filter too.
+  const fs::path dir = fs::temp_directory_path() / "meshproof_filter_test";
+  fs::create_directories(dir);
+  { std::ofstream(dir / "m.yaml") << yaml; }
+  EXPECT_EQ(run({"validate", (dir / "m.yaml").string()}).code, kExitBadInput);
+  const CliResult ok =
+      run({"validate", (dir / "m.yaml").string(), "--filter", "m[recipe=delayed,fsdp=fp8_params]"});
+  EXPECT_EQ(ok.code, kExitOk) << ok.err;
+  EXPECT_EQ(run({"validate", (dir / "m.yaml").string(), "--filter", "zzz"}).code, kExitBadInput);
+  fs::remove_all(dir);
 }
 
 TEST(EditDistance, Basics) {

@@ -1,0 +1,217 @@
+#include "engine/run_rules.h"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "engine/params.h"
+#include "kernels/error.h"
+
+namespace meshproof::engine {
+
+namespace {
+
+// The first integer in a /proc or /sys file, or -1 ("max", missing, unreadable).
+int64_t read_count(const char* path) {
+  std::ifstream in(path);
+  int64_t v = -1;
+  if (!(in >> v)) return -1;
+  return v;
+}
+
+HostLimits probe() {
+  HostLimits h;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) h.memory_bytes = static_cast<int64_t>(pages) * page;
+  // Threads: the tightest of the kernel's threads-max, the cgroup's pids.max (minus what the
+  // cgroup already runs) and RLIMIT_NPROC (root is exempt from the latter).
+  int64_t limit = read_count("/proc/sys/kernel/threads-max");
+  auto tighten = [&limit](int64_t v) {
+    if (v > 0) limit = limit > 0 ? std::min(limit, v) : v;
+  };
+  for (const auto& [max_path, cur_path] :
+       {std::pair{"/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids.current"},
+        std::pair{"/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids/pids.current"}}) {
+    const int64_t max = read_count(max_path), cur = read_count(cur_path);
+    if (max > 0) tighten(std::max<int64_t>(1, max - std::max<int64_t>(cur, 0)));
+  }
+  rlimit r{};
+  if (geteuid() != 0 && getrlimit(RLIMIT_NPROC, &r) == 0 && r.rlim_cur != RLIM_INFINITY) {
+    tighten(static_cast<int64_t>(r.rlim_cur));
+  }
+  h.max_threads = std::max<int64_t>(limit, 0);
+  return h;
+}
+
+std::string gib(int64_t bytes) {
+  return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1 << 30));
+}
+
+}  // namespace
+
+const HostLimits& host_limits() {
+  static const HostLimits limits = probe();
+  return limits;
+}
+
+MemoryEstimate estimate_memory(const RunOptions& o) {
+  const Config& c = o.config;
+  MemoryEstimate e;
+  // In int64: each dim may be up to 4096, their product overflows MeshSpec::world_size's int.
+  const int64_t world =
+      std::max<int64_t>(1, int64_t{o.mesh.dp_replicate} * o.mesh.dp_shard * o.mesh.tp);
+  e.ranks_in_process = o.launcher == "mpi" ? 1 : world;
+  // Parameters: each rank holds at least its 1/(dp_shard x tp) share of every tensor as fp32
+  // master, exp_avg, exp_avg_sq and gradient (replicated tensors hold more: a lower bound).
+  // Counted in double: the point is to refuse sizes whose int64 products would overflow too.
+  double params = 0;
+  for (const ParamSpec& s : param_specs(c.model))
+    params += static_cast<double>(s.shape.numel().value);
+  const double shards = static_cast<double>(std::max(1, o.mesh.dp_shard)) *
+                        static_cast<double>(std::max(1, o.mesh.tp));
+  double bytes = 16.0 * params / shards;
+  // The data source's transition table: V^k contexts x V int32 tokens, one per rank (session).
+  bytes += 4.0 * std::pow(static_cast<double>(c.model.vocab),
+                          static_cast<double>(c.data.markov_order + 1));
+  // One micro-batch's fp32 logits [rows, V] on this rank (sequence shard under SP).
+  const double dp = std::max(1.0, static_cast<double>(o.mesh.dp_replicate) * o.mesh.dp_shard);
+  const double rows = static_cast<double>(c.training.batch) / dp /
+                      static_cast<double>(std::max<int64_t>(1, c.training.micro_batches)) *
+                      static_cast<double>(c.training.seq_len) /
+                      (o.mesh.sequence_parallel ? std::max(1, o.mesh.tp) : 1);
+  bytes += 4.0 * rows * static_cast<double>(c.model.vocab);
+  e.per_rank_bytes = bytes >= 9.0e18 ? int64_t{9000000000000000000} : static_cast<int64_t>(bytes);
+  return e;
+}
+
+std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits) {
+  std::vector<ConfigIssue> issues = check_config(o.config);
+  const auto need = [&issues](const char* key, bool cond, std::string message) {
+    if (!cond) issues.push_back({key, std::move(message)});
+  };
+  const Config& c = o.config;
+  const ModelConfig& m = c.model;
+  const TrainingConfig& t = c.training;
+  const MeshSpec& ms = o.mesh;
+  need("mesh.dp_replicate", ms.dp_replicate >= 1,
+       fmt::format("mesh.dp_replicate = {} must be >= 1", ms.dp_replicate));
+  need("mesh.dp_shard", ms.dp_shard >= 1,
+       fmt::format("mesh.dp_shard = {} must be >= 1", ms.dp_shard));
+  need("mesh.tp", ms.tp >= 1, fmt::format("mesh.tp = {} must be >= 1", ms.tp));
+  // A structurally broken config or mesh: the rules below divide by its sizes.
+  if (!issues.empty() && (ms.dp_replicate < 1 || ms.dp_shard < 1 || ms.tp < 1 ||
+                          t.micro_batches < 1 || m.heads < 1 || t.seq_len < 1)) {
+    return issues;
+  }
+  const int64_t tp = ms.tp, dp = int64_t{ms.dp_replicate} * ms.dp_shard;
+  need("mesh.tp", m.heads % tp == 0,
+       fmt::format("model.heads = {} is not divisible by tp = {}", m.heads, tp));
+  need("mesh.sequence_parallel", !ms.sequence_parallel || tp > 1,
+       "needs tensor parallelism (mesh.tp > 1)");
+  need("mesh.sequence_parallel", !ms.sequence_parallel || t.seq_len % tp == 0,
+       fmt::format("model.seq_len = {} is not divisible by tp = {}", t.seq_len, tp));
+  // Dropout masks are keyed by contiguous global element ranges of [B*S, H]; a sequence shard
+  // is not contiguous, so sequence parallelism is limited to dropout 0.
+  need("mesh.sequence_parallel", !ms.sequence_parallel || m.dropout == 0.0,
+       fmt::format("needs model.dropout = 0 (got {}): dropout masks are keyed by contiguous "
+                   "token ranges, which a sequence shard is not",
+                   m.dropout));
+  const int64_t split = dp * t.micro_batches;
+  need("training.batch", t.batch % split == 0,
+       fmt::format("{} is not divisible by dp_replicate x dp_shard x micro_batches = {} x {} x {} "
+                   "= {}",
+                   t.batch, ms.dp_replicate, ms.dp_shard, t.micro_batches, split));
+
+  const RecipeKind rk = c.recipe.kind;
+  const bool fp8 = rk != RecipeKind::kFp32 && rk != RecipeKind::kBf16;
+  // fsdp.fp8_all_gather with a recipe that has no FP8 gather runs with a note (high-precision
+  // gather): the reference run of an FP8 scenario may well be bf16.
+  need("fsdp.fp8_params", !o.fsdp.fp8_params || fp8,
+       fmt::format("needs recipe current, delayed or mxfp8, got {}", recipe_name(rk)));
+  need("fsdp.fp8_params", !o.fsdp.fp8_params || !fp8 || rk != RecipeKind::kBlock,
+       "needs recipe delayed, current or mxfp8 (block-scaled weights are not kept as FP8 primary "
+       "weights), got block");
+
+  if (rk == RecipeKind::kMxfp8 && t.batch % split == 0) {
+    // On a mesh the GEMM operands are this data rank's micro-batch tokens (M; a sequence shard
+    // before the SP gather) and the TP-local weight boxes (N and K): multiples of 32 for the
+    // 1x32 / 32x1 blocks.
+    const int64_t tokens = t.batch / split * t.seq_len;
+    const std::string on =
+        fmt::format("recipe = mxfp8 on mesh (dp_replicate {}, dp_shard {}, tp {})", ms.dp_replicate,
+                    ms.dp_shard, ms.tp);
+    need("training.batch", tokens % 32 == 0,
+         fmt::format("{}: each data-parallel rank's micro-batch has global_batch / (dp x "
+                     "micro_batches) x seq_len = {} tokens, not a multiple of 32 (1x32 / 32x1 "
+                     "blocks)",
+                     on, tokens));
+    if (tp > 1) {
+      for (const auto& [what, value] : {std::pair{"hidden / tp (proj K)", m.hidden / tp},
+                                        std::pair{"ffn / tp (fc2 K)", m.ffn / tp}}) {
+        need("mesh.tp", value % 32 == 0,
+             fmt::format("{}: {} = {} is not a multiple of 32 (1x32 / 32x1 blocks)", on, what,
+                         value));
+      }
+    }
+    if (o.fsdp.fp8_params) {
+      // FP8 primary weights live as shards: every dp_shard chunk of each GEMM weight's
+      // TP-local rows must hold whole 32x1 columnwise blocks. For torch.chunk over n <= 31
+      // ranks that holds exactly when the rows are a multiple of 32 * n.
+      const std::string fc1 =
+          m.activation == Activation::kSwiGlu ? "layers.0.mlp.fc1_gate" : "layers.0.mlp.fc1";
+      struct Weight {
+        std::string name;
+        int64_t rows, cols, local_rows;  // global shape; rows per tp rank
+      };
+      const Weight weights[] = {{"layers.0.attn.qkv", 3 * m.hidden, m.hidden, 3 * m.hidden / tp},
+                                {"layers.0.attn.proj", m.hidden, m.hidden, m.hidden},
+                                {fc1, m.ffn, m.hidden, m.ffn / tp},
+                                {"layers.0.mlp.fc2", m.hidden, m.ffn, m.hidden}};
+      for (const Weight& w : weights) {
+        if (w.local_rows % (32 * ms.dp_shard) == 0) continue;
+        need("mesh.dp_shard", false,
+             fmt::format("fsdp.fp8_params with recipe mxfp8: {}.weight [{}, {}] has {} rows per "
+                         "tp rank, not a multiple of 32 x dp_shard = {} (each shard must hold "
+                         "whole 32x1 blocks)",
+                         w.name, w.rows, w.cols, w.local_rows, 32 * ms.dp_shard));
+        break;
+      }
+    }
+  }
+
+  // What this machine can hold: refused up front rather than after minutes of allocation.
+  // Only for a valid configuration (a broken one has no meaningful size).
+  if (!issues.empty()) return issues;
+  if (o.launcher != "mpi" && limits.max_threads > 0) {
+    const int64_t world = dp * tp;
+    need("mesh", world <= limits.max_threads,
+         fmt::format("launcher local runs one thread per rank: {} ranks, but this process may "
+                     "start at most {} threads here",
+                     world, limits.max_threads));
+  }
+  if (limits.memory_bytes > 0) {
+    const MemoryEstimate e = estimate_memory(o);
+    need("model",
+         static_cast<double>(e.per_rank_bytes) * static_cast<double>(e.ranks_in_process) <=
+             static_cast<double>(limits.memory_bytes),
+         fmt::format("the run needs at least {} of host memory ({} rank{} in this process x {} "
+                     "each: fp32 weights, AdamW moments and gradients, the data table, logits); "
+                     "this machine has {}",
+                     gib(e.process_bytes()), e.ranks_in_process, e.ranks_in_process == 1 ? "" : "s",
+                     gib(e.per_rank_bytes), gib(limits.memory_bytes)));
+  }
+  return issues;
+}
+
+void require_valid_run(const RunOptions& options) {
+  const std::vector<ConfigIssue> issues = check_run(options);
+  if (!issues.empty()) {
+    MP_FAIL_INPUT("{}: {}", issues.front().key_path, issues.front().message);
+  }
+}
+
+}  // namespace meshproof::engine
