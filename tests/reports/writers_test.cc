@@ -356,9 +356,6 @@ TEST(WriteReportsTest, UnwritableDirectoryIsAnIoError) {
   }
 }
 
-}  // namespace
-}  // namespace meshproof::reports
-
 // Issue #18.6: report temporaries had a predictable name (.report.json.tmp.<pid>) opened with
 // O_TRUNC, so a symlink planted under that name made the run overwrite the symlink's target.
 // Now they are mkstemp'd: a planted symlink is neither followed nor removed, its target keeps its
@@ -431,3 +428,6 @@ TEST(AtomicFileTest, OrphanTemporariesOfDeadWritersAreRemovedAndNothingElse) {
   for (const std::string& n : orphans) EXPECT_FALSE(std::filesystem::exists(dir.path() / n)) << n;
   for (const std::string& n : kept) EXPECT_TRUE(std::filesystem::exists(dir.path() / n)) << n;
 }
+
+}  // namespace
+}  // namespace meshproof::reports
