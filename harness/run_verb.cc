@@ -19,6 +19,7 @@
 #include "harness/runner.h"
 #include "harness/scenario_faults.h"
 #include "kernels/error.h"
+#include "mesh/communicator.h"
 #include "mesh/library_info.h"
 #include "reports/atomic_file.h"
 #include "reports/report_error.h"
@@ -135,6 +136,7 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
   // Everything is loaded and validated before anything runs or is written.
   const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
   check_not_several_local_runs(scenarios, opts.launcher, "run");
+  (void)mesh::collective_timeout();  // a malformed MESHPROOF_COLLECTIVE_TIMEOUT is bad input now
 
   reports::RunRecord record;
   record.environment = collect_environment();
@@ -237,6 +239,7 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
                  o.force_platform);
   const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
   check_not_several_local_runs(scenarios, opts.launcher, "golden update");
+  (void)mesh::collective_timeout();
   const reports::EnvironmentRecord env = collect_environment();
 
   // Plan every scenario before training any: the backend each runs on, the platform that

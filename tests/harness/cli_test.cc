@@ -148,5 +148,21 @@ TEST(CliTest, GoldenUpdatePlatformComesFromTheDevice) {
   EXPECT_FALSE(std::filesystem::exists(golden));
 }
 
+// The watchdog's limit is checked with everything else, before anything runs or is written.
+TEST(CliTest, MalformedCollectiveTimeoutIsBadInput) {
+  const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
+  const std::string out = ::testing::TempDir() + "cli_bad_timeout";
+  std::filesystem::remove_all(out);
+  setenv("MESHPROOF_COLLECTIVE_TIMEOUT", "5min", 1);
+  const CliResult r =
+      run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
+  unsetenv("MESHPROOF_COLLECTIVE_TIMEOUT");
+  EXPECT_EQ(r.code, kExitBadInput) << r.err;
+  EXPECT_NE(r.err.find("MESHPROOF_COLLECTIVE_TIMEOUT=5min: expected a positive number of seconds"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 }  // namespace
 }  // namespace meshproof::harness
