@@ -11,6 +11,8 @@
 #include "harness/scenario.h"
 #include "kernels/error.h"
 #include "kernels/hdf5_check.h"
+#include "reports/atomic_file.h"
+#include "reports/report_error.h"
 
 namespace meshproof::harness {
 namespace fs = std::filesystem;
@@ -46,8 +48,17 @@ std::string golden_scenario_dir(const std::string& scenario_name) {
   return out;
 }
 
+bool valid_platform_name(const std::string& platform) {
+  return !platform.empty() && std::all_of(platform.begin(), platform.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
 fs::path golden_path(const fs::path& root, const std::string& scenario_name,
                      const std::string& platform) {
+  // The platform is a file name inside the scenario's folder: never a path.
+  MP_CHECK_INPUT(valid_platform_name(platform),
+                 "golden platform '{}': expected a name of [a-z0-9_-] characters", platform);
   return path_inside(root, fs::path(golden_scenario_dir(scenario_name)) / (platform + ".h5"));
 }
 
@@ -69,35 +80,62 @@ void write_string_attr(H5::H5File& f, const std::string& key, const std::string&
 
 }  // namespace
 
+namespace {
+
+// The whole read, as one call: an HDF5 failure names this call, not its source text.
+GoldenData read_golden_file(const std::string& p) {
+  GoldenData data;
+  H5::H5File f(p, H5F_ACC_RDONLY);
+  for (int i = 0; i < f.getNumAttrs(); ++i) {
+    H5::Attribute a = f.openAttribute(static_cast<unsigned>(i));
+    if (a.getTypeClass() == H5T_STRING) data.provenance[a.getName()] = read_string_attr(a);
+  }
+  H5::Group g = f.openGroup("/metrics");
+  for (hsize_t i = 0; i < g.getNumObjs(); ++i) {
+    const std::string name = g.getObjnameByIdx(i);
+    H5::DataSet ds = g.openDataSet(name);
+    H5::DataSpace space = ds.getSpace();
+    MP_CHECK_INPUT(space.getSimpleExtentNdims() == 1,
+                   "golden {}: /metrics/{} must be 1-D float64 [steps]", p, name);
+    hsize_t n = 0;
+    space.getSimpleExtentDims(&n);
+    std::vector<double> v(n);
+    if (n > 0) ds.read(v.data(), H5::PredType::NATIVE_DOUBLE);
+    data.metrics[name] = std::move(v);
+  }
+  return data;
+}
+
+// The golden as the bytes of an HDF5 file, built in memory (the core driver without a backing
+// store), so that the file itself is written by reports::write_file_atomically.
+std::string golden_image(const GoldenData& data) {
+  H5::FileAccPropList fapl;
+  fapl.setCore(64 * 1024, false);
+  H5::H5File f("golden-in-memory.h5", H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, fapl);
+  for (const auto& [k, v] : data.provenance) write_string_attr(f, k, v);
+  H5::Group g = f.createGroup("/metrics");
+  for (const auto& [name, values] : data.metrics) {
+    const hsize_t n = values.size();
+    H5::DataSpace space(1, &n);
+    H5::DataSet ds = g.createDataSet(name, H5::PredType::IEEE_F64LE, space);
+    if (n > 0) ds.write(values.data(), H5::PredType::NATIVE_DOUBLE);
+  }
+  f.flush(H5F_SCOPE_GLOBAL);
+  const ssize_t size = H5Fget_file_image(f.getId(), nullptr, 0);
+  MP_CHECK(size > 0, "HDF5 gave no file image for the golden");
+  std::string bytes(static_cast<size_t>(size), '\0');
+  MP_CHECK(H5Fget_file_image(f.getId(), bytes.data(), bytes.size()) == size,
+           "HDF5 file image of the golden changed size");
+  return bytes;
+}
+
+}  // namespace
+
 std::optional<GoldenData> read_golden(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
-  GoldenData data;
   const std::string p = path.string();
-  MP_HDF5(
-      kInput,
-      [&] {
-        H5::H5File f(p, H5F_ACC_RDONLY);
-        for (int i = 0; i < f.getNumAttrs(); ++i) {
-          H5::Attribute a = f.openAttribute(static_cast<unsigned>(i));
-          if (a.getTypeClass() == H5T_STRING) data.provenance[a.getName()] = read_string_attr(a);
-        }
-        H5::Group g = f.openGroup("/metrics");
-        for (hsize_t i = 0; i < g.getNumObjs(); ++i) {
-          const std::string name = g.getObjnameByIdx(i);
-          H5::DataSet ds = g.openDataSet(name);
-          H5::DataSpace space = ds.getSpace();
-          MP_CHECK_INPUT(space.getSimpleExtentNdims() == 1,
-                         "golden {}: /metrics/{} must be 1-D float64 [steps]", p, name);
-          hsize_t n = 0;
-          space.getSimpleExtentDims(&n);
-          std::vector<double> v(n);
-          if (n > 0) ds.read(v.data(), H5::PredType::NATIVE_DOUBLE);
-          data.metrics[name] = std::move(v);
-        }
-        return 0;
-      }(),
-      "reading golden {}", p);
+  GoldenData data = MP_HDF5(kInput, read_golden_file(p), "reading golden {}", p);
   MP_CHECK_INPUT(data.metrics.count("loss") == 1, "golden {}: /metrics/loss is missing", p);
   return data;
 }
@@ -106,34 +144,14 @@ void write_golden(const fs::path& path, const GoldenData& data) {
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   MP_CHECK(!ec, "creating golden folder {}: {}", path.parent_path().string(), ec.message());
-  const fs::path partial = path.string() + ".partial";
-  const std::string tmp = partial.string();
+  const std::string bytes =
+      MP_HDF5(kRuntime, golden_image(data), "writing golden {}", path.string());
+  // Temporaries of earlier updates that were killed before their rename.
+  (void)reports::remove_orphan_temporaries(path.parent_path(), {path.filename().string()});
   try {
-    MP_HDF5(
-        kRuntime,
-        [&] {
-          H5::H5File f(tmp, H5F_ACC_TRUNC);
-          for (const auto& [k, v] : data.provenance) write_string_attr(f, k, v);
-          H5::Group g = f.createGroup("/metrics");
-          for (const auto& [name, values] : data.metrics) {
-            const hsize_t n = values.size();
-            H5::DataSpace space(1, &n);
-            H5::DataSet ds = g.createDataSet(name, H5::PredType::IEEE_F64LE, space);
-            if (n > 0) ds.write(values.data(), H5::PredType::NATIVE_DOUBLE);
-          }
-          f.close();
-          return 0;
-        }(),
-        "writing golden {}", tmp);
-  } catch (...) {
-    fs::remove(partial, ec);
-    throw;
-  }
-  fs::rename(partial, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(partial, ignored);
-    MP_FAIL("renaming {} to {}: {}", tmp, path.string(), ec.message());
+    reports::write_file_atomically(path, bytes);
+  } catch (const reports::ReportError& e) {
+    MP_FAIL("writing golden {}: {}", path.string(), e.what());
   }
 }
 

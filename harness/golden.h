@@ -3,8 +3,9 @@
 //   /metrics/<name>   float64 [steps]   (loss, grad_norm, lr)
 //   / attributes      scenario, scenario_hash, meshproof_version, git_commit, backend, device,
 //                     cuda_runtime, cublaslt, nccl, date, command   (strings)
-// Goldens are written atomically (<file>.partial, then rename), so a failed update leaves the
-// previous golden intact.
+// Goldens are written atomically (reports/atomic_file.h: a mkstemp'd temporary in the golden's
+// folder, fsynced, renamed over the golden, the folder fsynced), so a failed update leaves the
+// previous golden intact and concurrent updates of one golden each leave a complete one.
 #pragma once
 
 #include <filesystem>
@@ -30,6 +31,11 @@ std::string golden_platform(const std::string& backend, const reports::Environme
 // outside [A-Za-z0-9_.,=@-] replaced by '_' ("fsdp[recipe=bf16]" -> "fsdp@recipe=bf16").
 std::string golden_scenario_dir(const std::string& scenario_name);
 
+// Whether `platform` is a golden platform name: [a-z0-9_-]+ (a file name, never a path).
+bool valid_platform_name(const std::string& platform);
+
+// root/<golden_scenario_dir>/<platform>.h5; a platform that is not valid_platform_name is a
+// kInput error.
 std::filesystem::path golden_path(const std::filesystem::path& root,
                                   const std::string& scenario_name, const std::string& platform);
 
@@ -37,7 +43,9 @@ std::filesystem::path golden_path(const std::filesystem::path& root,
 // naming it.
 std::optional<GoldenData> read_golden(const std::filesystem::path& path);
 
-// Writes <path>.partial then renames it over `path` (creating parent folders). kRuntime errors.
+// Builds the HDF5 file in memory, then writes it atomically (see the top) after removing orphan
+// temporaries of `path` left by killed updates (creating parent folders). kRuntime errors that
+// name the golden and the reason (never source code).
 void write_golden(const std::filesystem::path& path, const GoldenData& data);
 
 // Signed mean relative shift of `now` against `before` over the common steps:

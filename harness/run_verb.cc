@@ -19,7 +19,10 @@
 #include "harness/runner.h"
 #include "harness/scenario_faults.h"
 #include "kernels/error.h"
+#include "mesh/communicator.h"
 #include "mesh/library_info.h"
+#include "reports/atomic_file.h"
+#include "reports/report_error.h"
 #include "reports/report_writers.h"
 
 namespace meshproof::harness {
@@ -55,6 +58,57 @@ std::string compact_timestamp(const std::string& iso) {
   return out;
 }
 
+// The name of the probe file the out-folder check creates (and of its orphan temporaries).
+constexpr const char* kWriteProbe = "meshproof-write-probe";
+
+// Issue #17.6: under mpirun/srun every process runs the verb. That is right for scenarios on the
+// mpi launcher (one rank each); a local-launcher scenario would run whole in every process, all
+// racing on one output folder. Refused before any work.
+void check_not_several_local_runs(const std::vector<Scenario>& scenarios,
+                                  const std::optional<Launcher>& launcher, std::string_view verb) {
+  std::string source;
+  const int world = mesh::launched_world_size(&source);
+  if (world <= 1) return;
+  for (const Scenario& s : scenarios) {
+    if (launcher.value_or(s.launcher) == Launcher::kMpi) continue;
+    MP_FAIL_INPUT(
+        "{}: scenario {}: this process is one of {} MPI ranks ({}) but the scenario runs on the "
+        "local launcher, so every rank would run all of it and write the same output; pass "
+        "--launcher mpi to `meshproof {}` (the mesh must have {} ranks), or run it without "
+        "mpirun",
+        s.source, s.name, world, source, verb, world);
+  }
+}
+
+// Issues #17.5, #18.11: the output folder must be a folder this process can write, checked before
+// any training (a run that trains for an hour and then cannot write its reports lost the hour).
+// Creates it when missing; proves writability by creating, writing and removing a probe file
+// (access(2) says nothing about a read-only mount, a full disk of 0 bytes or root). Then removes
+// orphan temporaries that killed runs left (reports/atomic_file.h: only the project's own pattern,
+// only of processes that are gone).
+void prepare_out_dir(const fs::path& out_dir, bool clean_orphans) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(out_dir, ec);
+  MP_CHECK_INPUT(!fs::exists(st) || fs::is_directory(st),
+                 "--out {}: exists and is not a directory (the reports need a folder)",
+                 out_dir.string());
+  if (!fs::exists(st)) {
+    fs::create_directories(out_dir, ec);
+    MP_CHECK_INPUT(!ec, "--out {}: cannot create the folder: {}", out_dir.string(), ec.message());
+  }
+  try {
+    reports::StagedFile probe = reports::create_temporary(out_dir / kWriteProbe);
+    reports::write_and_sync(probe, "meshproof checks that it can write here\n");
+    fs::remove(probe.path, ec);
+  } catch (const reports::ReportError& e) {
+    MP_FAIL_INPUT("--out {}: the folder is not writable: {}", out_dir.string(), e.what());
+  }
+  if (!clean_orphans) return;
+  std::vector<std::string> names = reports::report_file_names();
+  names.push_back(kWriteProbe);
+  (void)reports::remove_orphan_temporaries(out_dir, names);
+}
+
 std::string check_summary(const reports::ScenarioRecord& r) {
   std::string s;
   for (const auto& c : r.checks)
@@ -81,14 +135,22 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
   opts.sets = o.sets;
   // Everything is loaded and validated before anything runs or is written.
   const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
+  check_not_several_local_runs(scenarios, opts.launcher, "run");
+  (void)mesh::collective_timeout();  // a malformed MESHPROOF_COLLECTIVE_TIMEOUT is bad input now
 
   reports::RunRecord record;
   record.environment = collect_environment();
   record.command_line = o.command_line;
   record.start_time = reports::format_utc(unix_now());
+  // An explicit cuda backend without a GPU fails here, before anything runs (runner.h).
+  for (const Scenario& s : scenarios) {
+    std::string skip;
+    (void)resolve_backend(s, opts, record.environment, &skip);
+  }
   const fs::path out_dir = o.out_dir.empty()
                                ? fs::path("out") / compact_timestamp(record.start_time)
                                : fs::path(o.out_dir);
+  prepare_out_dir(out_dir, lead);
 
   opts.out_dir = out_dir;
   opts.from_checkpoint = o.from_checkpoint;
@@ -127,7 +189,17 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
   }
   record.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!lead) return any_error ? kExitRuntimeError : any_missed ? kExitCheckFailed : kExitOk;
-  const reports::ReportPaths paths = reports::write_reports(record, out_dir);
+  // The reports are small: they are written whatever failed above (a checkpoint save on a full
+  // disk is a scenario or check error inside them). When they cannot be written either, the
+  // summary below still prints and says exactly why (issue #18.11).
+  reports::ReportPaths paths;
+  std::string not_written;
+  try {
+    paths = reports::write_reports(record, out_dir);
+  } catch (const reports::ReportError& e) {
+    if (e.kind() != reports::ReportError::Kind::kIo) throw;
+    not_written = e.what();
+  }
 
   // The one-screen summary: one row per scenario.
   size_t width = 8;
@@ -149,9 +221,13 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
   }
   fmt::print(out, "\n{} of {} scenario(s) met their expectation in {:.1f}s\n", met_count,
              scenarios.size(), record.duration_s);
+  if (!not_written.empty()) {
+    fmt::print(err, "meshproof: runtime error: the reports were not written to {}: {}\n",
+               out_dir.string(), not_written);
+    return kExitRuntimeError;
+  }
   fmt::print(out, "reports: {}\n         {}\n         {}\n         {}\n", paths.markdown.string(),
              paths.html.string(), paths.json.string(), paths.junit.string());
-  (void)err;
   if (any_error) return kExitRuntimeError;
   return any_missed ? kExitCheckFailed : kExitOk;
 }
@@ -159,9 +235,24 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
 int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ostream& err) {
   RunnerOptions opts;
   opts.backend = parse_backend(o.backend);
+  opts.launcher = parse_launcher(o.launcher);
+  MP_CHECK_INPUT(o.force_platform.empty() || valid_platform_name(o.force_platform),
+                 "--force-platform '{}': expected a name of [a-z0-9_-] characters (cpu, h100, ...)",
+                 o.force_platform);
   const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
+  check_not_several_local_runs(scenarios, opts.launcher, "golden update");
+  (void)mesh::collective_timeout();
   const reports::EnvironmentRecord env = collect_environment();
-  int failures = 0;
+
+  // Plan every scenario before training any: the backend each runs on, the platform that
+  // backend's device gives and so the golden it writes. Bad input (an explicit cuda backend
+  // without a GPU, --platform naming another platform) ends the verb here with nothing written.
+  struct Plan {
+    const Scenario* scenario;
+    std::string backend;   // "cpu" or "cuda:0"
+    std::string platform;  // the golden file's platform
+  };
+  std::vector<Plan> plans;
   for (const Scenario& s : scenarios) {
     std::string skip;
     const std::optional<std::string> backend = resolve_backend(s, opts, env, &skip);
@@ -169,6 +260,18 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
       fmt::print(out, "skip  {}: {}\n", s.name, skip);
       continue;
     }
+    const std::string derived = golden_platform(*backend, env);
+    MP_CHECK_INPUT(o.platform.empty() || o.platform == derived,
+                   "--platform {}: scenario {} runs on {} here, whose golden platform is {}; a "
+                   "golden holds the numbers of the device that produced them (--force-platform "
+                   "NAME overrides the file name, knowingly)",
+                   o.platform, s.name, device_description(*backend, env), derived);
+    plans.push_back({&s, *backend, o.force_platform.empty() ? derived : o.force_platform});
+  }
+
+  int failures = 0;
+  for (const Plan& plan : plans) {
+    const Scenario& s = *plan.scenario;
     std::string why;
     if (!can_execute(s, &why)) {
       fmt::print(err, "meshproof: {}: {}\n", s.name, why);
@@ -179,7 +282,8 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
     // their faulty run against what the run should have produced.
     Scenario clean = s;
     clean.faults.clear();
-    clean.backend = *backend == "cpu" ? Backend::kCpu : Backend::kCuda;
+    clean.backend = plan.backend == "cpu" ? Backend::kCpu : Backend::kCuda;
+    if (opts.launcher) clean.launcher = *opts.launcher;
     std::string why_clean;
     if (!can_execute(clean, &why_clean)) {
       fmt::print(err, "meshproof: {}: {}\n", s.name, why_clean);
@@ -187,6 +291,9 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
       continue;
     }
     const TrainOutcome run = train_scenario(clean, TrainRequest{});
+    // The platform comes from the device the run used, not from a flag.
+    MP_CHECK(golden_platform(run.device, env) == golden_platform(plan.backend, env),
+             "scenario {} ran on {} but was planned on {}", s.name, run.device, plan.backend);
     GoldenData g;
     std::vector<double> loss, grad_norm, lr;
     for (const auto& m : run.steps) {
@@ -199,15 +306,14 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
                     {"scenario_hash", scenario_hash_hex(s)},
                     {"meshproof_version", env.meshproof_version},
                     {"git_commit", env.git_commit},
-                    {"backend", *backend},
+                    {"backend", plan.backend},
                     {"device", device_description(run.device, env)},
                     {"cuda_runtime", env.cuda_runtime},
                     {"cublaslt", env.cublaslt},
                     {"nccl", env.nccl},
                     {"date", reports::format_utc(unix_now())},
                     {"command", shell_join(o.command_line)}};
-    const std::string platform = o.platform.empty() ? golden_platform(*backend, env) : o.platform;
-    const fs::path path = golden_path(o.golden_dir, s.name, platform);
+    const fs::path path = golden_path(o.golden_dir, s.name, plan.platform);
     // Under mpirun every process trained the same run; rank 0 alone writes the golden.
     if (mesh::launched_rank() != 0) continue;
     const std::optional<GoldenData> before = read_golden(path);
@@ -302,9 +408,15 @@ void add_golden_command(CLI::App& app, const std::vector<std::string>& args, std
       "update", "Run scenarios and (re)write their goldens, printing the shift per metric");
   auto o = std::make_shared<GoldenUpdateOptions>();
   cmd->add_option("SCENARIO", o->paths, "Scenario YAML files or folders")->required();
-  cmd->add_option("--platform", o->platform, "Golden platform (default: cpu or the GPU family)");
+  cmd->add_option("--platform", o->platform,
+                  "Expected golden platform: refuse unless the device the run uses gives it");
+  cmd->add_option("--force-platform", o->force_platform,
+                  "Write the golden under this platform name ([a-z0-9_-]+) instead of the "
+                  "device's (cpu or the GPU family)");
   cmd->add_option("--backend", o->backend, "cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--launcher", o->launcher, "local or mpi (default: each scenario's own)")
+      ->check(CLI::IsMember({"local", "mpi"}));
   cmd->add_option("--filter", o->filter, "Only the scenario with this (expanded or base) name");
   cmd->add_option("--set", o->sets, "Override a field: --set key.path=value (repeatable)")
       ->allow_extra_args(false);

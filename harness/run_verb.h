@@ -5,9 +5,14 @@
 //     each with its checks, writes report.json/.md/junit.xml/.html into --out (default
 //     out/<UTC timestamp>). Exit 0 when every scenario met its expectation, 1 when one did not,
 //     3 on runtime errors (a scenario or check that could not run).
-//   golden update SCENARIO... [--platform P] [--filter NAME] [--set k=v]... [--golden-dir DIR]
-//     Runs the scenarios and writes golden/<scenario>/<platform>.h5 atomically, printing the
-//     signed mean relative shift of each metric against the previous golden.
+//     Before any work: an explicit cuda backend without a GPU, an --out that is a file or not
+//     writable, or local-launcher scenarios in every rank of an mpirun job are exit 2.
+//   golden update SCENARIO... [--backend B] [--launcher L] [--platform P | --force-platform P]
+//       [--filter NAME] [--set k=v]... [--golden-dir DIR]
+//     Runs the scenarios and writes golden/<scenario>/<platform>.h5 atomically, the platform
+//     derived from the device each run uses (--platform: a guard that it is P; --force-platform:
+//     another name, [a-z0-9_-]+), printing the signed mean relative shift of each metric
+//     against the previous golden.
 //   faults
 //     The fault catalog: each fault, the bug class it reproduces and the checks that catch it.
 #pragma once
@@ -44,8 +49,11 @@ struct GoldenUpdateOptions {
   std::vector<std::string> paths;
   std::vector<std::string> sets;
   std::string filter;
-  std::string platform;  // "" -> the platform of the backend the scenario runs on
+  // The golden's platform is derived from the device each run uses (cpu or the GPU family).
+  std::string platform;        // --platform: a guard, refuse (exit 2) unless it is the derived one
+  std::string force_platform;  // --force-platform: the file name instead, [a-z0-9_-]+
   std::string backend;
+  std::string launcher;  // "" (scenario's own), local, mpi
   std::string golden_dir = "golden";
   std::vector<std::string> command_line;  // argv as given (the golden's `command`, shell-quoted)
 };

@@ -14,6 +14,7 @@
 #include "engine/data.h"
 #include "harness/checks.h"
 #include "harness/golden.h"
+#include "harness/run_verb.h"
 #include "harness/scenario_faults.h"
 #include "harness/scenario_loader.h"
 #include "kernels/error.h"
@@ -139,12 +140,17 @@ std::optional<std::string> resolve_backend(const Scenario& s, const RunnerOption
                                            const reports::EnvironmentRecord& env,
                                            std::string* skip_reason) {
   const Backend b = opts.backend.value_or(s.backend);
-  const bool wants_gpu = s.requires_gpu || b == Backend::kCuda;
-  if (wants_gpu && !env.cuda_usable) {
-    *skip_reason =
-        fmt::format("{} but no usable GPU: {}", s.requires_gpu ? "requires_gpu" : "backend cuda",
-                    env.cuda_unusable_reason.empty() ? std::string("CUDA not compiled")
-                                                     : env.cuda_unusable_reason);
+  const std::string why_not = env.cuda_unusable_reason.empty() ? std::string("CUDA not compiled")
+                                                               : env.cuda_unusable_reason;
+  // An explicit cuda backend is a promise to run on the GPU: without one it is an error, not a
+  // skip that exits 0 having run nothing (issue #17.3).
+  MP_CHECK_INPUT(b != Backend::kCuda || env.cuda_usable,
+                 "{}: scenario {}: backend cuda ({}) but no usable GPU: {}; --backend auto skips "
+                 "requires_gpu scenarios where there is no GPU, --backend cpu runs on the CPU",
+                 s.source, s.name, opts.backend ? "--backend cuda" : "the scenario's backend: cuda",
+                 why_not);
+  if (s.requires_gpu && !env.cuda_usable) {
+    *skip_reason = fmt::format("requires_gpu but no usable GPU: {}", why_not);
     return std::nullopt;
   }
   // auto: the GPU when one is usable (virtual ranks share cuda:0), else the CPU.
@@ -153,14 +159,21 @@ std::optional<std::string> resolve_backend(const Scenario& s, const RunnerOption
   return std::string("cpu");
 }
 
-std::string golden_update_command(const Scenario& s, const std::vector<std::string>& sets,
+std::string golden_update_command(const Scenario& s, const RunnerOptions& opts,
                                   const std::string& platform) {
-  std::string cmd = fmt::format("meshproof golden update {}", s.source);
-  // --filter picks this one scenario out of a file that may expand a matrix.
-  cmd += fmt::format(" --filter '{}'", s.name);
-  for (const std::string& set : sets) cmd += fmt::format(" --set '{}'", set);
-  cmd += fmt::format(" --platform {}", platform);
-  return cmd;
+  // Every option of the run that decides what the golden holds or where it goes, so that the
+  // printed command rewrites the golden this run read (issue #17.13).
+  std::vector<std::string> args = {"meshproof", "golden", "update", s.source,
+                                   // --filter picks this one scenario out of a matrix file.
+                                   "--filter", s.name};
+  for (const std::string& set : opts.sets) args.push_back("--set=" + set);
+  if (opts.backend) args.push_back(std::string("--backend=") + to_string(*opts.backend));
+  if (opts.launcher) args.push_back(std::string("--launcher=") + to_string(*opts.launcher));
+  args.push_back("--golden-dir=" + opts.golden_dir.string());
+  // A guard: golden update derives the platform from the device it runs on and refuses when
+  // that is not this one.
+  args.push_back("--platform=" + platform);
+  return shell_join(args);
 }
 
 std::vector<std::string> intended_checks(const Scenario& s) {
@@ -383,7 +396,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
         }
       }
       auto r = check_golden(main.steps, golden, s.checks.golden, path.string(),
-                            golden_update_command(s, opts.sets, platform), &g, opts.trace, hash);
+                            golden_update_command(s, opts, platform), &g, opts.trace, hash);
       for (reports::GoldenStep& gs : g.steps) gs.step += start;
       if (!g.steps.empty()) rec.golden = g;
       return r;

@@ -45,7 +45,9 @@ std::vector<Scenario> load_scenarios(const std::vector<std::string>& paths,
                                      const std::string& filter);
 
 // The backend a scenario runs on ("cpu" or "cuda:0"), or nullopt with `skip_reason` set when it
-// must be skipped (needs a GPU this machine does not have).
+// must be skipped: requires_gpu on a machine without a usable GPU (under --backend auto or cpu).
+// An explicit cuda backend (--backend cuda, or the scenario's backend: cuda without --backend)
+// without a usable GPU is a kInput error with the reason `meshproof env` gives.
 std::optional<std::string> resolve_backend(const Scenario& s, const RunnerOptions& opts,
                                            const reports::EnvironmentRecord& env,
                                            std::string* skip_reason);
@@ -92,8 +94,11 @@ std::optional<double> measured_bf16_peak(int device_index);
 // "NVIDIA H100 80GB HBM3 (cuda:0)" (just "cuda:N" when that GPU was not probed).
 std::string device_description(const std::string& device, const reports::EnvironmentRecord& env);
 
-// The command that (re)creates a scenario's golden.
-std::string golden_update_command(const Scenario& s, const std::vector<std::string>& sets,
+// The command that (re)creates the golden a run of `s` with `opts` reads: the scenario file, a
+// --filter for its name, every --set, --backend and --launcher given, --golden-dir and
+// --platform (a guard: golden update refuses when its device gives another platform), each word
+// shell-quoted.
+std::string golden_update_command(const Scenario& s, const RunnerOptions& opts,
                                   const std::string& platform);
 
 }  // namespace meshproof::harness

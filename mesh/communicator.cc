@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda_check.h"
 #include "kernels/error.h"
@@ -61,6 +65,16 @@ Communicator::Communicator(std::vector<int> ranks, int index, std::string label)
     : ranks_(std::move(ranks)), index_(index), label_(std::move(label)) {
   MP_CHECK(0 <= index_ && index_ < size(), "communicator index {} outside group of {}", index_,
            size());
+}
+
+std::chrono::milliseconds collective_timeout() {
+  const char* v = std::getenv(kCollectiveTimeoutEnv);
+  if (v == nullptr || *v == '\0') return kDefaultCollectiveTimeout;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  MP_CHECK_INPUT(end != v && *end == '\0' && std::isfinite(s) && s > 0 && s < 1e9,
+                 "{}={}: expected a positive number of seconds", kCollectiveTimeoutEnv, v);
+  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(s * 1000.0)));
 }
 
 std::string Communicator::describe() const {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -93,6 +94,16 @@ class Communicator {
   std::string label_;
   std::array<CollectiveStats, kNumCollectiveKinds> stats_{};
 };
+
+// The collective watchdog of the local and mpi launchers: how long a member waits for the others
+// in one collective before the run fails (local: a kRuntime error; mpi: the whole job aborts)
+// with the collective, the group and the ranks that never arrived. MESHPROOF_COLLECTIVE_TIMEOUT
+// (seconds, a positive number, fractions allowed) when set, else kDefaultCollectiveTimeout:
+// generous, because a slow rank (a checkpoint save, a report write) is not a stalled one. A
+// malformed value is a kInput error naming the variable.
+inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{300};
+inline constexpr const char* kCollectiveTimeoutEnv = "MESHPROOF_COLLECTIVE_TIMEOUT";
+std::chrono::milliseconds collective_timeout();
 
 // One rank's view of the communicators of every mesh group (backend-agnostic): engine code asks
 // for `group({MeshDim::kDpShard})` and runs the same on every launcher.

@@ -50,4 +50,16 @@ int launched_rank() {
   return 0;
 }
 
+int launched_world_size(std::string* source) {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    const char* v = std::getenv(var);
+    if (v == nullptr || *v == '\0') continue;
+    const int n = std::atoi(v);
+    if (n < 1) continue;
+    if (source) *source = fmt::format("{}={}", var, v);
+    return n;
+  }
+  return 1;
+}
+
 }  // namespace meshproof::mesh

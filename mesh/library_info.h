@@ -22,4 +22,11 @@ CommLibraries comm_libraries();
 // only rank 0 prints and writes reports.
 int launched_rank();
 
+// The number of processes of this job as its launcher announces it (OMPI_COMM_WORLD_SIZE of
+// Open MPI's mpirun, PMI_SIZE of MPICH/Hydra and PMI-2, SLURM_NTASKS of srun), 1 when none did;
+// `source` (when given) receives the variable and its value ("OMPI_COMM_WORLD_SIZE=4"). Readable
+// before MPI_Init: `meshproof run` refuses to run local-launcher scenarios in every one of
+// several ranks (they would all write one output folder).
+int launched_world_size(std::string* source = nullptr);
+
 }  // namespace meshproof::mesh

@@ -76,8 +76,9 @@ class LocalWorld::Impl::Group {
     slots_[static_cast<size_t>(member)] = s;
   }
 
-  // A generation barrier with a deadline and an abort check. `what` names the collective.
-  void wait_all(int member, std::string_view what, std::string_view phase) {
+  // A generation barrier with a deadline and an abort check. `what` names the collective, `call`
+  // its number among this member's calls on the group (1-based).
+  void wait_all(int member, std::string_view what, std::string_view phase, int64_t call) {
     std::unique_lock<std::mutex> lk(mu_);
     throw_if_aborted(what);
     const int64_t gen = generation_;
@@ -98,11 +99,15 @@ class LocalWorld::Impl::Group {
         for (int m = 0; m < size(); ++m) {
           if (!present_[static_cast<size_t>(m)]) missing.push_back(ranks_[static_cast<size_t>(m)]);
         }
+        // The same facts as the mpi launcher's watchdog (mesh/mpi_comm.cc): collective, call,
+        // group, waiting rank, missing ranks and how to change the limit.
         MP_FAIL(
-            "local {} on {} group of ranks [{}] timed out after {:.3f} s ({}): ranks [{}] never "
-            "arrived",
-            what, label_, fmt::join(ranks_, ", "), std::chrono::duration<double>(timeout).count(),
-            phase, fmt::join(missing, ", "));
+            "local {} (call {} on this group, {} phase) on {} group of ranks [{}] timed out after "
+            "{:.3f} s on rank {}: ranks [{}] never arrived (stalled, hung or not making this "
+            "call); {} sets the limit in seconds (default {})",
+            what, call, phase, label_, fmt::join(ranks_, ", "),
+            std::chrono::duration<double>(timeout).count(), ranks_[static_cast<size_t>(member)],
+            fmt::join(missing, ", "), kCollectiveTimeoutEnv, kDefaultCollectiveTimeout.count());
       }
     }
   }
@@ -200,7 +205,7 @@ class LocalCommunicator final : public Communicator {
     Tensor mine = buffer.view(kernels::Shape{count}).slice_rows(lo, hi);
     reduce(mine, ins, hi - lo, op);
     sync_rank_stream();
-    group_.wait_all(rank(), "all_reduce", "reduction");
+    group_.wait_all(rank(), "all_reduce", "reduction", calls_);
     float* out = buffer.data<float>();
     for (int s = 0; s < size(); ++s) {
       if (s == rank() || end(s) == begin(s)) continue;
@@ -236,8 +241,9 @@ class LocalCommunicator final : public Communicator {
   void arrive(const Slot& me) {
     sync_rank_stream();
     group_.publish(rank(), me);
+    ++calls_;
     const std::string_view what = collective_name(me.kind);
-    group_.wait_all(rank(), what, "arrival");
+    group_.wait_all(rank(), what, "arrival", calls_);
     for (int s = 0; s < size(); ++s) {
       const Slot& o = group_.slot(s);
       MP_CHECK(o.same_call(me),
@@ -251,7 +257,7 @@ class LocalCommunicator final : public Communicator {
   // Waits until every member has finished reading the others' buffers.
   void depart(std::string_view what) {
     sync_rank_stream();
-    group_.wait_all(rank(), what, "completion");
+    group_.wait_all(rank(), what, "completion", calls_);
   }
 
   void reduce(Tensor& out, const std::vector<const float*>& ins, int64_t count, ReduceOp op) {
@@ -275,6 +281,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   LocalWorld::Impl::Group& group_;
+  int64_t calls_ = 0;  // collectives this member started on the group
 };
 
 class LocalRankComms final : public RankComms {

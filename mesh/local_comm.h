@@ -23,8 +23,9 @@ namespace meshproof::mesh {
 struct LocalWorldOptions {
   // Device of every virtual rank. CUDA: all ranks share that GPU, each with its own stream.
   kernels::Device device = kernels::Device::cpu();
-  // How long a member waits for the others in one collective before failing.
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // How long a member waits for the others in one collective before failing (the watchdog;
+  // default: MESHPROOF_COLLECTIVE_TIMEOUT or 300 s, mesh/communicator.h collective_timeout).
+  std::chrono::milliseconds timeout = collective_timeout();
   // Starts one rank's thread; empty: std::thread. Tests inject a start failure through it (a
   // machine out of threads throws std::system_error from std::thread's constructor).
   std::function<std::thread(std::function<void()>)> start_thread = nullptr;

@@ -1,7 +1,15 @@
 #include "mesh/mpi_comm.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "kernels/error.h"
@@ -51,11 +59,28 @@ void check_host(const Tensor& t, std::string_view what) {
                  what, t.describe());
 }
 
+using Clock = std::chrono::steady_clock;
+
+// Exit status of a job the watchdog aborts: harness/exit_codes.h kExitRuntimeError (mesh sits
+// below the harness and cannot include it).
+constexpr int kWatchdogExitCode = 3;
+
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, std::vector<int> ranks, int index, std::string label)
-      : Communicator(std::move(ranks), index, std::move(label)), comm_(comm) {}
+  MpiCommunicator(MPI_Comm comm, std::vector<int> ranks, int index, std::string label,
+                  std::chrono::milliseconds timeout)
+      : Communicator(std::move(ranks), index, std::move(label)), comm_(comm), timeout_(timeout) {
+    // Arrival notices travel on a communicator of their own, so they can never match anything
+    // the collectives send.
+    MP_MPI_CHECK(MPI_Comm_dup(comm_, &watch_));
+    int* tag_ub = nullptr;
+    int flag = 0;
+    MP_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag));
+    tag_ub_ = flag && tag_ub ? *tag_ub : 32767;
+  }
   ~MpiCommunicator() override {
+    for (Notice& n : sent_) MPI_Request_free(&n.request);
+    if (watch_ != MPI_COMM_NULL) MPI_Comm_free(&watch_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
@@ -68,7 +93,9 @@ class MpiCommunicator final : public Communicator {
     char* out = static_cast<char*>(output.raw_data());
     const void* in = input.raw_data();
     if (in == out + static_cast<int64_t>(rank()) * bytes) in = MPI_IN_PLACE;
-    MP_MPI_CHECK(MPI_Allgather(in, bytes, MPI_BYTE, out, bytes, MPI_BYTE, comm_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MP_MPI_CHECK(MPI_Iallgather(in, bytes, MPI_BYTE, out, bytes, MPI_BYTE, comm_, &req));
+    watched_wait(req, "all_gather");
   }
 
   void do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
@@ -77,8 +104,10 @@ class MpiCommunicator final : public Communicator {
     // recv[s] = chunk rank() of member s's input; then reduce in rank order.
     std::vector<float> recv(static_cast<size_t>(count * size()));
     const int bytes = checked_int(count * 4, "reduce_scatter");
-    MP_MPI_CHECK(
-        MPI_Alltoall(input.raw_data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, comm_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MP_MPI_CHECK(MPI_Ialltoall(input.raw_data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE,
+                               comm_, &req));
+    watched_wait(req, "reduce_scatter");
     reduce_from(recv, output.data<float>(), count, op);
   }
 
@@ -93,20 +122,31 @@ class MpiCommunicator final : public Communicator {
     std::copy_n(buffer.data<float>(), count, send.begin());
     std::vector<float> recv(send.size());
     const int bytes = checked_int(chunk * 4, "all_reduce");
-    MP_MPI_CHECK(MPI_Alltoall(send.data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, comm_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MP_MPI_CHECK(
+        MPI_Ialltoall(send.data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, comm_, &req));
+    watched_wait(req, "all_reduce");
     std::vector<float> mine(static_cast<size_t>(chunk));
     reduce_from(recv, mine.data(), chunk, op);
-    MP_MPI_CHECK(MPI_Allgather(mine.data(), bytes, MPI_BYTE, send.data(), bytes, MPI_BYTE, comm_));
+    MP_MPI_CHECK(
+        MPI_Iallgather(mine.data(), bytes, MPI_BYTE, send.data(), bytes, MPI_BYTE, comm_, &req));
+    watched_wait(req, "all_reduce", /*same_call=*/true);
     std::copy_n(send.begin(), count, buffer.data<float>());
   }
 
   void do_broadcast(Tensor& buffer, int root) override {
     check_host(buffer, "broadcast");
-    MP_MPI_CHECK(MPI_Bcast(buffer.raw_data(), checked_int(buffer.nbytes().value, "broadcast"),
-                           MPI_BYTE, root, comm_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MP_MPI_CHECK(MPI_Ibcast(buffer.raw_data(), checked_int(buffer.nbytes().value, "broadcast"),
+                            MPI_BYTE, root, comm_, &req));
+    watched_wait(req, "broadcast");
   }
 
-  void do_barrier() override { MP_MPI_CHECK(MPI_Barrier(comm_)); }
+  void do_barrier() override {
+    MPI_Request req = MPI_REQUEST_NULL;
+    MP_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    watched_wait(req, "barrier");
+  }
 
  private:
   void reduce_from(const std::vector<float>& recv, float* out, int64_t count, ReduceOp op) {
@@ -115,12 +155,120 @@ class MpiCommunicator final : public Communicator {
     reduce_rank_order_host(out, ins.data(), size(), count, op);
   }
 
+  // The watchdog. Waits for `req` polling MPI_Test: a busy poll for the first 200 us (latency:
+  // most collectives finish there), then sleeps that double from 20 us to 5 ms, so a rank
+  // waiting on a stalled peer sleeps instead of spinning a core at 100%. After
+  // min(timeout / 4, 2 s) it sends each other member an arrival notice (this member's call
+  // number on the group) and listens for theirs; members waiting in the same call answer the
+  // same way. At the deadline the members not heard from at this call are the missing ones: the
+  // message names the collective, the group and them, and MPI_Abort ends the whole job (a
+  // thrown error would leave the other processes waiting on the stalled one, and MPI_Finalize
+  // would hang on it). `same_call`: the second half of a collective (all_reduce's all-gather),
+  // which keeps the call number of the first.
+  void watched_wait(MPI_Request& req, std::string_view what, bool same_call = false) {
+    if (!same_call) ++calls_;
+    const Clock::time_point start = Clock::now();
+    const Clock::time_point notice_at =
+        start + std::min<Clock::duration>(timeout_ / 4, std::chrono::seconds(2));
+    const Clock::time_point deadline = start + timeout_;
+    std::chrono::microseconds nap{0};
+    bool listening = false;
+    for (;;) {
+      int done = 0;
+      MP_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) break;
+      const Clock::time_point now = Clock::now();
+      if (!listening && now >= notice_at) {
+        announce();
+        listening = true;
+      }
+      if (now >= deadline) abort_job(what, now - start);
+      if (now - start < std::chrono::microseconds(200)) continue;
+      nap = std::clamp(nap * 2, std::chrono::microseconds(20), std::chrono::microseconds(5000));
+      std::this_thread::sleep_for(nap);
+    }
+    if (listening) stop_listening();
+  }
+
+  int notice_tag() const { return static_cast<int>(calls_ % tag_ub_); }
+
+  void announce() {
+    // Reap the notices of earlier calls that have left (eager 8-byte sends complete at once).
+    while (!sent_.empty()) {
+      int done = 0;
+      MP_MPI_CHECK(MPI_Test(&sent_.front().request, &done, MPI_STATUS_IGNORE));
+      if (!done) break;
+      sent_.pop_front();
+    }
+    heard_.assign(static_cast<size_t>(size()), -1);
+    listen_.assign(static_cast<size_t>(size()), MPI_REQUEST_NULL);
+    for (int m = 0; m < size(); ++m) {
+      if (m == rank()) continue;
+      Notice& n = sent_.emplace_back();
+      n.call = std::make_unique<int64_t>(calls_);
+      MP_MPI_CHECK(MPI_Isend(n.call.get(), 1, MPI_INT64_T, m, notice_tag(), watch_, &n.request));
+      MP_MPI_CHECK(MPI_Irecv(&heard_[static_cast<size_t>(m)], 1, MPI_INT64_T, m, notice_tag(),
+                             watch_, &listen_[static_cast<size_t>(m)]));
+    }
+  }
+
+  void stop_listening() {
+    for (MPI_Request& r : listen_) {
+      if (r == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      MP_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+      if (done) continue;
+      MP_MPI_CHECK(MPI_Cancel(&r));
+      MP_MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
+    }
+  }
+
+  [[noreturn]] void abort_job(std::string_view what, Clock::duration waited) {
+    std::vector<int> missing;
+    std::vector<std::string> elsewhere;
+    for (int m = 0; m < size(); ++m) {
+      if (m == rank()) continue;
+      int done = 0;
+      MPI_Test(&listen_[static_cast<size_t>(m)], &done, MPI_STATUS_IGNORE);
+      const int64_t at = done ? heard_[static_cast<size_t>(m)] : -1;
+      if (at == calls_) continue;
+      const int global = ranks()[static_cast<size_t>(m)];
+      missing.push_back(global);
+      if (at >= 0) elsewhere.push_back(fmt::format("rank {} is at call {}", global, at));
+    }
+    const std::string msg = fmt::format(
+        "meshproof: mpi {} (call {} on this group) on {} group of ranks [{}] timed out after "
+        "{:.3f} s on rank {}: ranks [{}] never arrived (stopped, hung or dead){}{}; aborting the "
+        "job. {} sets the limit in seconds (default {})",
+        what, calls_, label(), fmt::join(ranks(), ", "),
+        std::chrono::duration<double>(waited).count(), ranks()[static_cast<size_t>(rank())],
+        fmt::join(missing, ", "), elsewhere.empty() ? "" : ": ", fmt::join(elsewhere, ", "),
+        kCollectiveTimeoutEnv, kDefaultCollectiveTimeout.count());
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);
+    std::_Exit(kWatchdogExitCode);  // MPI_Abort does not return; if it did, still end here
+  }
+
+  struct Notice {
+    std::unique_ptr<int64_t> call;  // the send buffer, alive until the send completes
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
   MPI_Comm comm_;
+  MPI_Comm watch_ = MPI_COMM_NULL;
+  std::chrono::milliseconds timeout_;
+  int tag_ub_ = 32767;
+  int64_t calls_ = 0;                // collectives started on this group
+  std::vector<int64_t> heard_;       // per member: the call its notice named, -1 none yet
+  std::vector<MPI_Request> listen_;  // per member: the receive of its notice
+  std::deque<Notice> sent_;
 };
 
 }  // namespace
 
-MpiRankComms::MpiRankComms(DeviceMesh mesh) : mesh_(mesh) {
+MpiRankComms::MpiRankComms(DeviceMesh mesh, std::chrono::milliseconds timeout) : mesh_(mesh) {
+  MP_CHECK_INPUT(timeout.count() > 0, "mpi communicators: the collective timeout must be positive");
   int initialized = 0;
   MP_MPI_CHECK(MPI_Initialized(&initialized));
   MP_CHECK(initialized, "MpiRankComms needs MPI to be initialised (create an MpiSession first)");
@@ -139,8 +287,8 @@ MpiRankComms::MpiRankComms(DeviceMesh mesh) : mesh_(mesh) {
     MP_CHECK(index == mesh_.group_index(rank_, dims),
              "MPI_Comm_split gave rank {} index {}, mesh {}", rank_, index,
              mesh_.group_index(rank_, dims));
-    comms_.push_back(
-        std::make_unique<MpiCommunicator>(comm, mesh_.group_ranks(rank_, dims), index, dims.str()));
+    comms_.push_back(std::make_unique<MpiCommunicator>(comm, mesh_.group_ranks(rank_, dims), index,
+                                                       dims.str(), timeout));
   }
 }
 
@@ -155,7 +303,7 @@ MpiSession::MpiSession(int*, char***) {
 }
 MpiSession::~MpiSession() = default;
 
-MpiRankComms::MpiRankComms(DeviceMesh mesh) : mesh_(mesh) {
+MpiRankComms::MpiRankComms(DeviceMesh mesh, std::chrono::milliseconds) : mesh_(mesh) {
   MP_FAIL_INPUT("the mpi launcher is not available: meshproof was built without MPI");
 }
 MpiRankComms::~MpiRankComms() = default;

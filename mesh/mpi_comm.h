@@ -9,6 +9,7 @@
 // an input error saying that MPI is not available.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "mesh/communicator.h"
@@ -40,9 +41,14 @@ bool mpi_compiled();
 // This process's communicators for every group of `mesh`. The MPI world size must equal the
 // mesh's rank count (input error otherwise); rank = MPI_COMM_WORLD rank. Collective: every
 // process constructs it at the same point.
+//
+// Watchdog: a member that waits longer than `timeout` in one collective (a peer stopped, hung
+// or dead) prints "mpi <collective> (call N on this group) on <group> group of ranks [...] timed
+// out ...: ranks [...] never arrived" to stderr and MPI_Aborts the whole job with exit status 3.
+// Waiting polls with backoff (sleeps of up to 5 ms), so waiting ranks do not spin a core.
 class MpiRankComms final : public RankComms {
  public:
-  explicit MpiRankComms(DeviceMesh mesh);
+  explicit MpiRankComms(DeviceMesh mesh, std::chrono::milliseconds timeout = collective_timeout());
   ~MpiRankComms() override;
 
   int rank() const override { return rank_; }

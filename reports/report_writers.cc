@@ -1,13 +1,11 @@
 #include "reports/report_writers.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <system_error>
+#include <vector>
 
+#include "reports/atomic_file.h"
 #include "reports/report_error.h"
 
 namespace meshproof::reports {
@@ -17,31 +15,17 @@ namespace {
   throw ReportError(ReportError::Kind::kIo, what);
 }
 
-// Writes `text` to `tmp` and fsyncs it, so that the rename publishes complete contents.
-void write_synced(const std::filesystem::path& tmp, const std::string& text) {
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_error(fmt::format("cannot create {}: {}", tmp.string(), std::strerror(errno)));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      io_error(fmt::format("cannot write {}: {}", tmp.string(), std::strerror(err)));
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    io_error(fmt::format("cannot flush {}: {}", tmp.string(), std::strerror(errno)));
-  }
-}
-
 }  // namespace
 
 std::string render_json(const RunRecord& record) {
   // Invalid UTF-8 in a record string becomes U+FFFD instead of failing the whole report.
   return to_json(record).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+const std::vector<std::string>& report_file_names() {
+  static const std::vector<std::string> names = {"report.json", "report.md", "junit.xml",
+                                                 "report.html"};
+  return names;
 }
 
 ReportPaths write_reports(const RunRecord& record, const std::filesystem::path& out_dir) {
@@ -60,21 +44,17 @@ ReportPaths write_reports(const RunRecord& record, const std::filesystem::path& 
     io_error(fmt::format("cannot create report directory {}: {}", out_dir.string(),
                          ec ? ec.message() : "not a directory"));
   }
-  // Stage all four under temporary names, then rename: a failure while staging leaves the
-  // previous reports (if any) untouched and removes the temporaries.
+  // Stage all four under fresh temporary names (reports/atomic_file.h: mkstemp in out_dir, so a
+  // planted symlink or a concurrent writer is never written through), then rename: a failure
+  // while staging leaves the previous reports (if any) untouched and removes the temporaries.
   std::vector<std::filesystem::path> tmps;
   try {
     for (const auto& [name, text] : docs) {
-      const std::filesystem::path tmp = out_dir / fmt::format(".{}.tmp.{}", name, ::getpid());
-      tmps.push_back(tmp);
-      write_synced(tmp, text);
+      StagedFile staged = create_temporary(out_dir / name);
+      tmps.push_back(staged.path);
+      write_and_sync(staged, text);
     }
-    for (size_t i = 0; i < tmps.size(); ++i) {
-      std::filesystem::rename(tmps[i], out_dir / docs[i].first, ec);
-      if (ec)
-        io_error(fmt::format("cannot rename {} to {}: {}", tmps[i].string(), docs[i].first,
-                             ec.message()));
-    }
+    for (size_t i = 0; i < tmps.size(); ++i) publish(tmps[i], out_dir / docs[i].first);
   } catch (...) {
     for (const std::filesystem::path& t : tmps) std::filesystem::remove(t, ec);
     throw;

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "reports/run_record.h"
 
@@ -31,9 +32,13 @@ struct ReportPaths {
 
 // Creates out_dir if needed and writes report.json, report.md, junit.xml and report.html. All
 // four are rendered before anything is written (a bad record writes nothing); each file is
-// written to a temporary name in out_dir, flushed, and renamed over its final name, so a reader
-// never sees a half-written file. Throws ReportError(kInput) for an invalid record and
+// written to a fresh temporary in out_dir (reports/atomic_file.h: mkstemp, never through an
+// existing name or symlink), fsynced, and renamed over its final name, so a reader never sees a
+// half-written file. Throws ReportError(kInput) for an invalid record and
 // ReportError(kIo) when a file cannot be written (temporaries are removed).
 ReportPaths write_reports(const RunRecord& record, const std::filesystem::path& out_dir);
+
+// The four file names write_reports writes (whose orphan temporaries a run may clean up).
+const std::vector<std::string>& report_file_names();
 
 }  // namespace meshproof::reports

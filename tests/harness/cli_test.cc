@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -85,6 +87,81 @@ TEST(CliTest, CudaBackendWithoutDeviceIsInputError) {
     EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
     EXPECT_NE(e.message().find("not usable"), std::string::npos);
   }
+}
+
+// Issue #17.6: `mpirun -np 4 meshproof run ...` without --launcher mpi ran the whole scenario in
+// four processes racing on one output folder. A process that its launcher announces as one of
+// several ranks refuses local-launcher scenarios (exit 2, nothing written) for run and golden
+// update. (runner.mpirun_without_launcher_mpi_exits_2 does it under a real mpirun.)
+TEST(CliTest, OneOfSeveralMpiRanksRefusesTheLocalLauncher) {
+  const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
+  const std::string out = ::testing::TempDir() + "cli_mpi_refused";
+  const std::string golden = ::testing::TempDir() + "cli_mpi_refused_golden";
+  std::filesystem::remove_all(out);
+  std::filesystem::remove_all(golden);
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    setenv(var, "4", 1);
+    const CliResult r =
+        run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
+    EXPECT_EQ(r.code, kExitBadInput) << r.err;
+    EXPECT_NE(r.err.find(std::string("scenario quickstart: this process is one of 4 MPI ranks (") +
+                         var + "=4) but the scenario runs on the local launcher"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("pass --launcher mpi"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(out));
+    const CliResult g = run(
+        {"golden", "update", scenario.c_str(), "--backend", "cpu", "--golden-dir", golden.c_str()});
+    EXPECT_EQ(g.code, kExitBadInput) << g.err;
+    EXPECT_NE(g.err.find("MPI ranks"), std::string::npos) << g.err;
+    EXPECT_FALSE(std::filesystem::exists(golden));
+    unsetenv(var);
+  }
+}
+
+// Issue #17.13: the golden's platform is the device's; --platform is a guard that must match it,
+// --force-platform a validated file name. Both refusals come before any training (exit 2, no
+// golden folder).
+TEST(CliTest, GoldenUpdatePlatformComesFromTheDevice) {
+  const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
+  const std::string golden = ::testing::TempDir() + "cli_platform_golden";
+  std::filesystem::remove_all(golden);
+  CliResult r = run({"golden", "update", scenario.c_str(), "--backend", "cpu", "--platform", "h100",
+                     "--golden-dir", golden.c_str()});
+  EXPECT_EQ(r.code, kExitBadInput) << r.err;
+  EXPECT_NE(r.err.find("--platform h100: scenario quickstart runs on cpu here, whose golden "
+                       "platform is cpu"),
+            std::string::npos)
+      << r.err;
+  for (const char* bad : {"x/../../y", "H100", "a.b"}) {
+    r = run({"golden", "update", scenario.c_str(), "--backend", "cpu", "--force-platform", bad,
+             "--golden-dir", golden.c_str()});
+    EXPECT_EQ(r.code, kExitBadInput) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string("--force-platform '") + bad +
+                         "': expected a name of [a-z0-9_-] characters"),
+              std::string::npos)
+        << r.err;
+    r = run({"golden", "update", scenario.c_str(), "--backend", "cpu", "--platform", bad,
+             "--golden-dir", golden.c_str()});
+    EXPECT_EQ(r.code, kExitBadInput) << bad << ": " << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(golden));
+}
+
+// The watchdog's limit is checked with everything else, before anything runs or is written.
+TEST(CliTest, MalformedCollectiveTimeoutIsBadInput) {
+  const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
+  const std::string out = ::testing::TempDir() + "cli_bad_timeout";
+  std::filesystem::remove_all(out);
+  setenv("MESHPROOF_COLLECTIVE_TIMEOUT", "5min", 1);
+  const CliResult r =
+      run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
+  unsetenv("MESHPROOF_COLLECTIVE_TIMEOUT");
+  EXPECT_EQ(r.code, kExitBadInput) << r.err;
+  EXPECT_NE(r.err.find("MESHPROOF_COLLECTIVE_TIMEOUT=5min: expected a positive number of seconds"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 }  // namespace

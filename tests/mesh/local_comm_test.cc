@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <system_error>
 #include <thread>
@@ -187,9 +188,43 @@ TEST(LocalCommTest, MissingRankTimesOutWithClearError) {
     EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
     EXPECT_NE(msg.find("dp_shard group of ranks [0, 1, 2, 3]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("ranks [3] never arrived"), std::string::npos) << msg;
+    // As specific as the mpi watchdog: which call, which phase, who waited, how to change it.
+    EXPECT_NE(msg.find("local all_reduce (call 1 on this group, arrival phase)"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("timed out after 0.300 s on rank "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("MESHPROOF_COLLECTIVE_TIMEOUT sets the limit"), std::string::npos) << msg;
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 30.0);  // not a hang: 0.3 s timeout, generous bound for a loaded 2-core machine
+}
+
+// The watchdog's limit comes from MESHPROOF_COLLECTIVE_TIMEOUT (seconds) for both launchers;
+// anything but a positive number is an input error naming the variable.
+TEST(LocalCommTest, CollectiveTimeoutFromEnvironment) {
+  const char* saved = std::getenv("MESHPROOF_COLLECTIVE_TIMEOUT");
+  const std::string keep = saved ? saved : "";
+  unsetenv("MESHPROOF_COLLECTIVE_TIMEOUT");
+  EXPECT_EQ(collective_timeout(), std::chrono::milliseconds(300000));
+  setenv("MESHPROOF_COLLECTIVE_TIMEOUT", "0.25", 1);
+  EXPECT_EQ(collective_timeout(), std::chrono::milliseconds(250));
+  EXPECT_EQ(LocalWorldOptions{}.timeout, std::chrono::milliseconds(250));
+  for (const char* bad : {"0", "-1", "5s", "abc", "nan"}) {
+    setenv("MESHPROOF_COLLECTIVE_TIMEOUT", bad, 1);
+    try {
+      (void)collective_timeout();
+      ADD_FAILURE() << "accepted MESHPROOF_COLLECTIVE_TIMEOUT=" << bad;
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+      EXPECT_NE(e.message().find(std::string("MESHPROOF_COLLECTIVE_TIMEOUT=") + bad),
+                std::string::npos)
+          << e.message();
+    }
+  }
+  if (saved) {
+    setenv("MESHPROOF_COLLECTIVE_TIMEOUT", keep.c_str(), 1);
+  } else {
+    unsetenv("MESHPROOF_COLLECTIVE_TIMEOUT");
+  }
 }
 
 TEST(LocalCommTest, ExceptionOnOneRankAbortsTheOthers) {

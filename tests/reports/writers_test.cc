@@ -1,12 +1,14 @@
 // The four writers on the sample record: verdicts, counts, the failing check's evidence in
 // every format, escaping of hostile strings, and write_reports' atomic, all-or-nothing output.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "reports/atomic_file.h"
 #include "reports/report_error.h"
 #include "reports/report_text.h"
 #include "reports/report_writers.h"
@@ -352,6 +354,79 @@ TEST(WriteReportsTest, UnwritableDirectoryIsAnIoError) {
     EXPECT_EQ(e.kind(), ReportError::Kind::kIo);
     EXPECT_NE(std::string(e.what()).find("file/sub"), std::string::npos) << e.what();
   }
+}
+
+// Issue #18.6: report temporaries had a predictable name (.report.json.tmp.<pid>) opened with
+// O_TRUNC, so a symlink planted under that name made the run overwrite the symlink's target.
+// Now they are mkstemp'd: a planted symlink is neither followed nor removed, its target keeps its
+// contents, and the reports land in place.
+TEST(AtomicFileTest, PlantedSymlinkAtTheOldTemporaryNameIsNotFollowed) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path());
+  const std::filesystem::path victim = dir.path() / "victim.txt";
+  std::ofstream(victim) << "precious";
+  for (const std::string& name : report_file_names()) {
+    std::filesystem::create_symlink(victim,
+                                    dir.path() / ("." + name + ".tmp." + std::to_string(getpid())));
+  }
+  write_reports(testing::sample_record(), dir.path());
+  std::ifstream in(victim);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "precious");
+  for (const std::string& name : report_file_names()) {
+    EXPECT_TRUE(std::filesystem::is_regular_file(dir.path() / name)) << name;
+    EXPECT_FALSE(std::filesystem::is_symlink(dir.path() / name)) << name;
+    EXPECT_GT(std::filesystem::file_size(dir.path() / name), 0u) << name;
+  }
+}
+
+TEST(AtomicFileTest, TemporaryIsExclusiveAndUnique) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path());
+  const std::filesystem::path target = dir.path() / "golden.h5";
+  StagedFile a = create_temporary(target);
+  StagedFile b = create_temporary(target);
+  EXPECT_NE(a.path, b.path);
+  long pid = 0;
+  EXPECT_TRUE(is_temporary_of(a.path.filename().string(), "golden.h5", &pid));
+  EXPECT_EQ(pid, static_cast<long>(getpid()));
+  write_and_sync(a, "first");
+  write_and_sync(b, "second");
+  publish(a.path, target);
+  publish(b.path, target);
+  std::ifstream in(target);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "second");
+  EXPECT_FALSE(std::filesystem::exists(a.path));
+  EXPECT_FALSE(std::filesystem::exists(b.path));
+}
+
+// Issue #18.11: a run killed while staging leaves its temporary; the next run that owns the
+// folder removes exactly the project's temporaries of processes that are gone, nothing else.
+TEST(AtomicFileTest, OrphanTemporariesOfDeadWritersAreRemovedAndNothingElse) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path());
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  waitpid(child, &status, 0);  // a pid that no longer exists
+  const std::string dead = std::to_string(child), alive = std::to_string(getpid());
+  const std::vector<std::string> orphans = {".report.json.tmp." + dead + ".a1B2c3",
+                                            ".junit.xml.tmp." + dead};  // the old pattern
+  const std::vector<std::string> kept = {
+      ".report.md.tmp." + alive + ".Zz9Yy8",  // a live writer's
+      ".report.json.tmp." + dead + ".toolongname",
+      ".report.json.tmp.x" + dead,
+      ".notes.txt.tmp." + dead + ".a1B2c3",  // not one of the names asked for
+      "report.json.tmp." + dead,             // no leading dot
+      "data.tmp"};
+  for (const std::string& n : orphans) std::ofstream(dir.path() / n) << "x";
+  for (const std::string& n : kept) std::ofstream(dir.path() / n) << "x";
+  const auto removed = remove_orphan_temporaries(dir.path(), report_file_names());
+  EXPECT_EQ(removed.size(), orphans.size());
+  for (const std::string& n : orphans) EXPECT_FALSE(std::filesystem::exists(dir.path() / n)) << n;
+  for (const std::string& n : kept) EXPECT_TRUE(std::filesystem::exists(dir.path() / n)) << n;
 }
 
 }  // namespace

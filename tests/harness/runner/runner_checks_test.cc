@@ -2,10 +2,12 @@
 // tolerance modes, allowed failing steps, the missing-golden message, ULP distances, bitwise run
 // comparison, atomic golden writes and the mean relative shift.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <sstream>
 
@@ -15,6 +17,7 @@
 #include "harness/runner.h"
 #include "harness/scenario_faults.h"
 #include "harness/train_run.h"
+#include "kernels/error.h"
 #include "kernels/tensor.h"
 #include "reports/report_writers.h"
 #include "sample_record.h"
@@ -333,7 +336,8 @@ TEST(GoldenStore, AtomicRoundTripProvenanceAndShift) {
   GoldenData g = golden_of({5.0, 4.0}, {1.0, 0.5});
   g.provenance = {{"scenario", "fsdp[recipe=bf16]"}, {"backend", "cpu"}, {"cuda_runtime", ""}};
   write_golden(path, g);
-  EXPECT_FALSE(fs::exists(path.string() + ".partial"));
+  for (const auto& e : fs::directory_iterator(path.parent_path()))
+    EXPECT_EQ(e.path().filename(), "cpu.h5") << "temporary left behind: " << e.path();
   const auto back = read_golden(path);
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->metrics.at("loss"), g.metrics.at("loss"));
@@ -355,6 +359,153 @@ TEST(GoldenPlatform, CpuAndGpuFamilies) {
   EXPECT_EQ(golden_platform("cuda:0", env), "h100");
   env.gpus[0].name = "NVIDIA H200";
   EXPECT_EQ(golden_platform("cuda:0", env), "h200");
+}
+
+// Issue #18.12: concurrent `golden update`s of one golden shared the name <golden>.partial; one
+// renamed the other's half-written file or found it gone, and 1 in 8 left no golden. Now each
+// writer stages its own mkstemp'd file: after every trial of two processes writing at once, the
+// golden is one of the two complete goldens and no temporary is left.
+TEST(GoldenStore, ConcurrentWritersEachLeaveACompleteGolden) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "runner_golden_concurrent";
+  fs::remove_all(dir);
+  const fs::path path = golden_path(dir, "tp[recipe=bf16]", "cpu");
+  std::vector<GoldenData> versions;
+  for (int w = 0; w < 2; ++w) {
+    std::vector<double> loss(64), gn(64);
+    for (int i = 0; i < 64; ++i) {
+      loss[static_cast<size_t>(i)] = 5.0 - 0.01 * i + w;
+      gn[static_cast<size_t>(i)] = 1.0 + w;
+    }
+    versions.push_back(golden_of(loss, gn));
+    versions.back().provenance = {{"writer", std::to_string(w)}};
+  }
+  constexpr int kTrials = 12;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    std::vector<pid_t> kids;
+    for (int w = 0; w < 2; ++w) {
+      const pid_t pid = fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        int code = 0;
+        try {
+          for (int k = 0; k < 4; ++k) write_golden(path, versions[static_cast<size_t>(w)]);
+        } catch (...) {
+          code = 1;
+        }
+        _exit(code);
+      }
+      kids.push_back(pid);
+    }
+    for (pid_t pid : kids) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "trial " << trial;
+    }
+    const auto back = read_golden(path);
+    ASSERT_TRUE(back.has_value()) << "trial " << trial << ": no golden left";
+    const std::string writer = back->provenance.at("writer");
+    EXPECT_EQ(back->metrics.at("loss"), versions.at(std::stoul(writer)).metrics.at("loss"))
+        << "trial " << trial;
+    for (const auto& e : fs::directory_iterator(path.parent_path()))
+      EXPECT_EQ(e.path().filename(), "cpu.h5") << "left behind: " << e.path();
+  }
+}
+
+// An HDF5 failure names the golden and HDF5's reason, never the source text of the code that
+// failed (MP_HDF5 quotes its expression: it was a whole lambda).
+TEST(GoldenStore, ErrorsNameTheFileNotTheSourceCode) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "runner_golden_errors";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "x");
+  const fs::path bad = dir / "x" / "cpu.h5";
+  { std::ofstream(bad) << "not hdf5"; }
+  try {
+    (void)read_golden(bad);
+    FAIL() << "read a malformed golden";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("reading golden " + bad.string()), std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find("H5File"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("[&]"), std::string::npos) << e.what();
+  }
+  // The golden's name is taken by a folder: the rename fails.
+  const fs::path taken = dir / "y" / "cpu.h5";
+  fs::create_directories(taken / "sub");
+  try {
+    write_golden(taken, golden_of({1.0}, {1.0}));
+    FAIL() << "wrote over a folder";
+  } catch (const kernels::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("writing golden " + taken.string()), std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find("[&]"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(taken.parent_path()), fs::directory_iterator()),
+            1);  // no temporary left beside it
+}
+
+// Issue #17.13: a platform is a file name, never a path.
+TEST(GoldenPlatform, PlatformIsAFileName) {
+  EXPECT_TRUE(valid_platform_name("h100"));
+  EXPECT_TRUE(valid_platform_name("my_lab-gpu2"));
+  for (const char* bad : {"", "x/../../y", "H100", "..", "a b", "cpu.h5"}) {
+    EXPECT_FALSE(valid_platform_name(bad)) << bad;
+    EXPECT_THROW((void)golden_path("golden", "s", bad), kernels::Error) << bad;
+  }
+}
+
+// The printed fix-up command keeps every flag that decides which golden the run read.
+TEST(GoldenPlatform, UpdateCommandKeepsGoldenDirAndFlags) {
+  Scenario s;
+  s.source = "scenarios/tp.yaml";
+  s.name = "tp[recipe=bf16]";
+  RunnerOptions opts;
+  opts.sets = {"train.lr=2e-3", "description=it's"};
+  opts.backend = Backend::kCpu;
+  opts.launcher = Launcher::kMpi;
+  opts.golden_dir = "/tmp/my goldens";
+  EXPECT_EQ(golden_update_command(s, opts, "cpu"),
+            "meshproof golden update scenarios/tp.yaml --filter 'tp[recipe=bf16]' "
+            "--set=train.lr=2e-3 '--set=description=it'\\''s' --backend=cpu --launcher=mpi "
+            "'--golden-dir=/tmp/my goldens' --platform=cpu");
+}
+
+// Issue #17.3: an explicit cuda backend without a usable GPU is an input error with the probe's
+// reason; requires_gpu scenarios are skipped (with that reason) under auto and cpu.
+TEST(ResolveBackend, ExplicitCudaWithoutGpuIsAnErrorRequiresGpuSkips) {
+  reports::EnvironmentRecord env;
+  env.cuda_usable = false;
+  env.cuda_unusable_reason = "no CUDA driver is installed";
+  Scenario s;
+  s.source = "x.yaml";
+  s.name = "x";
+  RunnerOptions opts;
+  std::string skip;
+  EXPECT_EQ(resolve_backend(s, opts, env, &skip), "cpu");
+  opts.backend = Backend::kCuda;
+  try {
+    (void)resolve_backend(s, opts, env, &skip);
+    FAIL() << "--backend cuda accepted without a GPU";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(e.message().find("x.yaml: scenario x: backend cuda (--backend cuda) but no usable "
+                               "GPU: no CUDA driver is installed"),
+              std::string::npos)
+        << e.message();
+  }
+  opts.backend.reset();
+  s.backend = Backend::kCuda;
+  EXPECT_THROW((void)resolve_backend(s, opts, env, &skip), kernels::Error);
+  s.requires_gpu = true;
+  for (Backend b : {Backend::kAuto, Backend::kCpu}) {
+    opts.backend = b;
+    skip.clear();
+    EXPECT_FALSE(resolve_backend(s, opts, env, &skip).has_value());
+    EXPECT_EQ(skip, "requires_gpu but no usable GPU: no CUDA driver is installed");
+  }
+  env.cuda_usable = true;
+  opts.backend = Backend::kCuda;
+  EXPECT_EQ(resolve_backend(s, opts, env, &skip), "cuda:0");
 }
 
 // ---- allgather_parity
