@@ -35,6 +35,36 @@ bool same_bits(double a, double b) {
 
 const char* golden_key(Metric m) { return m == Metric::kLoss ? "loss" : "grad_norm"; }
 
+// Distance of two per-step metrics in fp32 ULP: the metrics are fp32 quantities (a loss and a
+// norm of fp32 tensors) carried in doubles, so the distance of the values rounded to fp32; two
+// values that differ by less than one fp32 ULP (the double sums' last bits) count as 1, never as
+// equal.
+int64_t metric_ulp(double a, double b) {
+  if (same_bits(a, b)) return 0;
+  return std::max<int64_t>(1, ulp_distance(static_cast<float>(a), static_cast<float>(b)));
+}
+
+// One golden metric's misses: first failing step with its values, and the max errors over its
+// failing steps.
+struct MetricMiss {
+  int64_t failing_steps = 0;
+  int64_t first_step = 0;
+  double expected = 0, actual = 0;
+  double max_abs = 0, max_rel = 0;
+  int64_t max_ulp = 0;
+  void add(double x, double g) {
+    const double abs = std::fabs(x - g);
+    if (std::isnan(abs)) {
+      max_abs = std::numeric_limits<double>::infinity();
+      max_rel = std::numeric_limits<double>::infinity();
+    } else {
+      max_abs = std::max(max_abs, abs);
+      if (g != 0) max_rel = std::max(max_rel, abs / std::fabs(g));
+    }
+    max_ulp = std::max(max_ulp, metric_ulp(x, g));
+  }
+};
+
 // Max abs error, max relative error (over elements with a nonzero reference) and max ULP
 // distance of a against e (n elements each).
 TensorDiff diff_values(const std::string& name, const float* a, const float* e, size_t n) {
@@ -243,6 +273,10 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
     return r;
   }
 
+  // Per metric its own failing steps and errors: the evidence carries the metric that failed
+  // first (earliest step, then cfg.metrics order) with that metric's errors only, and the message
+  // lists every failing metric with its own.
+  std::map<Metric, MetricMiss> misses;
   reports::Evidence ev;
   for (size_t i = 0; i < steps.size(); ++i) {
     bool step_failed = false;
@@ -252,19 +286,29 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
       const bool ok =
           exact ? same_bits(x, g) : std::fabs(x - g) <= band.atol + band.rtol * std::fabs(g);
       if (ok) continue;
-      if (!step_failed && !ev.first_diverging_step) {
+      step_failed = true;
+      MetricMiss& miss = misses[m];
+      if (miss.failing_steps == 0) {
+        miss.first_step = steps[i].step;
+        miss.expected = g;
+        miss.actual = x;
+      }
+      ++miss.failing_steps;
+      miss.add(x, g);
+      if (!ev.first_diverging_step) {
         ev.first_diverging_step = steps[i].step;
         ev.metric = golden_key(m);
-        ev.expected = g;
-        ev.actual = x;
       }
-      step_failed = true;
-      const double abs = std::fabs(x - g);
-      ev.max_abs_err = std::max(ev.max_abs_err.value_or(0.0), abs);
-      if (g != 0) ev.max_rel_err = std::max(ev.max_rel_err.value_or(0.0), abs / std::fabs(g));
-      ev.ulp_distance = std::max(ev.ulp_distance.value_or(0), ulp_distance(x, g));
     }
     if (step_failed) ++ev.failing_steps;
+  }
+  if (ev.first_diverging_step) {
+    const MetricMiss& first = misses.at(ev.metric == "loss" ? Metric::kLoss : Metric::kGradNorm);
+    ev.expected = first.expected;
+    ev.actual = first.actual;
+    ev.max_abs_err = first.max_abs;
+    ev.max_rel_err = first.max_rel;
+    ev.ulp_distance = first.max_ulp;
   }
   if (ev.failing_steps > band.allowed_failing_steps) {
     r.verdict = reports::Verdict::kFail;
@@ -273,6 +317,15 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
         "{:.9g} ({})",
         ev.failing_steps, steps.size(), band.mode, band.allowed_failing_steps,
         *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected, golden_file);
+    for (Metric m : cfg.metrics) {
+      const auto it = misses.find(m);
+      if (it == misses.end()) continue;
+      r.message += fmt::format(
+          "; {}: {} failing steps from step {}, max abs {:.3g}, max rel {:.3g}, "
+          "{} fp32 ULP",
+          golden_key(m), it->second.failing_steps, it->second.first_step, it->second.max_abs,
+          it->second.max_rel, it->second.max_ulp);
+    }
     if (trace) {
       r.message +=
           "; no per-tensor evidence: goldens store per-step metrics only (the reference and "
@@ -336,7 +389,7 @@ reports::CheckResult compare_bitwise(const std::string& name, const std::string&
         ev.expected = y;
         ev.max_abs_err = std::fabs(x - y);
         if (y != 0) ev.max_rel_err = std::fabs(x - y) / std::fabs(y);
-        ev.ulp_distance = ulp_distance(x, y);
+        ev.ulp_distance = metric_ulp(x, y);
       }
       break;
     }
@@ -352,8 +405,8 @@ reports::CheckResult compare_bitwise(const std::string& name, const std::string&
   }
   r.verdict = reports::Verdict::kFail;
   if (ev.first_diverging_step) {
-    r.message = fmt::format("{} diverges at step {}: {} = {:.9g}, expected {:.9g} ({} ULP)", what,
-                            *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected,
+    r.message = fmt::format("{} diverges at step {}: {} = {:.9g}, expected {:.9g} ({} fp32 ULP)",
+                            what, *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected,
                             *ev.ulp_distance);
   } else {
     ev.metric = "params";

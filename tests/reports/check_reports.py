@@ -99,7 +99,7 @@ def scenario_verdict(s):
 def expected_plots(s):
     n = 0
     if s["steps"]:
-        n += 2  # loss (vs golden), step-time breakdown
+        n += 3  # loss (vs golden), grad_norm (vs golden), step-time breakdown
         if s["golden"] is not None:
             n += 1  # relative difference with the tolerance band
     if s["memory"]:

@@ -103,6 +103,39 @@ TEST(GoldenCheck, ToleranceBandAndAllowedFailingSteps) {
   EXPECT_EQ(r.evidence->first_diverging_step, 2);
 }
 
+// #17.10: each metric carries its own errors. Loss fails first (step 1, slightly), grad_norm
+// later and by far more: the evidence is loss's (not grad_norm's errors labelled loss), the
+// message lists both, and ULP distances are fp32's (the metrics are fp32 quantities), not the
+// float64 distance (4632078833224253-sized numbers for a 2x error).
+TEST(GoldenCheck, EvidencePerMetricWithFp32Ulp) {
+  GoldenCheck cfg;
+  cfg.enabled = true;
+  const float loss1 = 5.0f, loss1_off = std::nextafter(std::nextafter(5.0f, 6.0f), 6.0f);
+  const auto steps = steps_of({loss1_off, 4.5, 4.0}, {1.0, 0.9, 2.0});
+  const auto golden = golden_of({loss1, 4.5, 4.0}, {1.0, 0.9, 1.0});
+  const auto r = check_golden(steps, golden, cfg, "g.h5", "cmd");
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  ASSERT_TRUE(r.evidence.has_value());
+  EXPECT_EQ(r.evidence->first_diverging_step, 1);
+  EXPECT_EQ(r.evidence->metric, "loss");
+  EXPECT_EQ(r.evidence->ulp_distance, 2);  // two fp32 steps above 5.0f
+  EXPECT_DOUBLE_EQ(*r.evidence->max_abs_err, static_cast<double>(loss1_off) - loss1);
+  EXPECT_LT(*r.evidence->max_rel_err, 1e-6);  // loss's own, not grad_norm's 1.0
+  EXPECT_EQ(r.evidence->failing_steps, 2);    // steps 1 (loss) and 3 (grad_norm)
+  // grad_norm 2.0 vs 1.0 is 2^23 fp32 ULP apart (one binade).
+  EXPECT_NE(
+      r.message.find("; loss: 1 failing steps from step 1, max abs 4.77e-07, max rel 9.54e-08, "
+                     "2 fp32 ULP; grad_norm: 1 failing steps from step 3, max abs 1, max rel "
+                     "1, 8388608 fp32 ULP"),
+      std::string::npos)
+      << r.message;
+  // A difference below one fp32 ULP (the double sums' last bits) is 1 ULP, never 0.
+  const auto r2 = check_golden(steps_of({std::nextafter(4.5, 5.0)}, {1.0}), golden_of({4.5}, {1.0}),
+                               cfg, "g.h5", "cmd");
+  ASSERT_TRUE(r2.evidence.has_value());
+  EXPECT_EQ(r2.evidence->ulp_distance, 1);
+}
+
 TEST(GoldenCheck, MissingGoldenFailsWithTheUpdateCommand) {
   GoldenCheck cfg;
   cfg.enabled = true;
