@@ -297,6 +297,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   Scenario run = s;
   if (opts.launcher) run.launcher = *opts.launcher;
   TrainOutcome main;
+  double main_s = 0;  // the main run's training: the measurement golden and allgather_parity judge
   Progress progress;
   if (opts.progress) {
     progress.out = &log;
@@ -311,7 +312,9 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
     req.trace = opts.trace;
     req.allgather_parity = s.checks.allgather_parity;
     req.on_step = progress.callback();
+    const auto main_t0 = Clock::now();
     main = train_scenario(run, req);
+    main_s = seconds_since(main_t0);
     progress.done();
   } catch (const std::exception& e) {
     const auto* err = dynamic_cast<const kernels::Error*>(&e);
@@ -339,6 +342,9 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       if (!g.steps.empty()) rec.golden = g;
       return r;
     }));
+    // The check's time includes the run it judges (its re-runs are what the resume, reference
+    // and determinism checks time): a golden check of a 3 s run does not take 0.000 s.
+    rec.checks.back().duration_s += main_s;
   }
   if (s.checks.resume.enabled) {
     rec.checks.push_back(guarded("resume", [&] {
@@ -404,6 +410,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
     // The main run compared every FP8 all-gathered weight with quantizing the gathered weight.
     rec.checks.push_back(
         guarded("allgather_parity", [&] { return check_allgather_parity(main.parity); }));
+    rec.checks.back().duration_s += main_s;  // the comparisons ran inside the main run
   }
   if (s.checks.determinism) {
     rec.checks.push_back(guarded("determinism", [&] {

@@ -161,7 +161,8 @@ TEST(CompareTest, BenchmarkFiguresComparedByNameAndMetric) {
     f.erase("min");
     f.erase("max");
   }
-  const CompareRow* o = find(compare_reports(old, to_json(b)), s1, "layer step step_time_ms");
+  const CompareTable old_t = compare_reports(old, to_json(b));
+  const CompareRow* o = find(old_t, s1, "layer step step_time_ms");
   ASSERT_NE(o, nullptr);
   EXPECT_EQ(o->change, Change::kUnmeasured);
 
@@ -196,7 +197,8 @@ TEST(CompareTest, ReportsOfDifferentKindsAreRefused) {
 TEST(CompareTest, RunStepTimeFlaggedOnlyOutsideTheSteadyStateSpread) {
   const RunRecord a = testing::sample_record();
   const std::string s0 = a.scenarios[0].name;
-  const CompareRow* base = find(compare_reports(to_json(a), to_json(a)), s0, "step_time_ms");
+  const CompareTable same = compare_reports(to_json(a), to_json(a));
+  const CompareRow* base = find(same, s0, "step_time_ms");
   ASSERT_NE(base, nullptr);
   ASSERT_TRUE(base->a_range.has_value());
   ASSERT_GT(base->a_range->max, base->a_range->min) << "the sample's steps need a spread";

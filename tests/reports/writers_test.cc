@@ -247,13 +247,13 @@ TEST(WritersTest, EntropyFloorInJsonMarkdownAndHtml) {
   // #17.19: the sample's losses run from ~10 down to ~2.1 (axis from 2), the floor 1.386 lies
   // below: no line squashing the curves, the title says where it is.
   EXPECT_EQ(count(h, ">entropy floor"), 0u);
-  EXPECT_EQ(count(h, " (entropy floor 1.386, below the range)"), 2u) << h.substr(0, 4000);
+  EXPECT_EQ(count(h, " (entropy floor 1.386, below the range)</text>"), 2u) << h.substr(0, 4000);
   // A floor inside the curves' axis range is a labelled dashed line (legend "entropy floor V").
   RunRecord in_range = r;
   in_range.scenarios[0].entropy_floor = 2.2;
   const std::string h2 = render_html(in_range);
   EXPECT_EQ(count(h2, ">entropy floor 2.2</text>"), 1u);
-  EXPECT_EQ(count(h2, "below the range)"), 1u);  // scenario 1 keeps its 1.386
+  EXPECT_EQ(count(h2, "below the range)</text>"), 1u);  // scenario 1 keeps its 1.386
 }
 
 // The loss plot's y axis fits the curves: its lowest tick is at most one tick step below the
@@ -271,8 +271,9 @@ TEST(WritersTest, LossPlotAxisFitsTheCurves) {
 TEST(WritersTest, GradNormPlotAgainstGolden) {
   const RunRecord r = testing::sample_record();
   const std::string h = render_html(r);
-  EXPECT_EQ(count(h, "Grad norm vs golden: "), 2u);  // scenarios 0 and 1 have a golden
-  EXPECT_EQ(count(h, "Grad norm: "), 1u);            // scenario 2 has none
+  EXPECT_EQ(count(h, "class=\"title\">Grad norm vs golden: "),
+            2u);                                           // scenarios 0 and 1 have a golden
+  EXPECT_EQ(count(h, "class=\"title\">Grad norm: "), 1u);  // scenario 2 has none
 }
 
 TEST(WritersTest, HtmlIsSelfContainedWithOneSvgPerPlot) {
