@@ -109,11 +109,11 @@ double relative_l2(const std::vector<float>& a, const std::vector<float>& e) {
 // With --trace: the first diverging traced (step, tensor) into `ev` (tensor "<name> at step S";
 // max abs/rel error and ULP distance of that tensor at that step) and a clause for the message.
 std::string add_trace_evidence(reports::Evidence& ev, const RunView& a, const RunView& b,
-                               double rtol) {
+                               double rtol, const NoiseFloors* floors = nullptr) {
   if (!a.trace || !b.trace || a.trace->empty() || b.trace->empty()) {
     return "; no per-tensor trace of both runs to compare";
   }
-  const std::optional<TraceDiff> d = first_diverging_traced(*a.trace, *b.trace, rtol);
+  const std::optional<TraceDiff> d = first_diverging_traced(*a.trace, *b.trace, rtol, floors);
   if (!d) {
     return fmt::format("; every traced gradient and weight is bitwise equal over {} steps",
                        std::min(a.trace->size(), b.trace->size()));
@@ -124,6 +124,18 @@ std::string add_trace_evidence(reports::Evidence& ev, const RunView& a, const Ru
   ev.ulp_distance = d->diff.ulp;
   const std::string numbers = fmt::format("max abs {:.3g}, max rel {:.3g}, {} ULP",
                                           d->diff.max_abs_err, d->diff.max_rel_err, d->diff.ulp);
+  if (d->floor) {
+    if (d->beyond_rtol) {
+      return fmt::format(
+          "; first tensor beyond its noise floor (step order; {}x the fault-free control's "
+          "relative L2 difference): {} at step {} (rel L2 {:.3g}, floor {:.3g}): {}",
+          kNoiseFloorFactor, d->diff.tensor, d->step, d->rel_l2, *d->floor, numbers);
+    }
+    return fmt::format(
+        "; no traced tensor exceeds {}x its noise floor; the furthest above it is {} at step {} "
+        "(rel L2 {:.3g}, floor {:.3g}): {}",
+        kNoiseFloorFactor, d->diff.tensor, d->step, d->rel_l2, *d->floor, numbers);
+  }
   if (rtol <= 0) {
     return fmt::format("; first diverging tensor {} at step {}: {}", d->diff.tensor, d->step,
                        numbers);
@@ -185,26 +197,59 @@ std::optional<TensorDiff> first_diverging_tensor(const engine::TensorMap& actual
   return std::nullopt;
 }
 
+NoiseFloors noise_floors(const Trace& control_actual, const Trace& control_expected) {
+  NoiseFloors out;
+  const size_t steps = std::min(control_actual.size(), control_expected.size());
+  for (size_t i = 0; i < steps; ++i) {
+    std::map<std::string, const engine::TensorDigest*> by_name;
+    for (const engine::TensorDigest& d : control_actual[i]) by_name[d.name] = &d;
+    std::map<std::string, double> floors;
+    for (const engine::TensorDigest& e : control_expected[i]) {
+      const auto it = by_name.find(e.name);
+      if (it == by_name.end() || it->second->values.size() != e.values.size()) continue;
+      floors[e.name] = relative_l2(it->second->values, e.values);
+    }
+    out.push_back(std::move(floors));
+  }
+  return out;
+}
+
+namespace {
+
+// The order the step computes a step's traced tensors in: gradients in backward order (the
+// reverse of their canonical order), then everything else (the weights) in canonical order.
+std::vector<const engine::TensorDigest*> step_order(const std::vector<engine::TensorDigest>& t) {
+  std::vector<const engine::TensorDigest*> grads, rest;
+  for (const engine::TensorDigest& d : t)
+    (d.name.starts_with("grad/") ? grads : rest).push_back(&d);
+  std::vector<const engine::TensorDigest*> out(grads.rbegin(), grads.rend());
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
+}  // namespace
+
 std::optional<TraceDiff> first_diverging_traced(const Trace& actual, const Trace& expected,
-                                                double rtol) {
-  std::optional<TraceDiff> largest;  // rtol > 0: the largest relative L2 difference so far
+                                                double rtol, const NoiseFloors* floors) {
+  std::optional<TraceDiff> largest;  // tolerance mode: the largest (relative) difference so far
   const size_t steps = std::min(actual.size(), expected.size());
   for (size_t i = 0; i < steps; ++i) {
     const int64_t step = static_cast<int64_t>(i) + 1;
     std::map<std::string, const engine::TensorDigest*> by_name;
     for (const engine::TensorDigest& d : actual[i]) by_name[d.name] = &d;
-    for (const engine::TensorDigest& e : expected[i]) {
+    for (const engine::TensorDigest* ep : step_order(expected[i])) {
+      const engine::TensorDigest& e = *ep;
       const auto it = by_name.find(e.name);
       if (it == by_name.end()) {
         return TraceDiff{step, incomparable(e.name + " (missing)"),
-                         std::numeric_limits<double>::infinity(), true};
+                         std::numeric_limits<double>::infinity(), true, std::nullopt};
       }
       const engine::TensorDigest& a = *it->second;
       if (a.shape != e.shape) {
         return TraceDiff{
             step,
             incomparable(fmt::format("{} (shape {} vs {})", e.name, a.shape.str(), e.shape.str())),
-            std::numeric_limits<double>::infinity(), true};
+            std::numeric_limits<double>::infinity(), true, std::nullopt};
       }
       const auto numel = static_cast<size_t>(e.shape.numel().value);
       MP_CHECK(a.values.size() == numel && e.values.size() == numel,
@@ -212,7 +257,22 @@ std::optional<TraceDiff> first_diverging_traced(const Trace& actual, const Trace
                e.values.size(), e.shape.str());
       if (std::memcmp(a.values.data(), e.values.data(), numel * sizeof(float)) == 0) continue;
       TraceDiff d{step, diff_values(e.name, a.values.data(), e.values.data(), a.values.size()),
-                  relative_l2(a.values, e.values), true};
+                  relative_l2(a.values, e.values), true, std::nullopt};
+      if (floors) {
+        double floor = 0;  // no control value (a step the control lacks): bitwise expected
+        if (i < floors->size()) {
+          const auto f = (*floors)[i].find(e.name);
+          if (f != (*floors)[i].end()) floor = f->second;
+        }
+        d.floor = floor;
+        if (d.rel_l2 > kNoiseFloorFactor * floor) return d;
+        // Within its floor: keep the one furthest above its floor (relative to it).
+        const auto excess = [](const TraceDiff& x) {
+          return *x.floor > 0 ? x.rel_l2 / *x.floor : std::numeric_limits<double>::infinity();
+        };
+        if (!largest || excess(d) > excess(*largest)) largest = d;
+        continue;
+      }
       if (rtol <= 0 || d.rel_l2 > rtol) return d;
       if (!largest || d.rel_l2 > largest->rel_l2) largest = d;
     }
@@ -473,7 +533,8 @@ reports::CheckResult check_allgather_parity(const std::vector<engine::AllGatherP
 reports::CheckResult compare_tolerance(const std::string& name, const std::string& kind,
                                        const RunView& actual, const RunView& expected,
                                        const std::map<Metric, double>& rtol,
-                                       const std::string& what, bool trace) {
+                                       const std::string& what, bool trace,
+                                       const NoiseFloors* floors) {
   reports::CheckResult r;
   r.name = name;
   r.kind = kind;
@@ -519,7 +580,7 @@ reports::CheckResult compare_tolerance(const std::string& name, const std::strin
   if (trace) {
     double tensor_rtol = 0;
     for (const auto& [m, tol] : rtol) tensor_rtol = std::max(tensor_rtol, tol);
-    r.message += add_trace_evidence(ev, actual, expected, tensor_rtol);
+    r.message += add_trace_evidence(ev, actual, expected, tensor_rtol, floors);
   }
   r.evidence = ev;
   return r;

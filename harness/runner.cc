@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "engine/bench_recipes.h"
@@ -378,10 +379,31 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       // Another mesh reorders reductions: loss and grad_norm within the scenario's rtol.
       const std::map<Metric, double> rtol = {{Metric::kLoss, s.checks.resume.rtol},
                                              {Metric::kGradNorm, s.checks.resume.rtol}};
+      // --trace on a fault scenario: the fault-free control of the same comparison (a clean
+      // straight run and a clean cross-mesh resume) gives every tensor its noise floor.
+      std::optional<NoiseFloors> floors;
+      if (opts.trace && faults.any()) {
+        Scenario clean = run;
+        clean.faults.clear();
+        TrainRequest sreq;
+        sreq.trace = true;
+        progress.phase("resume control");
+        sreq.on_step = progress.callback();
+        const TrainOutcome clean_straight = train_scenario(clean, sreq);
+        ResumeRequest creq = req;
+        creq.faults = {};
+        creq.checkpoint_root = root / fmt::format("resume_check_step{}_control", req.at_step);
+        fs::remove_all(creq.checkpoint_root, ec);
+        MP_CHECK(!ec, "clearing {}: {}", creq.checkpoint_root.string(), ec.message());
+        creq.on_step = progress.callback();
+        const TrainOutcome clean_resumed = resume_scenario(clean, creq);
+        progress.done();
+        floors = noise_floors(clean_resumed.trace, clean_straight.trace);
+      }
       return compare_tolerance("resume", "resume", view, straight, rtol,
                                fmt::format("run resumed on {} (saved after step {})",
                                            describe_mesh(*s.checks.resume.mesh), req.at_step),
-                               opts.trace);
+                               opts.trace, floors ? &*floors : nullptr);
     }));
   }
   if (s.checks.reference.enabled) {
@@ -401,9 +423,23 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       req.on_step = progress.callback();
       TrainOutcome r = train_scenario(ref, req);
       progress.done();
-      return compare_tolerance("reference", "reference", main_view,
-                               RunView{&r.steps, &r.final_params, &r.trace},
-                               s.checks.reference.rtol, what, opts.trace);
+      // --trace on a fault scenario: the fault-free main run against the same reference is the
+      // control that gives every tensor its noise floor.
+      std::optional<NoiseFloors> floors;
+      if (opts.trace && faults.any()) {
+        Scenario clean = run;
+        clean.faults.clear();
+        TrainRequest creq;
+        creq.trace = true;
+        progress.phase("reference control");
+        creq.on_step = progress.callback();
+        const TrainOutcome control = train_scenario(clean, creq);
+        progress.done();
+        floors = noise_floors(control.trace, r.trace);
+      }
+      return compare_tolerance(
+          "reference", "reference", main_view, RunView{&r.steps, &r.final_params, &r.trace},
+          s.checks.reference.rtol, what, opts.trace, floors ? &*floors : nullptr);
     }));
   }
   if (s.checks.allgather_parity) {

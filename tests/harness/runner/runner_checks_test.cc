@@ -250,6 +250,63 @@ TEST(FirstDivergingTraced, PerturbedTensorAtStepTwo) {
   EXPECT_EQ(s->diff.tensor, "grad/w (shape [3, 1] vs [3])");
 }
 
+// #17.11: a noisy first-in-canonical-order gradient (the embedding's) must not be named when
+// its difference is the one a fault-free control shows as well; judged against its own noise
+// floor, in step order (gradients backward: the head's first), the head's gradient, bitwise in
+// the control, is the first tensor beyond its floor. The loss-rtol rule named the embedding.
+TEST(FirstDivergingTraced, NoiseFloorsAndStepOrder) {
+  auto step_of = [](const std::vector<float>& g_embed, const std::vector<float>& g_head) {
+    std::vector<engine::TensorDigest> out;
+    for (const auto& [name, v] :
+         {std::pair{"grad/embed.tok", g_embed}, std::pair{"grad/lm_head.weight", g_head},
+          std::pair{"param/embed.tok", std::vector<float>{1, 1}},
+          std::pair{"param/lm_head.weight", std::vector<float>{2, 2}}}) {
+      engine::TensorDigest d;
+      d.name = name;
+      d.shape = kernels::Shape({2});
+      d.values = v;
+      out.push_back(d);
+    }
+    return out;
+  };
+  const Trace expected = {step_of({1, 1}, {1, 1})};
+  // Control (fault-free, same comparison): the embedding gradient moves by rel L2 0.05, the
+  // head's not at all.
+  const Trace control = {step_of({1.05f, 1.05f}, {1, 1})};
+  // The faulty run: the same embedding noise, and the head's gradient off by rel L2 1e-3.
+  const Trace actual = {step_of({1.05f, 1.05f}, {1.001f, 1.001f})};
+  // The old rule (rtol 1e-2, canonical order) names the embedding's noise.
+  const auto old_rule = first_diverging_traced(actual, expected, 1e-2);
+  ASSERT_TRUE(old_rule.has_value());
+  EXPECT_EQ(old_rule->diff.tensor, "grad/embed.tok");
+  const NoiseFloors floors = noise_floors(control, expected);
+  ASSERT_EQ(floors.size(), 1u);
+  EXPECT_NEAR(floors[0].at("grad/embed.tok"), 0.05, 1e-6);
+  EXPECT_EQ(floors[0].at("grad/lm_head.weight"), 0.0);
+  const auto d = first_diverging_traced(actual, expected, 1e-2, &floors);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->diff.tensor, "grad/lm_head.weight");
+  EXPECT_TRUE(d->beyond_rtol);
+  ASSERT_TRUE(d->floor.has_value());
+  EXPECT_EQ(*d->floor, 0.0);
+  // Only the embedding's noise: nothing beyond its floor; the furthest above it is reported.
+  const auto quiet = first_diverging_traced(control, expected, 1e-2, &floors);
+  ASSERT_TRUE(quiet.has_value());
+  EXPECT_FALSE(quiet->beyond_rtol);
+  EXPECT_EQ(quiet->diff.tensor, "grad/embed.tok");
+  // Through compare_tolerance: the message says which rule judged the tensor.
+  const auto a = steps_of({5.0}, {1.0});
+  const auto e = steps_of({5.5}, {1.0});
+  const auto r =
+      compare_tolerance("reference", "reference", {&a, nullptr, &actual}, {&e, nullptr, &expected},
+                        {{Metric::kLoss, 1e-2}}, "run", true, &floors);
+  EXPECT_EQ(r.evidence->tensor, "grad/lm_head.weight at step 1");
+  EXPECT_NE(r.message.find("first tensor beyond its noise floor (step order; 4x the fault-free "
+                           "control's relative L2 difference): grad/lm_head.weight at step 1"),
+            std::string::npos)
+      << r.message;
+}
+
 TEST(CompareBitwise, TraceNamesTensorStepAndItsErrors) {
   const auto a = steps_of({5.0, 4.0, 3.0}, {1.0, 0.5, 0.25});
   auto b = a;
