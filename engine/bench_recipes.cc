@@ -52,10 +52,11 @@ double median_of(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Median seconds of body(i) over `iters` timed calls after `warmup` untimed ones. i counts all
-// calls, so bodies that index a rotation pool by i never reuse the previous call's buffers.
+// Seconds of body(i) over `iters` timed calls after `warmup` untimed ones: the median, with the
+// fastest and slowest call (the noise of the figure). i counts all calls, so bodies that index a
+// rotation pool by i never reuse the previous call's buffers. Fills m's times (not bytes/flops).
 template <typename F>
-double median_seconds(Device device, int warmup, int iters, F&& body) {
+void time_into(Measurement& m, Device device, int warmup, int iters, F&& body) {
   kernels::DeviceTimer timer(device);
   for (int i = 0; i < warmup; ++i) body(i);
   kernels::synchronize_current();
@@ -66,7 +67,11 @@ double median_seconds(Device device, int warmup, int iters, F&& body) {
     body(warmup + i);
     samples.push_back(timer.stop());
   }
-  return median_of(std::move(samples));
+  MP_CHECK(!samples.empty(), "timing of no samples");
+  const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end());
+  m.min_seconds = *lo;
+  m.max_seconds = *hi;
+  m.seconds = median_of(std::move(samples));
 }
 
 // Buffers to rotate over so that one pass over the pool is at least twice the cache: the cache
@@ -137,7 +142,7 @@ QuantizeFigure measure_quantize(RecipeKind r, const GemmShape& s, bool weight,
   }
   if (r == RecipeKind::kBf16) {
     f.m.bytes = static_cast<double>(in_bytes + 2 * n);
-    f.m.seconds = median_seconds(o.device, o.warmup, o.iters, [&](int i) {
+    time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
       Tensor y = kernels::cast_to(inputs[static_cast<size_t>(i % pool)], DType::kBFloat16);
       (void)y;
     });
@@ -146,7 +151,7 @@ QuantizeFigure measure_quantize(RecipeKind r, const GemmShape& s, bool weight,
   Fp8Recipe recipe(recipe_config(r), kSingleRank);
   const Fp8Role role = weight ? Fp8Role::kWeight : Fp8Role::kInput;
   int64_t out_bytes = 0;
-  f.m.seconds = median_seconds(o.device, o.warmup, o.iters, [&](int i) {
+  time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
     QuantizedTensor q =
         recipe.quantize("bench", role, inputs[static_cast<size_t>(i % pool)], {true, true});
     out_bytes = quantized_bytes(q);
@@ -198,7 +203,7 @@ std::vector<GemmFigure> measure_gemms(RecipeKind r, const GemmShape& s,
     f.m.flops =
         2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
     const kernels::GemmOptions opts = recipe.options(role);
-    f.m.seconds = median_seconds(o.device, o.warmup, o.iters, [&](int i) {
+    time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
       GemmSet& g = sets[static_cast<size_t>(i % pool)];
       switch (role) {
         case GemmRole::kFprop:
@@ -256,7 +261,7 @@ LayerFigure measure_layer(RecipeKind r, const RecipeBenchOptions& o) {
   const double grad_scale = 1.0 / static_cast<double>(f.tokens);
   // Gradients accumulate across iterations (zeroing them is the optimizer step's business, not
   // the layer's); their values do not change the work done.
-  f.m.seconds = median_seconds(o.device, o.warmup, o.iters, [&](int i) {
+  time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
     model.forward_backward(weights, tokens, {i, 0}, grad_scale, grads, &recipe);
   });
   return f;
@@ -337,7 +342,7 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
   const Tensor src = Tensor::zeros({copy_elems}, DType::kFloat32, o.device);
   Tensor dst = Tensor::empty({copy_elems}, DType::kFloat32, o.device);
   rep.copy.bytes = 2.0 * static_cast<double>(src.nbytes().value);
-  rep.copy.seconds = median_seconds(o.device, o.warmup, o.iters, [&](int) { dst.copy_from(src); });
+  time_into(rep.copy, o.device, o.warmup, o.iters, [&](int) { dst.copy_from(src); });
 
   for (const GemmShape& s : o.shapes) {
     for (GemmFigure& f :

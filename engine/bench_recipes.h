@@ -67,6 +67,10 @@ struct Measurement {
   double seconds = 0;  // median over the timed iterations
   double bytes = 0;    // bytes read + written per iteration (bandwidth figures), else 0
   double flops = 0;    // floating-point operations per iteration (GEMM figures), else 0
+  // Fastest and slowest timed iteration: the measured noise that `report compare` flags changes
+  // against (0: not measured).
+  double min_seconds = 0;
+  double max_seconds = 0;
 };
 
 // Quantizing one operand [rows, cols] from bf16 with both copies (rowwise and columnwise), as the

@@ -24,6 +24,22 @@ using reports::BenchmarkFigure;
 double tflops(const engine::Measurement& m) { return m.flops / m.seconds / 1e12; }
 double gbps(const engine::Measurement& m) { return m.bytes / m.seconds / 1e9; }
 
+// The figure's range over the timed iterations from the fastest and slowest one: `per_second`
+// is the work per iteration in the figure's unit (a throughput: work / seconds), 0 for a time in
+// milliseconds.
+reports::BenchmarkFigure with_range(reports::BenchmarkFigure f, const engine::Measurement& m,
+                                    double per_second) {
+  if (m.min_seconds <= 0 || m.max_seconds <= 0) return f;
+  if (per_second > 0) {
+    f.min = per_second / m.max_seconds;
+    f.max = per_second / m.min_seconds;
+  } else {
+    f.min = m.min_seconds * 1e3;
+    f.max = m.max_seconds * 1e3;
+  }
+  return f;
+}
+
 // A throughput figure with its ceiling (ratio = value / ceiling).
 BenchmarkFigure figure(std::string name, std::string metric, double value, std::string unit,
                        std::optional<double> ceiling, std::string ceiling_source) {
@@ -86,16 +102,19 @@ reports::RunRecord bench_recipes_record(const engine::RecipeBenchReport& rep,
   ceil.backend = backend;
   ceil.config = config;
   const double copy_gbps = gbps(rep.copy);
-  ceil.benchmarks.push_back(figure(o.device.is_cpu() ? "copy host memcpy" : "copy cudaMemcpy d2d",
-                                   "gbps", copy_gbps, "GB/s", std::nullopt, ""));
+  ceil.benchmarks.push_back(
+      with_range(figure(o.device.is_cpu() ? "copy host memcpy" : "copy cudaMemcpy d2d", "gbps",
+                        copy_gbps, "GB/s", std::nullopt, ""),
+                 rep.copy, rep.copy.bytes / 1e9));
   double bf16_best = 0;
   const std::optional<double> bf16_table = reports::table_peak_tflops(gpu_name, "bf16");
   for (const engine::GemmFigure& g : rep.bf16_gemms) {
     const double t = tflops(g.m);
     bf16_best = std::max(bf16_best, t);
-    ceil.benchmarks.push_back(figure(fmt::format("bf16 gemm fprop {}", g.shape.str()), "tflops", t,
-                                     "TFLOP/s", bf16_table,
-                                     gpu_name.empty() ? "" : "table:" + gpu_name + " bf16"));
+    ceil.benchmarks.push_back(
+        with_range(figure(fmt::format("bf16 gemm fprop {}", g.shape.str()), "tflops", t, "TFLOP/s",
+                          bf16_table, gpu_name.empty() ? "" : "table:" + gpu_name + " bf16"),
+                   g.m, g.m.flops / 1e12));
   }
   ceil.checks.push_back(measured_check(ceil));
   run.scenarios.push_back(std::move(ceil));
@@ -114,15 +133,18 @@ reports::RunRecord bench_recipes_record(const engine::RecipeBenchReport& rep,
     const std::string peak_source =
         peak.source == "calibration" ? "calibration:measured bf16 gemm" : peak.source;
     for (const engine::QuantizeFigure& q : r.quantize) {
-      s.benchmarks.push_back(figure(
-          fmt::format("{} {} {}x{}", r.recipe == engine::RecipeKind::kBf16 ? "cast" : "quantize",
-                      q.operand, q.rows, q.cols),
-          "gbps", gbps(q.m), "GB/s", copy_gbps, "measured:copy"));
+      s.benchmarks.push_back(
+          with_range(figure(fmt::format("{} {} {}x{}",
+                                        r.recipe == engine::RecipeKind::kBf16 ? "cast" : "quantize",
+                                        q.operand, q.rows, q.cols),
+                            "gbps", gbps(q.m), "GB/s", copy_gbps, "measured:copy"),
+                     q.m, q.m.bytes / 1e9));
     }
     for (const engine::GemmFigure& g : r.gemms) {
-      s.benchmarks.push_back(
+      s.benchmarks.push_back(with_range(
           figure(fmt::format("gemm {} {}", kernels::gemm_role_name(g.role), g.shape.str()),
-                 "tflops", tflops(g.m), "TFLOP/s", peak.tflops, peak_source));
+                 "tflops", tflops(g.m), "TFLOP/s", peak.tflops, peak_source),
+          g.m, g.m.flops / 1e12));
     }
     if (r.layer) {
       const engine::LayerFigure& l = *r.layer;
@@ -141,14 +163,16 @@ reports::RunRecord bench_recipes_record(const engine::RecipeBenchReport& rep,
       p.peak_source = peak_source;
       if (peak.tflops) p.mfu = reports::mfu(p.tflops_per_device, *peak.tflops);
       s.performance = p;
-      BenchmarkFigure t =
-          figure("layer step", "step_time_ms", l.m.seconds * 1e3, "ms", std::nullopt, "");
+      BenchmarkFigure t = with_range(
+          figure("layer step", "step_time_ms", l.m.seconds * 1e3, "ms", std::nullopt, ""), l.m, 0);
       t.higher_is_better = false;
       s.benchmarks.push_back(t);
-      s.benchmarks.push_back(
-          figure("layer step", "tokens_per_s", p.tokens_per_s, "tokens/s", std::nullopt, ""));
-      s.benchmarks.push_back(
-          figure("layer step", "tflops", p.tflops_per_device, "TFLOP/s", peak.tflops, peak_source));
+      s.benchmarks.push_back(with_range(
+          figure("layer step", "tokens_per_s", p.tokens_per_s, "tokens/s", std::nullopt, ""), l.m,
+          p.tokens_per_step));
+      s.benchmarks.push_back(with_range(
+          figure("layer step", "tflops", p.tflops_per_device, "TFLOP/s", peak.tflops, peak_source),
+          l.m, p.model_flops_per_step / 1e12));
     }
     s.checks.push_back(measured_check(s));
     run.scenarios.push_back(std::move(s));

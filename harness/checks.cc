@@ -35,6 +35,36 @@ bool same_bits(double a, double b) {
 
 const char* golden_key(Metric m) { return m == Metric::kLoss ? "loss" : "grad_norm"; }
 
+// Distance of two per-step metrics in fp32 ULP: the metrics are fp32 quantities (a loss and a
+// norm of fp32 tensors) carried in doubles, so the distance of the values rounded to fp32; two
+// values that differ by less than one fp32 ULP (the double sums' last bits) count as 1, never as
+// equal.
+int64_t metric_ulp(double a, double b) {
+  if (same_bits(a, b)) return 0;
+  return std::max<int64_t>(1, ulp_distance(static_cast<float>(a), static_cast<float>(b)));
+}
+
+// One golden metric's misses: first failing step with its values, and the max errors over its
+// failing steps.
+struct MetricMiss {
+  int64_t failing_steps = 0;
+  int64_t first_step = 0;
+  double expected = 0, actual = 0;
+  double max_abs = 0, max_rel = 0;
+  int64_t max_ulp = 0;
+  void add(double x, double g) {
+    const double abs = std::fabs(x - g);
+    if (std::isnan(abs)) {
+      max_abs = std::numeric_limits<double>::infinity();
+      max_rel = std::numeric_limits<double>::infinity();
+    } else {
+      max_abs = std::max(max_abs, abs);
+      if (g != 0) max_rel = std::max(max_rel, abs / std::fabs(g));
+    }
+    max_ulp = std::max(max_ulp, metric_ulp(x, g));
+  }
+};
+
 // Max abs error, max relative error (over elements with a nonzero reference) and max ULP
 // distance of a against e (n elements each).
 TensorDiff diff_values(const std::string& name, const float* a, const float* e, size_t n) {
@@ -79,11 +109,11 @@ double relative_l2(const std::vector<float>& a, const std::vector<float>& e) {
 // With --trace: the first diverging traced (step, tensor) into `ev` (tensor "<name> at step S";
 // max abs/rel error and ULP distance of that tensor at that step) and a clause for the message.
 std::string add_trace_evidence(reports::Evidence& ev, const RunView& a, const RunView& b,
-                               double rtol) {
+                               double rtol, const NoiseFloors* floors = nullptr) {
   if (!a.trace || !b.trace || a.trace->empty() || b.trace->empty()) {
     return "; no per-tensor trace of both runs to compare";
   }
-  const std::optional<TraceDiff> d = first_diverging_traced(*a.trace, *b.trace, rtol);
+  const std::optional<TraceDiff> d = first_diverging_traced(*a.trace, *b.trace, rtol, floors);
   if (!d) {
     return fmt::format("; every traced gradient and weight is bitwise equal over {} steps",
                        std::min(a.trace->size(), b.trace->size()));
@@ -94,6 +124,18 @@ std::string add_trace_evidence(reports::Evidence& ev, const RunView& a, const Ru
   ev.ulp_distance = d->diff.ulp;
   const std::string numbers = fmt::format("max abs {:.3g}, max rel {:.3g}, {} ULP",
                                           d->diff.max_abs_err, d->diff.max_rel_err, d->diff.ulp);
+  if (d->floor) {
+    if (d->beyond_rtol) {
+      return fmt::format(
+          "; first tensor beyond its noise floor (step order; {}x the fault-free control's "
+          "relative L2 difference): {} at step {} (rel L2 {:.3g}, floor {:.3g}): {}",
+          kNoiseFloorFactor, d->diff.tensor, d->step, d->rel_l2, *d->floor, numbers);
+    }
+    return fmt::format(
+        "; no traced tensor exceeds {}x its noise floor; the furthest above it is {} at step {} "
+        "(rel L2 {:.3g}, floor {:.3g}): {}",
+        kNoiseFloorFactor, d->diff.tensor, d->step, d->rel_l2, *d->floor, numbers);
+  }
   if (rtol <= 0) {
     return fmt::format("; first diverging tensor {} at step {}: {}", d->diff.tensor, d->step,
                        numbers);
@@ -155,26 +197,59 @@ std::optional<TensorDiff> first_diverging_tensor(const engine::TensorMap& actual
   return std::nullopt;
 }
 
+NoiseFloors noise_floors(const Trace& control_actual, const Trace& control_expected) {
+  NoiseFloors out;
+  const size_t steps = std::min(control_actual.size(), control_expected.size());
+  for (size_t i = 0; i < steps; ++i) {
+    std::map<std::string, const engine::TensorDigest*> by_name;
+    for (const engine::TensorDigest& d : control_actual[i]) by_name[d.name] = &d;
+    std::map<std::string, double> floors;
+    for (const engine::TensorDigest& e : control_expected[i]) {
+      const auto it = by_name.find(e.name);
+      if (it == by_name.end() || it->second->values.size() != e.values.size()) continue;
+      floors[e.name] = relative_l2(it->second->values, e.values);
+    }
+    out.push_back(std::move(floors));
+  }
+  return out;
+}
+
+namespace {
+
+// The order the step computes a step's traced tensors in: gradients in backward order (the
+// reverse of their canonical order), then everything else (the weights) in canonical order.
+std::vector<const engine::TensorDigest*> step_order(const std::vector<engine::TensorDigest>& t) {
+  std::vector<const engine::TensorDigest*> grads, rest;
+  for (const engine::TensorDigest& d : t)
+    (d.name.starts_with("grad/") ? grads : rest).push_back(&d);
+  std::vector<const engine::TensorDigest*> out(grads.rbegin(), grads.rend());
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
+}  // namespace
+
 std::optional<TraceDiff> first_diverging_traced(const Trace& actual, const Trace& expected,
-                                                double rtol) {
-  std::optional<TraceDiff> largest;  // rtol > 0: the largest relative L2 difference so far
+                                                double rtol, const NoiseFloors* floors) {
+  std::optional<TraceDiff> largest;  // tolerance mode: the largest (relative) difference so far
   const size_t steps = std::min(actual.size(), expected.size());
   for (size_t i = 0; i < steps; ++i) {
     const int64_t step = static_cast<int64_t>(i) + 1;
     std::map<std::string, const engine::TensorDigest*> by_name;
     for (const engine::TensorDigest& d : actual[i]) by_name[d.name] = &d;
-    for (const engine::TensorDigest& e : expected[i]) {
+    for (const engine::TensorDigest* ep : step_order(expected[i])) {
+      const engine::TensorDigest& e = *ep;
       const auto it = by_name.find(e.name);
       if (it == by_name.end()) {
         return TraceDiff{step, incomparable(e.name + " (missing)"),
-                         std::numeric_limits<double>::infinity(), true};
+                         std::numeric_limits<double>::infinity(), true, std::nullopt};
       }
       const engine::TensorDigest& a = *it->second;
       if (a.shape != e.shape) {
         return TraceDiff{
             step,
             incomparable(fmt::format("{} (shape {} vs {})", e.name, a.shape.str(), e.shape.str())),
-            std::numeric_limits<double>::infinity(), true};
+            std::numeric_limits<double>::infinity(), true, std::nullopt};
       }
       const auto numel = static_cast<size_t>(e.shape.numel().value);
       MP_CHECK(a.values.size() == numel && e.values.size() == numel,
@@ -182,7 +257,22 @@ std::optional<TraceDiff> first_diverging_traced(const Trace& actual, const Trace
                e.values.size(), e.shape.str());
       if (std::memcmp(a.values.data(), e.values.data(), numel * sizeof(float)) == 0) continue;
       TraceDiff d{step, diff_values(e.name, a.values.data(), e.values.data(), a.values.size()),
-                  relative_l2(a.values, e.values), true};
+                  relative_l2(a.values, e.values), true, std::nullopt};
+      if (floors) {
+        double floor = 0;  // no control value (a step the control lacks): bitwise expected
+        if (i < floors->size()) {
+          const auto f = (*floors)[i].find(e.name);
+          if (f != (*floors)[i].end()) floor = f->second;
+        }
+        d.floor = floor;
+        if (d.rel_l2 > kNoiseFloorFactor * floor) return d;
+        // Within its floor: keep the one furthest above its floor (relative to it).
+        const auto excess = [](const TraceDiff& x) {
+          return *x.floor > 0 ? x.rel_l2 / *x.floor : std::numeric_limits<double>::infinity();
+        };
+        if (!largest || excess(d) > excess(*largest)) largest = d;
+        continue;
+      }
       if (rtol <= 0 || d.rel_l2 > rtol) return d;
       if (!largest || d.rel_l2 > largest->rel_l2) largest = d;
     }
@@ -243,6 +333,10 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
     return r;
   }
 
+  // Per metric its own failing steps and errors: the evidence carries the metric that failed
+  // first (earliest step, then cfg.metrics order) with that metric's errors only, and the message
+  // lists every failing metric with its own.
+  std::map<Metric, MetricMiss> misses;
   reports::Evidence ev;
   for (size_t i = 0; i < steps.size(); ++i) {
     bool step_failed = false;
@@ -252,19 +346,29 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
       const bool ok =
           exact ? same_bits(x, g) : std::fabs(x - g) <= band.atol + band.rtol * std::fabs(g);
       if (ok) continue;
-      if (!step_failed && !ev.first_diverging_step) {
+      step_failed = true;
+      MetricMiss& miss = misses[m];
+      if (miss.failing_steps == 0) {
+        miss.first_step = steps[i].step;
+        miss.expected = g;
+        miss.actual = x;
+      }
+      ++miss.failing_steps;
+      miss.add(x, g);
+      if (!ev.first_diverging_step) {
         ev.first_diverging_step = steps[i].step;
         ev.metric = golden_key(m);
-        ev.expected = g;
-        ev.actual = x;
       }
-      step_failed = true;
-      const double abs = std::fabs(x - g);
-      ev.max_abs_err = std::max(ev.max_abs_err.value_or(0.0), abs);
-      if (g != 0) ev.max_rel_err = std::max(ev.max_rel_err.value_or(0.0), abs / std::fabs(g));
-      ev.ulp_distance = std::max(ev.ulp_distance.value_or(0), ulp_distance(x, g));
     }
     if (step_failed) ++ev.failing_steps;
+  }
+  if (ev.first_diverging_step) {
+    const MetricMiss& first = misses.at(ev.metric == "loss" ? Metric::kLoss : Metric::kGradNorm);
+    ev.expected = first.expected;
+    ev.actual = first.actual;
+    ev.max_abs_err = first.max_abs;
+    ev.max_rel_err = first.max_rel;
+    ev.ulp_distance = first.max_ulp;
   }
   if (ev.failing_steps > band.allowed_failing_steps) {
     r.verdict = reports::Verdict::kFail;
@@ -273,6 +377,15 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
         "{:.9g} ({})",
         ev.failing_steps, steps.size(), band.mode, band.allowed_failing_steps,
         *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected, golden_file);
+    for (Metric m : cfg.metrics) {
+      const auto it = misses.find(m);
+      if (it == misses.end()) continue;
+      r.message += fmt::format(
+          "; {}: {} failing steps from step {}, max abs {:.3g}, max rel {:.3g}, "
+          "{} fp32 ULP",
+          golden_key(m), it->second.failing_steps, it->second.first_step, it->second.max_abs,
+          it->second.max_rel, it->second.max_ulp);
+    }
     if (trace) {
       r.message +=
           "; no per-tensor evidence: goldens store per-step metrics only (the reference and "
@@ -336,7 +449,7 @@ reports::CheckResult compare_bitwise(const std::string& name, const std::string&
         ev.expected = y;
         ev.max_abs_err = std::fabs(x - y);
         if (y != 0) ev.max_rel_err = std::fabs(x - y) / std::fabs(y);
-        ev.ulp_distance = ulp_distance(x, y);
+        ev.ulp_distance = metric_ulp(x, y);
       }
       break;
     }
@@ -352,8 +465,8 @@ reports::CheckResult compare_bitwise(const std::string& name, const std::string&
   }
   r.verdict = reports::Verdict::kFail;
   if (ev.first_diverging_step) {
-    r.message = fmt::format("{} diverges at step {}: {} = {:.9g}, expected {:.9g} ({} ULP)", what,
-                            *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected,
+    r.message = fmt::format("{} diverges at step {}: {} = {:.9g}, expected {:.9g} ({} fp32 ULP)",
+                            what, *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected,
                             *ev.ulp_distance);
   } else {
     ev.metric = "params";
@@ -420,7 +533,8 @@ reports::CheckResult check_allgather_parity(const std::vector<engine::AllGatherP
 reports::CheckResult compare_tolerance(const std::string& name, const std::string& kind,
                                        const RunView& actual, const RunView& expected,
                                        const std::map<Metric, double>& rtol,
-                                       const std::string& what, bool trace) {
+                                       const std::string& what, bool trace,
+                                       const NoiseFloors* floors) {
   reports::CheckResult r;
   r.name = name;
   r.kind = kind;
@@ -466,7 +580,7 @@ reports::CheckResult compare_tolerance(const std::string& name, const std::strin
   if (trace) {
     double tensor_rtol = 0;
     for (const auto& [m, tol] : rtol) tensor_rtol = std::max(tensor_rtol, tol);
-    r.message += add_trace_evidence(ev, actual, expected, tensor_rtol);
+    r.message += add_trace_evidence(ev, actual, expected, tensor_rtol, floors);
   }
   r.evidence = ev;
   return r;

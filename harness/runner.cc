@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "engine/bench_recipes.h"
@@ -330,6 +331,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   const fs::path& from = opts.from_checkpoint;
   const int64_t start = from.empty() ? 0 : check_start_checkpoint(s, from);
   TrainOutcome main;
+  double main_s = 0;  // the main run's training: the measurement golden and allgather_parity judge
   Progress progress;
   if (opts.progress) {
     progress.out = &log;
@@ -350,7 +352,9 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       req.checkpoints = CheckpointPlan{checkpoint_root(s, opts.out_dir), s.checkpoint.every,
                                        s.checkpoint.keep_last};
     }
+    const auto main_t0 = Clock::now();
     main = train_scenario(run, req);
+    main_s = seconds_since(main_t0);
     progress.done();
   } catch (const CheckpointLoadError& e) {
     // The checkpoint the run starts from does not load (the loader verified its chunks): a failed
@@ -401,6 +405,9 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       if (!g.steps.empty()) rec.golden = g;
       return r;
     }));
+    // The check's time includes the run it judges (its re-runs are what the resume, reference
+    // and determinism checks time): a golden check of a 3 s run does not take 0.000 s.
+    rec.checks.back().duration_s += main_s;
   }
   // The resume check saves at_step steps after the run's start (step 0, or the checkpoint's);
   // when that is not before the last step there is nothing to resume and the check is skipped.
@@ -439,10 +446,37 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
         // Another mesh reorders reductions: loss and grad_norm within the scenario's rtol.
         const std::map<Metric, double> rtol = {{Metric::kLoss, s.checks.resume.rtol},
                                                {Metric::kGradNorm, s.checks.resume.rtol}};
+        // --trace on a fault scenario: the fault-free control of the same comparison (a clean
+        // straight run and a clean cross-mesh resume) gives every tensor its noise floor.
+        std::optional<NoiseFloors> floors;
+        if (opts.trace && faults.any()) {
+          Scenario clean = run;
+          clean.faults.clear();
+          TrainRequest sreq;
+          sreq.trace = true;
+          sreq.scenario_hash = hash;
+          sreq.from_checkpoint = from;
+          progress.phase("resume control");
+          sreq.on_step = progress.callback();
+          const TrainOutcome clean_straight = train_scenario(clean, sreq);
+          ResumeRequest creq = req;
+          creq.faults = {};
+          creq.on_step = progress.callback();
+          TrainOutcome clean_resumed = resume_scenario(clean, creq);
+          progress.done();
+          floors = noise_floors(clean_resumed.trace, clean_straight.trace);
+          // The control's folder is scratch of this run's own: removed whatever the verdict.
+          if (mesh::launched_rank() == 0) {
+            for (const std::filesystem::path& dir : clean_resumed.checkpoints) {
+              std::error_code ec;
+              std::filesystem::remove_all(dir, ec);
+            }
+          }
+        }
         result = compare_tolerance("resume", "resume", view, straight, rtol,
                                    fmt::format("run resumed on {} (saved after step {})",
                                                describe_mesh(*s.checks.resume.mesh), req.at_step),
-                                   opts.trace);
+                                   opts.trace, floors ? &*floors : nullptr);
       }
       // Every process of an mpi launch reaches the same verdict; rank 0 alone touches the folder.
       if (mesh::launched_rank() == 0) {
@@ -489,15 +523,30 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       req.on_step = progress.callback();
       TrainOutcome r = train_scenario(ref, req);
       progress.done();
-      return compare_tolerance("reference", "reference", main_view,
-                               RunView{&r.steps, &r.final_params, &r.trace},
-                               s.checks.reference.rtol, what, opts.trace);
+      // --trace on a fault scenario: the fault-free main run against the same reference is the
+      // control that gives every tensor its noise floor.
+      std::optional<NoiseFloors> floors;
+      if (opts.trace && faults.any()) {
+        Scenario clean = run;
+        clean.faults.clear();
+        TrainRequest creq;
+        creq.trace = true;
+        progress.phase("reference control");
+        creq.on_step = progress.callback();
+        const TrainOutcome control = train_scenario(clean, creq);
+        progress.done();
+        floors = noise_floors(control.trace, r.trace);
+      }
+      return compare_tolerance(
+          "reference", "reference", main_view, RunView{&r.steps, &r.final_params, &r.trace},
+          s.checks.reference.rtol, what, opts.trace, floors ? &*floors : nullptr);
     }));
   }
   if (s.checks.allgather_parity) {
     // The main run compared every FP8 all-gathered weight with quantizing the gathered weight.
     rec.checks.push_back(
         guarded("allgather_parity", [&] { return check_allgather_parity(main.parity); }));
+    rec.checks.back().duration_s += main_s;  // the comparisons ran inside the main run
   }
   if (s.checks.determinism) {
     rec.checks.push_back(guarded("determinism", [&] {

@@ -51,7 +51,11 @@ std::vector<FaultInfo> build_catalog() {
         "delayed-scaling FP8 scales and amax histories are not saved, so a resumed run restarts "
         "its scales from 1 and diverges from the straight run";
     f.requires_.delayed_recipe = true;
-    f.caught_by = {"resume", "resume_cross_mesh"};
+    // Not resume_cross_mesh: the library's cross-mesh FP8 resume (resume_cross_mesh_fp8.yaml,
+    // rtol 1e-2) misses it (rel 9.4e-3): the scales re-converge within the amax history while
+    // the other mesh's reduction order already moves the loss by the same order. Only the
+    // bitwise same-mesh resume catches it (runner.fault_claim.* tests every claim here).
+    f.caught_by = {"resume"};
     f.params = {from_step_param()};
     c.push_back(f);
   }
@@ -74,7 +78,11 @@ std::vector<FaultInfo> build_catalog() {
         "backward uses a columnwise (transposed) FP8 weight copy left from before the last "
         "optimizer step instead of re-quantizing it with the current weight";
     f.requires_.fp8_recipe = true;
-    f.caught_by = {"golden", "reference"};
+    // Not reference: on the library's model (6 steps, delayed) the fault moves loss and grad_norm
+    // by 2.2e-4 relative to a fault-free run on another mesh, while two fault-free meshes already
+    // differ by 1.0e-4 (FSDP 2 x TP 2 vs FSDP 4): no tolerance separates them. The bitwise golden
+    // of the fault-free run catches it (runner.fault_claim.* tests every claim here).
+    f.caught_by = {"golden"};
     FaultParamInfo layer;
     layer.name = "layer";
     layer.default_int = 0;

@@ -42,23 +42,104 @@ std::string string_field(const nlohmann::json& o, const char* key, const std::st
   return v.get<std::string>();
 }
 
-// Metric name -> value of one scenario, in display order.
-std::vector<std::pair<std::string, std::optional<double>>> metrics(const nlohmann::json& s,
-                                                                   const std::string& path,
-                                                                   std::vector<bool>& better) {
-  std::vector<std::pair<std::string, std::optional<double>>> out;
+// One figure of one scenario as compare sees it.
+struct Figure {
+  std::string name;
+  std::optional<double> value;
+  std::optional<NoiseRange> range;
+  bool higher_is_better = true;
+};
+
+// `range` of a figure that is inversely proportional to a time measured as `time` (median) within
+// `time_range` (throughput, TFLOP/s, MFU): value * median / slowest .. value * median / fastest.
+std::optional<NoiseRange> inverse_range(const std::optional<double>& value, double time,
+                                        const std::optional<NoiseRange>& time_range) {
+  if (!value || !time_range || time_range->min <= 0 || time <= 0) return std::nullopt;
+  return NoiseRange{*value * time / time_range->max, *value * time / time_range->min};
+}
+
+// The steady-state steps' fastest and slowest step time of a run scenario (ms, checkpoint saves
+// left out), the noise of its median step time; nullopt without per-step times.
+std::optional<NoiseRange> step_time_range(const nlohmann::json& s, int64_t warmup,
+                                          const std::string& path) {
+  if (!s.contains("steps") || !s.at("steps").is_array()) return std::nullopt;
+  const nlohmann::json& steps = s.at("steps");
+  std::optional<NoiseRange> r;
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(0, warmup)); i < steps.size(); ++i) {
+    const std::string sp = fmt::format("{}.steps[{}]", path, i);
+    const nlohmann::json& time = field(steps[i], "time", sp);
+    const std::optional<double> t = number(time, "total_s", sp + ".time");
+    if (!t) continue;
+    // A checkpoint save is scheduled work, not noise: the steps that save are measured without it.
+    const double ms = (*t - number(time, "checkpoint_s", sp + ".time").value_or(0)) * 1e3;
+    if (!r) r = NoiseRange{ms, ms};
+    r->min = std::min(r->min, ms);
+    r->max = std::max(r->max, ms);
+  }
+  return r;
+}
+
+// The figures of one scenario, each name once, in display order: performance (runs), bus
+// bandwidth per collective, benchmark figures (bench reports). A bench scenario's layer figures
+// (step time, tokens/s, TFLOP/s) are its benchmark figures, with their measured range; its
+// performance block repeats them and only contributes the MFU.
+std::vector<Figure> figures(const nlohmann::json& s, const std::string& path) {
+  std::vector<Figure> out;
+  auto add = [&out](Figure f) {
+    for (const Figure& g : out) {
+      if (g.name == f.name) return;  // each metric once per scenario
+    }
+    out.push_back(std::move(f));
+  };
+  const bool bench = s.is_object() && s.contains("benchmarks") && s.at("benchmarks").is_array() &&
+                     !s.at("benchmarks").empty();
+  std::optional<NoiseRange> layer_time_range;  // bench: the layer step's, for the MFU
+  std::vector<Figure> bench_figures;
+  if (bench) {
+    const nlohmann::json& list = s.at("benchmarks");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string bp = fmt::format("{}.benchmarks[{}]", path, i);
+      Figure f;
+      const std::string name = string_field(list[i], "name", bp);
+      const std::string metric = string_field(list[i], "metric", bp);
+      f.name = fmt::format("{} {}", name, metric);
+      f.value = number(list[i], "value", bp);
+      // Reports written before min/max existed have no keys: no measured noise.
+      const std::optional<double> lo =
+          list[i].contains("min") ? number(list[i], "min", bp) : std::nullopt;
+      const std::optional<double> hi =
+          list[i].contains("max") ? number(list[i], "max", bp) : std::nullopt;
+      if (lo && hi) f.range = NoiseRange{*lo, *hi};
+      const nlohmann::json& hib = field(list[i], "higher_is_better", bp);
+      if (!hib.is_boolean()) {
+        input_error(
+            fmt::format("{}.higher_is_better: expected a boolean, got {}", bp, hib.type_name()));
+      }
+      f.higher_is_better = hib.get<bool>();
+      if (name == "layer step" && metric == "step_time_ms" && f.range) {
+        layer_time_range = f.range;
+      }
+      bench_figures.push_back(std::move(f));
+    }
+  }
   const nlohmann::json& perf = field(s, "performance", path);
   const std::string pp = path + ".performance";
   if (perf.is_object()) {
-    std::optional<double> t = number(perf, "median_step_time_s", pp);
-    out.emplace_back("step_time_ms", t ? std::optional<double>(*t * 1e3) : std::nullopt);
-    better.push_back(false);
-    out.emplace_back("tokens_per_s", number(perf, "tokens_per_s", pp));
-    better.push_back(true);
-    out.emplace_back("tflops_per_device", number(perf, "tflops_per_device", pp));
-    better.push_back(true);
-    out.emplace_back("mfu", number(perf, "mfu", pp));
-    better.push_back(true);
+    const std::optional<double> t = number(perf, "median_step_time_s", pp);
+    const std::optional<double> ms = t ? std::optional<double>(*t * 1e3) : std::nullopt;
+    const std::optional<NoiseRange> tr =
+        bench ? layer_time_range
+              : step_time_range(s, number(perf, "warmup_steps", pp).value_or(0), path);
+    const double median_ms = ms.value_or(0);
+    if (!bench) {
+      add({"step_time_ms", ms, ms ? tr : std::nullopt, false});
+      const std::optional<double> tok = number(perf, "tokens_per_s", pp);
+      add({"tokens_per_s", tok, inverse_range(tok, median_ms, tr), true});
+      const std::optional<double> tf = number(perf, "tflops_per_device", pp);
+      add({"tflops_per_device", tf, inverse_range(tf, median_ms, tr), true});
+    }
+    const std::optional<double> mfu = number(perf, "mfu", pp);
+    add({"mfu", mfu, inverse_range(mfu, median_ms, tr), true});
   } else if (!perf.is_null()) {
     input_error(fmt::format("{}: expected an object or null, got {}", pp, perf.type_name()));
   }
@@ -66,29 +147,22 @@ std::vector<std::pair<std::string, std::optional<double>>> metrics(const nlohman
   if (!colls.is_array()) input_error(fmt::format("{}.collectives: expected an array", path));
   for (size_t i = 0; i < colls.size(); ++i) {
     const std::string cp = fmt::format("{}.collectives[{}]", path, i);
-    out.emplace_back(fmt::format("busbw_gbps {} {}", string_field(colls[i], "kind", cp),
-                                 string_field(colls[i], "group", cp)),
-                     number(colls[i], "busbw_gbps", cp));
-    better.push_back(true);
+    // One total per (kind, group) over the run: no repetitions, so no measured noise.
+    add({fmt::format("busbw_gbps {} {}", string_field(colls[i], "kind", cp),
+                     string_field(colls[i], "group", cp)),
+         number(colls[i], "busbw_gbps", cp), std::nullopt, true});
   }
-  // Benchmark figures (bench verbs); reports written before the table existed have no key.
-  if (s.is_object() && s.contains("benchmarks")) {
-    const nlohmann::json& bench = s.at("benchmarks");
-    if (!bench.is_array()) input_error(fmt::format("{}.benchmarks: expected an array", path));
-    for (size_t i = 0; i < bench.size(); ++i) {
-      const std::string bp = fmt::format("{}.benchmarks[{}]", path, i);
-      out.emplace_back(fmt::format("{} {}", string_field(bench[i], "name", bp),
-                                   string_field(bench[i], "metric", bp)),
-                       number(bench[i], "value", bp));
-      const nlohmann::json& hib = field(bench[i], "higher_is_better", bp);
-      if (!hib.is_boolean()) {
-        input_error(
-            fmt::format("{}.higher_is_better: expected a boolean, got {}", bp, hib.type_name()));
-      }
-      better.push_back(hib.get<bool>());
-    }
-  }
+  for (Figure& f : bench_figures) add(std::move(f));
   return out;
+}
+
+// B against A beyond the noise: B's range wholly above or below A's.
+Change judge(const CompareRow& r) {
+  if (!r.a || !r.b || !r.a_range || !r.b_range) return Change::kUnmeasured;
+  const bool up = r.b_range->min > r.a_range->max;
+  const bool down = r.b_range->max < r.a_range->min;
+  if (!up && !down) return Change::kNone;
+  return up == r.higher_is_better ? Change::kBetter : Change::kWorse;
 }
 
 const nlohmann::json& scenarios(const nlohmann::json& r, const char* which) {
@@ -126,10 +200,39 @@ nlohmann::json load_report(const std::filesystem::path& path) {
   return j;
 }
 
+ReportKind report_kind(const nlohmann::json& report, const std::string& which) {
+  const nlohmann::json& list = field(report, "scenarios", which);
+  if (!list.is_array()) input_error(fmt::format("{}.scenarios: expected an array", which));
+  size_t bench = 0;
+  for (const nlohmann::json& s : list) {
+    if (s.is_object() && s.contains("benchmarks") && s.at("benchmarks").is_array() &&
+        !s.at("benchmarks").empty()) {
+      ++bench;
+    }
+  }
+  if (bench == 0) return ReportKind::kRun;
+  if (bench == list.size()) return ReportKind::kBench;
+  input_error(fmt::format(
+      "{} mixes {} benchmark scenarios with {} training scenarios: not a report of one verb", which,
+      bench, list.size() - bench));
+}
+
 CompareTable compare_reports(const nlohmann::json& a, const nlohmann::json& b) {
+  const ReportKind ka = report_kind(a, "A");
+  const ReportKind kb = report_kind(b, "B");
+  auto kind_name = [](ReportKind k) {
+    return k == ReportKind::kBench ? "a benchmark report (meshproof bench)"
+                                   : "a run report (meshproof run)";
+  };
+  if (ka != kb) {
+    input_error(fmt::format(
+        "A is {} and B is {}: they share no figure; compare two reports of the same kind",
+        kind_name(ka), kind_name(kb)));
+  }
   const nlohmann::json& sa = scenarios(a, "A");
   const nlohmann::json& sb = scenarios(b, "B");
   CompareTable t;
+  t.kind = ka;
   std::set<std::string> names_a;
   for (size_t i = 0; i < sa.size(); ++i) {
     names_a.insert(string_field(sa[i], "name", fmt::format("A.scenarios[{}]", i)));
@@ -146,36 +249,37 @@ CompareTable compare_reports(const nlohmann::json& a, const nlohmann::json& b) {
       t.only_in_a.push_back(name);
       continue;
     }
-    std::vector<bool> better_a, better_b;
-    const auto ma = metrics(sa[i], fmt::format("A.scenarios[{}]", i), better_a);
-    const auto mb = metrics(sb[j], fmt::format("B.scenarios[{}]", j), better_b);
-    // Union of metric names in A's order, then B-only ones (a collective present in one run).
-    std::vector<std::string> names;
-    std::vector<bool> better;
-    for (size_t k = 0; k < ma.size(); ++k) {
-      names.push_back(ma[k].first);
-      better.push_back(better_a[k]);
+    const std::vector<Figure> fa = figures(sa[i], fmt::format("A.scenarios[{}]", i));
+    const std::vector<Figure> fb = figures(sb[j], fmt::format("B.scenarios[{}]", j));
+    // Union of metric names in A's order, then B-only ones (a collective present in one run);
+    // each name is unique within fa and fb, so each row appears once.
+    std::vector<const Figure*> order;
+    for (const Figure& f : fa) order.push_back(&f);
+    for (const Figure& f : fb) {
+      if (std::none_of(fa.begin(), fa.end(), [&](const Figure& g) { return g.name == f.name; }))
+        order.push_back(&f);
     }
-    for (size_t k = 0; k < mb.size(); ++k) {
-      if (std::find(names.begin(), names.end(), mb[k].first) == names.end()) {
-        names.push_back(mb[k].first);
-        better.push_back(better_b[k]);
+    auto lookup = [](const std::vector<Figure>& m, const std::string& n) -> const Figure* {
+      for (const Figure& f : m) {
+        if (f.name == n) return &f;
       }
-    }
-    auto lookup = [](const auto& m, const std::string& n) -> std::optional<double> {
-      for (const auto& [k, v] : m) {
-        if (k == n) return v;
-      }
-      return std::nullopt;
+      return nullptr;
     };
-    for (size_t k = 0; k < names.size(); ++k) {
+    for (const Figure* f : order) {
       CompareRow row;
       row.scenario = name;
-      row.metric = names[k];
-      row.a = lookup(ma, names[k]);
-      row.b = lookup(mb, names[k]);
-      row.higher_is_better = better[k];
+      row.metric = f->name;
+      row.higher_is_better = f->higher_is_better;
+      if (const Figure* x = lookup(fa, f->name)) {
+        row.a = x->value;
+        row.a_range = x->range;
+      }
+      if (const Figure* y = lookup(fb, f->name)) {
+        row.b = y->value;
+        row.b_range = y->range;
+      }
       if (row.a && row.b && *row.a != 0) row.ratio = *row.b / *row.a;
+      row.change = judge(row);
       t.rows.push_back(row);
     }
   }
@@ -189,18 +293,29 @@ std::string format_compare_table(const CompareTable& t, const std::string& a_nam
     ws = std::max(ws, r.scenario.size());
     wm = std::max(wm, r.metric.size());
   }
-  std::string out = fmt::format("A = {}\nB = {}\n\n", a_name, b_name);
-  out += fmt::format("{:<{}}  {:<{}}  {:>12}  {:>12}  {:>8}\n", "scenario", ws, "metric", wm, "A",
-                     "B", "B/A");
+  auto range = [](const std::optional<NoiseRange>& r) {
+    return r ? fmt::format("{:.4g}..{:.4g}", r->min, r->max) : std::string("-");
+  };
+  size_t wr = 5;
   for (const CompareRow& r : t.rows) {
-    std::string ratio = r.ratio ? fmt::format("{:.3f}", *r.ratio) : "n/a";
-    // Mark changes beyond 5% as better (+) or worse (-) for the metric's direction.
-    if (r.ratio && (*r.ratio > 1.05 || *r.ratio < 0.95)) {
-      ratio += (*r.ratio > 1) == r.higher_is_better ? " +" : " -";
-    }
-    out += fmt::format("{:<{}}  {:<{}}  {:>12}  {:>12}  {:>8}\n", r.scenario, ws, r.metric, wm,
-                       num(r.a), num(r.b), ratio);
+    wr = std::max({wr, range(r.a_range).size(), range(r.b_range).size()});
   }
+  std::string out = fmt::format("A = {}\nB = {}\n\n", a_name, b_name);
+  out += fmt::format("{:<{}}  {:<{}}  {:>12}  {:>{}}  {:>12}  {:>{}}  {:>8}  {}\n", "scenario", ws,
+                     "metric", wm, "A", "A noise", wr, "B", "B noise", wr, "B/A", "change");
+  for (const CompareRow& r : t.rows) {
+    const std::string ratio = r.ratio ? fmt::format("{:.3f}", *r.ratio) : "n/a";
+    const char* change = r.change == Change::kBetter  ? "better"
+                         : r.change == Change::kWorse ? "worse"
+                         : r.change == Change::kNone  ? "within noise"
+                                                      : "no noise measured";
+    out += fmt::format("{:<{}}  {:<{}}  {:>12}  {:>{}}  {:>12}  {:>{}}  {:>8}  {}\n", r.scenario,
+                       ws, r.metric, wm, num(r.a), range(r.a_range), wr, num(r.b), range(r.b_range),
+                       wr, ratio, change);
+  }
+  out +=
+      "\nchange: better/worse only when the two noise ranges (min..max over the repetitions; a "
+      "run's steady-state steps) do not overlap\n";
   for (const std::string& n : t.only_in_a) out += fmt::format("only in A: {}\n", n);
   for (const std::string& n : t.only_in_b) out += fmt::format("only in B: {}\n", n);
   // Names come from files: no control characters (terminal escapes) reach the terminal.

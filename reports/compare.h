@@ -9,28 +9,55 @@
 
 namespace meshproof::reports {
 
+// The measured noise of a figure: the least and greatest value over its repetitions.
+struct NoiseRange {
+  double min = 0;
+  double max = 0;
+};
+
+// Whether B differs from A beyond the measured noise.
+enum class Change {
+  kNone,        // the ranges overlap: within the noise
+  kBetter,      // B's range lies wholly on the better side of A's
+  kWorse,       // B's range lies wholly on the worse side of A's
+  kUnmeasured,  // a side has no measured range (or no value): not judged
+};
+
 struct CompareRow {
   std::string scenario;
   std::string metric;  // "step_time_ms", "tokens_per_s", "tflops_per_device", "mfu",
-                       // "busbw_gbps all_gather dp_shard", ...
+                       // "busbw_gbps all_gather dp_shard", "gemm fprop 256x256x256 tflops", ...
   std::optional<double> a;
   std::optional<double> b;
-  std::optional<double> ratio;   // b / a; absent when either is missing or a == 0
-  bool higher_is_better = true;  // false for step time
+  std::optional<NoiseRange> a_range;  // A's noise (bench: min/max of the repetitions; runs:
+  std::optional<NoiseRange> b_range;  // the steady-state steps' fastest and slowest step)
+  std::optional<double> ratio;        // b / a; absent when either is missing or a == 0
+  bool higher_is_better = true;       // false for step time
+  Change change = Change::kUnmeasured;
 };
 
+// "run" (meshproof run: training scenarios) or "bench" (meshproof bench: benchmark figures).
+enum class ReportKind { kRun, kBench };
+
 struct CompareTable {
-  std::vector<CompareRow> rows;        // scenarios in A's order, metrics in a fixed order
+  ReportKind kind = ReportKind::kRun;
+  std::vector<CompareRow> rows;        // scenarios in A's order, each metric once, fixed order
   std::vector<std::string> only_in_a;  // scenario names missing from B
   std::vector<std::string> only_in_b;  // scenario names missing from A
 };
+
+// The kind of a parsed report: bench when its scenarios carry benchmark figures, run when none
+// does. Throws ReportError(kInput) naming `which` for a report that mixes both.
+ReportKind report_kind(const nlohmann::json& report, const std::string& which);
 
 // Reads and parses a report.json. Throws ReportError(kInput) naming the path when the file is
 // missing, is not JSON, or is not a meshproof report of schema version kReportSchemaVersion.
 nlohmann::json load_report(const std::filesystem::path& path);
 
 // Compares two parsed reports scenario by scenario (matched by name). Throws ReportError(kInput)
-// naming the key path when a report lacks a field the comparison needs.
+// when the reports are of different kinds (a bench report and a run report share no figure),
+// and naming the key path when a report lacks a field the comparison needs. A change is flagged
+// (Change::kBetter / kWorse) only when B's noise range and A's do not overlap.
 CompareTable compare_reports(const nlohmann::json& a, const nlohmann::json& b);
 
 // The table as fixed-width text for the terminal, with a header naming A and B.

@@ -3,7 +3,9 @@
 // and can be attached to a CI run as is.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -70,12 +72,31 @@ std::vector<std::string> scenario_plots(const ScenarioRecord& s) {
       loss.series.push_back(gold);
     }
     if (s.entropy_floor) {
-      // The data's entropy rate: a dashed horizontal line the loss approaches from above.
-      svg::Series floor_line{"entropy floor", {}, {}, svg::palette(3), true, false};
-      floor_line.x = {static_cast<double>(s.steps.front().step),
-                      static_cast<double>(s.steps.back().step)};
-      floor_line.y = {*s.entropy_floor, *s.entropy_floor};
-      loss.series.push_back(floor_line);
+      // The data's entropy rate, the loss no model beats: a labelled dashed horizontal line, but
+      // only where it lies inside the axis range the loss curves give on their own. Far below
+      // them (early training) it would squash the curves into a flat line at the top; then the
+      // title says where it is instead.
+      double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+      for (const svg::Series& c : loss.series) {
+        for (double y : c.y) {
+          if (!std::isfinite(y)) continue;
+          lo = std::min(lo, y);
+          hi = std::max(hi, y);
+        }
+      }
+      const svg::Ticks axis = svg::nice_ticks(lo, hi);
+      const double f = *s.entropy_floor;
+      if (std::isfinite(lo) && f >= axis.lo && f <= axis.hi) {
+        svg::Series floor_line{
+            fmt::format("entropy floor {:.4g}", f), {}, {}, svg::palette(3), true, false};
+        floor_line.x = {static_cast<double>(s.steps.front().step),
+                        static_cast<double>(s.steps.back().step)};
+        floor_line.y = {f, f};
+        loss.series.push_back(floor_line);
+      } else {
+        loss.title += fmt::format(" (entropy floor {:.4g}, {} the range)", f,
+                                  std::isfinite(lo) && f < axis.lo ? "below" : "outside");
+      }
     }
     plots.push_back(svg::render_line_plot(loss));
 
@@ -109,6 +130,32 @@ std::vector<std::string> scenario_plots(const ScenarioRecord& s) {
       rel.series.push_back(diff);
       plots.push_back(svg::render_line_plot(rel));
     }
+
+    // grad_norm of this run against the golden's (when the golden has one): the second metric
+    // the golden check compares.
+    bool golden_norm = false;
+    if (s.golden) {
+      for (const GoldenStep& g : s.golden->steps) golden_norm = golden_norm || g.grad_norm != 0;
+    }
+    svg::LinePlot norm;
+    norm.title = golden_norm ? "Grad norm vs golden: " + s.name : "Grad norm: " + s.name;
+    norm.x_label = "step";
+    norm.y_label = "grad_norm";
+    svg::Series run_norm{"this run", {}, {}, svg::palette(0), false, true};
+    for (const StepMetrics& m : s.steps) {
+      run_norm.x.push_back(static_cast<double>(m.step));
+      run_norm.y.push_back(m.grad_norm);
+    }
+    norm.series.push_back(run_norm);
+    if (golden_norm) {
+      svg::Series gold{"golden", {}, {}, svg::palette(1), true, false};
+      for (const GoldenStep& g : s.golden->steps) {
+        gold.x.push_back(static_cast<double>(g.step));
+        gold.y.push_back(g.grad_norm);
+      }
+      norm.series.push_back(gold);
+    }
+    plots.push_back(svg::render_line_plot(norm));
 
     // Step-time breakdown, milliseconds, stacked: compute, each collective kind, optimizer,
     // checkpoint, other (the unattributed remainder).

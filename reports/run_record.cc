@@ -132,6 +132,8 @@ nlohmann::json to_json(const ScenarioRecord& s) {
     benchmarks.push_back({{"name", b.name},
                           {"metric", b.metric},
                           {"value", num(b.value)},
+                          {"min", opt(b.min)},
+                          {"max", opt(b.max)},
                           {"unit", b.unit},
                           {"ceiling", opt(b.ceiling)},
                           {"ceiling_source", b.ceiling_source},

@@ -172,7 +172,11 @@ struct BenchmarkFigure {
   std::string name;    // what was measured: "gemm fprop 256x256x256", "quantize weight 256x256"
   std::string metric;  // "tflops", "gbps", "step_time_ms", ...
   double value = 0;    // the median over the timed iterations, in `unit`
-  std::string unit;    // "TFLOP/s", "GB/s", "ms"
+  // The least and greatest value over the timed iterations (the fastest and slowest one), in
+  // `unit`: the measured noise of the figure; absent when not measured.
+  std::optional<double> min;
+  std::optional<double> max;
+  std::string unit;               // "TFLOP/s", "GB/s", "ms"
   std::optional<double> ceiling;  // the bound in the same unit; absent when unknown
   std::string ceiling_source;     // "table:H100 fp8", "measured:copy", "measured:bf16 gemm", ""
   std::optional<double> ratio;    // value / ceiling (a time figure: ceiling / value)

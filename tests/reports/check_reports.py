@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Structural checks of the four reports written by write_reports (tests/reports/CMakeLists.txt).
 
-usage: check_reports.py OUT_DIR SCHEMA_JSON JUNIT_XSD
+usage: check_reports.py OUT_DIR SCHEMA_JSON JUNIT_XSD [--checks-timed]
 
 - report.json validates against reports/schema/report.schema.json (python3-jsonschema);
 - junit.xml is valid against the Apache Ant JUnit schema (junit-ant.xsd, python3-xmlschema),
@@ -12,8 +12,10 @@ usage: check_reports.py OUT_DIR SCHEMA_JSON JUNIT_XSD
 - the summary table of report.md has the JSON's scenarios, meshes, recipes, verdicts, step
   times and MFU, row by row;
 - every failing check's evidence summary appears in report.md, junit.xml and report.html;
-- the data's entropy floor, where the record has one, is in report.md and is a dashed line in
-  the scenario's loss plot in report.html;
+- the data's entropy floor, where the record has one, is in report.md; in the scenario's loss
+  plot it is a labelled dashed line when inside the curves' range, else named in the title;
+- every check's JUnit testcase time is its duration_s (--checks-timed, real runs: > 0 for
+  checks that passed or failed);
 - each scenario's verdict is the one the rules of docs/report-schema.md give (a fault caught
   only by a check outside caught_by is a fail).
 Exits 1 with a list of problems when any check fails.
@@ -96,10 +98,15 @@ def scenario_verdict(s):
     return "skipped" if all_skipped else "pass"
 
 
+def fmt_g4(v):
+    """C++ fmt's {:.4g}: %.4g (no trailing zeros)."""
+    return "%.4g" % v
+
+
 def expected_plots(s):
     n = 0
     if s["steps"]:
-        n += 2  # loss (vs golden), step-time breakdown
+        n += 3  # loss (vs golden), grad_norm (vs golden), step-time breakdown
         if s["golden"] is not None:
             n += 1  # relative difference with the tolerance band
     if s["memory"]:
@@ -141,6 +148,7 @@ def split_md_row(line):
 
 def main():
     out_dir, schema_path, xsd_path = sys.argv[1], sys.argv[2], sys.argv[3]
+    checks_timed = "--checks-timed" in sys.argv[4:]
     with open(schema_path, encoding="utf-8") as f:
         schema = json.load(f)
     with open(out_dir + "/report.json", encoding="utf-8") as f:
@@ -192,6 +200,15 @@ def main():
         for c in s["checks"]:
             case = by_name.get(clean(c["name"]))
             expect(case is not None, "junit: no testcase for check %r" % c["name"])
+            if case is not None:
+                # Each check's time is its JSON duration_s; a check that ran in a real run
+                # (--checks-timed) took time: it includes the training it judged.
+                expect(case.get("time") == "%.3f" % c["duration_s"],
+                       "junit: check %r time %s, duration_s %r" % (c["name"], case.get("time"),
+                                                                 c["duration_s"]))
+                if checks_timed and c["verdict"] in ("pass", "fail"):
+                    expect(float(case.get("time")) > 0,
+                           "junit: check %r of %s has time 0" % (c["name"], s["name"]))
             if case is None or c["verdict"] != "fail" or s["expectation"] == "caught":
                 continue
             failure = case.find("failure")
@@ -303,13 +320,31 @@ def main():
         if not s["steps"]:
             continue
         loss_svg = sec.findall(".//s:svg", ns)[0]
-        legend = [t.text for t in loss_svg.findall(".//s:text", ns)]
-        expect("entropy floor" in legend, "html %s: loss plot has no entropy floor line" % s["name"])
-        # A dashed horizontal polyline: every point at the same height.
-        dashed = [p for p in loss_svg.iter("{http://www.w3.org/2000/svg}polyline")
-                  if p.get("stroke-dasharray")
-                  and len({pt.split(",")[1] for pt in p.get("points").split()}) == 1]
-        expect(dashed, "html %s: loss plot has no dashed horizontal line" % s["name"])
+        texts = [t.text or "" for t in loss_svg.findall(".//s:text", ns)]
+        label = "entropy floor %s" % fmt_g4(s["entropy_floor"])
+        losses = [m["loss"] for m in s["steps"] if m["loss"] is not None]
+        if s["golden"] is not None:
+            losses += [g["loss"] for g in s["golden"]["steps"]]
+        lo, hi = min(losses), max(losses)
+        if label in texts:
+            # Drawn: inside the curves' axis range (at most one span of the curves below them,
+            # so it never squashes them), as a dashed horizontal polyline.
+            expect(s["entropy_floor"] >= lo - (hi - lo),
+                   "html %s: entropy floor %g drawn far below the curves (%g..%g)" %
+                   (s["name"], s["entropy_floor"], lo, hi))
+            dashed = [p for p in loss_svg.iter("{http://www.w3.org/2000/svg}polyline")
+                      if p.get("stroke-dasharray")
+                      and len({pt.split(",")[1] for pt in p.get("points").split()}) == 1]
+            expect(dashed, "html %s: loss plot has no dashed horizontal line" % s["name"])
+        else:
+            # Left out: the title says where it is, and it lies outside the curves.
+            note = "(%s, below the range)" % label
+            expect(any(note in t for t in texts) or any("(%s, outside the range)" % label in t
+                                                         for t in texts),
+                   "html %s: loss plot neither draws nor names the entropy floor" % s["name"])
+            expect(s["entropy_floor"] < lo or s["entropy_floor"] > hi,
+                   "html %s: entropy floor %g inside the curves (%g..%g) but not drawn" %
+                   (s["name"], s["entropy_floor"], lo, hi))
 
     if problems:
         print("\n".join(problems))

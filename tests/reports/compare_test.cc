@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "reports/report_error.h"
 #include "reports/report_writers.h"
@@ -60,10 +61,15 @@ TEST(CompareTest, RatiosOfStepTimeThroughputAndBusBandwidth) {
   EXPECT_EQ(t.only_in_a, std::vector<std::string>{"fault_amax_not_reduced"});
   EXPECT_EQ(t.only_in_b, std::vector<std::string>{"new_in_b"});
 
+  // Every step 1.25x slower: B's steady-state range lies above A's, so the change is flagged
+  // (worse: step time); the all-gather total has no repetitions, so no noise to judge it by.
+  EXPECT_EQ(st->change, Change::kWorse);
+  EXPECT_EQ(find(t, s0, "tokens_per_s")->change, Change::kWorse);
+  EXPECT_EQ(find(t, s0, "busbw_gbps all_gather dp_shard")->change, Change::kUnmeasured);
   const std::string text = format_compare_table(t, "a.json", "b.json");
   EXPECT_NE(text.find("A = a.json"), std::string::npos);
-  EXPECT_NE(text.find("1.250 -"), std::string::npos) << text;  // slower step time is worse
-  EXPECT_NE(text.find("2.000 +"), std::string::npos) << text;  // faster all-gather is better
+  EXPECT_NE(text.find("1.250  worse"), std::string::npos) << text;  // slower step time
+  EXPECT_NE(text.find("2.000  no noise measured"), std::string::npos) << text;
   EXPECT_NE(text.find("only in A: fault_amax_not_reduced"), std::string::npos);
   EXPECT_NE(text.find("only in B: new_in_b"), std::string::npos);
 }
@@ -78,45 +84,133 @@ TEST(CompareTest, MissingPeakGivesNoRatio) {
   EXPECT_FALSE(r->ratio);
 }
 
-TEST(CompareTest, BenchmarkFiguresComparedByNameAndMetric) {
+// A bench report: one scenario of benchmark figures with their measured ranges.
+RunRecord bench_record() {
   RunRecord a = testing::sample_record();
+  a.scenarios.erase(a.scenarios.begin() + 2);
+  a.scenarios.erase(a.scenarios.begin());
+  ScenarioRecord& s = a.scenarios[0];
+  s.steps.clear();
+  s.collectives.clear();
+  s.golden.reset();
   BenchmarkFigure gemm;
   gemm.name = "gemm fprop 256x256x256";
   gemm.metric = "tflops";
   gemm.value = 100;
+  gemm.min = 95;
+  gemm.max = 104;
   gemm.unit = "TFLOP/s";
   BenchmarkFigure step;
   step.name = "layer step";
   step.metric = "step_time_ms";
   step.value = 4;
+  step.min = 3.9;
+  step.max = 4.4;
   step.unit = "ms";
   step.higher_is_better = false;
-  a.scenarios[1].benchmarks = {gemm, step};
+  BenchmarkFigure tok = step;
+  tok.metric = "tokens_per_s";
+  tok.value = 1000;
+  tok.min = 900;
+  tok.max = 1020;
+  tok.unit = "tokens/s";
+  tok.higher_is_better = true;
+  s.benchmarks = {gemm, step, tok};
+  return a;
+}
+
+TEST(CompareTest, BenchmarkFiguresComparedByNameAndMetric) {
+  const RunRecord a = bench_record();
   RunRecord b = a;
-  b.scenarios[1].benchmarks[0].value = 150;  // faster GEMM
-  b.scenarios[1].benchmarks[1].value = 5;    // slower step
+  b.scenarios[0].benchmarks[0].value = 150;  // faster GEMM, beyond A's range
+  b.scenarios[0].benchmarks[0].min = 140;
+  b.scenarios[0].benchmarks[0].max = 155;
+  b.scenarios[0].benchmarks[1].value = 4.3;  // slower median step, but inside the noise
+  b.scenarios[0].benchmarks[1].min = 4.1;
+  b.scenarios[0].benchmarks[1].max = 4.6;
   const CompareTable t = compare_reports(to_json(a), to_json(b));
-  const std::string s1 = a.scenarios[1].name;
+  EXPECT_EQ(t.kind, ReportKind::kBench);
+  const std::string s1 = a.scenarios[0].name;
   const CompareRow* g = find(t, s1, "gemm fprop 256x256x256 tflops");
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(*g->ratio, 1.5);  // 150 / 100: exact in binary floating point
   EXPECT_TRUE(g->higher_is_better);
+  EXPECT_EQ(g->change, Change::kBetter);  // 140..155 lies above 95..104
   const CompareRow* st = find(t, s1, "layer step step_time_ms");
   ASSERT_NE(st, nullptr);
-  EXPECT_EQ(*st->ratio, 1.25);  // 5 / 4: exact
+  EXPECT_DOUBLE_EQ(*st->ratio, 1.075);
   EXPECT_FALSE(st->higher_is_better);
+  EXPECT_EQ(st->change, Change::kNone);  // 4.1..4.6 overlaps 3.9..4.4: within the noise
   const std::string text = format_compare_table(t, "a.json", "b.json");
-  EXPECT_NE(text.find("1.500 +"), std::string::npos) << text;
-  EXPECT_NE(text.find("1.250 -"), std::string::npos) << text;
+  EXPECT_NE(text.find("95..104"), std::string::npos) << text;
+  EXPECT_NE(text.find("1.500  better"), std::string::npos) << text;
+  EXPECT_NE(text.find("1.075  within noise"), std::string::npos) << text;
 
-  // Reports written before the benchmarks table existed still compare (no figures).
-  nlohmann::json old = to_json(testing::sample_record());
-  for (auto& s : old["scenarios"]) s.erase("benchmarks");
-  EXPECT_EQ(find(compare_reports(old, to_json(b)), s1, "layer step step_time_ms")->a, std::nullopt);
+  // No duplicate rows: the scenario's performance block repeats the layer figures (step time,
+  // tokens/s, TFLOP/s); they appear once, as benchmark figures, and the MFU once.
+  std::map<std::string, int> seen;
+  for (const CompareRow& r : t.rows) ++seen[r.scenario + "/" + r.metric];
+  for (const auto& [k, n] : seen) EXPECT_EQ(n, 1) << k;
+  EXPECT_EQ(find(t, s1, "step_time_ms"), nullptr);
+  EXPECT_EQ(find(t, s1, "tokens_per_s"), nullptr);
+  EXPECT_NE(find(t, s1, "mfu"), nullptr);
+
+  // Bench reports written before min/max existed still compare, without judging changes.
+  nlohmann::json old = to_json(a);
+  for (auto& f : old["scenarios"][0]["benchmarks"]) {
+    f.erase("min");
+    f.erase("max");
+  }
+  const CompareTable old_t = compare_reports(old, to_json(b));
+  const CompareRow* o = find(old_t, s1, "layer step step_time_ms");
+  ASSERT_NE(o, nullptr);
+  EXPECT_EQ(o->change, Change::kUnmeasured);
 
   // A duplicated (name, metric) is an invalid record.
-  a.scenarios[1].benchmarks.push_back(gemm);
-  EXPECT_THROW(to_json(a), ReportError);
+  RunRecord dup = a;
+  dup.scenarios[0].benchmarks.push_back(dup.scenarios[0].benchmarks[0]);
+  EXPECT_THROW(to_json(dup), ReportError);
+}
+
+// #17.18: a bench report and a run report share no figure: refused (input error, exit 2 at the
+// CLI), not an empty table.
+TEST(CompareTest, ReportsOfDifferentKindsAreRefused) {
+  const nlohmann::json run = to_json(testing::sample_record());
+  const nlohmann::json bench = to_json(bench_record());
+  EXPECT_EQ(report_kind(run, "A"), ReportKind::kRun);
+  EXPECT_EQ(report_kind(bench, "B"), ReportKind::kBench);
+  for (const auto& [a, b] : {std::pair{run, bench}, std::pair{bench, run}}) {
+    try {
+      compare_reports(a, b);
+      FAIL() << "expected ReportError";
+    } catch (const ReportError& e) {
+      EXPECT_EQ(e.kind(), ReportError::Kind::kInput);
+      EXPECT_NE(std::string(e.what()).find("compare two reports of the same kind"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// A run whose every step is a little slower, but within the spread of A's steady-state steps, is
+// not flagged; the same slowdown beyond the spread is.
+TEST(CompareTest, RunStepTimeFlaggedOnlyOutsideTheSteadyStateSpread) {
+  const RunRecord a = testing::sample_record();
+  const std::string s0 = a.scenarios[0].name;
+  const CompareTable same = compare_reports(to_json(a), to_json(a));
+  const CompareRow* base = find(same, s0, "step_time_ms");
+  ASSERT_NE(base, nullptr);
+  ASSERT_TRUE(base->a_range.has_value());
+  ASSERT_GT(base->a_range->max, base->a_range->min) << "the sample's steps need a spread";
+  EXPECT_EQ(base->change, Change::kNone);
+  RunRecord b = a;
+  b.scenarios[0].performance->median_step_time_s *= 1.001;
+  EXPECT_EQ(find(compare_reports(to_json(a), to_json(b)), s0, "step_time_ms")->change,
+            Change::kNone);
+  const double spread = base->a_range->max / base->a_range->min;
+  for (StepMetrics& m : b.scenarios[0].steps) m.time.total_s *= spread * 1.01;
+  EXPECT_EQ(find(compare_reports(to_json(a), to_json(b)), s0, "step_time_ms")->change,
+            Change::kWorse);
 }
 
 TEST(CompareTest, MalformedReportsAreInputErrorsNamingTheKey) {

@@ -246,16 +246,44 @@ TEST(WritersTest, EntropyFloorInJsonMarkdownAndHtml) {
       << md;
   const std::string h = render_html(r);
   EXPECT_EQ(count(h, "<tr><th>data entropy floor</th><td>1.386294 nats/token</td></tr>"), 2u);
-  // Legend entries of the two loss plots that have a floor.
-  EXPECT_EQ(count(h, ">entropy floor</text>"), 2u) << h.substr(0, 4000);
+  // #17.19: the sample's losses run from ~10 down to ~2.1 (axis from 2), the floor 1.386 lies
+  // below: no line squashing the curves, the title says where it is.
+  EXPECT_EQ(count(h, ">entropy floor"), 0u);
+  EXPECT_EQ(count(h, " (entropy floor 1.386, below the range)</text>"), 2u) << h.substr(0, 4000);
+  // A floor inside the curves' axis range is a labelled dashed line (legend "entropy floor V").
+  RunRecord in_range = r;
+  in_range.scenarios[0].entropy_floor = 2.2;
+  const std::string h2 = render_html(in_range);
+  EXPECT_EQ(count(h2, ">entropy floor 2.2</text>"), 1u);
+  EXPECT_EQ(count(h2, "below the range)</text>"), 1u);  // scenario 1 keeps its 1.386
+}
+
+// The loss plot's y axis fits the curves: its lowest tick is at most one tick step below the
+// lowest loss, never down at the far-away floor.
+TEST(WritersTest, LossPlotAxisFitsTheCurves) {
+  RunRecord r = testing::sample_record();
+  r.scenarios.resize(1);
+  r.scenarios[0].entropy_floor = 0.01;  // far below the curves (~2.1 .. 10)
+  const std::string h = render_html(r);
+  EXPECT_EQ(count(h, ">entropy floor"), 0u);
+  EXPECT_NE(h.find(" (entropy floor 0.01, below the range)"), std::string::npos);
+}
+
+// grad_norm of the run against the golden's, one plot per scenario with steps.
+TEST(WritersTest, GradNormPlotAgainstGolden) {
+  const RunRecord r = testing::sample_record();
+  const std::string h = render_html(r);
+  EXPECT_EQ(count(h, "class=\"title\">Grad norm vs golden: "),
+            2u);                                           // scenarios 0 and 1 have a golden
+  EXPECT_EQ(count(h, "class=\"title\">Grad norm: "), 1u);  // scenario 2 has none
 }
 
 TEST(WritersTest, HtmlIsSelfContainedWithOneSvgPerPlot) {
   const std::string h = render_html(testing::sample_record());
-  // Plots: scenarios 0 and 1 have loss, relative difference, step time and memory (4 each);
-  // scenario 2 has no golden: loss, step time and memory (3).
-  EXPECT_EQ(count(h, "<svg "), 11u);
-  EXPECT_EQ(count(h, "</svg>"), 11u);
+  // Plots: scenarios 0 and 1 have loss, relative difference, grad norm, step time and memory (5
+  // each); scenario 2 has no golden: loss, grad norm, step time and memory (4).
+  EXPECT_EQ(count(h, "<svg "), 14u);
+  EXPECT_EQ(count(h, "</svg>"), 14u);
   EXPECT_EQ(count(h, "<script"), 0u);
   EXPECT_EQ(count(h, " src="), 0u);
   EXPECT_EQ(count(h, "href=\"http"), 0u);

@@ -56,7 +56,7 @@ TEST(BenchRecipes, ParsesLayer) {
 engine::RecipeBenchReport synthetic(const engine::RecipeBenchOptions& o) {
   engine::RecipeBenchReport rep;
   rep.device_name = "NVIDIA H100 80GB HBM3";
-  rep.copy = {1e-3, 2e9, 0};  // 2000 GB/s
+  rep.copy = {1e-3, 2e9, 0, 0.8e-3, 1.25e-3};  // 2000 GB/s, 1600..2500 over the iterations
   const GemmShape s = o.shapes[0];
   const double flops = 2.0 * s.m * s.n * s.k;
   rep.bf16_gemms.push_back({GemmRole::kFprop, s, {flops / 500e12, 0, flops}});  // 500 TFLOP/s
@@ -89,6 +89,10 @@ TEST(BenchRecipes, RecordUsesTablePeakForKnownGpus) {
   const auto& ceil = run.scenarios[0];
   EXPECT_EQ(ceil.name, "recipes.ceilings");
   EXPECT_DOUBLE_EQ(find(ceil, "copy cudaMemcpy d2d", "gbps").value, 2000);
+  // The range from the slowest (1.25 ms) and fastest (0.8 ms) iteration; unmeasured figures
+  // (min/max seconds 0) have none.
+  EXPECT_DOUBLE_EQ(*find(ceil, "copy cudaMemcpy d2d", "gbps").min, 1600);
+  EXPECT_DOUBLE_EQ(*find(ceil, "copy cudaMemcpy d2d", "gbps").max, 2500);
   const auto& bf16 = find(ceil, "bf16 gemm fprop 256x512x128", "tflops");
   // Not exact: the synthetic time flops/500e12 and the figure flops/t/1e12 round three times
   // (at most ~3 ulp); measured (the same double operations in Python) 500 - 5.7e-14, 0.5 ulp.

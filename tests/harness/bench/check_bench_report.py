@@ -74,6 +74,11 @@ def main():
             if b is None:
                 continue
             expect(b["value"] > 0, "%s %s: value %r" % (recipe, key, b["value"]))
+            # The median lies within the measured range of the timed iterations.
+            expect(b["min"] is not None and b["max"] is not None
+                   and b["min"] <= b["value"] * (1 + 1e-12) and b["value"] <= b["max"] * (1 + 1e-12),
+                   "%s %s: value %r outside its range %r..%r" % (recipe, key, b["value"], b["min"],
+                                                                b["max"]))
             expect(("| %s | %s |" % key) in md, "report.md lacks %s %s" % (recipe, key))
             if b["ceiling"] is not None:
                 expect(math.isclose(b["ratio"], b["value"] / b["ceiling"], rel_tol=1e-9),

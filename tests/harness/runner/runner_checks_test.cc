@@ -106,6 +106,39 @@ TEST(GoldenCheck, ToleranceBandAndAllowedFailingSteps) {
   EXPECT_EQ(r.evidence->first_diverging_step, 2);
 }
 
+// #17.10: each metric carries its own errors. Loss fails first (step 1, slightly), grad_norm
+// later and by far more: the evidence is loss's (not grad_norm's errors labelled loss), the
+// message lists both, and ULP distances are fp32's (the metrics are fp32 quantities), not the
+// float64 distance (4632078833224253-sized numbers for a 2x error).
+TEST(GoldenCheck, EvidencePerMetricWithFp32Ulp) {
+  GoldenCheck cfg;
+  cfg.enabled = true;
+  const float loss1 = 5.0f, loss1_off = std::nextafter(std::nextafter(5.0f, 6.0f), 6.0f);
+  const auto steps = steps_of({loss1_off, 4.5, 4.0}, {1.0, 0.9, 2.0});
+  const auto golden = golden_of({loss1, 4.5, 4.0}, {1.0, 0.9, 1.0});
+  const auto r = check_golden(steps, golden, cfg, "g.h5", "cmd");
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  ASSERT_TRUE(r.evidence.has_value());
+  EXPECT_EQ(r.evidence->first_diverging_step, 1);
+  EXPECT_EQ(r.evidence->metric, "loss");
+  EXPECT_EQ(r.evidence->ulp_distance, 2);  // two fp32 steps above 5.0f
+  EXPECT_DOUBLE_EQ(*r.evidence->max_abs_err, static_cast<double>(loss1_off) - loss1);
+  EXPECT_LT(*r.evidence->max_rel_err, 1e-6);  // loss's own, not grad_norm's 1.0
+  EXPECT_EQ(r.evidence->failing_steps, 2);    // steps 1 (loss) and 3 (grad_norm)
+  // grad_norm 2.0 vs 1.0 is 2^23 fp32 ULP apart (one binade).
+  EXPECT_NE(
+      r.message.find("; loss: 1 failing steps from step 1, max abs 9.54e-07, max rel 1.91e-07, "
+                     "2 fp32 ULP; grad_norm: 1 failing steps from step 3, max abs 1, max rel "
+                     "1, 8388608 fp32 ULP"),
+      std::string::npos)
+      << r.message;
+  // A difference below one fp32 ULP (the double sums' last bits) is 1 ULP, never 0.
+  const auto r2 = check_golden(steps_of({std::nextafter(4.5, 5.0)}, {1.0}), golden_of({4.5}, {1.0}),
+                               cfg, "g.h5", "cmd");
+  ASSERT_TRUE(r2.evidence.has_value());
+  EXPECT_EQ(r2.evidence->ulp_distance, 1);
+}
+
 TEST(GoldenCheck, MissingGoldenFailsWithTheUpdateCommand) {
   GoldenCheck cfg;
   cfg.enabled = true;
@@ -218,6 +251,63 @@ TEST(FirstDivergingTraced, PerturbedTensorAtStepTwo) {
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->step, 1);
   EXPECT_EQ(s->diff.tensor, "grad/w (shape [3, 1] vs [3])");
+}
+
+// #17.11: a noisy first-in-canonical-order gradient (the embedding's) must not be named when
+// its difference is the one a fault-free control shows as well; judged against its own noise
+// floor, in step order (gradients backward: the head's first), the head's gradient, bitwise in
+// the control, is the first tensor beyond its floor. The loss-rtol rule named the embedding.
+TEST(FirstDivergingTraced, NoiseFloorsAndStepOrder) {
+  auto step_of = [](const std::vector<float>& g_embed, const std::vector<float>& g_head) {
+    std::vector<engine::TensorDigest> out;
+    for (const auto& [name, v] :
+         {std::pair{"grad/embed.tok", g_embed}, std::pair{"grad/lm_head.weight", g_head},
+          std::pair{"param/embed.tok", std::vector<float>{1, 1}},
+          std::pair{"param/lm_head.weight", std::vector<float>{2, 2}}}) {
+      engine::TensorDigest d;
+      d.name = name;
+      d.shape = kernels::Shape({2});
+      d.values = v;
+      out.push_back(d);
+    }
+    return out;
+  };
+  const Trace expected = {step_of({1, 1}, {1, 1})};
+  // Control (fault-free, same comparison): the embedding gradient moves by rel L2 0.05, the
+  // head's not at all.
+  const Trace control = {step_of({1.05f, 1.05f}, {1, 1})};
+  // The faulty run: the same embedding noise, and the head's gradient off by rel L2 1e-3.
+  const Trace actual = {step_of({1.05f, 1.05f}, {1.001f, 1.001f})};
+  // The old rule (rtol 1e-2, canonical order) names the embedding's noise.
+  const auto old_rule = first_diverging_traced(actual, expected, 1e-2);
+  ASSERT_TRUE(old_rule.has_value());
+  EXPECT_EQ(old_rule->diff.tensor, "grad/embed.tok");
+  const NoiseFloors floors = noise_floors(control, expected);
+  ASSERT_EQ(floors.size(), 1u);
+  EXPECT_NEAR(floors[0].at("grad/embed.tok"), 0.05, 1e-6);
+  EXPECT_EQ(floors[0].at("grad/lm_head.weight"), 0.0);
+  const auto d = first_diverging_traced(actual, expected, 1e-2, &floors);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->diff.tensor, "grad/lm_head.weight");
+  EXPECT_TRUE(d->beyond_rtol);
+  ASSERT_TRUE(d->floor.has_value());
+  EXPECT_EQ(*d->floor, 0.0);
+  // Only the embedding's noise: nothing beyond its floor; the furthest above it is reported.
+  const auto quiet = first_diverging_traced(control, expected, 1e-2, &floors);
+  ASSERT_TRUE(quiet.has_value());
+  EXPECT_FALSE(quiet->beyond_rtol);
+  EXPECT_EQ(quiet->diff.tensor, "grad/embed.tok");
+  // Through compare_tolerance: the message says which rule judged the tensor.
+  const auto a = steps_of({5.0}, {1.0});
+  const auto e = steps_of({5.5}, {1.0});
+  const auto r =
+      compare_tolerance("reference", "reference", {&a, nullptr, &actual}, {&e, nullptr, &expected},
+                        {{Metric::kLoss, 1e-2}}, "run", true, &floors);
+  EXPECT_EQ(r.evidence->tensor, "grad/lm_head.weight at step 1");
+  EXPECT_NE(r.message.find("first tensor beyond its noise floor (step order; 4x the fault-free "
+                           "control's relative L2 difference): grad/lm_head.weight at step 1"),
+            std::string::npos)
+      << r.message;
 }
 
 TEST(CompareBitwise, TraceNamesTensorStepAndItsErrors) {
