@@ -46,6 +46,10 @@ std::string_view schedule_name(LrSchedule s) {
   return s == LrSchedule::kConstant ? "constant" : "warmup_cosine";
 }
 
+std::string_view fp8_format_name(Fp8Format f) {
+  return f == Fp8Format::kHybrid ? "hybrid" : "e4m3";
+}
+
 NormKind parse_norm(std::string_view s, std::string_view field) {
   if (s == "layernorm") return NormKind::kLayerNorm;
   if (s == "rmsnorm") return NormKind::kRmsNorm;
@@ -71,6 +75,26 @@ LrSchedule parse_schedule(std::string_view s, std::string_view field) {
   if (s == "constant") return LrSchedule::kConstant;
   if (s == "warmup_cosine") return LrSchedule::kWarmupCosine;
   MP_FAIL_INPUT("{} = '{}': expected constant or warmup_cosine", field, s);
+}
+
+Fp8Format parse_fp8_format(std::string_view s, std::string_view field) {
+  if (s == "hybrid") return Fp8Format::kHybrid;
+  if (s == "e4m3") return Fp8Format::kE4M3;
+  MP_FAIL_INPUT("{} = '{}': expected hybrid or e4m3", field, s);
+}
+
+Fp8Format fp8_format_of(const RecipeConfig& r) {
+  if (r.fp8_format) return *r.fp8_format;
+  // TE: DelayedScaling and Float8CurrentScaling default to HYBRID, MXFP8BlockScaling and
+  // Float8BlockScaling to E4M3.
+  return r.kind == RecipeKind::kMxfp8 || r.kind == RecipeKind::kBlock ? Fp8Format::kE4M3
+                                                                      : Fp8Format::kHybrid;
+}
+
+bool power_2_scale_of(const RecipeConfig& r) {
+  if (r.power_2_scale) return *r.power_2_scale;
+  // TE: Float8BlockScaling's QParams use power-of-2 scales, Float8CurrentScaling's do not.
+  return r.kind == RecipeKind::kBlock;
 }
 
 void validate(const Config& c) {
@@ -104,6 +128,12 @@ void validate(const Config& c) {
   MP_CHECK_INPUT(t.min_lr >= 0.0 && t.min_lr <= t.lr,
                  "training.min_lr = {} must be in [0, lr = {}]", t.min_lr, t.lr);
   MP_CHECK_INPUT(t.warmup_steps >= 0, "training.warmup_steps = {} must be >= 0", t.warmup_steps);
+  // warmup_cosine: the cosine phase (CosineAnnealingLR, T_max = steps - 1 - warmup_steps) needs
+  // T_max >= 1 to start at lr and end at min_lr on the last step.
+  MP_CHECK_INPUT(t.schedule != LrSchedule::kWarmupCosine || t.warmup_steps <= t.steps - 2,
+                 "training.warmup_steps = {} with training.schedule = warmup_cosine must be <= "
+                 "training.steps - 2 = {} (the peak step and at least one cosine step to min_lr)",
+                 t.warmup_steps, t.steps - 2);
   MP_CHECK_INPUT(t.beta1 >= 0.0 && t.beta1 < 1.0, "training.beta1 = {} must be in [0, 1)", t.beta1);
   MP_CHECK_INPUT(t.beta2 >= 0.0 && t.beta2 < 1.0, "training.beta2 = {} must be in [0, 1)", t.beta2);
   MP_CHECK_INPUT(t.adam_eps > 0.0, "training.adam_eps = {} must be > 0", t.adam_eps);
@@ -138,6 +168,10 @@ void validate(const Config& c) {
   MP_CHECK_INPUT(r.amax_compute_algo == "max" || r.amax_compute_algo == "most_recent",
                  "recipe.amax_compute_algo = '{}': expected max or most_recent",
                  r.amax_compute_algo);
+  MP_CHECK_INPUT(r.kind != RecipeKind::kMxfp8 || fp8_format_of(r) == Fp8Format::kE4M3,
+                 "recipe.fp8_format = hybrid: recipe mxfp8 supports only e4m3");
+  MP_CHECK_INPUT(std::isfinite(r.eps) && r.eps >= 0.0 && r.eps <= 1.0,
+                 "recipe.eps = {} must be in [0, 1]", r.eps);
 }
 
 std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {
@@ -158,7 +192,9 @@ std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {
   add("recipe.amax_history_len", c.recipe.amax_history_len);
   add("recipe.amax_compute_algo", c.recipe.amax_compute_algo);
   add("recipe.margin", c.recipe.margin);
-  add("recipe.power_2_scale", c.recipe.power_2_scale ? 1 : 0);
+  add("recipe.fp8_format", fp8_format_name(fp8_format_of(c.recipe)));
+  add("recipe.power_2_scale", power_2_scale_of(c.recipe) ? 1 : 0);
+  add("recipe.eps", c.recipe.eps);
   add("training.batch", c.training.batch);
   add("training.seq_len", c.training.seq_len);
   add("training.steps", c.training.steps);

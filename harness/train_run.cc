@@ -32,11 +32,9 @@ engine::Config to_engine_config(const Scenario& s) {
   c.recipe.amax_compute_algo =
       s.recipe.amax_compute_algo == AmaxAlgo::kMostRecent ? "most_recent" : "max";
   c.recipe.margin = s.recipe.margin;
+  c.recipe.fp8_format = s.recipe.fp8_format;  // the loader resolved the recipe defaults
   c.recipe.power_2_scale = s.recipe.power_2_scale;
-  MP_CHECK_INPUT(s.recipe.eps == 0.0,
-                 "{}: recipe.eps = {} is not supported by the engine (current scaling uses "
-                 "amax 0 -> scale 1)",
-                 s.name, s.recipe.eps);
+  c.recipe.eps = s.recipe.eps;
 
   c.training.batch = s.train.global_batch;
   c.training.seq_len = s.model.seq_len;
