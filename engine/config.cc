@@ -77,12 +77,6 @@ LrSchedule parse_schedule(std::string_view s, std::string_view field) {
   MP_FAIL_INPUT("{} = '{}': expected constant or warmup_cosine", field, s);
 }
 
-Fp8Format parse_fp8_format(std::string_view s, std::string_view field) {
-  if (s == "hybrid") return Fp8Format::kHybrid;
-  if (s == "e4m3") return Fp8Format::kE4M3;
-  MP_FAIL_INPUT("{} = '{}': expected hybrid or e4m3", field, s);
-}
-
 Fp8Format fp8_format_of(const RecipeConfig& r) {
   if (r.fp8_format) return *r.fp8_format;
   // TE: DelayedScaling and Float8CurrentScaling default to HYBRID, MXFP8BlockScaling and

@@ -30,7 +30,6 @@ NormKind parse_norm(std::string_view s, std::string_view field);
 Activation parse_activation(std::string_view s, std::string_view field);
 RecipeKind parse_recipe(std::string_view s, std::string_view field);
 LrSchedule parse_schedule(std::string_view s, std::string_view field);
-Fp8Format parse_fp8_format(std::string_view s, std::string_view field);
 
 struct ModelConfig {
   int64_t vocab = 64;          // V
