@@ -14,7 +14,7 @@ std::string_view linear_kind_name(LinearKind k) {
 }
 
 LinearKind linear_kind(std::string_view linear) {
-  for (std::string_view s : {".attn.qkv", ".mlp.fc1", ".mlp.fc1_up"})
+  for (std::string_view s : {".attn.qkv", ".mlp.fc1", ".mlp.fc1_gate", ".mlp.fc1_up"})
     if (linear.ends_with(s)) return LinearKind::kColumnParallel;
   for (std::string_view s : {".attn.proj", ".mlp.fc2"})
     if (linear.ends_with(s)) return LinearKind::kRowParallel;

@@ -46,6 +46,10 @@ std::string_view schedule_name(LrSchedule s) {
   return s == LrSchedule::kConstant ? "constant" : "warmup_cosine";
 }
 
+std::string_view fp8_format_name(Fp8Format f) {
+  return f == Fp8Format::kHybrid ? "hybrid" : "e4m3";
+}
+
 NormKind parse_norm(std::string_view s, std::string_view field) {
   if (s == "layernorm") return NormKind::kLayerNorm;
   if (s == "rmsnorm") return NormKind::kRmsNorm;
@@ -71,6 +75,20 @@ LrSchedule parse_schedule(std::string_view s, std::string_view field) {
   if (s == "constant") return LrSchedule::kConstant;
   if (s == "warmup_cosine") return LrSchedule::kWarmupCosine;
   MP_FAIL_INPUT("{} = '{}': expected constant or warmup_cosine", field, s);
+}
+
+Fp8Format fp8_format_of(const RecipeConfig& r) {
+  if (r.fp8_format) return *r.fp8_format;
+  // TE: DelayedScaling and Float8CurrentScaling default to HYBRID, MXFP8BlockScaling and
+  // Float8BlockScaling to E4M3.
+  return r.kind == RecipeKind::kMxfp8 || r.kind == RecipeKind::kBlock ? Fp8Format::kE4M3
+                                                                      : Fp8Format::kHybrid;
+}
+
+bool power_2_scale_of(const RecipeConfig& r) {
+  if (r.power_2_scale) return *r.power_2_scale;
+  // TE: Float8BlockScaling's QParams use power-of-2 scales, Float8CurrentScaling's do not.
+  return r.kind == RecipeKind::kBlock;
 }
 
 std::vector<ConfigIssue> check_config(const Config& c) {
@@ -121,6 +139,14 @@ std::vector<ConfigIssue> check_config(const Config& c) {
         fmt::format("training.adam_eps = {} must be > 0", t.adam_eps));
   needf("training.weight_decay", t.weight_decay >= 0.0,
         fmt::format("training.weight_decay = {} must be >= 0", t.weight_decay));
+  // warmup_cosine: the cosine phase (CosineAnnealingLR, T_max = steps - 1 - warmup_steps) needs
+  // T_max >= 1 to start at lr and end at min_lr on the last step.
+  needf(
+      "training.warmup_steps",
+      t.schedule != LrSchedule::kWarmupCosine || t.warmup_steps <= t.steps - 2,
+      fmt::format("training.warmup_steps = {} with training.schedule = warmup_cosine must be <= "
+                  "training.steps - 2 = {} (the peak step and at least one cosine step to min_lr)",
+                  t.warmup_steps, t.steps - 2));
 
   const DataConfig& d = c.data;
   needf("data.markov_order", d.markov_order >= 1 && d.markov_order <= 4,
@@ -157,6 +183,10 @@ std::vector<ConfigIssue> check_config(const Config& c) {
         r.amax_compute_algo == "max" || r.amax_compute_algo == "most_recent",
         fmt::format("recipe.amax_compute_algo = '{}': expected max or most_recent",
                     r.amax_compute_algo));
+  needf("recipe.fp8_format", r.kind != RecipeKind::kMxfp8 || fp8_format_of(r) == Fp8Format::kE4M3,
+        "recipe.fp8_format = hybrid: recipe mxfp8 supports only e4m3");
+  needf("recipe.eps", std::isfinite(r.eps) && r.eps >= 0.0 && r.eps <= 1.0,
+        fmt::format("recipe.eps = {} must be in [0, 1]", r.eps));
   return issues;
 }
 
@@ -183,7 +213,9 @@ std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {
   add("recipe.amax_history_len", c.recipe.amax_history_len);
   add("recipe.amax_compute_algo", c.recipe.amax_compute_algo);
   add("recipe.margin", c.recipe.margin);
-  add("recipe.power_2_scale", c.recipe.power_2_scale ? 1 : 0);
+  add("recipe.fp8_format", fp8_format_name(fp8_format_of(c.recipe)));
+  add("recipe.power_2_scale", power_2_scale_of(c.recipe) ? 1 : 0);
+  add("recipe.eps", c.recipe.eps);
   add("training.batch", c.training.batch);
   add("training.seq_len", c.training.seq_len);
   add("training.steps", c.training.steps);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,11 +16,15 @@ enum class NormKind : uint8_t { kLayerNorm, kRmsNorm };
 enum class Activation : uint8_t { kGelu, kRelu, kSwiGlu };
 enum class RecipeKind : uint8_t { kFp32, kBf16, kDelayed, kCurrent, kMxfp8, kBlock };
 enum class LrSchedule : uint8_t { kConstant, kWarmupCosine };
+// TransformerEngine's recipe.Format: HYBRID quantizes forward tensors (inputs, weights) in E4M3
+// and gradients in E5M2; E4M3 quantizes every tensor in E4M3.
+enum class Fp8Format : uint8_t { kHybrid, kE4M3 };
 
 std::string_view norm_name(NormKind k);
 std::string_view activation_name(Activation a);
 std::string_view recipe_name(RecipeKind r);
 std::string_view schedule_name(LrSchedule s);
+std::string_view fp8_format_name(Fp8Format f);
 // Parsers throw a kInput error naming `field` and the accepted values.
 NormKind parse_norm(std::string_view s, std::string_view field);
 Activation parse_activation(std::string_view s, std::string_view field);
@@ -40,14 +45,27 @@ struct ModelConfig {
   double norm_eps = 1e-5;
 };
 
-// Recipe options (DESIGN.md section 4). Only the fields of the chosen recipe are used.
+// Recipe options (DESIGN.md section 4, docs/design.md section 15). Only the fields of the chosen
+// recipe are used. Unset optionals take the recipe's TransformerEngine default (resolved by
+// fp8_format_of / power_2_scale_of).
 struct RecipeConfig {
   RecipeKind kind = RecipeKind::kFp32;
   int64_t amax_history_len = 1024;        // delayed
   std::string amax_compute_algo = "max";  // delayed: "max" or "most_recent"
   int64_t margin = 0;                     // delayed
-  bool power_2_scale = false;             // current
+  // delayed, current, block: default HYBRID (delayed, current) or E4M3 (mxfp8, block); mxfp8
+  // accepts only E4M3.
+  std::optional<Fp8Format> fp8_format;
+  // current, block: scales rounded down to powers of two; default false (current), true (block).
+  std::optional<bool> power_2_scale;
+  // current, block: amax clamped below by eps before scale = fp8_max / amax (TE's amax_epsilon);
+  // [0, 1], 0 disables the clamp.
+  double eps = 0.0;
 };
+
+// The resolved options of a recipe (the explicit value, else the recipe's default).
+Fp8Format fp8_format_of(const RecipeConfig& r);
+bool power_2_scale_of(const RecipeConfig& r);
 
 struct TrainingConfig {
   int64_t batch = 4;     // B: global batch (sequences per step)

@@ -128,7 +128,8 @@ bool per_tensor(RecipeKind kind) {
 
 Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_group,
                         const mesh::Layout& layout, const Tensor& local, const Box& target,
-                        RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax) {
+                        RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax,
+                        CurrentScaleOptions current) {
   MP_CHECK_INPUT(local.shape().rank() == 2, "fp8_all_gather: 2-D weights only, got {}",
                  local.describe());
   bool aligned32 = true;
@@ -139,7 +140,7 @@ Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_gro
     Tensor scale, amax = kernels::compute_amax(local);
     if (kind == RecipeKind::kCurrent) {
       if (reduce_amax && amax_group.size() > 1) amax_group.all_reduce(amax, mesh::ReduceOp::kMax);
-      scale = kernels::compute_current_scale(amax, DType::kE4M3);
+      scale = kernels::compute_current_scale(amax, DType::kE4M3, current.eps, current.pow2);
     } else {
       MP_CHECK_INPUT(delayed_scale != nullptr, "fp8_all_gather: delayed recipe without a scale");
       scale = *delayed_scale;
@@ -208,9 +209,10 @@ Fp8GatherResult gather_shard(mesh::Communicator& gather, const mesh::Layout& lay
 
 Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& amax_group,
                                const mesh::Layout& layout, const Tensor& local, const Box& target,
-                               RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax) {
-  const Fp8Shard shard =
-      quantize_shard(gather, amax_group, layout, local, target, kind, delayed_scale, reduce_amax);
+                               RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax,
+                               CurrentScaleOptions current) {
+  const Fp8Shard shard = quantize_shard(gather, amax_group, layout, local, target, kind,
+                                        delayed_scale, reduce_amax, current);
   return gather_shard(gather, layout, shard, target, kind);
 }
 
@@ -218,7 +220,8 @@ AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communic
                                       const mesh::Layout& layout, const Tensor& local,
                                       const Box& target, RecipeKind kind,
                                       const Tensor* delayed_scale,
-                                      const kernels::QuantizedTensor& gathered) {
+                                      const kernels::QuantizedTensor& gathered,
+                                      CurrentScaleOptions current) {
   MP_CHECK_INPUT(local.shape().rank() == 2, "fp8_all_gather_parity: 2-D weights only, got {}",
                  local.describe());
   bool aligned32 = true;
@@ -232,9 +235,9 @@ AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communic
     case RecipeKind::kCurrent: {
       Tensor amax = kernels::compute_amax(full);
       if (amax_group.size() > 1) amax_group.all_reduce(amax, mesh::ReduceOp::kMax);
-      ref = kernels::quantize_per_tensor(full, kernels::compute_current_scale(amax, DType::kE4M3),
-                                         DType::kE4M3, both, kernels::ScalingMode::kCurrentTensor,
-                                         amax);
+      ref = kernels::quantize_per_tensor(
+          full, kernels::compute_current_scale(amax, DType::kE4M3, current.eps, current.pow2),
+          DType::kE4M3, both, kernels::ScalingMode::kCurrentTensor, amax);
       break;
     }
     case RecipeKind::kDelayed:

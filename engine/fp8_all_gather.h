@@ -42,6 +42,13 @@ struct Fp8Shard {
   std::string note;  // why the fallback was taken (empty otherwise)
 };
 
+// The current-scaling options of the recipe (recipe.eps, recipe.power_2_scale) that weight scales
+// follow, so a gathered weight has the scale the single-rank recipe gives it.
+struct CurrentScaleOptions {
+  float eps = 0.0f;
+  bool pow2 = false;
+};
+
 // `layout`: the weight's layout; the boxes of the members of `gather` must be disjoint row ranges
 // (full columns) that tile `target` (e.g. Shard(0) over dp_shard, with target the TP-local box).
 // `local`: this rank's fp32/bf16 shard. `amax_group`: the group the amax is MAX-reduced over
@@ -52,7 +59,8 @@ struct Fp8Shard {
 Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_group,
                         const mesh::Layout& layout, const kernels::Tensor& local,
                         const mesh::Box& target, RecipeKind kind,
-                        const kernels::Tensor* delayed_scale = nullptr, bool reduce_amax = true);
+                        const kernels::Tensor* delayed_scale = nullptr, bool reduce_amax = true,
+                        CurrentScaleOptions current = {});
 
 // Gathers the members' quantized shards over `gather` into the weight of `target` (collective).
 Fp8GatherResult gather_shard(mesh::Communicator& gather, const mesh::Layout& layout,
@@ -63,7 +71,7 @@ Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& a
                                const mesh::Layout& layout, const kernels::Tensor& local,
                                const mesh::Box& target, RecipeKind kind,
                                const kernels::Tensor* delayed_scale = nullptr,
-                               bool reduce_amax = true);
+                               bool reduce_amax = true, CurrentScaleOptions current = {});
 
 // allgather_parity (DESIGN.md section 7): the single-rank reference for one FP8 all-gathered
 // weight. Takes the inputs fp8_all_gather was given plus what it returned (`gathered`), gathers the
@@ -82,6 +90,7 @@ AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communic
                                       const mesh::Layout& layout, const kernels::Tensor& local,
                                       const mesh::Box& target, RecipeKind kind,
                                       const kernels::Tensor* delayed_scale,
-                                      const kernels::QuantizedTensor& gathered);
+                                      const kernels::QuantizedTensor& gathered,
+                                      CurrentScaleOptions current = {});
 
 }  // namespace meshproof::engine

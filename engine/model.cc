@@ -24,6 +24,10 @@ using kernels::Tensor;
 
 namespace {
 
+// The first MLP projection as its parameters are named (and with them its FP8 state keys and
+// amax hook calls): "mlp.fc1", or its gate half "mlp.fc1_gate" under SwiGLU.
+std::string fc1_name(Activation a) { return a == Activation::kSwiGlu ? "mlp.fc1_gate" : "mlp.fc1"; }
+
 // Activations live on the rank's compute device (its RankContext: the CPU, or the GPU of a
 // CUDA run); the weights handed in must be there too (checked in GptModel::run).
 Tensor new_tensor(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype); }
@@ -253,7 +257,7 @@ GptModel::LayerWeights GptModel::layer_weights(const TensorMap& w, int64_t i) co
   const std::string p = fmt::format("layers.{}.", i);
   const bool ln = config_.model.norm == NormKind::kLayerNorm;
   const bool glu = config_.model.activation == Activation::kSwiGlu;
-  const std::string fc1 = glu ? "mlp.fc1_gate" : "mlp.fc1";
+  const std::string fc1 = fc1_name(config_.model.activation);
   return {&w.at(p + "ln1.weight"),
           ln ? &w.at(p + "ln1.bias") : nullptr,
           &w.at(p + "attn.qkv.weight"),
@@ -274,7 +278,7 @@ GptModel::LayerGrads GptModel::layer_grads(TensorMap& g, int64_t i) const {
   const std::string p = fmt::format("layers.{}.", i);
   const bool ln = config_.model.norm == NormKind::kLayerNorm;
   const bool glu = config_.model.activation == Activation::kSwiGlu;
-  const std::string fc1 = glu ? "mlp.fc1_gate" : "mlp.fc1";
+  const std::string fc1 = fc1_name(config_.model.activation);
   return {&g.at(p + "ln1.weight"),
           ln ? &g.at(p + "ln1.bias") : nullptr,
           &g.at(p + "attn.qkv.weight"),
@@ -351,7 +355,7 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   norm_forward(a.x_mid, *w.ln2_w, w.ln2_b, a.ln2_out, a.ln2_mean, a.ln2_rstd);
   if (sp) a.ln2_out = seq_gather(*linear.tp.comm, a.ln2_out, batch, seq);
   a.fc1_out = new_tensor({rows, f}, dt);
-  linear.forward(p + "mlp.fc1", a.ln2_out, *w.fc1_w, *w.fc1_b, a.fc1_out);
+  linear.forward(p + fc1_name(m.activation), a.ln2_out, *w.fc1_w, *w.fc1_b, a.fc1_out);
   a.act_out = new_tensor({rows, f}, dt);
   switch (m.activation) {
     case Activation::kGelu:
@@ -409,8 +413,8 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
     case Activation::kSwiGlu: {
       Tensor d_up = new_tensor({rows, f}, dt);
       kernels::swiglu_backward(d_act, a.fc1_out, a.up_out, d_fc1, d_up);
-      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2,
-                           true);
+      linear.backward_pass(p + "mlp.fc1_gate", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b,
+                           d_ln2, true);
       Tensor d_ln2_up = new_tensor({rl, h}, dt);
       linear.backward_pass(p + "mlp.fc1_up", d_up, a.ln2_out, *w.up_w, *g.up_w, *g.up_b, d_ln2_up,
                            true);

@@ -9,12 +9,17 @@ namespace meshproof::engine {
 
 double learning_rate(const TrainingConfig& t, int64_t step) {
   if (t.schedule == LrSchedule::kConstant) return t.lr;
-  if (step < t.warmup_steps) {
-    return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
+  const int64_t w = t.warmup_steps;
+  if (step < w) {
+    // LinearLR(start_factor = 1/(W+1), end_factor = 1, total_iters = W), closed form.
+    return t.lr * static_cast<double>(step + 1) / static_cast<double>(w + 1);
   }
-  const double span = static_cast<double>(std::max<int64_t>(1, t.steps - t.warmup_steps));
-  const double progress = std::min(1.0, static_cast<double>(step - t.warmup_steps) / span);
-  return t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+  // CosineAnnealingLR(T_max = steps - 1 - W, eta_min = min_lr), closed form, from the milestone W
+  // on (SequentialLR restarts it at epoch 0 there). validate() guarantees T_max >= 1; the clamp
+  // keeps steps past the configured run (a resumed run trained longer) at min_lr.
+  const double t_max = static_cast<double>(t.steps - 1 - w);
+  const double epoch = std::min(static_cast<double>(step - w), t_max);
+  return t.min_lr + (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * epoch / t_max)) / 2.0;
 }
 
 double clip_coefficient(double norm, double max_norm) {

@@ -9,11 +9,15 @@
 
 namespace meshproof::engine {
 
-// Learning rate of 0-based step `step`:
+// Learning rate of 0-based step s (docs/scenarios.md, docs/design.md section 15):
 //   constant:      lr
-//   warmup_cosine: lr * (step+1) / warmup for step < warmup, then
-//                  min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * (step - warmup) / max(1, steps -
-//                  warmup)))
+//   warmup_cosine: PyTorch's SequentialLR([LinearLR(start_factor=1/(W+1), total_iters=W),
+//                  CosineAnnealingLR(T_max=steps-1-W, eta_min=min_lr)], milestones=[W]) stepped
+//                  once after every optimizer step, W = warmup_steps:
+//                  s <  W: lr * (s+1) / (W+1)
+//                  s >= W: min_lr + (lr - min_lr) * (1 + cos(pi * (s-W) / (steps-1-W))) / 2
+//                  so the peak lr is used once (at s = W) and min_lr at the last step s = steps-1.
+//                  Needs W <= steps - 2 (validate()); steps past steps-1 stay at min_lr.
 double learning_rate(const TrainingConfig& t, int64_t step);
 
 // coef = min(1, max_norm / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_); 1 when disabled.

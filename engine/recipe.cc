@@ -38,7 +38,8 @@ Fp8Recipe::Fp8Recipe(const RecipeConfig& config, AmaxHook reduce_amax)
       enabled_(config.kind != RecipeKind::kFp32 && config.kind != RecipeKind::kBf16) {}
 
 DType Fp8Recipe::format(Fp8Role role) const {
-  const bool hybrid = config_.kind == RecipeKind::kDelayed || config_.kind == RecipeKind::kCurrent;
+  // TE recipe.Format: HYBRID is E4M3 forward and E5M2 for gradients, E4M3 is E4M3 everywhere.
+  const bool hybrid = fp8_format_of(config_) == Fp8Format::kHybrid;
   return hybrid && role == Fp8Role::kGradOutput ? DType::kE5M2 : DType::kE4M3;
 }
 
@@ -70,7 +71,8 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
       // amax -> MAX-reduce over the amax group -> scale, as three separate steps.
       Tensor amax = kernels::compute_amax(x);
       reduce(linear, role, amax, 1);
-      const Tensor scale = kernels::compute_current_scale(amax, fmt, 0.0f, config_.power_2_scale);
+      const Tensor scale = kernels::compute_current_scale(
+          amax, fmt, static_cast<float>(config_.eps), power_2_scale_of(config_));
       return kernels::quantize_per_tensor(x, scale, fmt, usage,
                                           kernels::ScalingMode::kCurrentTensor, amax);
     }
@@ -100,7 +102,8 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
       return kernels::quantize_block(x,
                                      role == Fp8Role::kWeight ? kernels::ScalingMode::kBlock128x128
                                                               : kernels::ScalingMode::kBlock1x128,
-                                     fmt, usage);
+                                     fmt, usage, power_2_scale_of(config_),
+                                     static_cast<float>(config_.eps));
     case RecipeKind::kFp32:
     case RecipeKind::kBf16:
       break;
@@ -132,7 +135,7 @@ void Fp8Recipe::update(bool forward_roles) {
     Tensor current_slot = state.amax_history.slice_rows(0, 1);  // shares the history's storage
     reduce(linear, role, current_slot, 1);
     kernels::update_delayed_scaling(state, algo, static_cast<int>(config_.margin),
-                                    kernels::fp8_max(is_grad ? DType::kE5M2 : DType::kE4M3));
+                                    kernels::fp8_max(format(role)));
   }
 }
 

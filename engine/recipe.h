@@ -2,7 +2,10 @@
 // fc2), DESIGN.md section 4. For each linear "layers.{i}.<linear>" three tensors are quantized:
 //   input X and weight W in the forward (rowwise for fprop, columnwise kept for wgrad/dgrad),
 //   output gradient dY in the backward (rowwise for dgrad, columnwise for wgrad).
-// Formats: delayed/current HYBRID (X, W e4m3; dY e5m2); mxfp8 and block e4m3 everywhere.
+// Formats (recipe.fp8_format): HYBRID (X, W e4m3; dY e5m2) or E4M3 (every tensor e4m3); default
+// HYBRID for delayed/current, E4M3 for mxfp8 (its only format) and block.
+// Scale options: current and block scales use recipe.eps (amax clamped below by eps) and
+// recipe.power_2_scale (default off for current, on for block).
 // Fast accumulation: fprop on, dgrad/wgrad off (delayed, current); off everywhere otherwise.
 //
 // Every amax reduction goes through the `reduce_amax` hook with the linear's name and the tensor's

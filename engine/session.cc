@@ -342,8 +342,12 @@ struct TrainingSession::Impl {
         const std::string p = fmt::format("layers.{}.", i);
         linears.push_back(p + "attn.qkv");
         linears.push_back(p + "attn.proj");
-        linears.push_back(p + "mlp.fc1");
-        if (config.model.activation == Activation::kSwiGlu) linears.push_back(p + "mlp.fc1_up");
+        if (config.model.activation == Activation::kSwiGlu) {
+          linears.push_back(p + "mlp.fc1_gate");
+          linears.push_back(p + "mlp.fc1_up");
+        } else {
+          linears.push_back(p + "mlp.fc1");
+        }
         linears.push_back(p + "mlp.fc2");
       }
       for (const std::string& l : linears)
@@ -468,16 +472,12 @@ struct TrainingSession::Impl {
   }
 
   bool rk_delayed() const { return config.recipe.kind == RecipeKind::kDelayed; }
-  // "layers.0.attn.qkv" for the weight of a quantized linear layer, "" otherwise.
+  // "layers.0.attn.qkv" for the weight of a quantized linear layer, "" otherwise: the parameter
+  // name without ".weight", the name every FP8 state key and amax hook call uses.
   static std::string quantized_linear(const std::string& name) {
     for (const char* l : {".attn.qkv.weight", ".attn.proj.weight", ".mlp.fc1.weight",
                           ".mlp.fc1_gate.weight", ".mlp.fc1_up.weight", ".mlp.fc2.weight"})
-      if (name.ends_with(l)) {
-        std::string base = name.substr(0, name.size() - std::string(".weight").size());
-        // SwiGLU's gate projection is the recipe's "mlp.fc1" linear.
-        if (base.ends_with(".mlp.fc1_gate")) base = base.substr(0, base.size() - 5);
-        return base;
-      }
+      if (name.ends_with(l)) return name.substr(0, name.size() - std::string(".weight").size());
     return "";
   }
 
@@ -540,9 +540,9 @@ struct TrainingSession::Impl {
     // the reference is the single-rank quantization.
     const DimSet ref_group =
         default_amax_group({linear_kind(p.linear), Fp8Role::kWeight}, options.mesh);
-    AllGatherParity r =
-        fp8_all_gather_parity(comms.group(kShard), comms.group(ref_group), p.layout, local,
-                              p.compute, config.recipe.kind, scale, gathered);
+    AllGatherParity r = fp8_all_gather_parity(comms.group(kShard), comms.group(ref_group), p.layout,
+                                              local, p.compute, config.recipe.kind, scale, gathered,
+                                              current_scale_options());
     const std::vector<double> all = gather_doubles(
         comms.group(kWorld),
         {static_cast<double>(r.bytes), static_cast<double>(r.mismatched_bytes), r.max_abs_error});
@@ -670,7 +670,12 @@ struct TrainingSession::Impl {
     // amax_not_reduced fault).
     return quantize_shard(comms.group(kShard), comms.group(amax_dims(p.linear, Fp8Role::kWeight)),
                           p.layout, local, p.compute, config.recipe.kind,
-                          scale.defined() ? &scale : nullptr);
+                          scale.defined() ? &scale : nullptr, true, current_scale_options());
+  }
+  // Weight scales of current scaling follow the recipe's eps and power-of-2 option, as in
+  // Fp8Recipe::quantize.
+  CurrentScaleOptions current_scale_options() const {
+    return {.eps = static_cast<float>(config.recipe.eps), .pow2 = power_2_scale_of(config.recipe)};
   }
 
   // Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP), of the

@@ -127,6 +127,19 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   MP_CHECK_INPUT(o.block == "1x128" || o.block == "128x128", "--block '{}' is not 1x128 or 128x128",
                  o.block);
   MP_CHECK_INPUT(!o.out.empty(), "--out is required");
+  // Scale options of current and block scaling (TE QParams power_2_scale, amax_epsilon).
+  const bool scaled = o.recipe == "current" || o.recipe == "block";
+  MP_CHECK_INPUT(!(o.pow2_scales && o.no_pow2_scales),
+                 "--pow2-scales and --no-pow2-scales contradict each other");
+  MP_CHECK_INPUT(scaled || (!o.pow2_scales && !o.no_pow2_scales),
+                 "--pow2-scales/--no-pow2-scales apply to --recipe current or block, not {}",
+                 o.recipe);
+  MP_CHECK_INPUT(std::isfinite(o.eps) && o.eps >= 0.0f && o.eps <= 1.0f,
+                 "--eps {} must be in [0, 1]", o.eps);
+  MP_CHECK_INPUT(scaled || o.eps == 0.0f, "--eps applies to --recipe current or block, not {}",
+                 o.recipe);
+  // Power-of-2 scales: off by default for current, on for block (Float8BlockScaling).
+  const bool pow2 = o.recipe == "block" ? !o.no_pow2_scales : o.pow2_scales;
   const DType format = o.format == "e5m2" ? DType::kE5M2 : DType::kE4M3;
   const kernels::Device device = kernels::resolve_backend(o.backend);
   const InputSpec spec = parse_input_spec(o.in);
@@ -138,7 +151,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
 
   kernels::QuantizedTensor q;
   if (o.recipe == "current") {
-    q = kernels::quantize_current(x, format, both, 0.0f, o.pow2_scales);
+    q = kernels::quantize_current(x, format, both, o.eps, pow2);
   } else if (o.recipe == "delayed") {
     MP_CHECK_INPUT(std::isfinite(o.scale) && o.scale > 0, "--scale {} must be finite and > 0",
                    o.scale);
@@ -154,7 +167,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   } else if (o.recipe == "block") {
     q = kernels::quantize_block(
         x, o.block == "128x128" ? ScalingMode::kBlock128x128 : ScalingMode::kBlock1x128, format,
-        both);
+        both, pow2, o.eps);
   } else {
     MP_FAIL_INPUT("--recipe '{}' is not current, delayed, mxfp8 or block", o.recipe);
   }
@@ -186,6 +199,10 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
     f.attribute("backend", device.is_cpu() ? "cpu" : "cuda");
     f.attribute("scaling_mode", std::string(kernels::scaling_mode_name(q.mode)));
     if (o.recipe == "block") f.attribute("block", o.block);
+    if (scaled) {
+      f.attribute("pow2_scales", pow2 ? "1" : "0");
+      f.attribute("eps", fmt::format("{}", o.eps));
+    }
     f.close();
     std::error_code ec;
     fs::rename(tmp, target, ec);
@@ -211,7 +228,13 @@ void add_quantize_command(CLI::App& app, std::ostream& out, int& exit_code) {
   cmd->add_option("--format", opts->format, "Element format: e4m3 (default) | e5m2")
       ->check(CLI::IsMember({"e4m3", "e5m2"}));
   cmd->add_option("--scale", opts->scale, "delayed: the scale to quantize with (default 1)");
-  cmd->add_flag("--pow2-scales", opts->pow2_scales, "current: power-of-two scales");
+  cmd->add_flag("--pow2-scales", opts->pow2_scales,
+                "current, block: power-of-two scales (the default for block)");
+  cmd->add_flag("--no-pow2-scales", opts->no_pow2_scales,
+                "current, block: fp32 scales, not rounded (the default for current)");
+  cmd->add_option("--eps", opts->eps,
+                  "current, block: amax clamped below by EPS before scale = fp8_max / amax "
+                  "(default 0)");
   cmd->add_option("--block", opts->block, "block: 1x128 (default) | 128x128")
       ->check(CLI::IsMember({"1x128", "128x128"}));
   cmd->add_option("--backend", opts->backend, "cpu | cuda | auto (default)")

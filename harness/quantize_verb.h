@@ -16,7 +16,9 @@ struct QuantizeVerbOptions {
   std::string recipe;            // current | delayed | mxfp8 | block
   std::string format = "e4m3";   // e4m3 | e5m2
   float scale = 1.0f;            // delayed: the scale the state holds
-  bool pow2_scales = false;      // current: power-of-two scales
+  bool pow2_scales = false;      // current, block: power-of-two scales (block's default)
+  bool no_pow2_scales = false;   // current, block: fp32 scales (current's default)
+  float eps = 0.0f;              // current, block: amax clamped below by eps, in [0, 1]
   std::string block = "1x128";   // block: 1x128 | 128x128
   std::string backend = "auto";  // cpu | cuda | auto
   std::string in;                // FILE.h5[:/dataset], dataset defaults to /x

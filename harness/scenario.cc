@@ -62,8 +62,10 @@ const char* to_string(Expect v) { return v == Expect::kPass ? "pass" : "caught";
 RecipeConfig default_recipe(RecipeKind name) {
   RecipeConfig r;
   r.name = name;
-  // TE: MXFP8BlockScaling uses E4M3 for all tensors; the per-tensor recipes default to HYBRID.
-  r.fp8_format = name == RecipeKind::kMxfp8 ? Fp8Format::kE4M3 : Fp8Format::kHybrid;
+  // TE: MXFP8BlockScaling and Float8BlockScaling default to E4M3 for all tensors, the per-tensor
+  // recipes to HYBRID (engine::fp8_format_of).
+  r.fp8_format = name == RecipeKind::kMxfp8 || name == RecipeKind::kBlock ? Fp8Format::kE4M3
+                                                                          : Fp8Format::kHybrid;
   // Float8BlockScaling uses power-of-2 scales (DESIGN.md section 4); current scaling does not.
   r.power_2_scale = name == RecipeKind::kBlock;
   return r;

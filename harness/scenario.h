@@ -47,17 +47,17 @@ struct MeshConfig {
 };
 
 using RecipeKind = engine::RecipeKind;
-enum class Fp8Format { kHybrid, kE4M3 };  // hybrid: e4m3 forward, e5m2 gradients
+using Fp8Format = engine::Fp8Format;  // hybrid: e4m3 forward, e5m2 gradients; e4m3: all e4m3
 enum class AmaxAlgo { kMax, kMostRecent };
 
 // DESIGN.md section 4. Options that a recipe does not use are kept (and hashed) but ignored.
 struct RecipeConfig {
   RecipeKind name = RecipeKind::kBf16;
-  Fp8Format fp8_format = Fp8Format::kHybrid;    // default e4m3 for mxfp8, hybrid otherwise
+  Fp8Format fp8_format = Fp8Format::kHybrid;    // default e4m3 for mxfp8/block, else hybrid
   int64_t margin = 0;                           // delayed: scale = (fp8_max/amax) / 2^margin
   int64_t amax_history_len = 1024;              // delayed: amax history window length
   AmaxAlgo amax_compute_algo = AmaxAlgo::kMax;  // delayed: max of history or newest entry
-  double eps = 0.0;                             // current: scale = fp8_max / max(amax, eps)
+  double eps = 0.0;                             // current/block: fp8_max / max(amax, eps)
   bool power_2_scale = false;                   // current/block: round scales to powers of 2
                                                 // (default true for block, false otherwise)
 

@@ -760,7 +760,16 @@ struct Resolver {
     t.schedule =
         ts.choice("schedule", Schedule::kConstant,
                   {{"constant", Schedule::kConstant}, {"warmup_cosine", Schedule::kWarmupCosine}});
-    t.warmup_steps = ts.integer("warmup_steps", 0, 0, t.steps);
+    // warmup_cosine: the peak step W and at least one cosine step to min_lr (CosineAnnealingLR's
+    // T_max = steps - 1 - W >= 1; engine/optimizer.h).
+    const bool cosine = t.schedule == Schedule::kWarmupCosine;
+    if (cosine && t.steps < 2) {
+      fail(ts.where("schedule"), ts.child("schedule"),
+           fmt::format("warmup_cosine needs train.steps >= 2 (a peak step and a step at min_lr), "
+                       "got {}",
+                       t.steps));
+    }
+    t.warmup_steps = ts.integer("warmup_steps", 0, 0, cosine ? t.steps - 2 : t.steps);
     t.min_lr = ts.number("min_lr", 0.0, 0.0, t.lr);
     if (t.schedule == Schedule::kConstant) {
       for (const char* key : {"warmup_steps", "min_lr"}) {

@@ -48,7 +48,9 @@ engine::Config engine_config_of(const Scenario& s) {
   c.recipe.amax_compute_algo =
       s.recipe.amax_compute_algo == AmaxAlgo::kMostRecent ? "most_recent" : "max";
   c.recipe.margin = s.recipe.margin;
+  c.recipe.fp8_format = s.recipe.fp8_format;  // the loader resolved the recipe defaults
   c.recipe.power_2_scale = s.recipe.power_2_scale;
+  c.recipe.eps = s.recipe.eps;
 
   c.training.batch = s.train.global_batch;
   c.training.seq_len = s.model.seq_len;

@@ -251,9 +251,12 @@ QuantizedTensor quantize_mxfp8(const Tensor& x, DType format, Usage usage) {
   return q;
 }
 
-QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, Usage usage) {
+QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, Usage usage,
+                               bool pow2, float eps) {
   const bool bf16 = check_input(x, "quantize_block");
   const bool e5m2 = is_e5m2(format);
+  MP_CHECK_INPUT(std::isfinite(eps) && eps >= 0.0f, "quantize_block: eps must be >= 0, got {}",
+                 eps);
   MP_CHECK_INPUT(mode == ScalingMode::kBlock1x128 || mode == ScalingMode::kBlock128x128,
                  "quantize_block: mode must be block_1x128 or block_128x128, got {}",
                  scaling_mode_name(mode));
@@ -287,8 +290,8 @@ QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, 
   }
   const void* xp = x.raw_data();
   if (dev.is_cuda()) {
-    MP_CUDA_DISPATCH(launch_quantize_block(xp, bf16, M, K, tile, e5m2, row, row_s, col, col_s,
-                                           stream_of_context()));
+    MP_CUDA_DISPATCH(launch_quantize_block(xp, bf16, M, K, tile, e5m2, eps, pow2, row, row_s, col,
+                                           col_s, stream_of_context()));
     return q;
   }
   if (tile) {
@@ -304,7 +307,7 @@ QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, 
           const uint32_t b = rules::block_amax_bits(xp, bf16, m * K + k0, 1, cols);
           a = b > a ? b : a;
         }
-        const float s = rules::block_scale(fmt8::bits_float(a), e5m2);
+        const float s = rules::block_scale(fmt8::bits_float(a), e5m2, eps, pow2);
         const float s_inv = rules::reciprocal(s);
         if (row) row_s[bi * kb + bj] = s_inv;
         if (col) col_s[bj * mb + bi] = s_inv;
@@ -322,7 +325,7 @@ QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, 
         const int64_t base = m * K + j * 128;
         const int64_t n = std::min<int64_t>(128, K - j * 128);
         const float s = rules::block_scale(
-            fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, 1, n)), e5m2);
+            fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, 1, n)), e5m2, eps, pow2);
         row_s[m * kb + j] = rules::reciprocal(s);
         rules::cast_block(xp, bf16, base, 1, n, s, e5m2, row, base, 1);
       }
@@ -335,7 +338,7 @@ QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, 
         const int64_t base = i * 128 * K + k;
         const int64_t n = std::min<int64_t>(128, M - i * 128);
         const float s = rules::block_scale(
-            fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, K, n)), e5m2);
+            fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, K, n)), e5m2, eps, pow2);
         col_s[k * mb + i] = rules::reciprocal(s);
         rules::cast_block(xp, bf16, base, K, n, s, e5m2, col, k * M + i * 128, 1);
       }

@@ -124,7 +124,7 @@ __global__ void mxfp8_col_kernel(const void* x, bool bf16, int64_t M, int64_t K,
 
 // Block 1x128 rowwise: one thread per (m, j) block.
 __global__ void block1d_row_kernel(const void* x, bool bf16, int64_t M, int64_t K, bool e5m2,
-                                   uint8_t* row, float* row_s) {
+                                   float eps, bool pow2, uint8_t* row, float* row_s) {
   const int64_t kb = (K + 127) / 128;
   for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < M * kb;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -132,8 +132,8 @@ __global__ void block1d_row_kernel(const void* x, bool bf16, int64_t M, int64_t 
     const int64_t j = b % kb;
     const int64_t base = m * K + j * 128;
     const int64_t n = K - j * 128 < 128 ? K - j * 128 : 128;
-    const float s =
-        rules::block_scale(fmt8::bits_float(rules::block_amax_bits(x, bf16, base, 1, n)), e5m2);
+    const float s = rules::block_scale(
+        fmt8::bits_float(rules::block_amax_bits(x, bf16, base, 1, n)), e5m2, eps, pow2);
     row_s[b] = rules::reciprocal(s);
     rules::cast_block(x, bf16, base, 1, n, s, e5m2, row, base, 1);
   }
@@ -141,7 +141,7 @@ __global__ void block1d_row_kernel(const void* x, bool bf16, int64_t M, int64_t 
 
 // Block 1x128 of the transpose: one thread per (i, k): rows [128i, 128i+128) of column k.
 __global__ void block1d_col_kernel(const void* x, bool bf16, int64_t M, int64_t K, bool e5m2,
-                                   uint8_t* col, float* col_s) {
+                                   float eps, bool pow2, uint8_t* col, float* col_s) {
   const int64_t mb = (M + 127) / 128;
   for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < mb * K;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -149,16 +149,16 @@ __global__ void block1d_col_kernel(const void* x, bool bf16, int64_t M, int64_t 
     const int64_t k = b % K;
     const int64_t base = i * 128 * K + k;
     const int64_t n = M - i * 128 < 128 ? M - i * 128 : 128;
-    const float s =
-        rules::block_scale(fmt8::bits_float(rules::block_amax_bits(x, bf16, base, K, n)), e5m2);
+    const float s = rules::block_scale(
+        fmt8::bits_float(rules::block_amax_bits(x, bf16, base, K, n)), e5m2, eps, pow2);
     col_s[k * mb + i] = rules::reciprocal(s);
     rules::cast_block(x, bf16, base, K, n, s, e5m2, col, k * M + i * 128, 1);
   }
 }
 
 // Block 128x128: one CUDA block (128 threads) per tile; thread t owns column k0+t of the tile.
-__global__ void block2d_kernel(const void* x, bool bf16, int64_t M, int64_t K, bool e5m2,
-                               uint8_t* row, float* row_s, uint8_t* col, float* col_s) {
+__global__ void block2d_kernel(const void* x, bool bf16, int64_t M, int64_t K, bool e5m2, float eps,
+                               bool pow2, uint8_t* row, float* row_s, uint8_t* col, float* col_s) {
   __shared__ unsigned tile_amax;
   const int64_t mb = (M + 127) / 128;
   const int64_t kb = (K + 127) / 128;
@@ -175,7 +175,7 @@ __global__ void block2d_kernel(const void* x, bool bf16, int64_t M, int64_t K, b
     if (threadIdx.x < cols)
       atomicMax(&tile_amax, rules::block_amax_bits(x, bf16, m0 * K + k, K, rows));
     __syncthreads();
-    const float s = rules::block_scale(fmt8::bits_float(tile_amax), e5m2);
+    const float s = rules::block_scale(fmt8::bits_float(tile_amax), e5m2, eps, pow2);
     if (threadIdx.x == 0) {
       if (row_s) row_s[bi * kb + bj] = rules::reciprocal(s);
       if (col_s) col_s[bj * mb + bi] = rules::reciprocal(s);
@@ -263,25 +263,25 @@ void launch_quantize_mxfp8(const void* x, bool bf16, int64_t M, int64_t K, bool 
 }
 
 void launch_quantize_block(const void* x, bool bf16, int64_t M, int64_t K, bool tile128, bool e5m2,
-                           uint8_t* row, float* row_scale_inv, uint8_t* col, float* col_scale_inv,
-                           void* stream) {
+                           float eps, bool pow2, uint8_t* row, float* row_scale_inv, uint8_t* col,
+                           float* col_scale_inv, void* stream) {
   const int64_t mb = (M + 127) / 128;
   const int64_t kb = (K + 127) / 128;
   if (tile128) {
     const auto grid = static_cast<unsigned>(std::min<int64_t>(mb * kb, 65535LL * 16));
-    block2d_kernel<<<grid, 128, 0, as_stream(stream)>>>(x, bf16, M, K, e5m2, row, row_scale_inv,
-                                                        col, col_scale_inv);
+    block2d_kernel<<<grid, 128, 0, as_stream(stream)>>>(x, bf16, M, K, e5m2, eps, pow2, row,
+                                                        row_scale_inv, col, col_scale_inv);
     MP_CUDA_CHECK_LAUNCH();
     return;
   }
   if (row) {
-    block1d_row_kernel<<<grid_for(M * kb), kThreads, 0, as_stream(stream)>>>(x, bf16, M, K, e5m2,
-                                                                             row, row_scale_inv);
+    block1d_row_kernel<<<grid_for(M * kb), kThreads, 0, as_stream(stream)>>>(
+        x, bf16, M, K, e5m2, eps, pow2, row, row_scale_inv);
     MP_CUDA_CHECK_LAUNCH();
   }
   if (col) {
-    block1d_col_kernel<<<grid_for(mb * K), kThreads, 0, as_stream(stream)>>>(x, bf16, M, K, e5m2,
-                                                                             col, col_scale_inv);
+    block1d_col_kernel<<<grid_for(mb * K), kThreads, 0, as_stream(stream)>>>(
+        x, bf16, M, K, e5m2, eps, pow2, col, col_scale_inv);
     MP_CUDA_CHECK_LAUNCH();
   }
 }

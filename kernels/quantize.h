@@ -27,8 +27,9 @@ float fp8_max(DType format);
 // on the sign-cleared bit patterns, which sort NaN above inf), so a NaN cannot hide.
 Tensor compute_amax(const Tensor& x);
 
-// Current scaling: scale = fp8_max(format) / max(amax, eps) (correctly rounded fp32 division);
-// amax 0, inf or NaN -> 1; an infinite quotient -> FLT_MAX; pow2 clears the mantissa bits.
+// Current scaling (TE compute_scale_from_amax): amax clamped below by eps, then
+// scale = fp8_max(format) / amax (correctly rounded fp32 division); a NaN amax, or a clamped amax
+// of 0 or inf, -> 1; an infinite quotient -> FLT_MAX; pow2 clears the mantissa bits.
 // amax: float32[1]; returns float32[1] on amax's device.
 Tensor compute_current_scale(const Tensor& amax, DType format, float eps = 0.0f, bool pow2 = false);
 
@@ -65,10 +66,11 @@ QuantizedTensor quantize_current(const Tensor& x, DType format, Usage usage, flo
 QuantizedTensor quantize_mxfp8(const Tensor& x, DType format = DType::kE4M3, Usage usage = {});
 
 // Float8BlockScaling: mode kBlock1x128 or kBlock128x128; any M, K >= 1 (partial edge blocks).
-// Power-of-two fp32 scales: scale = pow2_floor(fp8_max / block_amax), amax 0 -> 1; scale_inv =
-// 1/scale stored (layouts in quantized_tensor.h).
+// fp32 scales by the current-scaling rule on each block's amax: scale = fp8_max / max(amax, eps),
+// rounded down to a power of two when pow2 (TE's default; NVTE_FP8_BLOCK_SCALING_FP32_SCALES
+// turns it off); scale_inv = 1/scale stored (layouts in quantized_tensor.h). eps >= 0.
 QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format = DType::kE4M3,
-                               Usage usage = {});
+                               Usage usage = {}, bool pow2 = true, float eps = 0.0f);
 
 // Which copy of a QuantizedTensor to read.
 enum class QuantizedCopy : uint8_t { kRowwise, kColumnwise };

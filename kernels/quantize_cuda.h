@@ -26,10 +26,10 @@ void launch_quantize_per_tensor(const void* x, bool bf16, int64_t M, int64_t K, 
 void launch_quantize_mxfp8(const void* x, bool bf16, int64_t M, int64_t K, bool e5m2, uint8_t* row,
                            uint8_t* row_scale, uint8_t* col, uint8_t* col_scale, void* stream);
 // Block scaling (tile128 = 128x128 blocks, else 1x128): row [M,K] + row_scale_inv, col [K,M] +
-// col_scale_inv (nullptr = skip).
+// col_scale_inv (nullptr = skip); scales by rules::block_scale(amax, e5m2, eps, pow2).
 void launch_quantize_block(const void* x, bool bf16, int64_t M, int64_t K, bool tile128, bool e5m2,
-                           uint8_t* row, float* row_scale_inv, uint8_t* col, float* col_scale_inv,
-                           void* stream);
+                           float eps, bool pow2, uint8_t* row, float* row_scale_inv, uint8_t* col,
+                           float* col_scale_inv, void* stream);
 // out[M,K] float32 = rules::dequant_at(layout, ...) for every (m, k).
 void launch_dequantize(int layout, bool e5m2, const uint8_t* data, const void* scale, int64_t M,
                        int64_t K, float* out, void* stream);

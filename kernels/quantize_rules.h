@@ -40,13 +40,16 @@ MP_HOST_DEVICE inline float pow2_floor(float scale) {
   return fmt8::bits_float(fmt8::float_bits(scale) & 0xFF800000u);
 }
 
-// Current scaling (Float8CurrentScaling): scale = fp8_max / max(amax, eps), correctly rounded
-// fp32 division. amax 0, inf or NaN -> 1 (checked on the raw amax, before eps: DESIGN.md says
-// "amax 0 gives scale 1"); an infinite quotient -> FLT_MAX; pow2 clears the mantissa last.
+// Current scaling (Float8CurrentScaling) and the block scales of Float8BlockScaling, TE's
+// compute_scale_from_amax: amax is first clamped below by eps (amax < eps -> eps), then
+// scale = fp8_max / amax, correctly rounded fp32 division. A NaN amax, or a clamped amax of 0 or
+// inf, gives 1 (so with eps > 0 an all-zero tensor gets fp8_max / eps, as in TE); an infinite
+// quotient -> FLT_MAX; pow2 clears the mantissa last (the largest power of two <= scale).
 MP_HOST_DEVICE inline float current_scale(float amax, float fp8max, float eps, bool pow2) {
-  if (!(amax > 0.0f) || !is_finite(amax)) return 1.0f;  // 0, negative, NaN or inf
-  const float clamped = amax > eps ? amax : eps;
-  float scale = fp8max / clamped;
+  if (is_nan(amax)) return 1.0f;
+  if (amax < eps) amax = eps;
+  if (!(amax > 0.0f) || !is_finite(amax)) return 1.0f;  // 0 or inf after the clamp
+  float scale = fp8max / amax;
   if (!is_finite(scale)) scale = kFltMax;  // quotient overflowed (tiny amax)
   if (pow2) scale = pow2_floor(scale);
   return scale;
@@ -71,10 +74,10 @@ MP_HOST_DEVICE inline uint8_t mxfp8_scale_exponent(float block_amax, bool e5m2) 
   return fmt8::float_to_e8m0_round_up(block_amax * inv_max);
 }
 
-// Block scaling (TE Float8BlockScaling): power-of-two scale from the block amax, eps 0; amax 0
-// (or inf/NaN) -> scale 1.
-MP_HOST_DEVICE inline float block_scale(float block_amax, bool e5m2) {
-  return current_scale(block_amax, fp8_max(e5m2), 0.0f, true);
+// Block scaling (TE Float8BlockScaling): the current-scaling rule on the block amax with the
+// recipe's eps and power-of-2 option (TE's default: pow2, eps 0).
+MP_HOST_DEVICE inline float block_scale(float block_amax, bool e5m2, float eps, bool pow2) {
+  return current_scale(block_amax, fp8_max(e5m2), eps, pow2);
 }
 
 }  // namespace meshproof::kernels::rules
@@ -137,8 +140,9 @@ enum class QLayout : int {
   kBlock2dCol,    // data [K, M], scale fp32 [ceil(K/128), ceil(M/128)]
 };
 
-// Decoded value of logical element (m, k): decode(q) * scale_inv. Exact for mxfp8 and block
-// scales (powers of two); one correctly rounded fp32 multiply for per-tensor scales.
+// Decoded value of logical element (m, k): decode(q) * scale_inv. Exact for mxfp8 and
+// power-of-2 block scales; one correctly rounded fp32 multiply for per-tensor scales and
+// non-power-of-2 block scales.
 MP_HOST_DEVICE inline float dequant_at(QLayout layout, bool e5m2, const uint8_t* data,
                                        const void* scale, int64_t M, int64_t K, int64_t m,
                                        int64_t k) {

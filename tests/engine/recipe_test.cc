@@ -1,15 +1,21 @@
 // FP8 recipes (DESIGN.md section 4) applied to the qkv/proj/fc1/fc2 GEMMs: tracking the fp32
 // reference, training toward the entropy floor, determinism, recompute with delayed scaling, and
 // the amax hook.
+#include "engine/recipe.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "engine/trainer.h"
+#include "kernels/formats.h"
 
 namespace meshproof::engine {
 namespace {
@@ -137,6 +143,190 @@ TEST(CurrentScaling, AmaxGoesThroughTheHook) {
   for (const char* l : {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"})
     for (const char* r : {"input", "weight", "grad_output"})
       EXPECT_EQ(per_tensor[fmt::format("layers.0.{}/{}", l, r)], 1) << l << "/" << r;
+}
+
+// ---- recipe options: fp8_format, power_2_scale, eps (docs/design.md section 15) --------------
+
+std::vector<uint8_t> bytes_of(const kernels::Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.raw_data());
+  return {p, p + t.nbytes().value};
+}
+
+// A gradient-like tensor [64, 32] of values amax * n/50, n in [-50, 50]: every row's amax is
+// exactly `amax` (n = +-50 gives the factor 1.0f).
+kernels::Tensor grad_like(float amax) {
+  std::vector<float> v(64 * 32);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int n = (i % 32 == 0) ? 50 : static_cast<int>(i * 37 % 101) - 50;
+    v[i] = amax * (static_cast<float>(n) / 50.0f);
+  }
+  return kernels::Tensor::from_vector<float>({64, 32}, v);
+}
+
+void no_reduction(const std::string&, Fp8Role, float*, int64_t) {}
+
+// fp8_format e4m3 (TE Format.E4M3) quantizes the output gradients in E4M3 with fp8_max 448;
+// hybrid in E5M2 with 57344. Checked on the bytes: each is the element rule of its format.
+TEST(RecipeOptions, Fp8FormatE4m3QuantizesGradientsInE4m3) {
+  for (RecipeKind kind : {RecipeKind::kCurrent, RecipeKind::kDelayed, RecipeKind::kBlock}) {
+    for (Fp8Format f : {Fp8Format::kHybrid, Fp8Format::kE4M3}) {
+      RecipeConfig rc;
+      rc.kind = kind;
+      rc.fp8_format = f;
+      Fp8Recipe r(rc, no_reduction);
+      const bool e4m3 = f == Fp8Format::kE4M3;
+      const std::string ctx = fmt::format("{} {}", recipe_name(kind), fp8_format_name(f));
+      EXPECT_EQ(r.format(Fp8Role::kGradOutput),
+                e4m3 ? kernels::DType::kE4M3 : kernels::DType::kE5M2)
+          << ctx;
+      EXPECT_EQ(r.format(Fp8Role::kInput), kernels::DType::kE4M3) << ctx;
+      const kernels::Tensor g = grad_like(3e-3f);
+      const kernels::QuantizedTensor q =
+          r.quantize("layers.0.mlp.fc2", Fp8Role::kGradOutput, g, {true, false});
+      EXPECT_EQ(q.format, e4m3 ? kernels::DType::kE4M3 : kernels::DType::kE5M2) << ctx;
+      // Each element against the stored scale_inv (per tensor, or per row: K = 32 is one 1x128
+      // block).
+      const std::vector<float> x = g.to_vector<float>();
+      const std::vector<float> sinv = q.rowwise_scale_inv.to_vector<float>();
+      const std::vector<uint8_t> b = bytes_of(q.rowwise_data);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float scale = 1.0f / sinv[kind == RecipeKind::kBlock ? i / 32 : 0];
+        const float v = x[i] * scale;
+        ASSERT_EQ(b[i], e4m3 ? kernels::fmt8::float_to_e4m3(v) : kernels::fmt8::float_to_e5m2(v))
+            << ctx << " element " << i;
+      }
+      if (kind == RecipeKind::kCurrent) {
+        // scale = fp8_max(format) / amax of this gradient.
+        EXPECT_EQ(q.scale.to_vector<float>()[0], (e4m3 ? 448.0f : 57344.0f) / 3e-3f) << ctx;
+      }
+    }
+  }
+}
+
+// A training run: e4m3 and hybrid differ (the gradients really are quantized differently) and
+// delayed scaling's gradient states follow fp8_max = 448 under e4m3.
+TEST(RecipeOptions, Fp8FormatChangesTraining) {
+  for (RecipeKind kind : {RecipeKind::kCurrent, RecipeKind::kDelayed, RecipeKind::kBlock}) {
+    Config h = fp8_config(kind);
+    h.recipe.fp8_format = Fp8Format::kHybrid;
+    Config e = h;
+    e.recipe.fp8_format = Fp8Format::kE4M3;
+    Trainer a(h), b(e);
+    bool differ = false;
+    for (int s = 0; s < 3; ++s) differ |= a.step().loss != b.step().loss;
+    EXPECT_TRUE(differ) << recipe_name(kind);
+    if (kind != RecipeKind::kDelayed) continue;
+    for (auto& [key, st] : b.recipe().delayed_states()) {
+      const float scale = st.scale.to_vector<float>()[0];
+      const std::vector<float> h = st.amax_history.to_vector<float>();
+      const float amax = *std::max_element(h.begin(), h.end());  // amax_compute_algo max
+      EXPECT_EQ(scale, 448.0f / amax) << key;  // e4m3 for every role, gradients included
+    }
+  }
+}
+
+// power_2_scale false for block: fp32 scales fp8_max / block amax (some with mantissa bits), and
+// a run that differs from the power-of-2 default.
+TEST(RecipeOptions, BlockPower2ScaleFalseGivesFp32Scales) {
+  RecipeConfig rc;
+  rc.kind = RecipeKind::kBlock;
+  EXPECT_TRUE(power_2_scale_of(rc));  // TE Float8BlockScaling's default
+  rc.power_2_scale = false;
+  Fp8Recipe r(rc, no_reduction);
+  const kernels::Tensor g = grad_like(3.0f);
+  const kernels::QuantizedTensor q =
+      r.quantize("layers.0.attn.qkv", Fp8Role::kInput, g, {true, false});
+  const std::vector<float> x = g.to_vector<float>();
+  const std::vector<float> sinv = q.rowwise_scale_inv.to_vector<float>();
+  int non_pow2 = 0;
+  for (size_t row = 0; row < sinv.size(); ++row) {
+    float amax = 0;
+    for (size_t k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[row * 32 + k]));
+    EXPECT_EQ(sinv[row], 1.0f / (448.0f / amax)) << row;
+    non_pow2 += (kernels::fmt8::float_bits(sinv[row]) & 0x7FFFFF) != 0;
+  }
+  EXPECT_GT(non_pow2, 0);
+  Config p2 = fp8_config(RecipeKind::kBlock);
+  Config f32 = p2;
+  f32.recipe.power_2_scale = false;
+  Trainer a(p2), b(f32);
+  bool differ = false;
+  for (int s = 0; s < 3; ++s) differ |= a.step().loss != b.step().loss;
+  EXPECT_TRUE(differ);
+}
+
+// eps (TE amax_epsilon): a tensor with amax below eps gets scale fp8_max / eps, for current and
+// block scaling; a training run with eps above the gradients' amaxes differs from eps 0.
+TEST(RecipeOptions, EpsClampsTinyAmax) {
+  for (RecipeKind kind : {RecipeKind::kCurrent, RecipeKind::kBlock}) {
+    RecipeConfig rc;
+    rc.kind = kind;
+    rc.power_2_scale = false;
+    rc.eps = 1e-2;
+    Fp8Recipe r(rc, no_reduction);
+    const kernels::Tensor g = grad_like(1e-5f);  // amax 1e-5 < eps
+    const kernels::QuantizedTensor q =
+        r.quantize("layers.0.mlp.fc2", Fp8Role::kGradOutput, g, {true, false});
+    // Gradients: e5m2 under current's default HYBRID, e4m3 under block's default E4M3.
+    const float fmax = kernels::fp8_max(r.format(Fp8Role::kGradOutput));
+    EXPECT_EQ(fmax, kind == RecipeKind::kCurrent ? 57344.0f : 448.0f);
+    const float want = fmax / static_cast<float>(1e-2);
+    for (float si : q.rowwise_scale_inv.to_vector<float>())
+      EXPECT_EQ(si, 1.0f / want) << recipe_name(kind);
+    rc.eps = 0.0;
+    Fp8Recipe r0(rc, no_reduction);
+    const kernels::QuantizedTensor q0 =
+        r0.quantize("layers.0.mlp.fc2", Fp8Role::kGradOutput, g, {true, false});
+    EXPECT_EQ(q0.rowwise_scale_inv.to_vector<float>()[0], 1.0f / (fmax / 1e-5f))
+        << recipe_name(kind);
+    Config c0 = fp8_config(kind);
+    Config ce = c0;
+    ce.recipe.eps = 0.5;  // above the output gradients' amaxes (~1e-2 and below) of this model
+    Trainer a(c0), b(ce);
+    bool differ = false;
+    for (int s = 0; s < 3; ++s) differ |= a.step().loss != b.step().loss;
+    EXPECT_TRUE(differ) << recipe_name(kind);
+  }
+  Config bad = fp8_config(RecipeKind::kCurrent);
+  bad.recipe.eps = 2.0;
+  EXPECT_THROW(validate(bad), kernels::Error);
+  bad.recipe.eps = 0.0;
+  bad.recipe.kind = RecipeKind::kMxfp8;
+  bad.recipe.fp8_format = Fp8Format::kHybrid;
+  EXPECT_THROW(validate(bad), kernels::Error);
+}
+
+// ---- FP8 state keys name parameters ------------------------------------------------------------
+
+// Every delayed-scaling state key "<linear>/<role>" and every amax hook call names a parameter
+// "<linear>.weight", for GELU and SwiGLU (where fc1 is "mlp.fc1_gate" and "mlp.fc1_up").
+TEST(RecipeOptions, Fp8StateKeysNameParameters) {
+  for (Activation act : {Activation::kGelu, Activation::kSwiGlu}) {
+    for (RecipeKind kind : {RecipeKind::kDelayed, RecipeKind::kCurrent}) {
+      Config c = fp8_config(kind);
+      c.model.activation = act;
+      std::set<std::string> hooked;
+      CommHooks hooks;
+      hooks.reduce_amax = [&](const std::string& linear, Fp8Role, float*, int64_t) {
+        hooked.insert(linear);
+      };
+      Trainer t(c, hooks);
+      t.step();
+      const std::vector<std::string> names = t.params().names();
+      const std::set<std::string> params(names.begin(), names.end());
+      const std::string ctx = fmt::format("{} {}", activation_name(act), recipe_name(kind));
+      const size_t linears = act == Activation::kSwiGlu ? 5 : 4;
+      EXPECT_EQ(hooked.size(), linears) << ctx;
+      for (const std::string& l : hooked)
+        EXPECT_EQ(params.count(l + ".weight"), 1u) << ctx << " " << l;
+      if (kind != RecipeKind::kDelayed) continue;
+      EXPECT_EQ(t.recipe().delayed_states().size(), 3 * linears) << ctx;
+      for (const auto& [key, st] : t.recipe().delayed_states()) {
+        const std::string linear = key.substr(0, key.rfind('/'));
+        EXPECT_EQ(params.count(linear + ".weight"), 1u) << ctx << " " << key;
+      }
+    }
+  }
 }
 
 TEST(Mxfp8, RejectsDimsThatAreNotMultiplesOf32) {

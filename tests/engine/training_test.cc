@@ -2,9 +2,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include "engine/optimizer.h"
 #include "engine/trainer.h"
+#include "kernels/error.h"
 
 namespace meshproof::engine {
 namespace {
@@ -59,6 +62,19 @@ TEST(Training, LossDecreasesTowardTheEntropyFloor) {
   EXPECT_GT(last, floor - 0.3);
 }
 
+// PyTorch's SequentialLR([LinearLR(start_factor=1/(W+1), total_iters=W),
+// CosineAnnealingLR(T_max=N-1-W, eta_min=min_lr)], milestones=[W]), written out from the
+// schedulers' closed forms (docs/scenarios.md): the peak is used at step W only and min_lr at the
+// last step N-1.
+double sequential_lr(double lr, double min_lr, int64_t w, int64_t n, int64_t s) {
+  if (s < w) {
+    const double start = 1.0 / static_cast<double>(w + 1);  // LinearLR start_factor
+    return lr * (start + (1.0 - start) * static_cast<double>(s) / static_cast<double>(w));
+  }
+  const double t_max = static_cast<double>(n - 1 - w);
+  return min_lr + (lr - min_lr) * (1.0 + std::cos(M_PI * static_cast<double>(s - w) / t_max)) / 2;
+}
+
 TEST(Optimizer, Schedules) {
   TrainingConfig t;
   t.lr = 1.0;
@@ -67,14 +83,76 @@ TEST(Optimizer, Schedules) {
   EXPECT_EQ(learning_rate(t, 7), 1.0);
   t.schedule = LrSchedule::kWarmupCosine;
   t.warmup_steps = 2;
-  EXPECT_DOUBLE_EQ(learning_rate(t, 0), 0.5);
-  EXPECT_DOUBLE_EQ(learning_rate(t, 1), 1.0);
-  EXPECT_DOUBLE_EQ(learning_rate(t, 2), 1.0);
-  EXPECT_DOUBLE_EQ(learning_rate(t, 6), 0.1 + 0.9 * 0.5);
-  EXPECT_NEAR(learning_rate(t, 10), 0.1, 1e-15);
+  // Warmup (s+1)/(W+1): 1/3, 2/3; the peak once at s = W = 2, then strictly down to min_lr at
+  // s = 9 (T_max = 7).
+  EXPECT_DOUBLE_EQ(learning_rate(t, 0), 1.0 / 3.0);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 1), 2.0 / 3.0);
+  EXPECT_EQ(learning_rate(t, 2), 1.0);
+  EXPECT_LT(learning_rate(t, 3), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 3), 0.1 + 0.9 * (1 + std::cos(M_PI / 7)) / 2);
+  EXPECT_NEAR(learning_rate(t, 9), 0.1, 1e-16);  // min_lr at the last step (cos(pi) = -1 exactly)
   EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.0);
   EXPECT_DOUBLE_EQ(clip_coefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6));
   EXPECT_EQ(clip_coefficient(4.0, 0.0), 1.0);
+}
+
+// Every step of several (W, N) pairs against the SequentialLR formula. Tolerance 4 ulp-scale
+// (1e-15 relative): the engine evaluates the same closed forms in a different order.
+TEST(Optimizer, WarmupCosineMatchesSequentialLinearCosine) {
+  for (const auto& [w, n] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 2}, {0, 10}, {1, 3}, {2, 8}, {5, 20}, {3, 5}, {8, 10}}) {
+    TrainingConfig t;
+    t.schedule = LrSchedule::kWarmupCosine;
+    t.lr = 3e-3;
+    t.min_lr = 1e-4;
+    t.steps = n;
+    t.warmup_steps = w;
+    int peaks = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      const double want = sequential_lr(t.lr, t.min_lr, w, n, s);
+      EXPECT_NEAR(learning_rate(t, s), want, 1e-15 * want) << "W " << w << " N " << n << " s " << s;
+      peaks += learning_rate(t, s) == t.lr;
+      if (s > 0 && s <= w) EXPECT_GT(learning_rate(t, s), learning_rate(t, s - 1));
+      if (s > w) EXPECT_LT(learning_rate(t, s), learning_rate(t, s - 1));
+    }
+    EXPECT_EQ(peaks, 1) << "W " << w << " N " << n;  // the peak lr is used exactly once
+    EXPECT_NEAR(learning_rate(t, n - 1), t.min_lr, 1e-18) << "W " << w << " N " << n;
+  }
+}
+
+// The cosine phase needs T_max = steps - 1 - warmup_steps >= 1.
+TEST(Optimizer, WarmupCosineNeedsACosineStep) {
+  Config c = small();
+  c.training.schedule = LrSchedule::kWarmupCosine;
+  c.training.steps = 4;
+  c.training.warmup_steps = 2;
+  EXPECT_NO_THROW(validate(c));
+  for (int64_t w : {3, 4}) {
+    c.training.warmup_steps = w;
+    try {
+      validate(c);
+      ADD_FAILURE() << "warmup_steps " << w << " accepted";
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+      EXPECT_NE(e.message().find("must be <= training.steps - 2 = 2"), std::string::npos)
+          << e.message();
+    }
+  }
+  c.training.steps = 1;
+  c.training.warmup_steps = 0;
+  EXPECT_THROW(validate(c), kernels::Error);
+}
+
+// A training run reports the schedule's lr per step.
+TEST(Optimizer, TrainerUsesTheSchedule) {
+  Config c = small();
+  c.training.schedule = LrSchedule::kWarmupCosine;
+  c.training.steps = 6;
+  c.training.warmup_steps = 2;
+  c.training.min_lr = 1e-4;
+  Trainer tr(c);
+  for (int64_t s = 0; s < 6; ++s) EXPECT_EQ(tr.step().lr, learning_rate(c.training, s)) << s;
+  EXPECT_NEAR(learning_rate(c.training, 5), 1e-4, 1e-18);
 }
 
 }  // namespace

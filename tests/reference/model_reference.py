@@ -146,9 +146,13 @@ def qdq_per_tensor(x, scale, fmt):
     return q * np.float64(np.float32(1.0) / s)
 
 
-def scale_from_amax(amax, fmax, margin=0, pow2=False):
-    """fp8_max / amax as a correctly rounded fp32 division; 1 for amax 0/inf/NaN; FLT_MAX for an
-    infinite quotient; optional power-of-2 (mantissa bits cleared)."""
+def scale_from_amax(amax, fmax, margin=0, pow2=False, eps=0.0):
+    """fp8_max / amax as a correctly rounded fp32 division; amax first clamped below by eps
+    (TransformerEngine's amax_epsilon, current scaling); 1 for NaN or a clamped amax of 0/inf;
+    FLT_MAX for an infinite quotient; optional power-of-2 (mantissa bits cleared)."""
+    if math.isnan(amax):
+        return None
+    amax = max(float(np.float32(amax)), float(np.float32(eps)))
     if not (math.isfinite(amax) and amax > 0):
         return None
     with np.errstate(over="ignore"):
@@ -193,10 +197,13 @@ class FakeQuant:
         self.algo = c.amax_compute_algo
         self.margin = c.margin
         self.pow2 = c.power_2_scale
+        self.eps = c.recipe_eps
+        self.fp8_format = c.fp8_format
         self.state = {}  # (site, role) -> [scale, history list, current slot]
 
     def fmt(self, role):
-        return E5M2 if role == "grad_output" else E4M3
+        # TransformerEngine's Format: HYBRID quantizes gradients in E5M2, E4M3 every tensor in E4M3.
+        return E5M2 if role == "grad_output" and self.fp8_format == "hybrid" else E4M3
 
     def _delayed(self, key):
         if key not in self.state:
@@ -207,7 +214,7 @@ class FakeQuant:
         """x: float64 2-D numpy array; blocks (mxfp8) run along `axis`, the GEMM's K."""
         fmt = self.fmt(role)
         if self.recipe == "current":
-            s = scale_from_amax(float(np.abs(x).max()), fmt[2], 0, self.pow2)
+            s = scale_from_amax(float(np.abs(x).max()), fmt[2], 0, self.pow2, self.eps)
             return qdq_per_tensor(x, 1.0 if s is None else s, fmt)
         if self.recipe == "delayed":
             st = self._delayed((site, role))
@@ -279,6 +286,10 @@ class Cfg:
         self.amax_compute_algo = a.get("recipe.amax_compute_algo", "max")
         self.margin = float(a.get("recipe.margin", "0"))
         self.power_2_scale = a.get("recipe.power_2_scale", "0") == "1"
+        # Traces written before these keys existed ran HYBRID per-tensor recipes with eps 0.
+        self.fp8_format = a.get("recipe.fp8_format",
+                                "e4m3" if self.recipe in ("mxfp8", "block") else "hybrid")
+        self.recipe_eps = float(a.get("recipe.eps", "0"))
         self.micro_batches = int(a.get("training.micro_batches", "1"))
         self.B = int(a["training.batch"])
         self.S = int(a["training.seq_len"])
@@ -295,13 +306,30 @@ class Cfg:
         self.seed = int(a["seed"])
 
 
-def lr_at(c, step):
+def lr_schedule(c):
+    """The learning rate of every step from PyTorch's own schedulers (docs/scenarios.md):
+    warmup_cosine is SequentialLR([LinearLR(start_factor=1/(W+1), total_iters=W),
+    CosineAnnealingLR(T_max=steps-1-W, eta_min=min_lr)], milestones=[W]) (CosineAnnealingLR alone
+    for W = 0), stepped once after each optimizer step."""
     if c.schedule == "constant":
-        return c.lr
-    if step < c.warmup:
-        return c.lr * (step + 1) / c.warmup
-    progress = min(1.0, (step - c.warmup) / max(1, c.steps - c.warmup))
-    return c.min_lr + (c.lr - c.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return [c.lr] * c.steps
+    p = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    opt = torch.optim.SGD([p], lr=c.lr)
+    sched = torch.optim.lr_scheduler
+    cosine_steps = c.steps - 1 - c.warmup
+    if c.warmup > 0:
+        warm = sched.LinearLR(opt, start_factor=1.0 / (c.warmup + 1), end_factor=1.0,
+                              total_iters=c.warmup)
+        cosine = sched.CosineAnnealingLR(opt, T_max=cosine_steps, eta_min=c.min_lr)
+        s = sched.SequentialLR(opt, [warm, cosine], milestones=[c.warmup])
+    else:
+        s = sched.CosineAnnealingLR(opt, T_max=cosine_steps, eta_min=c.min_lr)
+    lrs = []
+    for _ in range(c.steps):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        s.step()
+    return lrs
 
 
 def norm(c, x, p, prefix):
@@ -389,6 +417,7 @@ def main(path):
         tokens = np.array(f["data/tokens"]).astype(np.int64)
         loss_trace = np.array(f["metrics/loss"])
         gnorm_trace = np.array(f["metrics/grad_norm"])
+        lr_trace = np.array(f["metrics/lr"])
 
     # The parameter set of docs/design.md section 3.
     expected = {"embed.tok": (c.V, c.H), "embed.pos": (c.P, c.H)}
@@ -462,9 +491,17 @@ def main(path):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=c.lr, betas=(c.beta1, c.beta2), eps=c.adam_eps)
     worst_loss = worst_gnorm = worst_grad0 = 0.0
+    # The engine's schedule against torch's schedulers: within 1e-12 x the peak lr (both evaluate
+    # the same closed forms in float64, torch partly through its recursive forms, which stay a
+    # few ulp apart: measured 7.2e-17 with torch 1.13 on W=3, N=8; min_lr may be 0, hence
+    # relative to the peak). The previous engine schedule missed by 25% at step 0.
+    lrs = lr_schedule(c)
+    for step in range(c.steps):
+        err = abs(lr_trace[step] - lrs[step]) / c.lr
+        check(err <= 1e-12, f"lr of step {step}: {lr_trace[step]!r} vs torch {lrs[step]!r}")
     for step in range(c.steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(c, step)
+            g["lr"] = lrs[step]
         opt.zero_grad()
         loss = forward(c, params, torch.from_numpy(tokens[step]), step, fq)
         loss.backward()

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "engine/checkpoint.h"
 #include "engine/session.h"
@@ -129,6 +130,50 @@ class ResumeTest : public ::testing::Test {
 };
 
 constexpr int64_t kHalf = 4;
+
+// FP8 checkpoint state keys follow the parameter names (issue #17.15): every "fp8/<linear>/<role>/
+// <field>" names a parameter "<linear>.weight" and every "fp8/params/<name>/<field>" a parameter
+// "<name>", for GELU and SwiGLU (fc1 split into mlp.fc1_gate and mlp.fc1_up), on a TP x FSDP mesh
+// with delayed scaling and FP8 primary weights.
+TEST(Fp8StateKeys, NameExistingParameters) {
+  for (Activation act : {Activation::kGelu, Activation::kSwiGlu}) {
+    RunOptions o;
+    o.config = small(RecipeKind::kDelayed);
+    o.config.model.activation = act;
+    o.mesh = {1, 2, 2};
+    o.fsdp.fp8_params = true;
+    std::set<std::string> params;
+    for (const ParamSpec& s : param_specs(o.config.model)) params.insert(s.name);
+    std::vector<std::string> keys;
+    mesh::LocalWorld world(o.mesh.device_mesh());
+    world.run([&](mesh::RankComms& comms) {
+      TrainingSession s(o, comms);
+      s.step();
+      if (comms.rank() != 0) return;
+      for (const StateEntry& e : s.state().entries)
+        if (e.key.starts_with("fp8/")) keys.push_back(e.key);
+    });
+    const std::string ctx(activation_name(act));
+    size_t fields = 0, weights = 0;
+    for (const std::string& key : keys) {
+      const std::string rest = key.substr(4);
+      std::string name;
+      if (rest.starts_with("params/")) {
+        name = rest.substr(7, rest.rfind('/') - 7);  // fp8/params/<name>/<field>
+        ++weights;
+      } else {
+        const std::string linear_role = rest.substr(0, rest.rfind('/'));   // drop the field
+        name = linear_role.substr(0, linear_role.rfind('/')) + ".weight";  // drop the role
+        ++fields;
+      }
+      EXPECT_EQ(params.count(name), 1u) << ctx << ": " << key << " names no parameter " << name;
+    }
+    // 4 linears (5 under SwiGLU) x 3 roles x {scale, amax_history}, and FP8 weights of each.
+    const size_t linears = act == Activation::kSwiGlu ? 5 : 4;
+    EXPECT_EQ(fields, linears * 3 * 2) << ctx;
+    EXPECT_GT(weights, 0u) << ctx;
+  }
+}
 
 TEST_F(ResumeTest, BitwiseParityPerRecipe) {
   struct Case {

@@ -30,6 +30,7 @@ TEST(AmaxGroups, LinearKinds) {
   EXPECT_EQ(linear_kind("layers.0.attn.qkv"), kCol);
   EXPECT_EQ(linear_kind("layers.3.mlp.fc1"), kCol);
   EXPECT_EQ(linear_kind("layers.1.mlp.fc1_up"), kCol);
+  EXPECT_EQ(linear_kind("layers.2.mlp.fc1_gate"), kCol);  // SwiGLU gate, named as its parameter
   EXPECT_EQ(linear_kind("layers.0.attn.proj"), kRow);
   EXPECT_EQ(linear_kind("layers.12.mlp.fc2"), kRow);
   EXPECT_EQ(linear_kind_name(kCol), "column_parallel");

@@ -567,6 +567,18 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8GatherRun,
                                               g.mesh.dp_replicate, g.mesh.dp_shard, g.mesh.tp);
                          });
 
+// Current scaling with recipe.power_2_scale and recipe.eps: the FP8 all-gather quantizes the
+// weight shards with the recipe's scale options, so it still reproduces the high-precision-gather
+// run bitwise (it used plain fp8_max / amax scales before, issue #17.2).
+TEST(Fp8GatherRunOptions, CurrentScaleOptionsReachTheGatheredWeights) {
+  Config c = fp8_model(RecipeKind::kCurrent);
+  c.recipe.power_2_scale = true;
+  c.recipe.eps = 0.25;  // above some weight shards' amax (N(0, 0.02) init)
+  RunOptions hp = run_options(c, {1, 2, 2}, 3), f8 = hp;
+  f8.fsdp.fp8_all_gather = true;
+  testing::expect_same_run(run_training(hp), run_training(f8), "current pow2 eps 0.25");
+}
+
 TEST(ShardedFaults, StaleColumnwiseCopyChangesTheRun) {
   // Step 0 has no previous copy; from step 1 on dgrad uses the weight of the previous step.
   const Config c = fp8_model(RecipeKind::kCurrent);

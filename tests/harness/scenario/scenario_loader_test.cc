@@ -128,9 +128,15 @@ TEST(ScenarioErrors, ConsistencyRules) {
   // sequence parallelism splits the sequence over tp
   EXPECT_EQ(load_error("model: {seq_len: 31}\nmesh: {tp: 2, sequence_parallel: true}\n"),
             "x.yaml:2:34: mesh.sequence_parallel: model.seq_len = 31 is not divisible by tp = 2");
-  // a warmup longer than the run
+  // a warmup longer than the run; warmup_cosine keeps the peak step and one cosine step
+  // (CosineAnnealingLR's T_max = steps - 1 - warmup_steps >= 1)
   EXPECT_EQ(load_error("train: {steps: 4, schedule: warmup_cosine, warmup_steps: 5}\n"),
-            "x.yaml:1:58: train.warmup_steps: must be in [0, 4], got 5");
+            "x.yaml:1:58: train.warmup_steps: must be in [0, 2], got 5");
+  EXPECT_EQ(load_error("train: {steps: 4, schedule: warmup_cosine, warmup_steps: 3}\n"),
+            "x.yaml:1:58: train.warmup_steps: must be in [0, 2], got 3");
+  EXPECT_EQ(load_error("train: {steps: 1, schedule: warmup_cosine}\n"),
+            "x.yaml:1:29: train.schedule: warmup_cosine needs train.steps >= 2 (a peak step and a "
+            "step at min_lr), got 1");
   EXPECT_EQ(load_error("train: {warmup_steps: 2}\n"),
             "x.yaml:1:23: train.warmup_steps: only applies to schedule warmup_cosine");
   EXPECT_EQ(load_error("backend: cpu\nrequires_gpu: true\n"),
@@ -311,6 +317,8 @@ TEST(ScenarioDefaults, EmptyDocumentGetsTheDocumentedDefaults) {
 
 TEST(ScenarioDefaults, RecipeDependentDefaultsAndCheckDefaults) {
   EXPECT_TRUE(load_one("recipe: block\n").recipe.power_2_scale);
+  // TE Float8BlockScaling's default format is E4M3 (as the engine's block recipe always ran).
+  EXPECT_EQ(load_one("recipe: block\n").recipe.fp8_format, Fp8Format::kE4M3);
   EXPECT_FALSE(load_one("recipe: current\n").recipe.power_2_scale);
   EXPECT_EQ(load_one("recipe: delayed\n").recipe.fp8_format, Fp8Format::kHybrid);
   const Scenario r = load_one("train: {steps: 10}\nchecks: {resume: true, golden: true}\n");

@@ -82,10 +82,13 @@ inline float amax_of(const std::vector<float>& x, size_t begin, size_t stride, s
   return static_cast<float>(a);
 }
 
-// DESIGN.md current scaling.
+// DESIGN.md current scaling, with TE's amax_epsilon: NaN -> 1; amax clamped below by eps first;
+// then a (clamped) amax of 0 or inf -> 1.
 inline float current_scale(float amax, float fp8max, float eps, bool pow2) {
+  if (std::isnan(amax)) return 1.0f;
+  amax = std::max(amax, eps);
   if (!(amax > 0) || std::isinf(amax)) return 1.0f;
-  float s = div32(fp8max, std::max(amax, eps));
+  float s = div32(fp8max, amax);
   if (std::isinf(s)) s = std::numeric_limits<float>::max();
   if (pow2) s = static_cast<float>(std::exp2(std::floor(std::log2(static_cast<double>(s)))));
   return s;

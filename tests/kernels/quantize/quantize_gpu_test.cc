@@ -90,6 +90,18 @@ TEST(QuantizeGpuTest, AllQuantizersMatchCpuBytes) {
                       quantize_block(xg, ScalingMode::kBlock1x128, f, u), "block1x128");
           expect_same(quantize_block(xc, ScalingMode::kBlock128x128, f, u),
                       quantize_block(xg, ScalingMode::kBlock128x128, f, u), "block128x128");
+          // recipe.eps and recipe.power_2_scale false (fp32 block scales): the same rule on both.
+          expect_same(quantize_current(xc, f, u, 0.25f, false),
+                      quantize_current(xg, f, u, 0.25f, false), "current eps");
+          expect_same(quantize_block(xc, ScalingMode::kBlock1x128, f, u, false, 0.25f),
+                      quantize_block(xg, ScalingMode::kBlock1x128, f, u, false, 0.25f),
+                      "block1x128 fp32 scales eps");
+          expect_same(quantize_block(xc, ScalingMode::kBlock128x128, f, u, false, 0.0f),
+                      quantize_block(xg, ScalingMode::kBlock128x128, f, u, false, 0.0f),
+                      "block128x128 fp32 scales");
+          expect_same(quantize_block(xc, ScalingMode::kBlock128x128, f, u, true, 0.25f),
+                      quantize_block(xg, ScalingMode::kBlock128x128, f, u, true, 0.25f),
+                      "block128x128 eps");
         }
         const Tensor scale = Tensor::from_vector<float>({1}, {0.37f});
         expect_same(

@@ -112,10 +112,17 @@ TEST(QuantizeTest, CurrentScaleEdges) {
   EXPECT_EQ(scale_for(std::numeric_limits<float>::denorm_min(), DType::kE4M3), kFltMax);
   EXPECT_EQ(scale_for(std::numeric_limits<float>::denorm_min(), DType::kE4M3, 0, true),
             std::ldexp(1.0f, 127));
-  // eps clamps a small amax; it does not turn amax 0 into fp8_max/eps (DESIGN: amax 0 -> 1).
+  // eps (TE amax_epsilon) clamps the amax before the division and before the zero check (TE's
+  // compute_scale_from_amax): a tiny amax, and amax 0 too, give fp8_max / eps; NaN stays 1 and an
+  // amax at or above eps is untouched.
   EXPECT_EQ(scale_for(1e-3f, DType::kE4M3, 1.0f), 448.0f);
-  EXPECT_EQ(scale_for(0.0f, DType::kE4M3, 1.0f), 1.0f);
-  EXPECT_EQ(scale_for(3.0f, DType::kE4M3, 0, true), 128.0f);  // 149.33 -> 128
+  EXPECT_EQ(scale_for(1e-6f, DType::kE4M3, 1e-2f), testref::div32(448.0f, 1e-2f));
+  EXPECT_EQ(scale_for(1e-6f, DType::kE5M2, 1e-2f), testref::div32(57344.0f, 1e-2f));
+  EXPECT_EQ(scale_for(0.0f, DType::kE4M3, 1.0f), 448.0f);
+  EXPECT_EQ(scale_for(std::nanf(""), DType::kE4M3, 1.0f), 1.0f);
+  EXPECT_EQ(scale_for(3.0f, DType::kE4M3, 1e-2f), testref::div32(448.0f, 3.0f));
+  EXPECT_EQ(scale_for(1e-6f, DType::kE4M3, 1e-2f, true), 32768.0f);  // 44800 -> 2^15
+  EXPECT_EQ(scale_for(3.0f, DType::kE4M3, 0, true), 128.0f);         // 149.33 -> 128
 }
 
 TEST(QuantizeTest, CurrentScaleMatchesFp64OnRandomAmax) {
@@ -125,6 +132,11 @@ TEST(QuantizeTest, CurrentScaleMatchesFp64OnRandomAmax) {
     for (bool pow2 : {false, true}) {
       for (DType f : {DType::kE4M3, DType::kE5M2}) {
         ASSERT_EQ(scale_for(amax, f, 0, pow2), testref::current_scale(amax, fp8_max(f), 0, pow2))
+            << std::hexfloat << amax;
+        // eps = 2^-10: amaxes below it are clamped.
+        const float eps = 0x1p-10f;
+        ASSERT_EQ(scale_for(amax, f, eps, pow2),
+                  testref::current_scale(amax, fp8_max(f), eps, pow2))
             << std::hexfloat << amax;
       }
     }
@@ -598,11 +610,13 @@ TEST(QuantizeTest, Mxfp8PaddingAndSwizzle) {
 // ---- block scaling -----------------------------------------------------------------------------
 
 // `counts` (optional) receives how many elements the decode error bound checked in each branch.
+// `pow2` and `eps`: the scale options (TE QParams power_2_scale, amax_epsilon).
 void expect_block_matches_reference(const std::vector<float>& x, int64_t M, int64_t K,
-                                    ScalingMode mode, DType f, BoundCounts* counts = nullptr) {
+                                    ScalingMode mode, DType f, BoundCounts* counts = nullptr,
+                                    bool pow2 = true, float eps = 0.0f) {
   const bool e5m2 = f == DType::kE5M2;
   const Fp8Model model = Fp8Model::make(e5m2);
-  const QuantizedTensor q = quantize_block(to_tensor(M, K, x), mode, f, {true, true});
+  const QuantizedTensor q = quantize_block(to_tensor(M, K, x), mode, f, {true, true}, pow2, eps);
   const int64_t mb = (M + 127) / 128;
   const int64_t kb = (K + 127) / 128;
   const bool tile = mode == ScalingMode::kBlock128x128;
@@ -624,7 +638,7 @@ void expect_block_matches_reference(const std::vector<float>& x, int64_t M, int6
         a = std::max(a, std::fabs(static_cast<double>(v)));
       }
     }
-    return testref::current_scale(nan ? NAN : static_cast<float>(a), model.max, 0, true);
+    return testref::current_scale(nan ? NAN : static_cast<float>(a), model.max, eps, pow2);
   };
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < K; ++k) {
@@ -632,14 +646,14 @@ void expect_block_matches_reference(const std::vector<float>& x, int64_t M, int6
       if (tile) {
         const int64_t m0 = m / 128 * 128, k0 = k / 128 * 128;
         s_row = s_col = block_scale(m0, std::min(M, m0 + 128), k0, std::min(K, k0 + 128));
-        ASSERT_EQ(rs[static_cast<size_t>((m / 128) * kb + k / 128)], 1.0 / s_row);
-        ASSERT_EQ(cs[static_cast<size_t>((k / 128) * mb + m / 128)], 1.0 / s_col);
+        ASSERT_EQ(rs[static_cast<size_t>((m / 128) * kb + k / 128)], testref::div32(1.0f, s_row));
+        ASSERT_EQ(cs[static_cast<size_t>((k / 128) * mb + m / 128)], testref::div32(1.0f, s_col));
       } else {
         const int64_t k0 = k / 128 * 128, m0 = m / 128 * 128;
         s_row = block_scale(m, m + 1, k0, std::min(K, k0 + 128));
         s_col = block_scale(m0, std::min(M, m0 + 128), k, k + 1);
-        ASSERT_EQ(rs[static_cast<size_t>(m * kb + k / 128)], 1.0 / s_row);
-        ASSERT_EQ(cs[static_cast<size_t>(k * mb + m / 128)], 1.0 / s_col);
+        ASSERT_EQ(rs[static_cast<size_t>(m * kb + k / 128)], testref::div32(1.0f, s_row));
+        ASSERT_EQ(cs[static_cast<size_t>(k * mb + m / 128)], testref::div32(1.0f, s_col));
       }
       const float xv = x[static_cast<size_t>(m * K + k)];
       ASSERT_EQ(row[static_cast<size_t>(m * K + k)], model.encode(testref::mul32(xv, s_row)))
@@ -669,7 +683,10 @@ void expect_block_matches_reference(const std::vector<float>& x, int64_t M, int6
         }
       }
     }
-    // Within the format's error bound of the input (block scales are powers of two).
+    // Within the format's error bound of the input. The bound assumes an exact decode, which
+    // holds for power-of-2 scales only; fp32 scales add one fp32 rounding per element (checked
+    // exactly above instead).
+    if (!pow2) continue;
     std::vector<double> si(x.size());
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t k = 0; k < K; ++k) {
@@ -708,6 +725,44 @@ TEST(QuantizeTest, Block128x128MatchesFp64Rule) {
                                  ScalingMode::kBlock128x128, DType::kE5M2, &n);
   EXPECT_GT(n.normal, 0);
   EXPECT_GT(n.subnormal, 0);  // measured 20926 normal / 24832 subnormal checks (e5m2)
+}
+
+// power_2_scale false (TE Float8BlockScaling with NVTE_FP8_BLOCK_SCALING_FP32_SCALES): fp32 scales
+// fp8_max / amax, not rounded; eps clamps the block amax first.
+TEST(QuantizeTest, BlockFp32ScalesAndEpsMatchFp64Rule) {
+  expect_block_matches_reference(random_data(130, 200, 6, 2.0f), 130, 200, ScalingMode::kBlock1x128,
+                                 DType::kE4M3, nullptr, false);
+  expect_block_matches_reference(random_data(200, 130, 8, 2.0f), 200, 130,
+                                 ScalingMode::kBlock128x128, DType::kE5M2, nullptr, false, 1e-3f);
+  expect_block_matches_reference(adversarial_data(129, 257, 7, true), 129, 257,
+                                 ScalingMode::kBlock1x128, DType::kE4M3, nullptr, true, 1e-3f);
+  // One block with amax 3: 448/3 = 149.33 (fp32 scale) against 128 (power of 2); the bytes differ.
+  std::vector<float> x(2 * 128, 0.0f);
+  for (int k = 0; k < 128; ++k) {
+    x[k] = k == 7 ? 3.0f : 0.37f * static_cast<float>(k % 5);
+    x[128 + k] = 1e-6f;  // tiny amax: eps decides the scale
+  }
+  const Tensor t = to_tensor(2, 128, x);
+  const QuantizedTensor p2 =
+      quantize_block(t, ScalingMode::kBlock1x128, DType::kE4M3, {true, false});
+  const QuantizedTensor f32 =
+      quantize_block(t, ScalingMode::kBlock1x128, DType::kE4M3, {true, false}, false);
+  EXPECT_EQ(floats_of(p2.rowwise_scale_inv)[0], 1.0f / 128.0f);
+  const float s = testref::div32(448.0f, 3.0f);
+  EXPECT_EQ(floats_of(f32.rowwise_scale_inv)[0], testref::div32(1.0f, s));
+  int mantissa_bits = 0;  // a non-power-of-2 scale_inv has mantissa bits set
+  for (float v : floats_of(f32.rowwise_scale_inv))
+    mantissa_bits += (fmt8::float_bits(v) & 0x7FFFFF) != 0;
+  EXPECT_GT(mantissa_bits, 0);
+  EXPECT_NE(bytes_of(p2.rowwise_data), bytes_of(f32.rowwise_data));
+  // eps 1e-2 on the 1e-6 block: scale = 448 / 1e-2 exactly as the formula says (pow2 off).
+  const QuantizedTensor e =
+      quantize_block(t, ScalingMode::kBlock1x128, DType::kE4M3, {true, false}, false, 1e-2f);
+  EXPECT_EQ(floats_of(e.rowwise_scale_inv)[1], testref::div32(1.0f, testref::div32(448.0f, 1e-2f)));
+  EXPECT_EQ(floats_of(f32.rowwise_scale_inv)[1],
+            testref::div32(1.0f, testref::div32(448.0f, 1e-6f)));
+  EXPECT_THROW(
+      quantize_block(t, ScalingMode::kBlock1x128, DType::kE4M3, {true, false}, true, -1.0f), Error);
 }
 
 TEST(QuantizeTest, BlockScaleEdges) {

@@ -216,6 +216,29 @@ with h5py.File(out, "r") as f:
     deq = (decode(q, False).astype(F32) * (F32(1) / scale)).astype(F32)
     check(np.array_equal(f["/rowwise/dequantized"][()], deq), "current --pow2-scales dequantized")
 
+# ---- block 1x128 with fp32 scales and an amax floor (--no-pow2-scales --eps) -------------------
+# TE semantics: amax clamped below by eps, then scale = fp8_max / amax, not rounded.
+M, K = 4, 128
+x = make_x(M, K)
+x[2, :] = F32(1e-6)  # a tiny block: eps decides its scale
+inp, out = f"{WORK}/b32_in.h5", f"{WORK}/b32.h5"
+write_input(inp, x)
+r = run("--recipe", "block", "--no-pow2-scales", "--eps", "0.01", "--backend", "cpu", "--in", inp,
+        "--out", out)
+check(r.returncode == 0, f"block --no-pow2-scales --eps exit {r.returncode}: {r.stderr}")
+with h5py.File(out, "r") as f:
+    sinv = np.zeros((M, 1), dtype=F32)
+    q = np.zeros((M, K), dtype=np.uint8)
+    for m in range(M):
+        amax = max(F32(np.max(np.abs(x[m]))), F32(0.01))
+        s = F32(1) if np.isinf(amax) else F32(448.0) / F32(amax)
+        sinv[m, 0] = F32(1) / s
+        q[m] = encode((x[m] * s).astype(F32), False)
+    check(sinv[2, 0] == F32(1) / (F32(448.0) / F32(0.01)), "the tiny block's scale is 448 / eps")
+    check(np.array_equal(f["/rowwise/scale_inv"][()], sinv), "block fp32 scales with eps")
+    check(np.array_equal(f["/rowwise/data"][()], q), "block fp32 scales rowwise bytes")
+    check(f.attrs["pow2_scales"] == "0" and f.attrs["eps"] == "0.01", "block scale attributes")
+
 # ---- block 128x128, e5m2 (partial tiles in both dims; one tile holds -inf -> scale 1) ---------
 M, K = 200, 136
 x = make_x(M, K)  # keeps x[3, 5] = -inf: its tile's amax is inf, so its scale is 1
@@ -270,6 +293,12 @@ expect_bad(["--recipe", "current", "--in", f"{WORK}/f64.h5"], "not float32", "fl
 write_input(f"{WORK}/odd.h5", np.ones((33, 64), dtype=F32))
 expect_bad(["--recipe", "mxfp8", "--in", f"{WORK}/odd.h5"], "[33, 64]", "mxfp8 shape")
 expect_bad(["--recipe", "fp4", "--in", f"{WORK}/ok.h5"], "--recipe", "unknown recipe")
+expect_bad(["--recipe", "mxfp8", "--eps", "0.1", "--in", f"{WORK}/ok.h5"], "--eps",
+           "--eps with mxfp8")
+expect_bad(["--recipe", "current", "--eps", "2", "--in", f"{WORK}/ok.h5"], "--eps 2",
+           "--eps out of range")
+expect_bad(["--recipe", "block", "--pow2-scales", "--no-pow2-scales", "--in", f"{WORK}/ok.h5"],
+           "contradict", "both pow2 flags")
 with open(f"{WORK}/notes.h5", "w") as fh:
     fh.write("not hdf5")
 expect_bad(["--recipe", "current", "--in", f"{WORK}/notes.h5"], "notes.h5", "not an HDF5 file")
@@ -281,8 +310,10 @@ env = json.loads(subprocess.run([BIN, "env", "--json"], capture_output=True, tex
 if env["cuda"]["usable"]:
     x = make_x(96, 160)
     write_input(f"{WORK}/dev_in.h5", x)
-    for recipe in (["current"], ["current", "--pow2-scales"], ["delayed", "--scale", "3"],
-                   ["mxfp8"], ["block"], ["block", "--block", "128x128", "--format", "e5m2"]):
+    for recipe in (["current"], ["current", "--pow2-scales"], ["current", "--eps", "0.5"],
+                   ["delayed", "--scale", "3"], ["mxfp8"], ["block"],
+                   ["block", "--no-pow2-scales", "--eps", "0.5"],
+                   ["block", "--block", "128x128", "--format", "e5m2"]):
         outs = {}
         for backend in ("cpu", "cuda"):
             outs[backend] = f"{WORK}/dev_{backend}.h5"
