@@ -1,4 +1,4 @@
-// Amax reduction groups (DESIGN.md section 5): the mesh dims over which the per-tensor amax of each
+// Amax reduction groups (docs/design.md section 5): the mesh dims over which the per-tensor amax of each
 // quantized tensor is MAX-reduced, as data. The TransformerEngine guidance is that every rank
 // holding a piece of a tensor takes part in its amax reduction, so that all of them quantize with
 // the amax of the whole tensor (the single-rank scale). The quantized tensors of a linear layer

@@ -1,4 +1,4 @@
-// Measurements behind `meshproof bench recipes` (DESIGN.md section 9): for each recipe the
+// Measurements behind `meshproof bench recipes` (docs/design.md section 9): for each recipe the
 // quantizer throughput of an activation-like and a weight-like operand, GEMM throughput per role
 // (fprop, dgrad, wgrad) on given shapes, the forward+backward step time of one transformer layer
 // of GptModel, and the ceilings beside them: the device's copy bandwidth (host memcpy or
@@ -38,7 +38,7 @@ struct GemmShape {
 // multiples of 16), and the list is non-empty.
 std::vector<GemmShape> parse_gemm_shapes(std::string_view spec);
 
-// The layer whose step is timed: one decoder layer of GptModel (DESIGN.md section 3).
+// The layer whose step is timed: one decoder layer of GptModel (docs/design.md section 3).
 struct LayerShape {
   int64_t hidden = 256;  // H
   int64_t ffn = 1024;    // F

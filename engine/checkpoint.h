@@ -1,4 +1,4 @@
-// Sharded checkpoints in HDF5 (DESIGN.md section 6).
+// Sharded checkpoints in HDF5 (docs/design.md section 6).
 //
 // On disk a checkpoint is a directory `step_NNNNNNN/` holding
 //   rank_RRRRR.h5  one file per rank of the saving mesh with the chunks that rank is the
@@ -28,7 +28,7 @@
 // rank has staged every key without error is the live state overwritten, so a failed load leaves
 // the state untouched on all ranks.
 //
-// Key conventions (DESIGN.md section 6): `model/<param>`, `optim/<param>/exp_avg`,
+// Key conventions (docs/design.md section 6): `model/<param>`, `optim/<param>/exp_avg`,
 // `optim/<param>/exp_avg_sq`, `optim/step`, `fp8/<layer>/<tensor>/{scale,scale_inv,amax_history}`,
 // `fp8_params/<param>/{data,scale_inv}`, `rng/...`, `data/cursor`, `lr/step`. Integer state
 // (RNG counters, cursor, steps) may travel as ShardedState::scalars, which the index stores.

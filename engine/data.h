@@ -1,4 +1,4 @@
-// Seeded synthetic token source with a known entropy rate (DESIGN.md section 3): an order-k
+// Seeded synthetic token source with a known entropy rate (docs/design.md section 3): an order-k
 // Markov chain over V tokens. Every context (the previous k tokens) ranks the V next tokens by a
 // context-specific permutation (Fisher-Yates driven by Philox), and the token of rank r has
 // probability decay^r / Z. All contexts share the same distribution up to relabelling, so the

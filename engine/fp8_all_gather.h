@@ -1,4 +1,4 @@
-// FP8 all-gather of FSDP weight shards (DESIGN.md section 5): quantize the local shard, then
+// FP8 all-gather of FSDP weight shards (docs/design.md section 5): quantize the local shard, then
 // gather the FP8 bytes and scales instead of the high-precision weight.
 //
 // Per-tensor recipes (current, delayed): the shard's amax is MAX-reduced over the weight-sharding
@@ -73,7 +73,7 @@ Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& a
                                const kernels::Tensor* delayed_scale = nullptr,
                                bool reduce_amax = true, CurrentScaleOptions current = {});
 
-// allgather_parity (DESIGN.md section 7): the single-rank reference for one FP8 all-gathered
+// allgather_parity (docs/design.md section 7): the single-rank reference for one FP8 all-gathered
 // weight. Takes the inputs fp8_all_gather was given plus what it returned (`gathered`), gathers the
 // high-precision shards over `gather` (padding cut off), quantizes the whole gathered weight the
 // way one rank would (current: amax of the full weight -> compute_current_scale; delayed: the

@@ -1,4 +1,4 @@
-// The mesh a run asks for (DESIGN.md section 5): sizes of dp_replicate, dp_shard and tp, and
+// The mesh a run asks for (docs/design.md section 5): sizes of dp_replicate, dp_shard and tp, and
 // whether tensor parallelism runs with sequence parallelism. Kept apart from engine/session.h so
 // that the tables derived from it (engine/amax_groups.h) need not include the executor.
 #pragma once

@@ -1,6 +1,6 @@
-// The GPT model of DESIGN.md section 3, forward and backward written out layer by layer.
+// The GPT model of docs/design.md section 3, forward and backward written out layer by layer.
 //
-// Rank-local math only: the model is handed its weights as a TensorMap keyed by the DESIGN names
+// Rank-local math only: the model is handed its weights as a TensorMap keyed by the design.md names
 // (whole tensors here; a sharded executor gathers them first) and adds weight gradients into a
 // TensorMap of float32 tensors with the same keys. Communication (gradient reduction, amax
 // reduction for FP8 recipes) happens outside, through CommHooks in the trainer.
@@ -22,7 +22,7 @@
 
 namespace meshproof::engine {
 
-// Tensor parallelism seen from the layer code (DESIGN.md section 5). With a tp communicator the
+// Tensor parallelism seen from the layer code (docs/design.md section 5). With a tp communicator the
 // weights handed in are this rank's TP shards: qkv and fc1 (gate/up) rows [Shard(0)] holding
 // whole heads / a slice of F, proj and fc2 columns [Shard(1)]; norms, embeddings, lm_head and the
 // proj/fc2 biases whole. The row-parallel outputs are all-reduced (sum) over tp before their bias
@@ -49,7 +49,7 @@ struct BatchCoords {
   int64_t row_begin = 0;  // global row of the first sequence of this micro-batch
 };
 
-// FSDP units seen from the layer code (DESIGN.md section 5, FSDP2's per-module all-gather): an
+// FSDP units seen from the layer code (docs/design.md section 5, FSDP2's per-module all-gather): an
 // executor that shards the weights gathers a unit's weights into the TensorMap right before the
 // model first uses them and frees them (or reduces their gradients) right after. Unit kRootUnit
 // is everything outside the layers (embeddings, final norm, lm_head), unit i >= 0 is layers.i.

@@ -1,4 +1,4 @@
-// Optimizer pieces of DESIGN.md section 3: learning-rate schedules, global-norm clipping and
+// Optimizer pieces of docs/design.md section 3: learning-rate schedules, global-norm clipping and
 // AdamW over a TensorMap of float32 master weights (the local shards once sharded).
 #pragma once
 

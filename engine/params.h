@@ -1,4 +1,4 @@
-// The model's logical parameters (DESIGN.md section 3): names, global shapes and init, and a
+// The model's logical parameters (docs/design.md section 3): names, global shapes and init, and a
 // name-keyed tensor map used for weights, gradients and optimizer state alike. The names are the
 // checkpoint and export keys; later sharding code hands the layer code gathered tensors from the
 // same map structure.

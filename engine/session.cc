@@ -397,7 +397,7 @@ struct TrainingSession::Impl {
     }
   }
 
-  // DESIGN.md section 5: column-parallel qkv/fc1 Shard(0) over tp, with FSDP StridedShard(0,
+  // docs/design.md section 5: column-parallel qkv/fc1 Shard(0) over tp, with FSDP StridedShard(0,
   // sf=tp) over dp_shard so that dp_shard ranks hold pieces of their own TP shard; row-parallel
   // proj/fc2 weights Shard(1) over tp; everything else replicated over tp; Shard(0) over dp_shard
   // and Replicate over dp_replicate.
@@ -492,7 +492,7 @@ struct TrainingSession::Impl {
     cursor = state.scalars.at("data/cursor");
   }
 
-  // FP8 amax reduction (DESIGN.md sections 4 and 5): each amax the recipe records is MAX-reduced
+  // FP8 amax reduction (docs/design.md sections 4 and 5): each amax the recipe records is MAX-reduced
   // over the group of the ranks that hold a piece of its tensor (engine/amax_groups.h: weights
   // over dp_shard + tp, activations and gradients over the data dims plus tp where the tensor is
   // split over tp), looked up per linear and role in the default table or options.amax_groups.

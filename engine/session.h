@@ -1,4 +1,4 @@
-// The engine's entry point for a whole run on any mesh (DESIGN.md sections 2 and 5): options in,
+// The engine's entry point for a whole run on any mesh (docs/design.md sections 2 and 5): options in,
 // per-step metrics, per-rank reports and the final global parameters out.
 //
 // run_training() builds the mesh's communicators (LocalWorld threads for launcher "local", this
@@ -7,7 +7,7 @@
 // only its own shards (Philox init keyed by global element index, so every mesh builds the same
 // global model) and runs the single-rank model math (engine/model.h) on gathered weights.
 //
-// Sharded execution (DESIGN.md section 5):
+// Sharded execution (docs/design.md section 5):
 //   - placements: Shard(0) over dp_shard (FSDP), Replicate over dp_replicate (HSDP); with tp > 1
 //     qkv/fc1 weights+biases Shard(0) over tp with StridedShard(0, sf=tp) over dp_shard, proj/fc2
 //     weights Shard(1) over tp, everything else replicated over tp;
@@ -90,7 +90,7 @@ struct TensorDigest {
   std::vector<float> values;  // [shape.numel()] the global fp32 values, row-major
 };
 
-// allgather_parity (DESIGN.md section 7): one FP8 all-gathered weight at one step compared with
+// allgather_parity (docs/design.md section 7): one FP8 all-gathered weight at one step compared with
 // quantizing the high-precision gathered weight. Bytes are the rowwise and columnwise data and
 // scale_inv buffers of both (equal sizes); parity holds when mismatched_bytes == 0. Every rank
 // compares its own gathered copy; the session's records (RunResult::parity) sum bytes and

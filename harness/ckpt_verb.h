@@ -1,4 +1,4 @@
-// `meshproof ckpt inspect|verify|diff` (DESIGN.md sections 6 and 10, docs/design.md section 13):
+// `meshproof ckpt inspect|verify|diff` (docs/design.md sections 6 and 10, docs/design.md section 13):
 // look into sharded checkpoints written by engine/checkpoint.h.
 //   inspect DIR [--summary] [--key GLOB]...
 //                 mesh, step, versions, the index checksum, files, scalars and per key the global

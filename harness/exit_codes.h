@@ -1,4 +1,4 @@
-// Process exit codes (DESIGN.md section 10).
+// Process exit codes (docs/design.md section 10).
 #pragma once
 
 namespace meshproof::harness {

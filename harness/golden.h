@@ -1,4 +1,4 @@
-// The golden store (DESIGN.md section 7): golden/<scenario>/<platform>.h5 holds the per-step
+// The golden store (docs/design.md section 7): golden/<scenario>/<platform>.h5 holds the per-step
 // metrics of a reference run and where it came from.
 //   /metrics/<name>   float64 [steps]   (loss, grad_norm, lr)
 //   / attributes      scenario, scenario_hash, meshproof_version, git_commit, backend, device,

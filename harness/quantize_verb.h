@@ -1,6 +1,6 @@
 // `meshproof quantize`: quantize a 2-D float32 tensor from HDF5 with any recipe on any backend and
 // write every copy, scale and the dequantized values to HDF5 (for inspecting the numerics contract
-// of DESIGN.md section 4 and for independent reference checks).
+// of docs/design.md section 4 and for independent reference checks).
 #pragma once
 
 #include <ostream>

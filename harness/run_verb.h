@@ -1,4 +1,4 @@
-// `meshproof run`, `meshproof golden update` and `meshproof faults` (DESIGN.md section 10).
+// `meshproof run`, `meshproof golden update` and `meshproof faults` (docs/design.md section 10).
 //   run SCENARIO... [--backend cpu|cuda|auto] [--launcher local|mpi] [--out DIR] [--filter NAME]
 //       [--set k=v]... [--golden-dir DIR] [--trace] [--quiet]
 //     Loads and validates every scenario first (bad input: exit 2, nothing run or written), runs

@@ -1,4 +1,4 @@
-// The scenario runner (DESIGN.md sections 7-9): runs each expanded scenario through the engine
+// The scenario runner (docs/design.md sections 7-9): runs each expanded scenario through the engine
 // (harness/train_run.h), runs its checks (harness/checks.h), and fills a reports::ScenarioRecord.
 // The `run` and `golden update` verbs (harness/run_verb.h) drive it.
 #pragma once

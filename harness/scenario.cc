@@ -66,7 +66,7 @@ RecipeConfig default_recipe(RecipeKind name) {
   // recipes to HYBRID (engine::fp8_format_of).
   r.fp8_format = name == RecipeKind::kMxfp8 || name == RecipeKind::kBlock ? Fp8Format::kE4M3
                                                                           : Fp8Format::kHybrid;
-  // Float8BlockScaling uses power-of-2 scales (DESIGN.md section 4); current scaling does not.
+  // Float8BlockScaling uses power-of-2 scales (docs/design.md section 4); current scaling does not.
   r.power_2_scale = name == RecipeKind::kBlock;
   return r;
 }

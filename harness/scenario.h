@@ -1,4 +1,4 @@
-// The resolved scenario configuration (DESIGN.md section 7): plain data, every field filled in
+// The resolved scenario configuration (docs/design.md section 7): plain data, every field filled in
 // (defaults applied, matrix expanded, --set overrides applied, validated). The loader that builds
 // it is harness/scenario_loader.h; docs/scenarios.md documents every key, type and default.
 #pragma once
@@ -20,7 +20,7 @@ namespace meshproof::harness {
 using Norm = engine::NormKind;
 using Activation = engine::Activation;
 
-// The GPT-style decoder of DESIGN.md section 3.
+// The GPT-style decoder of docs/design.md section 3.
 struct ModelConfig {
   int64_t vocab = 256;           // V: vocabulary size, >= 2
   int64_t hidden = 64;           // H: model width, divisible by heads
@@ -34,7 +34,7 @@ struct ModelConfig {
   double dropout = 0.0;                       // dropout probability in [0, 1)
 };
 
-// Mesh dims in DESIGN.md section 5 order; tp varies fastest in the rank numbering.
+// Mesh dims in docs/design.md section 5 order; tp varies fastest in the rank numbering.
 struct MeshConfig {
   int64_t dp_replicate = 1;        // HSDP replicas (all-reduce of gradients)
   int64_t dp_shard = 1;            // FSDP shards (all-gather weights, reduce-scatter gradients)
@@ -50,7 +50,7 @@ using RecipeKind = engine::RecipeKind;
 using Fp8Format = engine::Fp8Format;  // hybrid: e4m3 forward, e5m2 gradients; e4m3: all e4m3
 enum class AmaxAlgo { kMax, kMostRecent };
 
-// DESIGN.md section 4. Options that a recipe does not use are kept (and hashed) but ignored.
+// docs/design.md section 4. Options that a recipe does not use are kept (and hashed) but ignored.
 struct RecipeConfig {
   RecipeKind name = RecipeKind::kBf16;
   Fp8Format fp8_format = Fp8Format::kHybrid;    // default e4m3 for mxfp8/block, else hybrid
@@ -210,7 +210,7 @@ std::string scenario_hash_hex(const Scenario& s);  // 16 lowercase hex digits
 std::string summary_line(const Scenario& s);
 std::string describe_mesh(const MeshConfig& m);
 
-// Scenario names key golden folders, checkpoint folders and reports (DESIGN.md section 11): a
+// Scenario names key golden folders, checkpoint folders and reports (docs/design.md section 11): a
 // name is 1 to kMaxNameBytes bytes of [A-Za-z0-9_.+-] and not "." or "..". Returns "" for a
 // valid name, else what is wrong (a sentence for a loader message).
 constexpr size_t kMaxNameBytes = 255;

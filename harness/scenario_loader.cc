@@ -140,7 +140,7 @@ std::string describe(const Value& v) {
 
 using WhereFn = std::function<std::string(const YAML::Mark&)>;
 
-// Bounds of one document's tree (DESIGN.md section 11). yaml-cpp resolves an alias to the node
+// Bounds of one document's tree (docs/design.md section 11). yaml-cpp resolves an alias to the node
 // it names, so `d: &a [*a]` is a cycle and 8 levels of 9 aliases are 9^8 nodes once expanded:
 // the walk below counts nodes and depth as it copies and stops at the first bound it passes,
 // before the expansion can grow.
@@ -641,7 +641,7 @@ struct Resolver {
     }
     r.power_2_scale = s.boolean("power_2_scale", r.power_2_scale);
     if (kind == RecipeKind::kMxfp8 && r.fp8_format != Fp8Format::kE4M3) {
-      // DESIGN.md section 4: MXFP8 is E4M3 for all tensors; we implement no MXFP8 E5M2 path.
+      // docs/design.md section 4: MXFP8 is E4M3 for all tensors; we implement no MXFP8 E5M2 path.
       bad(s.child("fp8_format"), "recipe mxfp8 supports only e4m3");
     }
     return r;
@@ -662,7 +662,7 @@ struct Resolver {
     const int64_t tokens =
         train.micro_batch_rows(m) * model.seq_len / (m.sequence_parallel ? m.tp : 1);
     const bool mx = r.name == RecipeKind::kMxfp8;
-    // MXFP8 blocks are 32 elements along K (rowwise) and M (columnwise), DESIGN.md section 4.
+    // MXFP8 blocks are 32 elements along K (rowwise) and M (columnwise), docs/design.md section 4.
     // Per-tensor and block FP8 GEMMs (cuBLASLt, and TE's assertion) need dims % 16 == 0.
     const int64_t q = mx ? 32 : 16;
     const std::string why =
@@ -681,7 +681,7 @@ struct Resolver {
                      mesh_path == "mesh" ? "" : fmt::format(" on {}", mesh_path)));
   }
 
-  // Default relative tolerance for comparisons across meshes or recipes (DESIGN.md section 8:
+  // Default relative tolerance for comparisons across meshes or recipes (docs/design.md section 8:
   // fp32 within 1e-5, bf16 within 1e-2). FP8 recipes have no default: their bound must be
   // measured and written into the scenario.
   double default_rtol(const RecipeConfig& a, const RecipeConfig* b, const std::string& path) const {
@@ -691,13 +691,13 @@ struct Resolver {
     const int worst = std::max(rank(a), b != nullptr ? rank(*b) : 0);
     if (worst == 2) {
       bad(path,
-          "required: FP8 recipes have no default tolerance (DESIGN.md section 8); give a "
+          "required: FP8 recipes have no default tolerance (docs/design.md section 8); give a "
           "measured bound");
     }
     // Measured on the library (CPU, 8 steps, `meshproof run`, "max rel diff" of loss and
     // grad_norm): bf16 against a 1-rank fp32 reference 4.7e-5 (reference_fp32.yaml), bf16
     // resumed on another mesh 1.8e-4 and fp32 1.2e-8 (resume_cross_mesh.yaml). The defaults are
-    // DESIGN.md section 8's bounds: 1e-2 leaves bf16 ~50x headroom over 1.8e-4 for longer runs
+    // docs/design.md section 8's bounds: 1e-2 leaves bf16 ~50x headroom over 1.8e-4 for longer runs
     // and other meshes while the faults it must catch move loss by >= 1.4e-3 relative (fp32
     // faults, caught under 1e-5: uneven_shard_padding_leak 1.4e-3, tp_fsdp_left_to_right 6e-3).
     return worst == 1 ? 1e-2 : 1e-5;

@@ -1,4 +1,4 @@
-// Strict scenario loader (DESIGN.md sections 7 and 10): YAML -> --set overrides -> matrix
+// Strict scenario loader (docs/design.md sections 7 and 10): YAML -> --set overrides -> matrix
 // expansion -> typed, validated harness::Scenario values. Every problem is a kernels::Error of
 // kind kInput whose message() is exactly `FILE:LINE:COLUMN: KEY.PATH: what is wrong` (1-based
 // line and column), or `--set KEY.PATH=VALUE: KEY.PATH: what is wrong` when the offending value
@@ -14,7 +14,7 @@
 
 namespace meshproof::harness {
 
-// Bounds of what the loader reads (DESIGN.md section 11); each one passed is an input error at
+// Bounds of what the loader reads (docs/design.md section 11); each one passed is an input error at
 // the value that passed it.
 constexpr size_t kMaxScalarBytes = 4096;     // one scalar or key
 constexpr int kMaxDepth = 64;                // nesting of sequences and mappings (aliases expanded)

@@ -1,4 +1,4 @@
-// MLP activations (DESIGN.md section 3), elementwise over same-shape tensors.
+// MLP activations (docs/design.md section 3), elementwise over same-shape tensors.
 //   GELU (tanh approximation): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //   ReLU: y = max(x, 0) (gradient 0 at x = 0)
 //   SwiGLU: y = silu(gate) * up, silu(g) = g * sigmoid(g); gate/up are the logical fc1_gate and

@@ -1,4 +1,4 @@
-// AdamW with PyTorch semantics (torch.optim.AdamW, single-tensor path), DESIGN.md section 3:
+// AdamW with PyTorch semantics (torch.optim.AdamW, single-tensor path), docs/design.md section 3:
 //   p *= 1 - lr*wd                         (decoupled decay; callers pass wd = 0 for ndim < 2)
 //   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
 //   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)

@@ -1,4 +1,4 @@
-// Causal multi-head self-attention core (DESIGN.md section 3), no FP8:
+// Causal multi-head self-attention core (docs/design.md section 3), no FP8:
 //   qkv:   [B*S, 3H], per-head interleaved columns (the fused QKV linear's output): for head h
 //          (d = H/A) columns [h*3d, h*3d+d) are q, the next d are k, the next d are v.
 //   out:   [B*S, H], head h in columns [h*d, (h+1)*d).

@@ -1,4 +1,4 @@
-// Softmax cross-entropy of logits against target ids (DESIGN.md section 3: mean over all B*S
+// Softmax cross-entropy of logits against target ids (docs/design.md section 3: mean over all B*S
 // positions). The softmax is computed in double per row.
 //   logits, dlogits: [M, V]; targets: int32 [M].
 // Returns the SUM of the M per-row losses (double) so micro-batches and ranks can be combined

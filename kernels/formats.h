@@ -1,4 +1,4 @@
-// Bit-level conversions between float32 and the low-precision formats of DESIGN.md section 4:
+// Bit-level conversions between float32 and the low-precision formats of docs/design.md section 4:
 // bf16, fp16, e4m3 ("fn"), e5m2, e8m0 and e2m1, on raw bit patterns (uint16_t / uint8_t).
 //
 // Header-only and usable from host and device code (MP_HOST_DEVICE), with no reliance on
@@ -15,7 +15,7 @@
 //     fp16 likewise; e4m3 0x7F|s; e5m2 0x7F|s). e2m1 has no NaN: NaN -> +6 (0x7), documented and
 //     tested; the quantizers never feed NaN to e2m1 without a NaN scale check upstream.
 //   - e8m0 (exponent only, value 2^(e-127), 0xFF NaN) is only ever produced from a block amax
-//     quotient; float_to_e8m0_round_up implements the MXFP8 scale rule of DESIGN.md exactly.
+//     quotient; float_to_e8m0_round_up implements the MXFP8 scale rule of docs/design.md exactly.
 #pragma once
 
 #include <cstdint>
@@ -214,7 +214,7 @@ MP_HOST_DEVICE inline float e8m0_to_float(uint8_t e) {
   return bits_float(static_cast<uint32_t>(e) << 23);
 }
 
-// The MXFP8 scale rule (DESIGN.md section 4, TE's float_to_e8m0): for v >= 0 the E8M0 exponent
+// The MXFP8 scale rule (docs/design.md section 4, TE's float_to_e8m0): for v >= 0 the E8M0 exponent
 // is v's fp32 exponent field, plus one when the mantissa is nonzero (round up so that the block
 // max never exceeds the format max), except at exponent 254 (no room: stays 254) and for
 // subnormal v <= 2^-127 (exponent 0, mantissa <= 0x400000: stays 0). NaN -> 0xFF, inf -> 0xFE,

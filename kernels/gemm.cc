@@ -1,6 +1,6 @@
 // GEMMs of a linear layer in their three roles: validation, dispatch and the CPU reference.
 //
-// CPU reference (DESIGN.md section 4): every operand is decoded exactly to fp32 (bf16 and the
+// CPU reference (docs/design.md section 4): every operand is decoded exactly to fp32 (bf16 and the
 // FP8 codes are subsets of fp32; per-tensor FP8 values are fp32(q * scale_inv), the same product
 // cuBLASLt forms from the code and the scale), then C = A.B^T is summed in fp32 in strictly
 // increasing k order for every output element. We use our own loop rather than OpenBLAS: OpenBLAS

@@ -1,6 +1,6 @@
 // Device kernels of the CUDA GEMM path and their launchers (host logic: gemm_cublaslt.cc).
 // Kept simple and element-wise so that each is obviously right: the decode uses formats.h exactly
-// as gemm.cc's CPU decode does, the swizzle is DESIGN.md section 4's byte formula verbatim.
+// as gemm.cc's CPU decode does, the swizzle is docs/design.md section 4's byte formula verbatim.
 #include <algorithm>
 
 #include "kernels/formats.h"
@@ -69,7 +69,7 @@ __global__ void transpose_u8_kernel(const uint8_t* src, uint8_t* dst, int64_t ro
 
 // Pads and swizzles an E8M0 scale matrix S[r, c] (r: the operand's non-reduction index, c: the
 // index of its 32-block along K; S[r, c] = src[r * stride_r + c * stride_c]) into cuBLASLt's
-// 128x4 tiles (DESIGN.md section 4): padded to [roundup(R,128), roundup(C,4)] with zeros, and
+// 128x4 tiles (docs/design.md section 4): padded to [roundup(R,128), roundup(C,4)] with zeros, and
 //   byte = ((r/128) * ceil(C/4) + c/4) * 512 + (r%32) * 16 + ((r%128)/32) * 4 + c%4.
 // One thread per destination byte, so padding is written too.
 __global__ void swizzle_e8m0_kernel(const uint8_t* src, int64_t rows, int64_t cols,

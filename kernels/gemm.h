@@ -1,4 +1,4 @@
-// GEMMs of a linear layer Y = X·Wᵀ in their three roles (DESIGN.md section 4):
+// GEMMs of a linear layer Y = X·Wᵀ in their three roles (docs/design.md section 4):
 //   fprop  Y[M,N]  = X[M,K]  · W[N,K]ᵀ   operands: X rowwise,  W rowwise
 //   dgrad  dX[M,K] = dY[M,N] · W[N,K]    operands: dY rowwise, W columnwise
 //   wgrad  dW[N,K] = dY[M,N]ᵀ · X[M,K]   operands: dY columnwise, X columnwise

@@ -37,7 +37,7 @@ cudaError_t launch_transpose_u8(const uint8_t* src, uint8_t* dst, int64_t rows, 
                                 cudaStream_t stream);
 // Pads and swizzles the E8M0 scale matrix S[r, c] = src[r * stride_r + c * stride_c]
 // (r < rows: the operand's non-reduction index; c < cols: its 32-block index along K) into
-// cuBLASLt's 128x4 tiles of 512 bytes (DESIGN.md section 4); dst holds
+// cuBLASLt's 128x4 tiles of 512 bytes (docs/design.md section 4); dst holds
 // swizzled_e8m0_bytes(rows, cols) bytes, padding zeroed.
 int64_t swizzled_e8m0_bytes(int64_t rows, int64_t cols);
 cudaError_t launch_swizzle_e8m0(const uint8_t* src, int64_t rows, int64_t cols, int64_t stride_r,

@@ -2,7 +2,7 @@
 // form every role is reduced to, and the CUDA entry point.
 //
 // Every role computes C[R, S] = sum_k A[R, k] * B[S, k] (the "TN" form of cuBLAS, written
-// row-major), with the operands as follows (DESIGN.md section 4):
+// row-major), with the operands as follows (docs/design.md section 4):
 //   fprop  Y[M,N]  = X[M,K] W[N,K]^T   A = X   [M,K] rowwise      B = W   [N,K] rowwise
 //   dgrad  dX[M,K] = dY[M,N] W[N,K]    A = dY  [M,N] rowwise      B = W^T [K,N] columnwise
 //   wgrad  dW[N,K] = dY^T X            A = dY^T[N,M] columnwise   B = X^T [K,M] columnwise

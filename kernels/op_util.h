@@ -2,7 +2,7 @@
 // checks. Every op dispatches on the device of its tensors; the CPU reference is implemented for
 // float32, bfloat16 (bf16 recipe; math in float/double, one rounding on store) and float64
 // (finite-difference checks). Gradients of parameters (dweight, dbias, dtok, dpos) are float32 or
-// float64 whatever the activation dtype (DESIGN.md: weight gradients accumulate in fp32).
+// float64 whatever the activation dtype (docs/design.md: weight gradients accumulate in fp32).
 // CUDA tensors run the family's kernel (kernels/<family>.cu, launchers in kernels/ops_cuda.h) on
 // the rank's stream, for float32 and bfloat16; float64 on CUDA and CUDA tensors in a build without
 // the backend are clear runtime errors, never a silent host fallback.

@@ -1,7 +1,7 @@
 // Counter-based random numbers: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy
 // as 1, 2, 3", SC'11). A value depends only on (seed, stream, index), never on call order or on
 // which rank computes it, so any shard of a parameter, a dropout mask or a data batch can be
-// materialised alone and recompute regenerates identical values (DESIGN.md section 3).
+// materialised alone and recompute regenerates identical values (docs/design.md section 3).
 //   key     = seed (64 bits)
 //   counter = (index low, index high, stream low, stream high)
 // Header-only and constexpr-friendly so a CUDA kernel can include the same code.
@@ -66,7 +66,7 @@ inline double philox_normal(uint64_t seed, uint64_t stream, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2);
 }
 
-// A stream id from a name (FNV-1a 64), e.g. the DESIGN parameter name "layers.0.attn.qkv.weight".
+// A stream id from a name (FNV-1a 64), e.g. the design.md parameter name "layers.0.attn.qkv.weight".
 constexpr uint64_t philox_stream(std::string_view name) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (char c : name) {

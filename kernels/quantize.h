@@ -1,4 +1,4 @@
-// Quantizers of every recipe (DESIGN.md section 4), CPU reference and CUDA backend behind one
+// Quantizers of every recipe (docs/design.md section 4), CPU reference and CUDA backend behind one
 // interface: each function runs on the device of its input tensor and returns tensors on that
 // device. The CPU backend defines the bytes; the CUDA kernels (quantize.cu) produce identical
 // bytes because both run the scalar rules of kernels/quantize_rules.h.

@@ -1,6 +1,6 @@
 // Scalar scaling rules shared by the CPU reference quantizers (quantize.cc) and the CUDA kernels
 // (quantize.cu): one definition, the same fp32 operations in the same order, so both backends
-// produce identical bytes. DESIGN.md section 4 is the contract these implement.
+// produce identical bytes. docs/design.md section 4 is the contract these implement.
 #pragma once
 
 #include <cstdint>
@@ -68,7 +68,7 @@ MP_HOST_DEVICE inline float delayed_scale(float amax, float old_scale, float fp8
   return scale;
 }
 
-// MXFP8 block scale (DESIGN.md): v = amax * (1/fp8_max as fp32), e = round-up exponent of v.
+// MXFP8 block scale (docs/design.md): v = amax * (1/fp8_max as fp32), e = round-up exponent of v.
 MP_HOST_DEVICE inline uint8_t mxfp8_scale_exponent(float block_amax, bool e5m2) {
   const float inv_max = e5m2 ? 1.0f / fmt8::kE5M2Max : 1.0f / fmt8::kE4M3Max;  // constant-folded
   return fmt8::float_to_e8m0_round_up(block_amax * inv_max);
@@ -106,7 +106,7 @@ MP_HOST_DEVICE inline void cast_block(const void* x, bool bf16, int64_t base, in
   }
 }
 
-// Delayed scaling update on the raw state (TE's DelayedScaling, DESIGN.md section 4):
+// Delayed scaling update on the raw state (TE's DelayedScaling, docs/design.md section 4):
 // amax = max(history) (algo_max) or history[0] (the current slot, "most_recent"); scale updated by
 // delayed_scale; then the window rolls by one (torch.roll(history, -1): the current slot becomes
 // the newest entry at index L-1, the oldest entry is dropped) and the new current slot 0 is zeroed.

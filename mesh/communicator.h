@@ -3,7 +3,7 @@
 // `local` (virtual ranks as threads of one process, mesh/local_comm.h), `mpi` (one process per
 // rank, CPU buffers, mesh/mpi_comm.h) and `nccl` (GPU buffers, mesh/nccl_comm.h).
 //
-// Deterministic reductions (DESIGN.md section 2): local and mpi reduce fp32 in rank order with
+// Deterministic reductions (docs/design.md section 2): local and mpi reduce fp32 in rank order with
 // fp32 accumulation, acc = x_0; acc += x_1; ...; acc += x_{n-1}, so their results are bitwise
 // equal. avg is that sum divided by n (acc / float(n), one correctly rounded division; not a
 // multiplication by 1/n). max propagates NaN. NCCL uses its own reduction order.

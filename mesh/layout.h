@@ -1,4 +1,4 @@
-// Placements and shard layouts (DESIGN.md section 5), following PyTorch DTensor semantics.
+// Placements and shard layouts (docs/design.md section 5), following PyTorch DTensor semantics.
 //
 // A Layout maps a global tensor shape and one placement per mesh dim (dp_replicate, dp_shard, tp)
 // to the box (offset + extent per tensor dim) that each rank holds. Chunking follows torch.chunk:

@@ -1,4 +1,4 @@
-// The mpi launcher with a CUDA compute device (DESIGN.md section 2: "CPU tensors use MPI
+// The mpi launcher with a CUDA compute device (docs/design.md section 2: "CPU tensors use MPI
 // collectives; CUDA tensors use NCCL"): one communicator per mesh group that sends host buffers
 // through the rank's host communicator (MPI) and device buffers through its device communicator
 // (NCCL). The engine keeps its masters and data-parallel collectives on the host and its

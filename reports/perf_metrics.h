@@ -1,4 +1,4 @@
-// Derived performance figures (DESIGN.md section 9). Pure functions of the run record's plain
+// Derived performance figures (docs/design.md section 9). Pure functions of the run record's plain
 // data; each formula is written out here and in docs/report-schema.md.
 #pragma once
 
@@ -40,7 +40,7 @@ struct ModelShape {
   bool swiglu = false;  // fc1 split into fc1_gate and fc1_up: three H x F matmuls per MLP
 };
 
-// Parameters that take part in matrix multiplies, per the model of DESIGN.md section 3:
+// Parameters that take part in matrix multiplies, per the model of docs/design.md section 3:
 //   P_matmul = L * (3H*H [qkv] + H*H [proj] + m*H*F [fc1 (+gate), fc2]) + V*H [logits]
 // with m = 2 (GELU/ReLU) or 3 (SwiGLU). Biases, norms and the embedding lookups are not
 // matmuls; the logits GEMM counts V*H whether or not the embeddings are tied.

@@ -1,4 +1,4 @@
-// The four report writers (DESIGN.md section 9). Each render_* function is pure (record in,
+// The four report writers (docs/design.md section 9). Each render_* function is pure (record in,
 // document out) so that tests can check the documents without touching the file system;
 // write_reports renders all four first and then writes each atomically.
 #pragma once

@@ -8,8 +8,8 @@
 #      (../shared/DESIGN.md, which a clone does not have).
 #   3. Every citation "design.md section N" (also "sections N and M", "sections N-M", any case)
 #      names a section that docs/design.md has.
-#   4. Documentation, scenarios and scripts cite docs/design.md, not a bare DESIGN.md. C/C++/CUDA
-#      sources are exempt until their comments are rewritten (EXEMPT below).
+#   4. Every file (documentation, scenarios, scripts and the C++/CUDA sources' comments) cites
+#      docs/design.md, not a bare DESIGN.md.
 # Prints every offending file:line and exits 1 when there is one.
 set -euo pipefail
 root=${1:?usage: check_design_refs.sh REPOSITORY_ROOT}
@@ -25,7 +25,6 @@ for p in "${scan[@]}"; do [[ -e $p ]] && existing+=("$p"); done
 grep_repo() {  # grep_repo ERE: file:line:text of every match in the scanned text files
   grep -rnIE --exclude-dir=__pycache__ --exclude=check_design_refs.sh -e "$1" "${existing[@]}" || true
 }
-EXEMPT='\.(h|cc|cu|cuh|in):'
 
 problems=()
 
@@ -66,7 +65,6 @@ done < <(grep_repo '[Dd][Ee][Ss][Ii][Gg][Nn]\.md,? [Ss]ections? [0-9]')
 # 4. Documentation cites docs/design.md.
 while IFS= read -r hit; do
   [[ -z $hit ]] && continue
-  [[ $hit =~ $EXEMPT ]] && continue
   problems+=("$(cut -d: -f1,2 <<<"$hit"): cites DESIGN.md; the design is docs/design.md")
 done < <(grep_repo 'DESIGN\.md')
 

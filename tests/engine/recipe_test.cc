@@ -1,4 +1,4 @@
-// FP8 recipes (DESIGN.md section 4) applied to the qkv/proj/fc1/fc2 GEMMs: tracking the fp32
+// FP8 recipes (docs/design.md section 4) applied to the qkv/proj/fc1/fc2 GEMMs: tracking the fp32
 // reference, training toward the entropy floor, determinism, recompute with delayed scaling, and
 // the amax hook.
 #include "engine/recipe.h"

@@ -5,7 +5,7 @@
 //    status (0 = all right);
 //  - a digest: pseudo-random fp32 inputs with mixed exponents, whose rank-order sums round; the
 //    bits of every result on every rank are written to --out. CTest compares the local and the
-//    mpi digest byte for byte (DESIGN.md section 2: the backends are bitwise equal).
+//    mpi digest byte for byte (docs/design.md section 2: the backends are bitwise equal).
 //
 // Usage: mesh_comm_suite --launcher local|mpi --mesh dp_shard=2,tp=2 --out FILE
 #include <fmt/format.h>

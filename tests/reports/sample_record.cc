@@ -54,7 +54,7 @@ GoldenRecord golden(const std::string& source, int n) {
   g.source = source;
   for (int i = 1; i <= n; ++i)
     g.steps.push_back({i, golden_loss(i), 1.5 * std::exp(-0.1 * i) + 0.3});
-  // bf16/FP8 runs on another mesh: rel 1e-2 per DESIGN.md section 8.
+  // bf16/FP8 runs on another mesh: rel 1e-2 per docs/design.md section 8.
   g.tolerance = {"tolerance", 1e-2, 1e-5, 0};
   return g;
 }

@@ -180,7 +180,7 @@ TEST(Fp8Params, MeshInvariantAndCloseToTheFp8AllGatherRun) {
     // Against the FP8 all-gather run the weights differ by the bf16 rounding before the FP8 cast
     // (and so, for per-tensor recipes, by a slightly different amax and scale). Measured worst
     // relative loss deviation over 6 steps: current 2.5e-4, delayed 2.4e-4, mxfp8 1.9e-4;
-    // bound 1e-3 (well inside DESIGN.md section 8's FP8 budget of 1e-2).
+    // bound 1e-3 (well inside docs/design.md section 8's FP8 budget of 1e-2).
     EXPECT_LE(ag_worst, 1e-3) << recipe_name(kind);
     RecordProperty(fmt::format("worst_rel_loss_{}", recipe_name(kind)),
                    fmt::format("mesh {:.2e}, vs fp8_all_gather {:.2e}", mesh_worst, ag_worst));

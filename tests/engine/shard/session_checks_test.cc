@@ -145,7 +145,7 @@ double padded_vocab_loss(const Config& c, int64_t pad) {
   return sum / static_cast<double>(c.training.batch * c.training.seq_len);
 }
 
-// fp32 on a sharded mesh reorders only reductions: DESIGN.md section 8 bound rel 1e-5 per step
+// fp32 on a sharded mesh reorders only reductions: docs/design.md section 8 bound rel 1e-5 per step
 // (the sharded-vs-single-rank tests measure ~1e-7).
 constexpr double kFp32Rel = 1e-5;
 

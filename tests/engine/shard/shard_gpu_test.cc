@@ -56,7 +56,7 @@ TEST_P(GpuMesh, TracksTheCpuBackend) {
     worst = std::max(worst, std::abs(b.metrics[s].loss - a.metrics[s].loss) / a.metrics[s].loss);
   // The kernels of both backends quantize bitwise alike (tests/kernels/quantize GPU tests); the
   // GEMMs accumulate in a different order (cuBLASLt vs the CPU reference), which is the same
-  // kind of difference as a mesh change: DESIGN.md section 8's bounds for reordered reductions
+  // kind of difference as a mesh change: docs/design.md section 8's bounds for reordered reductions
   // apply (fp32 1e-5; bf16 and FP8 1e-2, the FP8 bound as measured across meshes in
   // shard_test RecipeMesh). Not yet measured on a device: no GPU was lent to the session that
   // wrote this test; the worst deviation is recorded as a test property.

@@ -59,7 +59,7 @@ std::string mesh_name(const MeshSpec& m) {
 }
 
 // fp32 on any mesh reorders only reductions (gradient averaging over ranks, the loss and norm
-// sums): DESIGN.md section 8 allows rel 1e-5 per step. Measured: the largest loss deviation over
+// sums): docs/design.md section 8 allows rel 1e-5 per step. Measured: the largest loss deviation over
 // the meshes below is ~1e-7 relative (fp32 rounding of reordered sums).
 constexpr double kFp32Rel = 1e-5;
 
@@ -444,7 +444,7 @@ TEST_P(RecipeMesh, LossTracksSingleRank) {
   }
   // Sharding changes GEMM reduction lengths (TP) and gradient summation order (DP); in bf16 and
   // FP8 the rounding of reordered sums and of re-quantized operands near a rounding boundary
-  // shifts the loss slightly. DESIGN.md section 8 allows 1e-2 for bf16; the same bound is used
+  // shifts the loss slightly. docs/design.md section 8 allows 1e-2 for bf16; the same bound is used
   // for the FP8 recipes. Measured worst relative loss deviation over 4 steps on the 13 meshes
   // (kMeshes):
   //   bf16     2.5e-3 (every tp 2 mesh, with or without SP), 1.2e-3 (tp 4), <= 2.9e-5 on the

@@ -99,7 +99,7 @@ TEST(BenchRecipes, RecordUsesTablePeakForKnownGpus) {
   // EXPECT_DOUBLE_EQ allows 4 ulp (4.5e-13 at 500).
   EXPECT_DOUBLE_EQ(bf16.value, 500);
   ASSERT_TRUE(bf16.ceiling);
-  EXPECT_EQ(*bf16.ceiling, 989);  // H100 dense bf16 (DESIGN.md section 9): a table constant
+  EXPECT_EQ(*bf16.ceiling, 989);  // H100 dense bf16 (docs/design.md section 9): a table constant
   // value / 989 with the value 0.5 ulp off 500: measured 1.1e-16 (1 ulp) from 500.0 / 989.
   EXPECT_DOUBLE_EQ(*bf16.ratio, 500.0 / 989);
 

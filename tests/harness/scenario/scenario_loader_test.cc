@@ -145,7 +145,7 @@ TEST(ScenarioErrors, ConsistencyRules) {
             "x.yaml:1:25: checks.golden.rtol: only applies to mode tolerance (exact is bitwise)");
   EXPECT_EQ(load_error("recipe: mxfp8\nchecks: {golden: {mode: tolerance}}\n"),
             "x.yaml:2:18: checks.golden.rtol: required: FP8 recipes have no default tolerance "
-            "(DESIGN.md section 8); give a measured bound");
+            "(docs/design.md section 8); give a measured bound");
   EXPECT_EQ(load_error("checks: {resume: {rtol: 0.1}}\n"),
             "x.yaml:1:25: checks.resume.rtol: only applies with a mesh override (a same-mesh "
             "resume is bitwise)");
@@ -326,7 +326,7 @@ TEST(ScenarioDefaults, RecipeDependentDefaultsAndCheckDefaults) {
   EXPECT_FALSE(r.checks.resume.mesh.has_value());
   EXPECT_EQ(r.checks.golden.mode, GoldenMode::kExact);
   EXPECT_EQ(r.checks.golden.metrics, (std::vector<Metric>{Metric::kLoss, Metric::kGradNorm}));
-  // DESIGN.md section 8 bounds as defaults: bf16 1e-2 per step, fp32 1e-5
+  // docs/design.md section 8 bounds as defaults: bf16 1e-2 per step, fp32 1e-5
   const Scenario x = load_one("recipe: bf16\nchecks: {resume: {mesh: {tp: 2}}}\n");
   EXPECT_DOUBLE_EQ(x.checks.resume.rtol, 1e-2);
   const Scenario ref = load_one("recipe: fp32\nchecks: {reference: {mesh: {dp_shard: 2}}}\n");
@@ -391,7 +391,7 @@ TEST(ScenarioHash, CanonicalTextIsSortedJson) {
 // ---- fault catalog
 
 TEST(FaultCatalog, CoversTheDesignBugClasses) {
-  // DESIGN.md section 7 lists these bug classes; each must have a catalog entry.
+  // docs/design.md section 7 lists these bug classes; each must have a catalog entry.
   for (const char* name :
        {"amax_not_reduced", "tp_fsdp_left_to_right", "fp8_state_dropped_from_checkpoint",
         "scale_inv_saved_bf16", "stale_columnwise_copy", "data_cursor_not_restored",

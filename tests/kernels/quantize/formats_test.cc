@@ -206,7 +206,7 @@ TEST(FormatsTest, E8m0DecodeEveryCode) {
 }
 
 // fp64 re-derivation of the MXFP8 rounding-up rule: the smallest e with 2^(e-127) >= v, clamped
-// to [0, 254]; the DESIGN's subnormal exception means v <= 2^-127 gives 0.
+// to [0, 254]; design.md's subnormal exception means v <= 2^-127 gives 0.
 uint8_t reference_e8m0_round_up(float v) {
   if (std::isnan(v)) return 0xFF;
   if (std::isinf(v)) return 0xFE;

@@ -1,7 +1,7 @@
 // Independent fp64 models of the fp8 formats and of each recipe's scale rule, for the quantizer
 // tests. Nothing here calls kernels/formats.h or kernels/quantize_rules.h: element casts use the
 // "nearest value in the enumerated code table, ties to the even code, saturate" definition, and
-// scale rules are re-derived in double from DESIGN.md section 4.
+// scale rules are re-derived in double from docs/design.md section 4.
 #pragma once
 
 #include <algorithm>
@@ -82,7 +82,7 @@ inline float amax_of(const std::vector<float>& x, size_t begin, size_t stride, s
   return static_cast<float>(a);
 }
 
-// DESIGN.md current scaling, with TE's amax_epsilon: NaN -> 1; amax clamped below by eps first;
+// docs/design.md current scaling, with TE's amax_epsilon: NaN -> 1; amax clamped below by eps first;
 // then a (clamped) amax of 0 or inf -> 1.
 inline float current_scale(float amax, float fp8max, float eps, bool pow2) {
   if (std::isnan(amax)) return 1.0f;
@@ -94,7 +94,7 @@ inline float current_scale(float amax, float fp8max, float eps, bool pow2) {
   return s;
 }
 
-// DESIGN.md MXFP8 exponent: v = amax * fl32(1/fp8_max); smallest e with 2^(e-127) >= v, clamped to
+// docs/design.md MXFP8 exponent: v = amax * fl32(1/fp8_max); smallest e with 2^(e-127) >= v, clamped to
 // [0, 254]; NaN -> 255, inf -> 254, 0 -> 0.
 inline int mxfp8_exponent(float amax, float fp8max) {
   if (std::isnan(amax)) return 255;

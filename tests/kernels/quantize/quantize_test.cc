@@ -184,7 +184,7 @@ TEST(QuantizeTest, CurrentScalingMatchesFp64Rule) {
 
 TEST(QuantizeTest, CurrentScalingWithNonFiniteData) {
   // The whole current-scaling path (amax -> scale -> cast) on data holding NaN or inf: the amax
-  // is NaN / inf, so the scale falls back to 1 (DESIGN: amax 0/inf/NaN -> 1), NaN stays NaN in
+  // is NaN / inf, so the scale falls back to 1 (docs/design.md: amax 0/inf/NaN -> 1), NaN stays NaN in
   // the bytes (0x7F with its sign), inf saturates to the largest finite code with its sign.
   const int64_t M = 40, K = 36;
   for (DType f : {DType::kE4M3, DType::kE5M2}) {
@@ -571,7 +571,7 @@ TEST(QuantizeTest, Mxfp8PaddingAndSwizzle) {
       ASSERT_EQ(rpb[static_cast<size_t>(r * 4 + c)], want) << r << "," << c;
     }
   }
-  // The swizzle is a permutation of the padded bytes placed by the DESIGN formula.
+  // The swizzle is a permutation of the padded bytes placed by the docs/design.md formula.
   for (QuantizedCopy which : {QuantizedCopy::kRowwise, QuantizedCopy::kColumnwise}) {
     const Tensor& padded = which == QuantizedCopy::kRowwise ? rp : cp;
     const bool rowwise = which == QuantizedCopy::kRowwise;
