@@ -47,10 +47,10 @@ namespace {
 constexpr std::string_view kRankFileMagic = "RANKFILE";
 
 struct Fixture {
-  fs::path root;       // the temporary folder, removed at exit
-  fs::path work;       // root/work/step_0000001: the checkpoint each input is written into
-  std::string index;   // the real index.json
-  std::string rank0;   // the real rank_00000.h5
+  fs::path root;      // the temporary folder, removed at exit
+  fs::path work;      // root/work/step_0000001: the checkpoint each input is written into
+  std::string index;  // the real index.json
+  std::string rank0;  // the real rank_00000.h5
 };
 
 Fixture* fixture = nullptr;
@@ -95,9 +95,9 @@ void check_accepted(const meshproof::engine::CheckpointIndex& index, std::string
     if (!plain_file_name(f)) finding("rank file name '" + f + "' is not a plain file name");
   }
   const nlohmann::json& m = j.at("mesh");
-  for (const auto& [name, dim] : {std::pair{"dp_replicate", MeshDim::kDpReplicate},
-                                  std::pair{"dp_shard", MeshDim::kDpShard},
-                                  std::pair{"tp", MeshDim::kTp}}) {
+  for (const auto& [name, dim] :
+       {std::pair{"dp_replicate", MeshDim::kDpReplicate}, std::pair{"dp_shard", MeshDim::kDpShard},
+        std::pair{"tp", MeshDim::kTp}}) {
     const nlohmann::json& v = m.at(name);
     if (!v.is_number_integer() || v.get<int64_t>() != index.mesh.size(dim)) {
       finding(std::string("mesh.") + name + " is " + v.dump() + " in the JSON, " +
