@@ -13,7 +13,7 @@ CMAKE_FLAGS ?=
 # -O1 as ASan recommends, line tables for the reports' stacks.
 ASAN_DIR ?= build-asan
 FUZZ_SECONDS ?= 60
-SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:check_initialization_order=1:strict_init_order=1 \
+SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:check_initialization_order=1 \
   LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp:print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
