@@ -95,7 +95,7 @@ struct DiffStats {
   int64_t differing = 0;  // elements whose bytes differ
   double max_abs = 0;
   double max_rel = 0;
-  int64_t max_ulp = 0;
+  uint64_t max_ulp = 0;  // unsigned: two int64 values can be more than INT64_MAX apart
 };
 
 DiffStats diff_tensors(const kernels::Tensor& a, const kernels::Tensor& b) {
@@ -117,7 +117,12 @@ DiffStats diff_tensors(const kernels::Tensor& a, const kernels::Tensor& b) {
     if (std::isnan(rel)) rel = 0;  // +0 vs -0
     s.max_abs = std::max(s.max_abs, abs);
     s.max_rel = std::max(s.max_rel, rel);
-    s.max_ulp = std::max(s.max_ulp, std::abs(x.ordered - y.ordered));
+    // In uint64_t: the difference of two ordered 64-bit values overflows int64_t (found by
+    // UBSan in `make test-sanitize` on the int64 RNG state).
+    const uint64_t ulp = x.ordered > y.ordered
+                             ? static_cast<uint64_t>(x.ordered) - static_cast<uint64_t>(y.ordered)
+                             : static_cast<uint64_t>(y.ordered) - static_cast<uint64_t>(x.ordered);
+    s.max_ulp = std::max(s.max_ulp, ulp);
   }
   return s;
 }
