@@ -2,13 +2,23 @@
 #   make demo   set up everything (packages, configure, build) and run scenarios/quickstart.yaml
 #               (8 virtual ranks, HSDP x TP, MXFP8; golden + resume checks; reports in out/demo)
 #   make test   set up everything and run the full CTest suite
+#   make test-sanitize   the CPU suite (less `long`) under ASan+UBSan in build-asan (clang)
+#   make fuzz   the libFuzzer targets: regression replay, then FUZZ_SECONDS each from the seeds
 BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 MESHPROOF_CUDA ?= AUTO
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# The sanitizer + fuzz build (DESIGN.md section 17): clang, ASan+UBSan (+ libFuzzer coverage),
+# -O1 as ASan recommends, line tables for the reports' stacks.
+ASAN_DIR ?= build-asan
+FUZZ_SECONDS ?= 60
+SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:check_initialization_order=1 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all deps configure build test test-cpu test-gpu demo format format-check gpu-bundle clean
+.PHONY: all deps configure build test test-cpu test-gpu test-sanitize sanitize-build fuzz demo \
+  format format-check gpu-bundle clean
 
 all: build
 
@@ -35,6 +45,25 @@ test-cpu: build
 test-gpu: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -L gpu
 
+$(ASAN_DIR)/build.ninja: | deps
+	cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
+	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
+	  -DMESHPROOF_CUDA=OFF -DMESHPROOF_SANITIZE=ON -DMESHPROOF_FUZZ=ON $(CMAKE_FLAGS)
+
+# gtest_discover_tests runs each test binary at build time, so the build needs the options too.
+sanitize-build: deps $(ASAN_DIR)/build.ninja
+	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j $(JOBS)
+
+test-sanitize: sanitize-build
+	$(SANITIZE_ENV) ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) -L cpu -LE long
+
+fuzz: deps $(ASAN_DIR)/build.ninja
+	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j $(JOBS) \
+	  --target scenario_loader_fuzz checkpoint_index_fuzz
+	$(SANITIZE_ENV) tests/fuzz/run-fuzz $(ASAN_DIR) $(FUZZ_SECONDS)
+
 demo: build
 	$(BUILD_DIR)/harness/meshproof run scenarios/quickstart.yaml --backend cpu --out out/demo
 
@@ -48,4 +77,4 @@ gpu-bundle: build
 	./tools/gpu-bundle $(BUILD_DIR) bundle
 
 clean:
-	rm -rf $(BUILD_DIR) bundle
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) bundle

@@ -1068,7 +1068,10 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
             H5::LinkCreatPropList lcpl;
             lcpl.setCreateIntermediateGroup(true);
             for (size_t i = 0; i < to_write.size(); ++i) {
-              const auto& [dataset, host] = to_write[i];
+              // References, not a structured binding: clang before 16 cannot capture a binding in
+              // the lambda below, and the sanitizer/fuzz build (design.md section 17) is clang 14.
+              const std::string& dataset = to_write[i].first;
+              const Tensor& host = to_write[i].second;
               const json& rec = records[i];
               const std::string key = rec.at("key").get<std::string>();
               auto write_dataset = [&] {

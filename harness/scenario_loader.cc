@@ -91,6 +91,13 @@ struct Value {
   std::vector<std::pair<std::string, Value>> map;
   std::vector<std::string> key_where;
 
+  Value();
+  Value(const Value&);
+  Value(Value&&) noexcept;
+  Value& operator=(const Value&);
+  Value& operator=(Value&&) noexcept;
+  ~Value();
+
   const Value* find(const std::string& key) const {
     for (const auto& [k, v] : map) {
       if (k == key) return &v;
@@ -119,6 +126,15 @@ struct Value {
     return where;
   }
 };
+// Defined once Value is complete: clang 14 with libstdc++ 12 (the sanitizer/fuzz build, design.md
+// section 17) rejects the implicit ones, which instantiate std::pair<std::string, Value> inside
+// Value's own definition.
+Value::Value() = default;
+Value::Value(const Value&) = default;
+Value::Value(Value&&) noexcept = default;
+Value& Value::operator=(const Value&) = default;
+Value& Value::operator=(Value&&) noexcept = default;
+Value::~Value() = default;
 
 std::string join_path(const std::string& parent, const std::string& key) {
   return parent.empty() ? key : parent + "." + key;

@@ -8,6 +8,9 @@ packages=(
   libyaml-cpp-dev libhdf5-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas-dev libopenmpi-dev openmpi-bin libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format
+  # make test-sanitize / make fuzz: clang with ASan, UBSan and libFuzzer runtimes, and
+  # llvm-symbolizer for the reports' stacks
+  clang libclang-rt-dev llvm
   # tools/gpu-bundle: sets the bundled binaries' RUNPATH to $ORIGIN
   patchelf
   # test-side reference scripts (Debian's python3): h5py for HDF5 round trips, torch for the

@@ -69,7 +69,10 @@ void register_all() {
   const GemmRole roles[] = {GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWgrad};
   std::vector<std::pair<Device, std::vector<int64_t>>> targets = {{Device::cpu(), {64, 256}}};
   if (cuda_status().usable) targets.push_back({Device::cuda(0), {1024, 4096}});
-  for (const auto& [device, sizes] : targets) {
+  for (const auto& target : targets) {
+    // Not a structured binding: clang 14 (the sanitizer build) cannot capture one in a lambda.
+    const Device device = target.first;
+    const std::vector<int64_t>& sizes = target.second;
     for (Recipe r : recipes) {
       for (GemmRole role : roles) {
         for (int64_t n : sizes) {
