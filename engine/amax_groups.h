@@ -1,5 +1,5 @@
-// Amax reduction groups (docs/design.md section 5): the mesh dims over which the per-tensor amax of each
-// quantized tensor is MAX-reduced, as data. The TransformerEngine guidance is that every rank
+// Amax reduction groups (docs/design.md section 5): the mesh dims over which the per-tensor amax of
+// each quantized tensor is MAX-reduced, as data. The TransformerEngine guidance is that every rank
 // holding a piece of a tensor takes part in its amax reduction, so that all of them quantize with
 // the amax of the whole tensor (the single-rank scale). The quantized tensors of a linear layer
 // (engine/recipe.h) and where their pieces live (engine/model.cc quantizes full-sequence tensors:

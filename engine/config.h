@@ -1,7 +1,7 @@
-// Everything a training run is made of, as plain data (docs/design.md sections 3 and 4): model dims,
-// norm, activation, tying, dropout, recipe and its options, training plan, data source and seed.
-// validate() checks it all up front so that bad configuration is a kInput error naming the field
-// before any tensor is allocated.
+// Everything a training run is made of, as plain data (docs/design.md sections 3 and 4): model
+// dims, norm, activation, tying, dropout, recipe and its options, training plan, data source and
+// seed. validate() checks it all up front so that bad configuration is a kInput error naming the
+// field before any tensor is allocated.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +45,8 @@ struct ModelConfig {
   double norm_eps = 1e-5;
 };
 
-// Recipe options (docs/design.md section 4, docs/design.md section 15). Only the fields of the chosen
-// recipe are used. Unset optionals take the recipe's TransformerEngine default (resolved by
+// Recipe options (docs/design.md section 4, docs/design.md section 15). Only the fields of the
+// chosen recipe are used. Unset optionals take the recipe's TransformerEngine default (resolved by
 // fp8_format_of / power_2_scale_of).
 struct RecipeConfig {
   RecipeKind kind = RecipeKind::kFp32;

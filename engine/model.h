@@ -22,8 +22,8 @@
 
 namespace meshproof::engine {
 
-// Tensor parallelism seen from the layer code (docs/design.md section 5). With a tp communicator the
-// weights handed in are this rank's TP shards: qkv and fc1 (gate/up) rows [Shard(0)] holding
+// Tensor parallelism seen from the layer code (docs/design.md section 5). With a tp communicator
+// the weights handed in are this rank's TP shards: qkv and fc1 (gate/up) rows [Shard(0)] holding
 // whole heads / a slice of F, proj and fc2 columns [Shard(1)]; norms, embeddings, lm_head and the
 // proj/fc2 biases whole. The row-parallel outputs are all-reduced (sum) over tp before their bias
 // is added; the column-parallel input gradients are all-reduced after their dgrad GEMMs.

@@ -1,5 +1,6 @@
 // Quantization recipes applied to the GEMMs of the four linear layers (qkv, proj, fc1 [gate/up],
-// fc2), docs/design.md section 4. For each linear "layers.{i}.<linear>" three tensors are quantized:
+// fc2), docs/design.md section 4. For each linear "layers.{i}.<linear>" three tensors are
+// quantized:
 //   input X and weight W in the forward (rowwise for fprop, columnwise kept for wgrad/dgrad),
 //   output gradient dY in the backward (rowwise for dgrad, columnwise for wgrad).
 // Formats (recipe.fp8_format): HYBRID (X, W e4m3; dY e5m2) or E4M3 (every tensor e4m3); default

@@ -1,5 +1,5 @@
-// The engine's input rules for one run (docs/design.md section 11): every rule about the model x mesh
-// x recipe x FSDP options of engine::RunOptions, and whether this machine can hold the run, in
+// The engine's input rules for one run (docs/design.md section 11): every rule about the model x
+// mesh x recipe x FSDP options of engine::RunOptions, and whether this machine can hold the run, in
 // one function. The training session constructor and run_training throw the first issue as a
 // kInput error; the scenario loader (harness/scenario_loader.h) calls the same function and maps
 // each key path to the FILE:LINE:COLUMN that wrote it, so `validate` and `run` judge alike.

@@ -492,11 +492,11 @@ struct TrainingSession::Impl {
     cursor = state.scalars.at("data/cursor");
   }
 
-  // FP8 amax reduction (docs/design.md sections 4 and 5): each amax the recipe records is MAX-reduced
-  // over the group of the ranks that hold a piece of its tensor (engine/amax_groups.h: weights
-  // over dp_shard + tp, activations and gradients over the data dims plus tp where the tensor is
-  // split over tp), looked up per linear and role in the default table or options.amax_groups.
-  // Every rank therefore quantizes with the single-rank scales.
+  // FP8 amax reduction (docs/design.md sections 4 and 5): each amax the recipe records is
+  // MAX-reduced over the group of the ranks that hold a piece of its tensor (engine/amax_groups.h:
+  // weights over dp_shard + tp, activations and gradients over the data dims plus tp where the
+  // tensor is split over tp), looked up per linear and role in the default table or
+  // options.amax_groups. Every rank therefore quantizes with the single-rank scales.
   // amax_not_reduced (fault): while active every tensor's group is empty (no reduction): each
   // rank scales by its own piece.
   DimSet amax_dims(const std::string& linear, Fp8Role role) const {

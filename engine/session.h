@@ -1,5 +1,5 @@
-// The engine's entry point for a whole run on any mesh (docs/design.md sections 2 and 5): options in,
-// per-step metrics, per-rank reports and the final global parameters out.
+// The engine's entry point for a whole run on any mesh (docs/design.md sections 2 and 5): options
+// in, per-step metrics, per-rank reports and the final global parameters out.
 //
 // run_training() builds the mesh's communicators (LocalWorld threads for launcher "local", this
 // process as one rank of MPI_COMM_WORLD for "mpi"), constructs one TrainingSession per rank and
@@ -90,8 +90,8 @@ struct TensorDigest {
   std::vector<float> values;  // [shape.numel()] the global fp32 values, row-major
 };
 
-// allgather_parity (docs/design.md section 7): one FP8 all-gathered weight at one step compared with
-// quantizing the high-precision gathered weight. Bytes are the rowwise and columnwise data and
+// allgather_parity (docs/design.md section 7): one FP8 all-gathered weight at one step compared
+// with quantizing the high-precision gathered weight. Bytes are the rowwise and columnwise data and
 // scale_inv buffers of both (equal sizes); parity holds when mismatched_bytes == 0. Every rank
 // compares its own gathered copy; the session's records (RunResult::parity) sum bytes and
 // mismatched_bytes over all ranks and take the largest max_abs_error.

@@ -1,6 +1,6 @@
-// The sharded training state of one rank (docs/design.md section 6), as plain data shared by the engine
-// (engine/session.h) and the checkpoint module: every tensor the rank owns a piece of, keyed by
-// its checkpoint key, with the layout that says which box of the global tensor the local tensor
+// The sharded training state of one rank (docs/design.md section 6), as plain data shared by the
+// engine (engine/session.h) and the checkpoint module: every tensor the rank owns a piece of, keyed
+// by its checkpoint key, with the layout that says which box of the global tensor the local tensor
 // holds, plus the scalars of the run.
 //
 // TrainingSession::state() returns entries whose `local` tensors share storage with the live

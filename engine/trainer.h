@@ -1,5 +1,5 @@
-// The training loop on one rank (docs/design.md section 3): data -> micro-batched forward/backward with
-// fp32 gradient accumulation -> gradient reduction hook -> global-norm clipping -> AdamW.
+// The training loop on one rank (docs/design.md section 3): data -> micro-batched forward/backward
+// with fp32 gradient accumulation -> gradient reduction hook -> global-norm clipping -> AdamW.
 // Communication is only reached through CommHooks (identity on a single rank), so the sharded
 // executor reuses this loop's math unchanged.
 #pragma once

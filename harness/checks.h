@@ -1,7 +1,7 @@
-// Parity checks (docs/design.md sections 7 and 8) as pure comparisons of finished runs: each returns a
-// reports::CheckResult with a verdict, a one-line message and, on failure, evidence (the first
-// diverging step and metric; with tracing, the first diverging tensor with its max abs/rel error
-// and ULP distance). The runner (harness/runner.h) produces the runs they compare.
+// Parity checks (docs/design.md sections 7 and 8) as pure comparisons of finished runs: each
+// returns a reports::CheckResult with a verdict, a one-line message and, on failure, evidence (the
+// first diverging step and metric; with tracing, the first diverging tensor with its max abs/rel
+// error and ULP distance). The runner (harness/runner.h) produces the runs they compare.
 #pragma once
 
 #include <map>

@@ -1,5 +1,5 @@
-// `meshproof ckpt inspect|verify|diff` (docs/design.md sections 6 and 10, docs/design.md section 13):
-// look into sharded checkpoints written by engine/checkpoint.h.
+// `meshproof ckpt inspect|verify|diff` (docs/design.md sections 6 and 10, docs/design.md section
+// 13): look into sharded checkpoints written by engine/checkpoint.h.
 //   inspect DIR [--summary] [--key GLOB]...
 //                 mesh, step, versions, the index checksum, files, scalars and per key the global
 //                 shape, dtype, placements and chunks (file, dataset, global box, hash); with

@@ -1,7 +1,7 @@
 // Error handling core: every failed check throws meshproof::kernels::Error carrying the file:line,
 // the failed expression and a specific formatted message. The CLI maps error kinds to exit codes
-// (docs/design.md section 10): kInput -> 2 (bad input or usage), kIntegrity -> 1 (stored data failed an
-// integrity check), kRuntime -> 3 (runtime error).
+// (docs/design.md section 10): kInput -> 2 (bad input or usage), kIntegrity -> 1 (stored data
+// failed an integrity check), kRuntime -> 3 (runtime error).
 #pragma once
 
 #include <fmt/format.h>

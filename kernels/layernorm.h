@@ -1,4 +1,5 @@
-// LayerNorm and RMSNorm over the last dimension (docs/design.md section 3: eps 1e-5, biased variance).
+// LayerNorm and RMSNorm over the last dimension (docs/design.md section 3: eps 1e-5, biased
+// variance).
 //   x, y, dy, dx: [M, H]; weight, bias, dweight, dbias: [H]; mean, rstd: [M] (saved statistics,
 //   same dtype as x). Row reductions accumulate in double. Weight/bias gradients (float32/float64,
 //   whatever x's dtype) are ACCUMULATED

@@ -66,7 +66,8 @@ inline double philox_normal(uint64_t seed, uint64_t stream, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2);
 }
 
-// A stream id from a name (FNV-1a 64), e.g. the design.md parameter name "layers.0.attn.qkv.weight".
+// A stream id from a name (FNV-1a 64), e.g. the design.md parameter name
+// "layers.0.attn.qkv.weight".
 constexpr uint64_t philox_stream(std::string_view name) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (char c : name) {

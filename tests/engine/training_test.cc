@@ -165,8 +165,8 @@ namespace {
 // (8-bit mantissa, relative rounding 2^-9 = 2e-3 per value) with fp32 accumulation and fp32
 // master weights. Measured on this configuration: worst per-step loss rel difference 1.1e-3 over
 // 20 steps, step-0 gradients norm-wise rel <= 6.5e-3 per tensor. Bounds: 5e-3 on losses and 3e-2
-// on gradients (about 4.5x the measurement, under the 1e-2 loss bound docs/design.md section 8 gives
-// bf16 across meshes).
+// on gradients (about 4.5x the measurement, under the 1e-2 loss bound docs/design.md section 8
+// gives bf16 across meshes).
 TEST(Training, Bf16TracksFp32) {
   Config c = small();
   c.training.steps = 20;

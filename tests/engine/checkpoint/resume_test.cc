@@ -281,8 +281,8 @@ TEST_F(ResumeTest, EngineStateLoadsOntoAnotherMeshBitwise) {
 
 TEST_F(ResumeTest, CrossMeshMatrixContinuesTraining) {
   // The six meshes: save after k fp32 steps on each, load into a fresh session on each
-  // (itself included), train k more steps. Continued losses stay within the docs/design.md section 8
-  // cross-mesh bound of the straight 2k-step run on the saving mesh, rel 1e-5 (fp32 reductions
+  // (itself included), train k more steps. Continued losses stay within the docs/design.md section
+  // 8 cross-mesh bound of the straight 2k-step run on the saving mesh, rel 1e-5 (fp32 reductions
   // reordered by the mesh; the bound is the design's, the measured worst is printed), and
   // are bitwise equal when the mesh does not change. Measured worst: 2.3e-9 (fp32 losses of the
   // tiny model below). A tiny model keeps the 36 pairs fast.

@@ -59,8 +59,8 @@ std::string mesh_name(const MeshSpec& m) {
 }
 
 // fp32 on any mesh reorders only reductions (gradient averaging over ranks, the loss and norm
-// sums): docs/design.md section 8 allows rel 1e-5 per step. Measured: the largest loss deviation over
-// the meshes below is ~1e-7 relative (fp32 rounding of reordered sums).
+// sums): docs/design.md section 8 allows rel 1e-5 per step. Measured: the largest loss deviation
+// over the meshes below is ~1e-7 relative (fp32 rounding of reordered sums).
 constexpr double kFp32Rel = 1e-5;
 
 void expect_matches_single_rank(const Config& c, const MeshSpec& m) {

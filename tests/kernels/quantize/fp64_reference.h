@@ -82,8 +82,8 @@ inline float amax_of(const std::vector<float>& x, size_t begin, size_t stride, s
   return static_cast<float>(a);
 }
 
-// docs/design.md current scaling, with TE's amax_epsilon: NaN -> 1; amax clamped below by eps first;
-// then a (clamped) amax of 0 or inf -> 1.
+// docs/design.md current scaling, with TE's amax_epsilon: NaN -> 1; amax clamped below by eps
+// first; then a (clamped) amax of 0 or inf -> 1.
 inline float current_scale(float amax, float fp8max, float eps, bool pow2) {
   if (std::isnan(amax)) return 1.0f;
   amax = std::max(amax, eps);
@@ -94,8 +94,8 @@ inline float current_scale(float amax, float fp8max, float eps, bool pow2) {
   return s;
 }
 
-// docs/design.md MXFP8 exponent: v = amax * fl32(1/fp8_max); smallest e with 2^(e-127) >= v, clamped to
-// [0, 254]; NaN -> 255, inf -> 254, 0 -> 0.
+// docs/design.md MXFP8 exponent: v = amax * fl32(1/fp8_max); smallest e with 2^(e-127) >= v,
+// clamped to [0, 254]; NaN -> 255, inf -> 254, 0 -> 0.
 inline int mxfp8_exponent(float amax, float fp8max) {
   if (std::isnan(amax)) return 255;
   if (std::isinf(amax)) return 254;

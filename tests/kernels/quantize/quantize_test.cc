@@ -184,8 +184,8 @@ TEST(QuantizeTest, CurrentScalingMatchesFp64Rule) {
 
 TEST(QuantizeTest, CurrentScalingWithNonFiniteData) {
   // The whole current-scaling path (amax -> scale -> cast) on data holding NaN or inf: the amax
-  // is NaN / inf, so the scale falls back to 1 (docs/design.md: amax 0/inf/NaN -> 1), NaN stays NaN in
-  // the bytes (0x7F with its sign), inf saturates to the largest finite code with its sign.
+  // is NaN / inf, so the scale falls back to 1 (docs/design.md: amax 0/inf/NaN -> 1), NaN stays NaN
+  // in the bytes (0x7F with its sign), inf saturates to the largest finite code with its sign.
   const int64_t M = 40, K = 36;
   for (DType f : {DType::kE4M3, DType::kE5M2}) {
     const bool e5m2 = f == DType::kE5M2;
