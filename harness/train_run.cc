@@ -21,10 +21,6 @@ namespace meshproof::harness {
 namespace fs = std::filesystem;
 
 engine::Config to_engine_config(const Scenario& s) {
-  MP_CHECK_INPUT(s.recipe.eps == 0.0,
-                 "{}: recipe.eps = {} is not supported by the engine (current scaling uses "
-                 "amax 0 -> scale 1)",
-                 s.name, s.recipe.eps);
   engine::Config c = engine_config_of(s);
   engine::validate(c);
   return c;
