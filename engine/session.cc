@@ -849,12 +849,13 @@ struct TrainingSession::Impl {
   }
 
   StepMetrics run_step() {
+    // Before the step's clock starts: tracing is not the step's time.
+    if (options.trace) fp8_trace_before = fp8_state_digests("");
     const TrainingConfig& t = config.training;
     const auto t0 = Clock::now();
     const std::map<std::string, double> coll0 = collective_seconds();
     StepMetrics metrics;
     metrics.step = step;
-    if (options.trace) fp8_trace_before = fp8_state_digests("");
 
     // Forward/backward over this data-parallel rank's rows, micro-batched. The model asks for
     // each unit's weights as it reaches it (per-layer all-gather over dp_shard; freed after the
