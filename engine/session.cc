@@ -19,6 +19,7 @@
 #include "kernels/device.h"
 #include "kernels/elementwise.h"
 #include "kernels/error.h"
+#include "kernels/formats.h"
 #include "kernels/quantize.h"
 #include "mesh/local_comm.h"
 #include "mesh/mpi_comm.h"
@@ -184,6 +185,33 @@ TensorDigest digest(const std::string& name, const Tensor& t) {
   }
   d.l2 = std::sqrt(d.l2);
   return d;
+}
+
+// `t` as fp32 values on the host (--trace of the FP8 state): fp32 as it is; FP8 codes and e8m0
+// scales decoded to the value each code stands for (not dequantized by a scale), so two runs'
+// FP8 bytes compare element by element.
+Tensor host_fp32(const Tensor& t) {
+  const Tensor h = t.device().is_cpu() ? t : t.to(kernels::Device::cpu());
+  if (h.dtype() == DType::kFloat32) return h;
+  Tensor out = host_empty(h.shape(), DType::kFloat32);
+  float* o = out.data<float>();
+  const int64_t n = h.numel().value;
+  const auto* b = static_cast<const uint8_t*>(h.raw_data());
+  switch (h.dtype()) {
+    case DType::kE4M3:
+      for (int64_t i = 0; i < n; ++i) o[i] = kernels::fmt8::e4m3_to_float(b[i]);
+      break;
+    case DType::kE5M2:
+      for (int64_t i = 0; i < n; ++i) o[i] = kernels::fmt8::e5m2_to_float(b[i]);
+      break;
+    case DType::kE8M0:
+      for (int64_t i = 0; i < n; ++i) o[i] = kernels::fmt8::e8m0_to_float(b[i]);
+      break;
+    default:
+      MP_FAIL("trace: FP8 state tensor of dtype {} {} has no fp32 reading",
+              kernels::dtype_name(h.dtype()), h.shape().str());
+  }
+  return out;
 }
 
 // The same quantized tensor with every buffer on `device` (a copy where it is elsewhere).
@@ -776,7 +804,53 @@ struct TrainingSession::Impl {
     }
   }
 
+  // --- --trace: the FP8 state (docs/design.md section 16) ----------------------------------
+
+  // The forward's FP8 state of the last step (RunOptions::trace): taken at the step's start, before
+  // the forward reads the delayed scales and the FP8 primary weights.
+  std::vector<TensorDigest> fp8_trace_before;
+
+  // The FP8 state entries (checkpoint keys fp8/...) in the order a step uses them: per quantized
+  // linear in forward order, the delayed-scaling scale and amax history of its input, weight and
+  // grad_output, then its FP8 primary weight (data and scale_inv); any other fp8/ entry after
+  // them in state order.
+  std::vector<const StateEntry*> fp8_entries_in_step_order() const {
+    std::map<std::string, const StateEntry*> by_key;
+    for (const StateEntry& e : state.entries)
+      if (e.key.starts_with("fp8/")) by_key[e.key] = &e;
+    std::vector<const StateEntry*> out;
+    const auto take = [&](const std::string& key) {
+      const auto it = by_key.find(key);
+      if (it == by_key.end()) return;
+      out.push_back(it->second);
+      by_key.erase(it);
+    };
+    for (const Param& p : params) {
+      if (p.linear.empty()) continue;
+      for (const char* role : {"input", "weight", "grad_output"})
+        for (const char* what : {"scale", "amax_history"})
+          take(fmt::format("fp8/{}/{}/{}", p.linear, role, what));
+      const std::string weight = "fp8/params/" + p.spec.name + "/";
+      for (const StateEntry& e : state.entries)
+        if (e.key.starts_with(weight)) take(e.key);
+    }
+    for (const StateEntry& e : state.entries) take(e.key);
+    return out;
+  }
+
+  // Global fp32 digests of the FP8 state (collective), named prefix + checkpoint key.
+  std::vector<TensorDigest> fp8_state_digests(const std::string& prefix) {
+    std::vector<TensorDigest> d;
+    mesh::Communicator& world = comms.group(kWorld);
+    for (const StateEntry* e : fp8_entries_in_step_order())
+      d.push_back(digest(prefix + e->key, gather_box(world, e->layout, host_fp32(e->local),
+                                                     Box::whole(e->layout.global_shape()))));
+    return d;
+  }
+
   StepMetrics run_step() {
+    // Before the step's clock starts: tracing is not the step's time.
+    if (options.trace) fp8_trace_before = fp8_state_digests("");
     const TrainingConfig& t = config.training;
     const auto t0 = Clock::now();
     const std::map<std::string, double> coll0 = collective_seconds();
@@ -893,15 +967,22 @@ ShardedState& TrainingSession::state() { return impl_->state; }
 void TrainingSession::load_scalars() { impl_->load_scalars(); }
 std::map<std::string, Tensor> TrainingSession::gather_params() { return impl_->gather_all(false); }
 std::vector<TensorDigest> TrainingSession::digests() {
-  // Canonical parameter order (embeddings, layers in order, head): gradients, then the weights
-  // the step's optimizer update produced from them.
-  std::vector<TensorDigest> d;
+  // The forward's FP8 state ("fp8/<key>", taken at the step's start), then in canonical
+  // parameter order (embeddings, layers in order, head) the gradients and the weights the step's
+  // optimizer update produced from them, then the FP8 state after the step ("updated/fp8/<key>":
+  // the delayed scales and amax histories updated by the step, the re-quantized FP8 weights).
+  MP_CHECK(impl_->options.trace,
+           "TrainingSession::digests needs RunOptions::trace: the forward's FP8 state is taken at "
+           "each step's start only when tracing");
+  std::vector<TensorDigest> d = std::move(impl_->fp8_trace_before);
+  impl_->fp8_trace_before.clear();
   const std::map<std::string, Tensor> grads = impl_->gather_all(true);
   const std::map<std::string, Tensor> weights = impl_->gather_all(false);
   for (const Impl::Param& p : impl_->params)
     d.push_back(digest("grad/" + p.spec.name, grads.at(p.spec.name)));
   for (const Impl::Param& p : impl_->params)
     d.push_back(digest("param/" + p.spec.name, weights.at(p.spec.name)));
+  for (TensorDigest& u : impl_->fp8_state_digests("updated/")) d.push_back(std::move(u));
   return d;
 }
 int64_t TrainingSession::steps_done() const { return impl_->step; }

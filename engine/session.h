@@ -80,9 +80,11 @@ struct FsdpOptions {
 // L2 norm summarise it; the values let a check find the first diverging (step, tensor) of two
 // runs and measure that tensor's max abs/rel error and ULP distance at that step. Tracing therefore
 // holds 2 x (parameter count) x 4 bytes per step (gradients and weights): about 1 MB per step for
-// the library's scenario models.
+// the library's scenario models, plus twice the FP8 state (before and after the step; with
+// fsdp.fp8_params one more fp32 value per weight element).
 struct TensorDigest {
-  std::string name;           // e.g. "grad/layers.0.attn.qkv.weight", "param/embed.tok"
+  std::string name;           // e.g. "grad/layers.0.attn.qkv.weight", "param/embed.tok",
+                              // "fp8/layers.0.attn.qkv/input/scale", "updated/fp8/..."
   kernels::Shape shape;       // global shape
   uint64_t hash = 0;          // FNV-1a of the fp32 bytes of the global tensor
   double sum = 0;             // sum of elements (double)
@@ -116,7 +118,8 @@ struct RunOptions {
   // the defaults. Tests and fault injection use it; amax_not_reduced empties every group.
   AmaxGroupOverrides amax_groups;
   int64_t steps = 0;  // optimizer steps to run in this call (0: config.training.steps)
-  // Per-step digests and values of every global gradient and weight (RunResult::trace).
+  // Per-step digests and values of every global gradient and weight and of the FP8 state
+  // (RunResult::trace, TrainingSession::digests); off: no cost.
   bool trace = false;
   // Compare every FP8 all-gathered weight with quantize(gather(shard)) (RunResult::parity).
   bool allgather_parity = false;
@@ -212,7 +215,9 @@ class TrainingSession {
   void load_scalars();
   // Global fp32 master weights gathered from all shards (collective).
   std::map<std::string, kernels::Tensor> gather_params();
-  // Digests of the last step's gradients and the current weights (collective).
+  // Digests of the last step (collective; needs RunOptions::trace): the FP8 state its forward
+  // read ("fp8/<checkpoint key>"), its gradients ("grad/<param>"), the weights its update wrote
+  // ("param/<param>") and the FP8 state after it ("updated/fp8/<checkpoint key>"), global fp32.
   std::vector<TensorDigest> digests();
 
   int64_t steps_done() const;

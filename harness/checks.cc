@@ -216,13 +216,16 @@ NoiseFloors noise_floors(const Trace& control_actual, const Trace& control_expec
 
 namespace {
 
-// The order the step computes a step's traced tensors in: gradients in backward order (the
-// reverse of their canonical order), then everything else (the weights) in canonical order.
+// The order the step computes a step's traced tensors in: the forward's FP8 state ("fp8/...",
+// the scales, amax histories and FP8 weights the forward reads) as traced, then gradients in
+// backward order (the reverse of their canonical order), then everything else as traced (the
+// weights of the optimizer update, then the FP8 state after the step, "updated/fp8/...").
 std::vector<const engine::TensorDigest*> step_order(const std::vector<engine::TensorDigest>& t) {
-  std::vector<const engine::TensorDigest*> grads, rest;
+  std::vector<const engine::TensorDigest*> fp8, grads, rest;
   for (const engine::TensorDigest& d : t)
-    (d.name.starts_with("grad/") ? grads : rest).push_back(&d);
-  std::vector<const engine::TensorDigest*> out(grads.rbegin(), grads.rend());
+    (d.name.starts_with("fp8/") ? fp8 : d.name.starts_with("grad/") ? grads : rest).push_back(&d);
+  std::vector<const engine::TensorDigest*> out = fp8;
+  out.insert(out.end(), grads.rbegin(), grads.rend());
   out.insert(out.end(), rest.begin(), rest.end());
   return out;
 }

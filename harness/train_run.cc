@@ -464,6 +464,8 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
            "{}: resume at step {} outside ({}, {})", s.name, request.at_step, start, s.train.steps);
   TrainRequest tr;
   tr.faults = request.faults;
+  // The sessions take the forward's FP8 state at each step's start only when tracing.
+  tr.trace = request.trace;
   const engine::RunOptions first = make_run_options(s, tr);
   Scenario resumed = s;
   if (request.mesh) resumed.mesh = *request.mesh;
@@ -546,8 +548,12 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
         engine::TrainingSession session(second, comms);
         engine::load_checkpoint(saved, session.state(), comms, co);
         session.load_scalars();
-        while (session.steps_done() < s.train.steps) {
-          const engine::StepMetrics m = session.step();
+        // The remaining steps counted from the save, not up to the loaded optimizer step counter:
+        // a checkpoint that lost optim/step (optimizer_state_not_restored) must still resume
+        // for exactly the straight run's remaining steps, and be judged on what it computes.
+        for (int64_t i = request.at_step; i < s.train.steps; ++i) {
+          engine::StepMetrics m = session.step();
+          m.step = i;  // the run's step, whatever optimizer step counter the checkpoint restored
           trace_step(session, comms);
           if (lead(comms)) record(m);
         }

@@ -5,6 +5,7 @@
 // GEMM weights live as FP8 shards re-quantized from the fp32 master after every optimizer step.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "engine/session.h"
@@ -261,6 +262,65 @@ TEST(ShardedBackend, CudaWithoutAUsableGpuIsAnInputError) {
     EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
     EXPECT_NE(std::string(e.what()).find("backend cuda:0 is not usable here"), std::string::npos)
         << e.what();
+  }
+}
+
+// --trace holds the FP8 state (docs/design.md section 16): per step the forward's state
+// ("fp8/<checkpoint key>") first, then gradients and weights, then the state after the step
+// ("updated/fp8/<key>"), all global fp32. The state a step's forward reads is the state the
+// previous step left, and the traced FP8 primary weight (codes as values, gathered over dp_shard x
+// tp) times its scale_inv is the weight it was quantized from.
+TEST(Fp8Params, TraceHoldsTheFp8StateInStepOrder) {
+  RunOptions o = run_options(two_layers(RecipeKind::kDelayed), {1, 2, 2}, 2);
+  o.fsdp.fp8_params = true;
+  o.trace = true;
+  const RunResult r = run_training(o);
+  ASSERT_EQ(r.trace.size(), 2u);
+  const size_t nparams = param_specs(o.config.model).size();
+  // 2 layers x 4 linears (qkv, proj, fc1, fc2) x 3 roles x (scale, amax_history), and 8 FP8
+  // weights x (rowwise_data, scale_inv): 64 entries before and 64 after the step.
+  constexpr size_t kFp8 = 2 * 4 * 3 * 2 + 8 * 2;
+  for (const std::vector<TensorDigest>& step : r.trace) {
+    ASSERT_EQ(step.size(), 2 * nparams + 2 * kFp8);
+    EXPECT_EQ(step[0].name, "fp8/layers.0.attn.qkv/input/scale");
+    EXPECT_EQ(step[1].name, "fp8/layers.0.attn.qkv/input/amax_history");
+    EXPECT_EQ(step[6].name, "fp8/params/layers.0.attn.qkv.weight/rowwise_data");
+    EXPECT_EQ(step[7].name, "fp8/params/layers.0.attn.qkv.weight/scale_inv");
+    EXPECT_EQ(step[8].name, "fp8/layers.0.attn.proj/input/scale");
+    for (size_t i = 0; i < kFp8; ++i) {
+      EXPECT_TRUE(step[i].name.starts_with("fp8/")) << step[i].name;
+      EXPECT_EQ(step[kFp8 + 2 * nparams + i].name, "updated/" + step[i].name);
+    }
+    EXPECT_TRUE(step[kFp8].name.starts_with("grad/")) << step[kFp8].name;
+    EXPECT_TRUE(step[kFp8 + nparams].name.starts_with("param/")) << step[kFp8 + nparams].name;
+  }
+  // Step 1's forward reads fresh delayed states (scale 1); its amax update moves the input scale.
+  EXPECT_EQ(r.trace[0][0].values, std::vector<float>{1.0f});
+  EXPECT_NE(r.trace[0][kFp8 + 2 * nparams].values, std::vector<float>{1.0f});
+  // Step 2's forward state is bitwise what step 1 left.
+  for (size_t i = 0; i < kFp8; ++i)
+    EXPECT_EQ(r.trace[1][i].values, r.trace[0][kFp8 + 2 * nparams + i].values)
+        << r.trace[1][i].name;
+  // The FP8 weight step 2 reads decodes to the weight step 1's update wrote, within e4m3's
+  // rounding: half a unit in the last of 3 mantissa bits (rel 2^-4), or half the smallest
+  // subnormal step (2^-10) times scale_inv near zero. Delayed scaling quantizes with the scale of
+  // the amax history, not of this weight, so codes may saturate at +-448: then the weight is at
+  // least that large (less the rounding), with the same sign.
+  const TensorDigest* data = &r.trace[1][6];
+  const float scale_inv = r.trace[1][7].values.at(0);
+  const TensorDigest* weight = nullptr;
+  for (const TensorDigest& d : r.trace[0])
+    if (d.name == "param/layers.0.attn.qkv.weight") weight = &d;
+  ASSERT_NE(weight, nullptr);
+  ASSERT_EQ(data->shape, weight->shape);
+  for (size_t k = 0; k < weight->values.size(); ++k) {
+    const double w = weight->values[k];
+    const double decoded = static_cast<double>(data->values[k]) * scale_inv;
+    if (std::abs(data->values[k]) == 448.0f) {
+      ASSERT_GE(w * (decoded > 0 ? 1 : -1), std::abs(decoded) * (1 - 1.0 / 16)) << k;
+      continue;
+    }
+    ASSERT_LE(std::abs(decoded - w), std::abs(w) / 16 + scale_inv / 1024.0 + 1e-12) << k;
   }
 }
 

@@ -310,6 +310,59 @@ TEST(FirstDivergingTraced, NoiseFloorsAndStepOrder) {
       << r.message;
 }
 
+// The FP8 state in a trace (engine::TrainingSession::digests, as the engine lists it): the
+// forward's state ("fp8/<key>") first, then the gradients in backward order, the weights, and the
+// state after the step ("updated/fp8/<key>"). Each is judged against its own noise floor.
+TEST(FirstDivergingTraced, Fp8StateInStepOrderWithNoiseFloors) {
+  using Entry = std::pair<const char*, std::vector<float>>;
+  auto step_of = [](float input_scale, float weight_scale_inv, float g_head, float updated) {
+    std::vector<engine::TensorDigest> out;
+    for (const Entry& e :
+         {Entry{"fp8/layers.0.attn.qkv/input/scale", {input_scale}},
+          Entry{"fp8/params/layers.0.attn.qkv.weight/scale_inv", {weight_scale_inv}},
+          Entry{"grad/layers.0.attn.qkv.weight", {1, 1}}, Entry{"grad/lm_head.weight", {g_head, 1}},
+          Entry{"param/layers.0.attn.qkv.weight", {2, 2}}, Entry{"param/lm_head.weight", {3, 3}},
+          Entry{"updated/fp8/layers.0.attn.qkv/input/scale", {updated}}}) {
+      engine::TensorDigest d;
+      d.name = e.first;
+      d.shape = kernels::Shape({static_cast<int64_t>(e.second.size())});
+      d.values = e.second;
+      out.push_back(d);
+    }
+    return out;
+  };
+  const Trace expected = {step_of(100, 0.01f, 1, 90)};
+  // Bitwise: a forward FP8 scale that differs comes before the (later in the list, earlier in
+  // the backward) head gradient and the updated state.
+  const auto first = first_diverging_traced({step_of(1, 0.01f, 2, 80)}, expected);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->diff.tensor, "fp8/layers.0.attn.qkv/input/scale");
+  // Only the FP8 weight's scale_inv and the head gradient differ: the scale_inv (forward state).
+  const auto inv = first_diverging_traced({step_of(100, 0.0101f, 2, 90)}, expected);
+  ASSERT_TRUE(inv.has_value());
+  EXPECT_EQ(inv->diff.tensor, "fp8/params/layers.0.attn.qkv.weight/scale_inv");
+  // Only the updated state: named after the weights.
+  const auto upd = first_diverging_traced({step_of(100, 0.01f, 1, 91)}, expected);
+  ASSERT_TRUE(upd.has_value());
+  EXPECT_EQ(upd->diff.tensor, "updated/fp8/layers.0.attn.qkv/input/scale");
+  // Noise floors: the control moves the input scale by rel 1e-2 (its floor); the faulty run
+  // moves it by the same amount and the scale_inv (floor 0) by rel 1e-3: the scale is within
+  // 4x its floor, the scale_inv is named.
+  const Trace control = {step_of(101, 0.01f, 1, 90)};
+  const NoiseFloors floors = noise_floors(control, expected);
+  EXPECT_NEAR(floors[0].at("fp8/layers.0.attn.qkv/input/scale"), 0.01, 1e-6);
+  EXPECT_EQ(floors[0].at("fp8/params/layers.0.attn.qkv.weight/scale_inv"), 0.0);
+  const auto judged =
+      first_diverging_traced({step_of(101, 0.01001f, 1, 90)}, expected, 1e-2, &floors);
+  ASSERT_TRUE(judged.has_value());
+  EXPECT_TRUE(judged->beyond_rtol);
+  EXPECT_EQ(judged->diff.tensor, "fp8/params/layers.0.attn.qkv.weight/scale_inv");
+  // The control itself: nothing beyond its floor.
+  const auto quiet = first_diverging_traced(control, expected, 1e-2, &floors);
+  ASSERT_TRUE(quiet.has_value());
+  EXPECT_FALSE(quiet->beyond_rtol);
+}
+
 TEST(CompareBitwise, TraceNamesTensorStepAndItsErrors) {
   const auto a = steps_of({5.0, 4.0, 3.0}, {1.0, 0.5, 0.25});
   auto b = a;
