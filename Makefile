@@ -9,7 +9,7 @@ BUILD_TYPE ?= Release
 MESHPROOF_CUDA ?= AUTO
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
-# The sanitizer + fuzz build (DESIGN.md section 17): clang, ASan+UBSan (+ libFuzzer coverage),
+# The sanitizer + fuzz build (docs/design.md section 17): clang, ASan+UBSan (+ libFuzzer coverage),
 # -O1 as ASan recommends, line tables for the reports' stacks.
 ASAN_DIR ?= build-asan
 FUZZ_SECONDS ?= 60

@@ -1,4 +1,4 @@
-# MESHPROOF_SANITIZE / MESHPROOF_FUZZ (DESIGN.md section 17): instrument every C and C++ object of
+# MESHPROOF_SANITIZE / MESHPROOF_FUZZ (docs/design.md section 17): instrument every C and C++ object of
 # the build (libraries, tests, CLI) with AddressSanitizer (with LeakSanitizer) and
 # UndefinedBehaviorSanitizer. -fno-sanitize-recover=all turns every UBSan report into an abort, so
 # a finding fails the test instead of printing and going on; -fno-omit-frame-pointer keeps the fast

@@ -150,11 +150,12 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
   const fs::path out_dir = o.out_dir.empty()
                                ? fs::path("out") / compact_timestamp(record.start_time)
                                : fs::path(o.out_dir);
-  prepare_out_dir(out_dir, lead);
-
   opts.out_dir = out_dir;
   opts.from_checkpoint = o.from_checkpoint;
+  // Every input check first (it only derives paths under out_dir), then the folder is created
+  // and probed: bad input leaves nothing behind, not even an empty --out folder.
   check_run_inputs(scenarios, opts);
+  prepare_out_dir(out_dir, lead);
   bool any_error = false, any_missed = false;
   for (const Scenario& s : scenarios) {
     if (!o.quiet && !opts.progress) {

@@ -647,14 +647,7 @@ struct Resolver {
     r.amax_compute_algo =
         s.choice("amax_compute_algo", AmaxAlgo::kMax,
                  {{"max", AmaxAlgo::kMax}, {"most_recent", AmaxAlgo::kMostRecent}});
-    r.eps = s.number("eps", 0.0, 0.0, 1.0);
-    if (r.eps != 0.0) {
-      // harness/train_run.h to_engine_config refuses it: the engine has no eps.
-      bad(s.child("eps"),
-          fmt::format("{} is not supported by the engine (current scaling uses amax 0 -> scale "
-                      "1); leave it at 0",
-                      r.eps));
-    }
+    r.eps = s.number("eps", 0.0, 0.0, 1.0);  // TE's amax_epsilon (docs/design.md section 15)
     r.power_2_scale = s.boolean("power_2_scale", r.power_2_scale);
     if (kind == RecipeKind::kMxfp8 && r.fp8_format != Fp8Format::kE4M3) {
       // docs/design.md section 4: MXFP8 is E4M3 for all tensors; we implement no MXFP8 E5M2 path.

@@ -1,4 +1,4 @@
-// libFuzzer target for checkpoint index.json and rank files (DESIGN.md section 17).
+// libFuzzer target for checkpoint index.json and rank files (docs/design.md section 17).
 //
 // LLVMFuzzerInitialize saves a real checkpoint (the synthetic state of the checkpoint tests on a
 // dp_shard=2 x tp=2 mesh, four rank files) under a fresh temporary folder, then copies its files

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/fuzz/regressions/checkpoint_index/ from the seed index.json (DESIGN.md section 17).
+"""Writes tests/fuzz/regressions/checkpoint_index/ from the seed index.json (docs/design.md section 17).
 
 Each file is the real index of checkpoint_index_fuzz's saved checkpoint with one field made
 hostile. Usage: tests/fuzz/make-index-regressions.py   (reads corpus/checkpoint_index/index.json)

@@ -1,5 +1,5 @@
-// libFuzzer target for the scenario loader (DESIGN.md section 17): YAML text plus optional --set
-// overrides -> parse_override -> load_scenario_text (parse, overrides, matrix expansion,
+// libFuzzer target for the scenario loader (docs/design.md section 17): YAML text plus optional
+// --set overrides -> parse_override -> load_scenario_text (parse, overrides, matrix expansion,
 // validation) -> check_unique_name over the expanded scenarios.
 //
 // Input: the scenario's YAML text, optionally followed by a line `%%set`; every line after it is
