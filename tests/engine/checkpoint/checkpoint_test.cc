@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ckpt_test_files.h"
 #include "ckpt_test_state.h"
 #include "harness/cli.h"
 #include "harness/exit_codes.h"
@@ -35,6 +36,7 @@ namespace {
 namespace fs = std::filesystem;
 using kernels::Tensor;
 using mesh::DeviceMesh;
+using testing::flip_byte;
 using testing::make_state;
 using testing::synthetic_global;
 using testing::synthetic_keys;
@@ -159,23 +161,6 @@ void expect_load_fails(const DeviceMesh& m, const fs::path& dir, kernels::ErrorK
     ASSERT_EQ(states[r].entries.size(), synthetic_keys().size()) << "rank " << r;
   }
   expect_state_is_seed(states, 2, "after a failed load");
-}
-
-// XORs one byte of the raw data of `dataset` in the HDF5 file `file`.
-void flip_byte(const fs::path& file, const std::string& dataset, int64_t byte = 0) {
-  haddr_t offset = 0;
-  {
-    H5::H5File f(file.string(), H5F_ACC_RDONLY);
-    offset = f.openDataSet(dataset).getOffset();
-  }
-  ASSERT_NE(offset, HADDR_UNDEF);
-  std::fstream s(file, std::ios::in | std::ios::out | std::ios::binary);
-  s.seekg(static_cast<std::streamoff>(offset + static_cast<haddr_t>(byte)));
-  char c = 0;
-  s.read(&c, 1);
-  c = static_cast<char>(c ^ 0x5a);
-  s.seekp(static_cast<std::streamoff>(offset + static_cast<haddr_t>(byte)));
-  s.write(&c, 1);
 }
 
 TEST(CheckpointTest, ReshardMatrixBitwiseWithOverlappingReadsOnly) {

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ckpt_test_files.h"
 #include "ckpt_test_state.h"
 #include "engine/checkpoint.h"
 #include "harness/cli.h"
@@ -35,6 +36,7 @@ using json = nlohmann::json;
 using kernels::ErrorKind;
 using kernels::Tensor;
 using mesh::DeviceMesh;
+using testing::flip_byte;
 
 const DeviceMesh kMesh(1, 2, 2);
 constexpr int64_t kStep = 7;
@@ -90,22 +92,6 @@ void refresh_sizes(const fs::path& dir) {
       f["bytes"] = static_cast<int64_t>(fs::file_size(dir / f["name"].get<std::string>()));
     }
   });
-}
-
-void flip_byte(const fs::path& file, const std::string& dataset, int64_t byte) {
-  haddr_t offset = 0;
-  {
-    H5::H5File f(file.string(), H5F_ACC_RDONLY);
-    offset = f.openDataSet(dataset).getOffset();
-  }
-  ASSERT_NE(offset, HADDR_UNDEF);
-  std::fstream s(file, std::ios::in | std::ios::out | std::ios::binary);
-  s.seekg(static_cast<std::streamoff>(offset + static_cast<haddr_t>(byte)));
-  char c = 0;
-  s.read(&c, 1);
-  c = static_cast<char>(c ^ 0x21);
-  s.seekp(static_cast<std::streamoff>(offset + static_cast<haddr_t>(byte)));
-  s.write(&c, 1);
 }
 
 template <typename Obj>
@@ -245,12 +231,12 @@ TEST_F(CheckpointCorruptionTest, EveryCorruptionIsCaughtByLoadAndVerify) {
   const std::vector<Case> cases = {
       // ---- data bytes and whole files ----
       {"fp32 chunk byte flipped",
-       [&](const fs::path& d) { flip_byte(d / "rank_00001.h5", "/" + qkv, 3); },
+       [&](const fs::path& d) { flip_byte(d / "rank_00001.h5", "/" + qkv, 3, 0x21); },
        ErrorKind::kIntegrity,
        {qkv, "rank_00001.h5", "checksum mismatch"}},
       {"e4m3 chunk byte flipped",
        [&](const fs::path& d) {
-         flip_byte(d / "rank_00002.h5", "/fp8_params/layers.0.attn.qkv.weight/data", 0);
+         flip_byte(d / "rank_00002.h5", "/fp8_params/layers.0.attn.qkv.weight/data", 0, 0x21);
        },
        ErrorKind::kIntegrity,
        {"fp8_params/layers.0.attn.qkv.weight/data", "rank_00002.h5", "checksum mismatch"}},
