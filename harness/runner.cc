@@ -337,6 +337,25 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
     progress.out = &log;
     progress.name = s.name;
   }
+  // --trace on a fault scenario: the fault-free straight run from the same start is the control
+  // the resume and reference checks measure every tensor's noise floor against. Trained once, on
+  // first use.
+  std::optional<TrainOutcome> control;
+  auto fault_free_control = [&]() -> const TrainOutcome& {
+    if (!control) {
+      Scenario clean = run;
+      clean.faults.clear();
+      TrainRequest creq;
+      creq.trace = true;
+      creq.scenario_hash = hash;
+      creq.from_checkpoint = from;
+      progress.phase("control");
+      creq.on_step = progress.callback();
+      control = train_scenario(clean, creq);
+      progress.done();
+    }
+    return *control;
+  };
   try {
     run.backend = *backend == "cpu" ? Backend::kCpu : Backend::kCuda;
     std::string why;
@@ -450,17 +469,12 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
         // straight run and a clean cross-mesh resume) gives every tensor its noise floor.
         std::optional<NoiseFloors> floors;
         if (opts.trace && faults.any()) {
+          const TrainOutcome& clean_straight = fault_free_control();
           Scenario clean = run;
           clean.faults.clear();
-          TrainRequest sreq;
-          sreq.trace = true;
-          sreq.scenario_hash = hash;
-          sreq.from_checkpoint = from;
-          progress.phase("resume control");
-          sreq.on_step = progress.callback();
-          const TrainOutcome clean_straight = train_scenario(clean, sreq);
           ResumeRequest creq = req;
           creq.faults = {};
+          progress.phase("resume control");
           creq.on_step = progress.callback();
           TrainOutcome clean_resumed = resume_scenario(clean, creq);
           progress.done();
@@ -526,17 +540,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
       // --trace on a fault scenario: the fault-free main run against the same reference is the
       // control that gives every tensor its noise floor.
       std::optional<NoiseFloors> floors;
-      if (opts.trace && faults.any()) {
-        Scenario clean = run;
-        clean.faults.clear();
-        TrainRequest creq;
-        creq.trace = true;
-        progress.phase("reference control");
-        creq.on_step = progress.callback();
-        const TrainOutcome control = train_scenario(clean, creq);
-        progress.done();
-        floors = noise_floors(control.trace, r.trace);
-      }
+      if (opts.trace && faults.any()) floors = noise_floors(fault_free_control().trace, r.trace);
       return compare_tolerance(
           "reference", "reference", main_view, RunView{&r.steps, &r.final_params, &r.trace},
           s.checks.reference.rtol, what, opts.trace, floors ? &*floors : nullptr);
