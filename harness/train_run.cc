@@ -317,8 +317,8 @@ int64_t check_start_checkpoint(const Scenario& s, const fs::path& dir) {
 }
 
 engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& request) {
+  // The engine config is built once; engine::check_run validates it (run_on_ranks and the session).
   engine::RunOptions o = engine_run_options(s);
-  o.config = to_engine_config(s);
   // The runner resolves auto before it gets here (harness/runner.h resolve_backend).
   MP_CHECK(s.backend != Backend::kAuto, "{}: backend auto reached the engine unresolved", s.name);
   o.backend = s.backend == Backend::kCuda ? kernels::Device::cuda(0) : kernels::Device::cpu();
