@@ -70,7 +70,9 @@ std::string switches_name(const ::testing::TestParamInfo<Switches>& info) {
                                                            {d, "determinism"}};
   std::string name;
   for (const auto& [on, what] : named) {
-    if (on) name += (name.empty() ? "" : "_") + std::string(what);
+    if (!on) continue;
+    if (!name.empty()) name += '_';
+    name += what;
   }
   return name.empty() ? std::string("none") : name;
 }

@@ -95,16 +95,22 @@ TEST_P(FaultTableRow, ListedByMeshproofFaults) {
   print_fault_catalog(out);
   const std::string text = out.str();
   std::string claims;
-  for (std::string_view c : row().caught_by)
-    claims += (claims.empty() ? "" : ", ") + std::string(c);
+  for (std::string_view c : row().caught_by) {
+    if (!claims.empty()) claims += ", ";
+    claims += c;
+  }
   const std::string head = GetParam() + "\n  bug class: " + std::string(row().bug_class) +
                            "\n  caught by: " + claims + "\n  needs:     ";
   const size_t at = text.find(head);
   ASSERT_NE(at, std::string::npos) << text;
   const size_t end = text.find("\n", at + head.size());
   const std::string needs = text.substr(at + head.size(), end - at - head.size());
-  if (row().needs.empty()) EXPECT_EQ(needs, "any scenario");
-  for (const FaultRequirement& r : row().needs) EXPECT_NE(needs.find(r.what), std::string::npos);
+  if (row().needs.empty()) {
+    EXPECT_EQ(needs, "any scenario");
+  }
+  for (const FaultRequirement& r : row().needs) {
+    EXPECT_NE(needs.find(r.what), std::string::npos) << r.what;
+  }
   for (const FaultParam* p : all_params(row())) {
     EXPECT_NE(text.find("  param:     " + std::string(p->name) + " (" + p->describe() +
                             "): " + std::string(p->doc) + "\n",

@@ -22,15 +22,26 @@ namespace fs = std::filesystem;
 using reports::Verdict;
 using namespace test;
 
-// Issue #17.3: an explicit cuda backend without a usable GPU is an input error with the probe's
-// reason; requires_gpu scenarios are skipped (with that reason) under auto and cpu.
-TEST(ResolveBackend, ExplicitCudaWithoutGpuIsAnErrorRequiresGpuSkips) {
+// A machine whose GPU probe found no usable GPU, and the scenario x.yaml the backend tests resolve.
+reports::EnvironmentRecord no_gpu_env() {
   reports::EnvironmentRecord env;
   env.cuda_usable = false;
   env.cuda_unusable_reason = "no CUDA driver is installed";
+  return env;
+}
+Scenario scenario_x() {
   Scenario s;
   s.source = "x.yaml";
   s.name = "x";
+  return s;
+}
+
+// Issue #17.3: an explicit cuda backend without a usable GPU is an input error with the probe's
+// reason; requires_gpu scenarios are skipped (with that reason) under auto and cpu
+// (ResolveBackend/ResolveBackendRequiresGpu).
+TEST(ResolveBackend, ExplicitCudaWithoutGpuIsAnErrorRequiresGpuSkips) {
+  reports::EnvironmentRecord env = no_gpu_env();
+  Scenario s = scenario_x();
   RunnerOptions opts;
   std::string skip;
   EXPECT_EQ(resolve_backend(s, opts, env, &skip), "cpu");
@@ -59,18 +70,13 @@ class ResolveBackendRequiresGpu : public ::testing::TestWithParam<Backend> {};
 // A requires_gpu scenario (its own backend cuda) under --backend auto or cpu on a machine without
 // a usable GPU: skipped, with the probe's reason.
 TEST_P(ResolveBackendRequiresGpu, SkippedWithTheReasonWithoutAGpu) {
-  reports::EnvironmentRecord env;
-  env.cuda_usable = false;
-  env.cuda_unusable_reason = "no CUDA driver is installed";
-  Scenario s;
-  s.source = "x.yaml";
-  s.name = "x";
+  Scenario s = scenario_x();
   s.backend = Backend::kCuda;
   s.requires_gpu = true;
   RunnerOptions opts;
   opts.backend = GetParam();
   std::string skip;
-  EXPECT_FALSE(resolve_backend(s, opts, env, &skip).has_value());
+  EXPECT_FALSE(resolve_backend(s, opts, no_gpu_env(), &skip).has_value());
   EXPECT_EQ(skip, "requires_gpu but no usable GPU: no CUDA driver is installed");
 }
 
