@@ -14,14 +14,12 @@
 #include "engine/bench_recipes.h"
 #include "engine/data.h"
 #include "harness/check_table.h"
-#include "harness/checks.h"
 #include "harness/golden.h"
 #include "harness/run_verb.h"
 #include "harness/scenario_faults.h"
 #include "harness/scenario_loader.h"
 #include "kernels/error.h"
 #include "kernels/runtime.h"
-#include "mesh/library_info.h"
 #include "reports/perf_metrics.h"
 
 namespace meshproof::harness {
