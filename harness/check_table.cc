@@ -256,6 +256,13 @@ const CheckDescriptor* find_check(std::string_view name) {
   return nullptr;
 }
 
+const CheckDescriptor& check(CheckId id) {
+  const CheckDescriptor& row = check_table()[static_cast<size_t>(id)];
+  MP_CHECK(row.id == id, "check table row {} is {}: rows out of CheckId order",
+           static_cast<int>(id), row.name);
+  return row;
+}
+
 std::vector<std::string> enabled_checks(const Scenario& s) {
   std::vector<std::string> out;
   for (const CheckDescriptor& c : check_table()) {
@@ -278,7 +285,8 @@ std::string describe_claim(std::string_view claim) {
 }
 
 const CheckDescriptor* check_of_claim(std::string_view claim) {
-  return find_check(claim == "resume_cross_mesh" ? "resume" : claim);
+  if (claim == "resume_cross_mesh") return &check(CheckId::kResume);
+  return find_check(claim);
 }
 
 }  // namespace meshproof::harness

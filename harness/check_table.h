@@ -24,6 +24,7 @@ namespace meshproof::harness {
 
 struct RunnerOptions;
 
+// The rows' ids, in table order (check(id) is row `id`).
 enum class CheckId { kGolden, kResume, kReference, kAllgatherParity, kDeterminism };
 
 // What a check sees of the scenario being run: the scenario, the main run it judges, and the
@@ -70,6 +71,7 @@ struct CheckDescriptor {
 // The rows, in run and report order: golden, resume, reference, allgather_parity, determinism.
 std::span<const CheckDescriptor> check_table();
 const CheckDescriptor* find_check(std::string_view name);  // nullptr when unknown
+const CheckDescriptor& check(CheckId id);
 
 // The names of the checks `s` enables, in table order.
 std::vector<std::string> enabled_checks(const Scenario& s);

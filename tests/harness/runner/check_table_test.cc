@@ -19,6 +19,7 @@ TEST(CheckTable, RowsInRunOrderEachComplete) {
   std::vector<std::string> names;
   for (const CheckDescriptor& c : check_table()) {
     names.emplace_back(c.name);
+    EXPECT_EQ(&check(c.id), &c) << c.name;  // row `id` is the row of that id
     EXPECT_NE(c.enabled, nullptr) << c.name;
     EXPECT_NE(c.claim, nullptr) << c.name;
     EXPECT_NE(c.run, nullptr) << c.name;
