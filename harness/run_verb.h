@@ -60,6 +60,9 @@ struct GoldenUpdateOptions {
 
 int golden_update_verb(const GoldenUpdateOptions& opts, std::ostream& out, std::ostream& err);
 
+// `meshproof faults`: every row of the fault table (harness/scenario_faults.h) with its bug class,
+// the checks that catch it, what a scenario needs for it and each parameter's type, range and
+// default.
 void print_fault_catalog(std::ostream& out);
 
 // `args` is the whole argv as given (it must outlive parsing); the verbs record it.

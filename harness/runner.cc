@@ -13,14 +13,13 @@
 
 #include "engine/bench_recipes.h"
 #include "engine/data.h"
-#include "harness/checks.h"
+#include "harness/check_table.h"
 #include "harness/golden.h"
 #include "harness/run_verb.h"
 #include "harness/scenario_faults.h"
 #include "harness/scenario_loader.h"
 #include "kernels/error.h"
 #include "kernels/runtime.h"
-#include "mesh/library_info.h"
 #include "reports/perf_metrics.h"
 
 namespace meshproof::harness {
@@ -179,19 +178,14 @@ std::string golden_update_command(const Scenario& s, const RunnerOptions& opts,
 
 std::vector<std::string> intended_checks(const Scenario& s) {
   if (s.expect != Expect::kCaught) return {};
-  const std::vector<std::string> enabled = s.checks.enabled_names();
-  std::set<std::string> intended;
+  const std::vector<std::string> enabled = enabled_claims(s);
+  std::set<std::string> intended;  // sorted: the reports list them by name
   for (const FaultSpec& f : s.faults) {
-    const FaultInfo* info = find_fault(f.name);
-    if (!info) continue;
-    for (const std::string& c : info->caught_by) {
-      // "resume_cross_mesh" is the resume check with a mesh override, "resume" the one without.
-      std::string kind = c;
-      if (c == "resume_cross_mesh" || c == "resume") {
-        if ((c == "resume_cross_mesh") != s.checks.resume.mesh.has_value()) continue;
-        kind = "resume";
-      }
-      if (std::find(enabled.begin(), enabled.end(), kind) != enabled.end()) intended.insert(kind);
+    const FaultDescriptor* row = find_fault(f.name);
+    if (!row) continue;
+    for (std::string_view claim : row->caught_by) {
+      if (std::find(enabled.begin(), enabled.end(), claim) == enabled.end()) continue;
+      intended.emplace(check_of_claim(claim)->name);
     }
   }
   return {intended.begin(), intended.end()};
@@ -308,7 +302,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   const engine::Config engine_config = to_engine_config(s);
   rec.entropy_floor =
       engine::markov_entropy_rate(engine_config.model.vocab, engine_config.data.decay);
-  const std::vector<std::string> check_names = s.checks.enabled_names();
+  const std::vector<std::string> check_names = enabled_checks(s);
 
   std::string skip_reason;
   const std::optional<std::string> backend = resolve_backend(s, opts, env, &skip_reason);
@@ -358,12 +352,12 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   };
   try {
     run.backend = *backend == "cpu" ? Backend::kCpu : Backend::kCuda;
-    std::string why;
-    if (!can_execute(run, &why)) MP_FAIL("{}", why);
     TrainRequest req;
     req.faults = to_fault_injection(run.faults);
     req.trace = opts.trace;
-    req.allgather_parity = s.checks.allgather_parity;
+    for (const CheckDescriptor& c : check_table()) {
+      if (c.enabled(s) && c.prepare_main) c.prepare_main(s, req);
+    }
     req.on_step = progress.callback();
     req.scenario_hash = hash;
     req.from_checkpoint = from;
@@ -401,171 +395,33 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
                                     s.checkpoint.every, s.checkpoint.keep_last, kept));
   }
 
-  const RunView main_view{&main.steps, &main.final_params, &main.trace};
-  const engine::FaultInjection faults = to_fault_injection(run.faults);
-
-  if (s.checks.golden.enabled) {
-    rec.checks.push_back(guarded("golden", [&] {
-      const std::string platform = golden_platform(*backend, env);
-      const fs::path path = golden_path(opts.golden_dir, s.name, platform);
-      reports::GoldenRecord g;
-      // A run that starts from a checkpoint at step k compares the steps it ran, k+1..steps,
-      // with the golden's (a golden shorter than k is left as is: the step count check fails).
-      std::optional<GoldenData> golden = read_golden(path);
-      if (golden && start > 0) {
-        for (auto& [name, values] : golden->metrics) {
-          if (static_cast<int64_t>(values.size()) >= start)
-            values.erase(values.begin(), values.begin() + start);
-        }
-      }
-      auto r = check_golden(main.steps, golden, s.checks.golden, path.string(),
-                            golden_update_command(s, opts, platform), &g, opts.trace, hash);
-      for (reports::GoldenStep& gs : g.steps) gs.step += start;
-      if (!g.steps.empty()) rec.golden = g;
-      return r;
-    }));
-    // The check's time includes the run it judges (its re-runs are what the resume, reference
-    // and determinism checks time): a golden check of a 3 s run does not take 0.000 s.
-    rec.checks.back().duration_s += main_s;
-  }
-  // The resume check saves at_step steps after the run's start (step 0, or the checkpoint's);
-  // when that is not before the last step there is nothing to resume and the check is skipped.
-  if (s.checks.resume.enabled && start + s.checks.resume.at_step >= s.train.steps) {
-    rec.checks.push_back(make_result(
-        "resume", reports::Verdict::kSkipped,
-        fmt::format("the run starts from step {}: saving {} steps later leaves no step to resume",
-                    start, s.checks.resume.at_step)));
-  } else if (s.checks.resume.enabled) {
-    rec.checks.push_back(guarded("resume", [&] {
-      ResumeRequest req;
-      req.at_step = start + s.checks.resume.at_step;
-      req.mesh = s.checks.resume.mesh;
-      req.faults = faults;
-      req.trace = opts.trace;
-      req.scenario_hash = hash;
-      req.from_checkpoint = from;
-      // The check saves into a folder it creates under the checkpoint root (resume_check_stepN,
-      // or .2, .3, ... when a previous run left one): nothing of another run is deleted or
-      // overwritten. Its own folder is removed when the check passes and kept when it fails, for
-      // `ckpt diff`/`ckpt inspect`, so reruns into one --out do not pile up folders.
-      req.checkpoint_root = checkpoint_root(s, opts.out_dir);
-      progress.phase("resume");
-      req.on_step = progress.callback();
-      TrainOutcome resumed = resume_scenario(run, req);
-      progress.done();
-      rec.notes.insert(rec.notes.end(), resumed.notes.begin(), resumed.notes.end());
-      const RunView view{&resumed.steps, &resumed.final_params, &resumed.trace};
-      const RunView straight{&main.steps, &main.final_params, &main.trace};
-      reports::CheckResult result;
-      if (!s.checks.resume.mesh || *s.checks.resume.mesh == s.mesh) {
-        result = compare_bitwise("resume", "resume", view, straight,
-                                 fmt::format("resumed run (saved after step {})", req.at_step),
-                                 opts.trace);
-      } else {
-        // Another mesh reorders reductions: loss and grad_norm within the scenario's rtol.
-        const std::map<Metric, double> rtol = {{Metric::kLoss, s.checks.resume.rtol},
-                                               {Metric::kGradNorm, s.checks.resume.rtol}};
-        // --trace on a fault scenario: the fault-free control of the same comparison (a clean
-        // straight run and a clean cross-mesh resume) gives every tensor its noise floor.
-        std::optional<NoiseFloors> floors;
-        if (opts.trace && faults.any()) {
-          const TrainOutcome& clean_straight = fault_free_control();
-          Scenario clean = run;
-          clean.faults.clear();
-          ResumeRequest creq = req;
-          creq.faults = {};
-          progress.phase("resume control");
-          creq.on_step = progress.callback();
-          TrainOutcome clean_resumed = resume_scenario(clean, creq);
-          progress.done();
-          floors = noise_floors(clean_resumed.trace, clean_straight.trace);
-          // The control's folder is scratch of this run's own: removed whatever the verdict.
-          if (mesh::launched_rank() == 0) {
-            for (const std::filesystem::path& dir : clean_resumed.checkpoints) {
-              std::error_code ec;
-              std::filesystem::remove_all(dir, ec);
-            }
-          }
-        }
-        result = compare_tolerance("resume", "resume", view, straight, rtol,
-                                   fmt::format("run resumed on {} (saved after step {})",
-                                               describe_mesh(*s.checks.resume.mesh), req.at_step),
-                                   opts.trace, floors ? &*floors : nullptr);
-      }
-      // Every process of an mpi launch reaches the same verdict; rank 0 alone touches the folder.
-      if (mesh::launched_rank() == 0) {
-        for (const std::filesystem::path& dir : resumed.checkpoints) {
-          if (result.verdict != reports::Verdict::kPass) {
-            rec.notes.push_back(fmt::format("resume: kept {} for inspection", dir.string()));
-            continue;
-          }
-          std::error_code ec;
-          std::filesystem::remove_all(dir, ec);
-          if (ec) {
-            rec.notes.push_back(
-                fmt::format("resume: could not remove {}: {}", dir.string(), ec.message()));
-          }
-        }
-      }
-      return result;
-    }));
-  }
-  // A reference with another recipe has other FP8 state than the checkpoint holds: it cannot
-  // start from it, and a reference from scratch compares other steps.
-  if (s.checks.reference.enabled && start > 0 && s.checks.reference.recipe &&
-      s.checks.reference.recipe->name != s.recipe.name) {
-    rec.checks.push_back(
-        make_result("reference", reports::Verdict::kSkipped,
-                    fmt::format("a reference with recipe {} cannot start from the {} checkpoint {}",
-                                to_string(s.checks.reference.recipe->name),
-                                to_string(s.recipe.name), from.string())));
-  } else if (s.checks.reference.enabled) {
-    rec.checks.push_back(guarded("reference", [&] {
-      Scenario ref = run;
-      ref.faults.clear();  // the reference is the clean run the faulty one must agree with
-      std::string what = "run vs reference";
-      if (s.checks.reference.mesh) ref.mesh = *s.checks.reference.mesh;
-      if (s.checks.reference.recipe) ref.recipe = *s.checks.reference.recipe;
-      what = fmt::format("run vs reference ({}, recipe {})", describe_mesh(ref.mesh),
-                         to_string(ref.recipe.name));
-      std::string why;
-      if (!can_execute(ref, &why)) MP_FAIL("reference run: {}", why);
-      TrainRequest req;
-      req.trace = opts.trace;
-      req.from_checkpoint = from;  // the same start (resharded onto the reference mesh)
-      progress.phase("reference");
-      req.on_step = progress.callback();
-      TrainOutcome r = train_scenario(ref, req);
-      progress.done();
-      // --trace on a fault scenario: the fault-free main run against the same reference is the
-      // control that gives every tensor its noise floor.
-      std::optional<NoiseFloors> floors;
-      if (opts.trace && faults.any()) floors = noise_floors(fault_free_control().trace, r.trace);
-      return compare_tolerance(
-          "reference", "reference", main_view, RunView{&r.steps, &r.final_params, &r.trace},
-          s.checks.reference.rtol, what, opts.trace, floors ? &*floors : nullptr);
-    }));
-  }
-  if (s.checks.allgather_parity) {
-    // The main run compared every FP8 all-gathered weight with quantizing the gathered weight.
-    rec.checks.push_back(
-        guarded("allgather_parity", [&] { return check_allgather_parity(main.parity); }));
-    rec.checks.back().duration_s += main_s;  // the comparisons ran inside the main run
-  }
-  if (s.checks.determinism) {
-    rec.checks.push_back(guarded("determinism", [&] {
-      TrainRequest req;
-      req.faults = faults;
-      req.trace = opts.trace;
-      req.from_checkpoint = from;
-      progress.phase("determinism");
-      req.on_step = progress.callback();
-      TrainOutcome again = train_scenario(run, req);
-      progress.done();
-      return compare_bitwise("determinism", "determinism",
-                             RunView{&again.steps, &again.final_params, &again.trace}, main_view,
-                             "rerun", opts.trace);
-    }));
+  CheckContext ctx{.scenario = s,
+                   .run = run,
+                   .opts = opts,
+                   .env = env,
+                   .backend = *backend,
+                   .hash = hash,
+                   .start = start,
+                   .main = main,
+                   .faults = to_fault_injection(run.faults),
+                   .record = rec,
+                   .phase =
+                       [&](const std::string& what) {
+                         progress.phase(what);
+                         return progress.callback();
+                       },
+                   .done = [&] { progress.done(); },
+                   .fault_free_control = fault_free_control};
+  for (const CheckDescriptor& c : check_table()) {
+    if (!c.enabled(s)) continue;
+    if (const std::optional<std::string> why = c.skip ? c.skip(ctx) : std::nullopt) {
+      rec.checks.push_back(make_result(std::string(c.name), reports::Verdict::kSkipped, *why));
+      continue;
+    }
+    rec.checks.push_back(guarded(std::string(c.name), [&] { return c.run(ctx); }));
+    // The time of a check that judges the main run includes that run (the resume, reference and
+    // determinism checks time their own re-runs): a golden check of a 3 s run does not take 0 s.
+    if (c.judges_main_run) rec.checks.back().duration_s += main_s;
   }
 
   std::string perf_note;

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <xxhash.h>
 
+#include "harness/check_table.h"
 #include "kernels/error.h"
 
 namespace meshproof::harness {
@@ -69,16 +70,6 @@ RecipeConfig default_recipe(RecipeKind name) {
   // Float8BlockScaling uses power-of-2 scales (docs/design.md section 4); current scaling does not.
   r.power_2_scale = name == RecipeKind::kBlock;
   return r;
-}
-
-std::vector<std::string> ChecksConfig::enabled_names() const {
-  std::vector<std::string> names;
-  if (golden.enabled) names.emplace_back("golden");
-  if (resume.enabled) names.emplace_back("resume");
-  if (reference.enabled) names.emplace_back("reference");
-  if (allgather_parity) names.emplace_back("allgather_parity");
-  if (determinism) names.emplace_back("determinism");
-  return names;
 }
 
 namespace {
@@ -254,7 +245,7 @@ std::string summary_line(const Scenario& s) {
   if (s.fsdp.fp8_all_gather) recipe += " +fp8_all_gather";
   if (s.fsdp.fp8_params) recipe += " +fp8_params";
   if (s.fsdp.sync_each_micro_batch) recipe += " +sync_each_micro_batch";
-  const std::vector<std::string> checks = s.checks.enabled_names();
+  const std::vector<std::string> checks = enabled_checks(s);
   std::string line = fmt::format(
       "mesh {} | recipe {} | steps {} | checks {}", describe_mesh(s.mesh), recipe, s.train.steps,
       checks.empty() ? std::string("none") : fmt::format("{}", fmt::join(checks, ",")));

@@ -146,9 +146,7 @@ struct ChecksConfig {
   ReferenceCheck reference;
   bool allgather_parity = false;  // needs fsdp.fp8_all_gather
   bool determinism = false;
-  // Enabled check names in canonical order (golden, resume, reference, allgather_parity,
-  // determinism).
-  std::vector<std::string> enabled_names() const;
+  // The enabled checks in run order: harness/check_table.h enabled_checks().
 };
 
 // One injected fault, params resolved against the catalog (harness/scenario_faults.h).

@@ -1,162 +1,247 @@
 #include "harness/scenario_faults.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "kernels/error.h"
+
 namespace meshproof::harness {
 namespace {
 
-// Every fault takes `from_step`: the first step (1-based) at which the fault is active, so a
-// fault can be injected after a clean prefix (e.g. only in the resumed half of a resume check).
-FaultParamInfo from_step_param() {
-  FaultParamInfo p;
-  p.name = "from_step";
-  p.default_int = 1;
-  p.min = 1;
-  p.max_is_last_step = true;
-  p.doc = "first step (1-based) at which the fault is active";
-  return p;
-}
+// ---- what a fault can need of its scenario (the loader's message is "NAME needs WHAT")
 
-std::vector<FaultInfo> build_catalog() {
-  std::vector<FaultInfo> c;
-  {
-    FaultInfo f;
-    f.name = "amax_not_reduced";
-    f.bug_class =
-        "FP8 all-gather quantizes each weight shard with its own amax instead of the amax "
-        "MAX-reduced over the weight-sharding group, so gather(quantize(shard)) differs from "
-        "quantize(gather(shard))";
-    f.requires_.per_tensor_recipe = true;
-    f.requires_.fp8_all_gather = true;
-    f.requires_.min_dp_shard = 2;
-    f.caught_by = {"allgather_parity", "reference"};
-    f.params = {from_step_param()};
-    c.push_back(f);
-  }
-  {
-    FaultInfo f;
-    f.name = "tp_fsdp_left_to_right";
-    f.bug_class =
-        "TP x FSDP: FSDP shards of a TP-sharded dim laid out left-to-right (Shard(0)) instead of "
-        "StridedShard(0, sf=tp), so checkpoint chunks carry the wrong global offsets and a load "
-        "on another mesh scrambles rows";
-    f.requires_.min_dp_shard = 2;
-    f.requires_.min_tp = 2;
-    f.caught_by = {"resume_cross_mesh"};
-    f.params = {from_step_param()};
-    c.push_back(f);
-  }
-  {
-    FaultInfo f;
-    f.name = "fp8_state_dropped_from_checkpoint";
-    f.bug_class =
-        "delayed-scaling FP8 scales and amax histories are not saved, so a resumed run restarts "
-        "its scales from 1 and diverges from the straight run";
-    f.requires_.delayed_recipe = true;
-    // Not resume_cross_mesh: the library's cross-mesh FP8 resume (resume_cross_mesh_fp8.yaml,
-    // rtol 1e-2) misses it (rel 9.4e-3): the scales re-converge within the amax history while
-    // the other mesh's reduction order already moves the loss by the same order. Only the
-    // bitwise same-mesh resume catches it (runner.fault_claim.* tests every claim here).
-    f.caught_by = {"resume"};
-    f.params = {from_step_param()};
-    c.push_back(f);
-  }
-  {
-    FaultInfo f;
-    f.name = "scale_inv_saved_bf16";
-    f.bug_class =
-        "the scale_inv of FP8 primary weights is saved through bf16 (8 mantissa bits), so the "
-        "loaded FP8 weights decode to different values";
-    f.requires_.per_tensor_recipe = true;
-    f.requires_.fp8_params = true;
-    f.caught_by = {"resume", "resume_cross_mesh"};
-    f.params = {from_step_param()};
-    c.push_back(f);
-  }
-  {
-    FaultInfo f;
-    f.name = "stale_columnwise_copy";
-    f.bug_class =
-        "backward uses a columnwise (transposed) FP8 weight copy left from before the last "
-        "optimizer step instead of re-quantizing it with the current weight";
-    f.requires_.fp8_recipe = true;
-    // Not reference: on the library's model (6 steps, delayed) the fault moves loss and grad_norm
-    // by 2.2e-4 relative to a fault-free run on another mesh, while two fault-free meshes already
-    // differ by 1.0e-4 (FSDP 2 x TP 2 vs FSDP 4): no tolerance separates them. The bitwise golden
-    // of the fault-free run catches it (runner.fault_claim.* tests every claim here).
-    f.caught_by = {"golden"};
-    FaultParamInfo layer;
-    layer.name = "layer";
-    layer.default_int = 0;
-    layer.min = 0;
-    layer.max_is_last_layer = true;
-    layer.doc = "the transformer layer whose copy goes stale";
-    f.params = {from_step_param(), layer};
-    c.push_back(f);
-  }
-  {
-    FaultInfo f;
-    f.name = "data_cursor_not_restored";
-    f.bug_class =
-        "the data loader's cursor is not saved/restored, so a resumed run replays the batches "
-        "of the first steps";
-    f.caught_by = {"resume", "resume_cross_mesh"};
-    f.params = {from_step_param()};
-    c.push_back(f);
-  }
-  {
-    FaultInfo f;
-    f.name = "optimizer_state_not_restored";
-    f.bug_class =
-        "AdamW state (moments or step count) is not restored on resume, so bias correction and "
-        "update sizes differ from the straight run";
-    f.caught_by = {"resume", "resume_cross_mesh"};
-    FaultParamInfo state;
-    state.name = "state";
-    state.is_int = false;
-    state.choices = {"all", "exp_avg", "exp_avg_sq", "step"};
-    state.default_string = "all";
-    state.doc = "which optimizer state is dropped";
-    f.params = {from_step_param(), state};
-    c.push_back(f);
-  }
-  {
-    FaultInfo f;
-    f.name = "hsdp_replicas_not_reduced";
-    f.bug_class =
-        "HSDP gradients are reduce-scattered over dp_shard but never all-reduced over "
-        "dp_replicate, so replicas drift apart and the loss differs from a single-replica run";
-    f.requires_.min_dp_replicate = 2;
-    f.caught_by = {"golden", "reference"};
-    f.params = {from_step_param()};
-    c.push_back(f);
-  }
-  {
-    FaultInfo f;
-    f.name = "uneven_shard_padding_leak";
-    f.bug_class =
-        "the zero padding that evens out uneven torch.chunk shards for the all-gather is not cut "
-        "off: the gathered embedding / lm_head keep the padded vocabulary rows, so the logits "
-        "gain zero classes and the softmax denominator changes (a padded-vocab leak)";
-    f.requires_.min_dp_shard = 2;
-    f.requires_.uneven_vocab_shards = true;
-    f.caught_by = {"golden", "reference"};
-    f.params = {from_step_param()};
-    c.push_back(f);
-  }
-  return c;
+constexpr FaultRequirement kFp8Recipe{"an FP8 recipe (delayed, current, mxfp8, block)",
+                                      [](const Scenario& s) { return s.recipe.is_fp8(); }};
+constexpr FaultRequirement kPerTensorRecipe{
+    "a per-tensor recipe (delayed or current)", [](const Scenario& s) {
+      return s.recipe.name == RecipeKind::kDelayed || s.recipe.name == RecipeKind::kCurrent;
+    }};
+constexpr FaultRequirement kDelayedRecipe{
+    "recipe delayed", [](const Scenario& s) { return s.recipe.name == RecipeKind::kDelayed; }};
+constexpr FaultRequirement kFp8AllGather{"fsdp.fp8_all_gather: true",
+                                         [](const Scenario& s) { return s.fsdp.fp8_all_gather; }};
+constexpr FaultRequirement kFp8Params{"fsdp.fp8_params: true",
+                                      [](const Scenario& s) { return s.fsdp.fp8_params; }};
+constexpr FaultRequirement kTwoShards{"mesh.dp_shard >= 2",
+                                      [](const Scenario& s) { return s.mesh.dp_shard >= 2; }};
+constexpr FaultRequirement kTwoReplicas{"mesh.dp_replicate >= 2",
+                                        [](const Scenario& s) { return s.mesh.dp_replicate >= 2; }};
+constexpr FaultRequirement kTwoTpRanks{"mesh.tp >= 2",
+                                       [](const Scenario& s) { return s.mesh.tp >= 2; }};
+constexpr FaultRequirement kUnevenVocabShards{
+    "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what leaks)",
+    [](const Scenario& s) { return s.model.vocab % s.mesh.dp_shard != 0; }};
+
+const FaultParam kFromStep{"from_step",
+                           FaultParam::Type::kInt,
+                           1,
+                           1,
+                           FaultParam::Max::kLastStep,
+                           {},
+                           "first step (1-based) at which the fault is active"};
+
+// ---- the table
+
+const std::vector<FaultDescriptor>& rows() {
+  static const std::vector<FaultDescriptor> table = {
+      {
+          .name = "amax_not_reduced",
+          .bug_class =
+              "FP8 all-gather quantizes each weight shard with its own amax instead of the amax "
+              "MAX-reduced over the weight-sharding group, so gather(quantize(shard)) differs "
+              "from quantize(gather(shard))",
+          .needs = {kPerTensorRecipe, kFp8AllGather, kTwoShards},
+          .caught_by = {"allgather_parity", "reference"},
+          .params = {},
+          .inject = [](const FaultSpec&, engine::FaultInjection& f) { f.amax_not_reduced = true; },
+      },
+      {
+          .name = "tp_fsdp_left_to_right",
+          .bug_class =
+              "TP x FSDP: FSDP shards of a TP-sharded dim laid out left-to-right (Shard(0)) "
+              "instead of StridedShard(0, sf=tp), so checkpoint chunks carry the wrong global "
+              "offsets and a load on another mesh scrambles rows",
+          .needs = {kTwoShards, kTwoTpRanks},
+          .caught_by = {"resume_cross_mesh"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.tp_fsdp_left_to_right = true; },
+      },
+      {
+          .name = "fp8_state_dropped_from_checkpoint",
+          .bug_class =
+              "delayed-scaling FP8 scales and amax histories are not saved, so a resumed run "
+              "restarts its scales from 1 and diverges from the straight run",
+          .needs = {kDelayedRecipe},
+          // Not resume_cross_mesh: the library's cross-mesh FP8 resume (resume_cross_mesh_fp8.yaml,
+          // rtol 1e-2) misses it (rel 9.4e-3): the scales re-converge within the amax history
+          // while the other mesh's reduction order already moves the loss by the same order. Only
+          // the bitwise same-mesh resume catches it (runner.fault_claim.* tests every claim here).
+          .caught_by = {"resume"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.fp8_state_dropped_from_checkpoint = true; },
+      },
+      {
+          .name = "scale_inv_saved_bf16",
+          .bug_class =
+              "the scale_inv of FP8 primary weights is saved through bf16 (8 mantissa bits), so "
+              "the loaded FP8 weights decode to different values",
+          .needs = {kPerTensorRecipe, kFp8Params},
+          .caught_by = {"resume", "resume_cross_mesh"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.scale_inv_saved_bf16 = true; },
+      },
+      {
+          .name = "stale_columnwise_copy",
+          .bug_class =
+              "backward uses a columnwise (transposed) FP8 weight copy left from before the last "
+              "optimizer step instead of re-quantizing it with the current weight",
+          .needs = {kFp8Recipe},
+          // Not reference: on the library's model (6 steps, delayed) the fault moves loss and
+          // grad_norm by 2.2e-4 relative to a fault-free run on another mesh, while two fault-free
+          // meshes already differ by 1.0e-4 (FSDP 2 x TP 2 vs FSDP 4): no tolerance separates
+          // them. The bitwise golden of the fault-free run catches it (runner.fault_claim.* tests
+          // every claim here).
+          .caught_by = {"golden"},
+          .params = {{"layer",
+                      FaultParam::Type::kInt,
+                      0,
+                      0,
+                      FaultParam::Max::kLastLayer,
+                      {},
+                      "the transformer layer whose copy goes stale"}},
+          .inject =
+              [](const FaultSpec& spec, engine::FaultInjection& f) {
+                f.stale_columnwise_copy = true;
+                const auto layer = spec.int_params.find("layer");
+                if (layer != spec.int_params.end()) f.stale_columnwise_layer = layer->second;
+              },
+      },
+      {
+          .name = "data_cursor_not_restored",
+          .bug_class =
+              "the data loader's cursor is not saved/restored, so a resumed run replays the "
+              "batches of the first steps",
+          .needs = {},
+          .caught_by = {"resume", "resume_cross_mesh"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.data_cursor_not_restored = true; },
+      },
+      {
+          .name = "optimizer_state_not_restored",
+          .bug_class =
+              "AdamW state (moments or step count) is not restored on resume, so bias correction "
+              "and update sizes differ from the straight run",
+          .needs = {},
+          .caught_by = {"resume", "resume_cross_mesh"},
+          .params = {{"state",
+                      FaultParam::Type::kChoice,
+                      0,
+                      0,
+                      FaultParam::Max::kNone,
+                      {"all", "exp_avg", "exp_avg_sq", "step"},
+                      "which optimizer state is dropped"}},
+          .inject =
+              [](const FaultSpec& spec, engine::FaultInjection& f) {
+                f.optimizer_state_not_restored = true;
+                const auto part = spec.string_params.find("state");
+                if (part != spec.string_params.end()) f.optimizer_state_part = part->second;
+              },
+      },
+      {
+          .name = "hsdp_replicas_not_reduced",
+          .bug_class =
+              "HSDP gradients are reduce-scattered over dp_shard but never all-reduced over "
+              "dp_replicate, so replicas drift apart and the loss differs from a single-replica "
+              "run",
+          .needs = {kTwoReplicas},
+          .caught_by = {"golden", "reference"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.hsdp_replicas_not_reduced = true; },
+      },
+      {
+          .name = "uneven_shard_padding_leak",
+          .bug_class =
+              "the zero padding that evens out uneven torch.chunk shards for the all-gather is "
+              "not cut off: the gathered embedding / lm_head keep the padded vocabulary rows, so "
+              "the logits gain zero classes and the softmax denominator changes (a padded-vocab "
+              "leak)",
+          .needs = {kTwoShards, kUnevenVocabShards},
+          .caught_by = {"golden", "reference"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.uneven_shard_padding_leak = true; },
+      },
+  };
+  return table;
 }
 
 }  // namespace
 
-const std::vector<FaultInfo>& fault_catalog() {
-  static const std::vector<FaultInfo> catalog = build_catalog();
-  return catalog;
+int64_t FaultParam::max_for(const Scenario& s) const {
+  switch (max) {
+    case Max::kLastLayer:
+      return s.model.layers - 1;
+    case Max::kLastStep:
+      return s.train.steps;
+    case Max::kNone:
+      break;
+  }
+  return std::numeric_limits<int64_t>::max();
 }
 
-const FaultInfo* find_fault(const std::string& name) {
-  for (const FaultInfo& f : fault_catalog()) {
+std::string FaultParam::describe() const {
+  if (type == Type::kChoice) {
+    return fmt::format("one of {}; default {}", fmt::join(choices, ", "), choices.front());
+  }
+  switch (max) {
+    case Max::kLastLayer:
+      return fmt::format("int in [{}, model.layers - 1], default {}", min, default_int);
+    case Max::kLastStep:
+      return fmt::format("int in [{}, train.steps], default {}", min, default_int);
+    case Max::kNone:
+      break;
+  }
+  return fmt::format("int >= {}, default {}", min, default_int);
+}
+
+std::span<const FaultDescriptor> fault_table() { return rows(); }
+
+const FaultDescriptor* find_fault(std::string_view name) {
+  for (const FaultDescriptor& f : fault_table()) {
     if (f.name == name) return &f;
   }
   return nullptr;
+}
+
+const FaultParam& from_step_param() { return kFromStep; }
+
+std::vector<const FaultParam*> all_params(const FaultDescriptor& f) {
+  std::vector<const FaultParam*> out = {&kFromStep};
+  for (const FaultParam& p : f.params) out.push_back(&p);
+  return out;
+}
+
+engine::FaultInjection to_fault_injection(const std::vector<FaultSpec>& faults) {
+  engine::FaultInjection f;
+  int64_t from = -1;
+  for (const FaultSpec& spec : faults) {
+    const FaultDescriptor* row = find_fault(spec.name);
+    MP_CHECK_INPUT(row != nullptr, "fault {}: not in the fault table (`meshproof faults` lists it)",
+                   spec.name);
+    const auto it = spec.int_params.find(std::string(kFromStep.name));
+    const int64_t first = it == spec.int_params.end() ? kFromStep.default_int : it->second;
+    from = from < 0 ? first : std::min(from, first);
+    row->inject(spec, f);
+  }
+  f.from_step = from < 1 ? 0 : from - 1;
+  return f;
 }
 
 }  // namespace meshproof::harness

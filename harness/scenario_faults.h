@@ -1,52 +1,78 @@
-// The fault catalog as data: each injectable fault, the real bug class it reproduces, what a
-// scenario needs for the fault to be meaningful, which checks catch it, and its parameters.
-// The scenario loader validates `faults:` entries against this table; the runner (another
-// module) implements the injections by name.
+// The fault table (docs/design.md sections 7 and 19): one descriptor row per injectable fault
+// with the real bug class it reproduces, what a scenario must have for the fault to be
+// meaningful, the checks that catch it, its parameters and how it maps onto the engine's
+// engine::FaultInjection. Everything about faults reads this table: the scenario loader (unknown
+// names, parameters, requirements, an enabled catching check), the runner (the engine injection,
+// the intended checks of a report), `meshproof faults`, and the tests. Adding a fault is one row
+// here plus its engine hook (engine/faults.h) and its scenario (scenarios/faults/NAME.yaml).
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "engine/faults.h"
+#include "harness/scenario.h"
 
 namespace meshproof::harness {
 
-struct FaultParamInfo {
-  std::string name;
-  // Integer parameters use default_int/min/max; `max_is_last_layer` bounds by model.layers - 1
-  // and `max_is_last_step` by train.steps. String parameters use choices/default_string.
-  bool is_int = true;
-  int64_t default_int = 0;
+// One parameter of a fault, as the scenario writes it under the fault's mapping.
+struct FaultParam {
+  enum class Type { kInt, kChoice };
+  // The upper bound of an integer parameter, when it depends on the scenario.
+  enum class Max { kNone, kLastLayer /* model.layers - 1 */, kLastStep /* train.steps */ };
+  std::string_view name;
+  Type type = Type::kInt;
+  int64_t default_int = 0;  // kInt: default and range [min, max]
   int64_t min = 0;
-  bool max_is_last_layer = false;
-  bool max_is_last_step = false;
-  std::vector<std::string> choices;
-  std::string default_string;
-  std::string doc;
+  Max max = Max::kNone;
+  std::vector<std::string_view> choices;  // kChoice: the allowed values; the first is the default
+  std::string_view doc;
+
+  // kInt: the largest value `s` allows (INT64_MAX without a bound).
+  int64_t max_for(const Scenario& s) const;
+  // For people: "int in [1, train.steps], default 1" or "one of all|exp_avg|..., default all".
+  std::string describe() const;
 };
 
-struct FaultRequires {
-  bool fp8_recipe = false;         // delayed, current, mxfp8 or block
-  bool per_tensor_recipe = false;  // delayed or current (a per-tensor scale and amax)
-  bool delayed_recipe = false;     // delayed (an amax history)
-  bool fp8_all_gather = false;     // fsdp.fp8_all_gather
-  bool fp8_params = false;         // fsdp.fp8_params
-  int64_t min_dp_shard = 1;
-  int64_t min_dp_replicate = 1;
-  int64_t min_tp = 1;
-  bool uneven_vocab_shards = false;  // model.vocab is not divisible by dp_shard
+// Something the scenario must have for the fault to act (an FP8 recipe, a second replica, ...).
+// The loader rejects a scenario that lacks it: "faults[i]: NAME needs WHAT".
+struct FaultRequirement {
+  std::string_view what;  // names the scenario keys, e.g. "mesh.dp_replicate >= 2"
+  bool (*met)(const Scenario& s);
 };
 
-struct FaultInfo {
-  std::string name;
-  std::string bug_class;  // the real bug this reproduces, one sentence
-  FaultRequires requires_;
-  // Checks that catch it; a fault scenario must enable at least one. "resume_cross_mesh" means
-  // the resume check with a mesh override.
-  std::vector<std::string> caught_by;
-  std::vector<FaultParamInfo> params;
+struct FaultDescriptor {
+  std::string_view name;       // the `faults:` entry and scenarios/faults/NAME.yaml
+  std::string_view bug_class;  // the real bug this reproduces, one sentence
+  std::vector<FaultRequirement> needs;
+  // The checks that catch it (check_table()'s claim names: a check's name, or
+  // "resume_cross_mesh" for the resume check with a mesh override); a fault scenario must enable
+  // one. Each claim has a runner.fault_claim.NAME.CHECK test that shows it.
+  std::vector<std::string_view> caught_by;
+  // Every fault takes from_step (first); these follow it.
+  std::vector<FaultParam> params;
+  // The engine side: switches the fault on in `f` with the resolved parameters of `spec`
+  // (from_step is applied by to_fault_injection for every fault).
+  void (*inject)(const FaultSpec& spec, engine::FaultInjection& f);
 };
 
-const std::vector<FaultInfo>& fault_catalog();
-const FaultInfo* find_fault(const std::string& name);  // nullptr when unknown
+// The rows, in the order `meshproof faults` lists them.
+std::span<const FaultDescriptor> fault_table();
+const FaultDescriptor* find_fault(std::string_view name);  // nullptr when unknown
+
+// `from_step`, which every fault takes: the first step (1-based) at which the fault is active, so
+// a fault can be injected after a clean prefix (e.g. only in the resumed half of a resume check).
+const FaultParam& from_step_param();
+// from_step_param() followed by the row's own parameters.
+std::vector<const FaultParam*> all_params(const FaultDescriptor& f);
+
+// The scenario's faults as an engine::FaultInjection, each through its row's `inject`. Scenario
+// `from_step` is 1-based (the first optimizer step at which the fault is active); the engine
+// counts steps from 0, and one FaultInjection has one from_step: the earliest of the faults.
+// A name outside the table is kInput.
+engine::FaultInjection to_fault_injection(const std::vector<FaultSpec>& faults);
 
 }  // namespace meshproof::harness

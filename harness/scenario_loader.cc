@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "engine/run_rules.h"
+#include "harness/check_table.h"
 #include "harness/golden.h"
 #include "harness/scenario_faults.h"
 #include "harness/train_run.h"
@@ -1032,14 +1033,10 @@ struct Resolver {
       bad("faults", fmt::format("expected a list of faults, got {}", describe(*v)));
     }
     std::vector<std::string> names;
-    for (const FaultInfo& f : fault_catalog()) names.push_back(f.name);
-    const std::set<std::string> checks = [&] {
-      std::vector<std::string> n = sc.checks.enabled_names();
-      std::set<std::string> s(n.begin(), n.end());
-      if (sc.checks.resume.enabled && sc.checks.resume.mesh) s.insert("resume_cross_mesh");
-      if (sc.checks.resume.enabled && sc.checks.resume.mesh) s.erase("resume");
-      return s;
-    }();
+    for (const FaultDescriptor& f : fault_table()) names.emplace_back(f.name);
+    // The scenario's enabled checks as the fault table names them (resume_cross_mesh for the
+    // resume check with a mesh override).
+    const std::vector<std::string> checks = enabled_claims(sc);
     for (size_t i = 0; i < v->seq.size(); ++i) {
       const Value& item = v->seq[i];
       const std::string path = fmt::format("faults[{}]", i);
@@ -1052,7 +1049,7 @@ struct Resolver {
       if (name_v->kind != Value::kScalar) {
         fail(name_v->where, path, fmt::format("expected a fault name, got {}", describe(*name_v)));
       }
-      const FaultInfo* info = find_fault(name_v->scalar);
+      const FaultDescriptor* info = find_fault(name_v->scalar);
       if (info == nullptr) {
         fail(name_v->where, path,
              unknown_message(fmt::format("fault '{}'", name_v->scalar), name_v->scalar, names));
@@ -1065,47 +1062,29 @@ struct Resolver {
       }
       FaultSpec spec;
       spec.name = info->name;
+      const std::vector<const FaultParam*> params = all_params(*info);
       std::vector<std::string> keys = {"name"};
-      for (const FaultParamInfo& p : info->params) keys.push_back(p.name);
+      for (const FaultParam* p : params) keys.emplace_back(p->name);
       Section ps(item.kind == Value::kMap ? &item : nullptr, path, item.where, locs, keys);
-      for (const FaultParamInfo& p : info->params) {
-        if (p.is_int) {
-          const int64_t max = p.max_is_last_layer  ? sc.model.layers - 1
-                              : p.max_is_last_step ? sc.train.steps
-                                                   : INT64_MAX;
-          spec.int_params[p.name] = ps.integer(p.name, p.default_int, p.min, max);
+      for (const FaultParam* p : params) {
+        const std::string key(p->name);
+        if (p->type == FaultParam::Type::kInt) {
+          spec.int_params[key] = ps.integer(key, p->default_int, p->min, p->max_for(sc));
         } else {
           std::vector<std::pair<std::string, std::string>> table;
-          for (const std::string& c : p.choices) table.emplace_back(c, c);
-          spec.string_params[p.name] = ps.choice(p.name, p.default_string, table);
+          for (std::string_view c : p->choices) table.emplace_back(c, c);
+          spec.string_params[key] = ps.choice(key, std::string(p->choices.front()), table);
         }
       }
-      const FaultRequires& rq = info->requires_;
-      auto need = [&](bool ok, const std::string& what) {
-        if (!ok) bad(path, fmt::format("{} needs {}", info->name, what));
-      };
-      const RecipeKind rk = sc.recipe.name;
-      need(!rq.fp8_recipe || sc.recipe.is_fp8(), "an FP8 recipe (delayed, current, mxfp8, block)");
-      need(!rq.per_tensor_recipe || rk == RecipeKind::kDelayed || rk == RecipeKind::kCurrent,
-           "a per-tensor recipe (delayed or current)");
-      need(!rq.delayed_recipe || rk == RecipeKind::kDelayed, "recipe delayed");
-      need(!rq.fp8_all_gather || sc.fsdp.fp8_all_gather, "fsdp.fp8_all_gather: true");
-      need(!rq.fp8_params || sc.fsdp.fp8_params, "fsdp.fp8_params: true");
-      need(sc.mesh.dp_shard >= rq.min_dp_shard,
-           fmt::format("mesh.dp_shard >= {}", rq.min_dp_shard));
-      need(sc.mesh.dp_replicate >= rq.min_dp_replicate,
-           fmt::format("mesh.dp_replicate >= {}", rq.min_dp_replicate));
-      need(sc.mesh.tp >= rq.min_tp, fmt::format("mesh.tp >= {}", rq.min_tp));
-      need(!rq.uneven_vocab_shards || sc.model.vocab % sc.mesh.dp_shard != 0,
-           "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what "
-           "leaks)");
-      bool caught = false;
-      for (const std::string& c : info->caught_by) caught = caught || checks.count(c) > 0;
+      for (const FaultRequirement& need : info->needs) {
+        if (!need.met(sc)) bad(path, fmt::format("{} needs {}", info->name, need.what));
+      }
+      const bool caught = std::any_of(info->caught_by.begin(), info->caught_by.end(), [&](auto c) {
+        return std::find(checks.begin(), checks.end(), c) != checks.end();
+      });
       if (!caught) {
         std::vector<std::string> shown;
-        for (const std::string& c : info->caught_by) {
-          shown.push_back(c == "resume_cross_mesh" ? "resume (with a mesh override)" : c);
-        }
+        for (std::string_view c : info->caught_by) shown.push_back(describe_claim(c));
         bad(path, fmt::format("{} is caught only by {}; enable one of those checks", info->name,
                               fmt::join(shown, " or ")));
       }

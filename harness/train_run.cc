@@ -12,7 +12,6 @@
 #include "engine/checkpoint.h"
 #include "engine/session.h"
 #include "harness/golden.h"
-#include "harness/scenario_faults.h"
 #include "kernels/error.h"
 #include "kernels/runtime.h"
 #include "reports/perf_metrics.h"
@@ -83,55 +82,7 @@ engine::RunOptions engine_run_options(const Scenario& s) {
   return o;
 }
 
-engine::FaultInjection to_fault_injection(const std::vector<FaultSpec>& faults) {
-  engine::FaultInjection f;
-  int64_t from = -1;
-  for (const FaultSpec& spec : faults) {
-    auto it = spec.int_params.find("from_step");
-    const int64_t fs = it == spec.int_params.end() ? 1 : it->second;
-    // One FaultInjection has one from_step: the earliest of the injected faults.
-    from = from < 0 ? fs : std::min(from, fs);
-    if (spec.name == "amax_not_reduced") {
-      f.amax_not_reduced = true;
-    } else if (spec.name == "tp_fsdp_left_to_right") {
-      f.tp_fsdp_left_to_right = true;
-    } else if (spec.name == "fp8_state_dropped_from_checkpoint") {
-      f.fp8_state_dropped_from_checkpoint = true;
-    } else if (spec.name == "scale_inv_saved_bf16") {
-      f.scale_inv_saved_bf16 = true;
-    } else if (spec.name == "stale_columnwise_copy") {
-      f.stale_columnwise_copy = true;
-      auto layer = spec.int_params.find("layer");
-      if (layer != spec.int_params.end()) f.stale_columnwise_layer = layer->second;
-    } else if (spec.name == "data_cursor_not_restored") {
-      f.data_cursor_not_restored = true;
-    } else if (spec.name == "optimizer_state_not_restored") {
-      f.optimizer_state_not_restored = true;
-      auto part = spec.string_params.find("state");
-      if (part != spec.string_params.end()) f.optimizer_state_part = part->second;
-    } else if (spec.name == "hsdp_replicas_not_reduced") {
-      f.hsdp_replicas_not_reduced = true;
-    } else if (spec.name == "uneven_shard_padding_leak") {
-      f.uneven_shard_padding_leak = true;
-    } else {
-      MP_FAIL_INPUT("fault {}: not known to the engine", spec.name);
-    }
-  }
-  f.from_step = from < 1 ? 0 : from - 1;
-  return f;
-}
-
 namespace {
-
-// Faults whose engine side exists in this build. The others are refused (a fault that is not
-// injected would make its scenario "not caught" for the wrong reason).
-bool fault_implemented(const std::string& name) {
-  return name == "hsdp_replicas_not_reduced" || name == "amax_not_reduced" ||
-         name == "stale_columnwise_copy" || name == "tp_fsdp_left_to_right" ||
-         name == "fp8_state_dropped_from_checkpoint" || name == "scale_inv_saved_bf16" ||
-         name == "data_cursor_not_restored" || name == "optimizer_state_not_restored" ||
-         name == "uneven_shard_padding_leak";
-}
 
 int group_size(const std::string& group, const MeshConfig& m) {
   int n = 1;
@@ -146,28 +97,6 @@ int group_size(const std::string& group, const MeshConfig& m) {
   }
   return n;
 }
-
-}  // namespace
-
-bool can_execute(const Scenario& s, std::string* why) {
-  for (const FaultSpec& f : s.faults) {
-    if (!fault_implemented(f.name)) {
-      *why = fmt::format("fault {} has no engine side in this build", f.name);
-      return false;
-    }
-  }
-  return true;
-}
-
-bool fault_runnable(const std::string& name, std::string* why) {
-  if (!fault_implemented(name)) {
-    *why = fmt::format("fault {} has no engine side in this build", name);
-    return false;
-  }
-  return true;
-}
-
-namespace {
 
 // Runs `fn` on rank 0 alone (paths every rank shares: creating a folder, pruning checkpoints), then
 // every rank agrees on the outcome with one MAX all-reduce over the whole mesh of [error kind,
@@ -330,8 +259,6 @@ engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& reque
 }
 
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
-  std::string why;
-  if (!can_execute(s, &why)) MP_FAIL("{}: {}", s.name, why);
   engine::RunOptions o = make_run_options(s, request);
   const engine::CheckpointOptions co = checkpoint_options(s, request.scenario_hash, request.faults);
   std::atomic<bool> load_failed{false};
@@ -456,8 +383,6 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
 }
 
 TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
-  std::string why;
-  if (!can_execute(s, &why)) MP_FAIL("{}: {}", s.name, why);
   const int64_t start =
       request.from_checkpoint.empty() ? 0 : check_start_checkpoint(s, request.from_checkpoint);
   MP_CHECK(request.at_step > start && request.at_step < s.train.steps,
@@ -469,7 +394,6 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   const engine::RunOptions first = make_run_options(s, tr);
   Scenario resumed = s;
   if (request.mesh) resumed.mesh = *request.mesh;
-  if (!can_execute(resumed, &why)) MP_FAIL("{}: resume mesh: {}", s.name, why);
   const engine::RunOptions second = make_run_options(resumed, tr);
 
   const engine::CheckpointOptions co = checkpoint_options(s, request.scenario_hash, request.faults);

@@ -1,7 +1,8 @@
 // The harness's one door into the engine (engine::run_training, engine/session.h): maps a
-// harness::Scenario onto the engine's run options (scenario -> engine::Config, fault names ->
-// engine::FaultInjection) and trains it, reporting each step. Everything engine-specific the runner
-// and the checks need goes through here, so that the runner does not care whether the single-rank
+// harness::Scenario onto the engine's run options (scenario -> engine::Config; its faults map onto
+// engine::FaultInjection through the fault table, harness/scenario_faults.h) and trains it,
+// reporting each step. Everything engine-specific the runner and the checks need goes through
+// here, so that the runner does not care whether the single-rank
 // Trainer or the sharded session executes the run.
 #pragma once
 
@@ -30,18 +31,6 @@ engine::Config engine_config_of(const Scenario& s);
 // The scenario's config, mesh, FSDP options and launcher as engine::RunOptions, unchecked: what
 // the loader hands to engine::check_run (engine/run_rules.h).
 engine::RunOptions engine_run_options(const Scenario& s);
-
-// The scenario's faults as an engine::FaultInjection. Scenario `from_step` is 1-based (the first
-// optimizer step at which the fault is active); the engine counts steps from 0.
-engine::FaultInjection to_fault_injection(const std::vector<FaultSpec>& faults);
-
-// Whether this build can execute the scenario's mesh/launcher; on false `why` says what is
-// missing (the runner reports the scenario as an error with that reason).
-bool can_execute(const Scenario& s, std::string* why);
-
-// Whether this build can run a scenario injecting fault `name` (the engine side exists and the
-// fault's requirements are available); on false `why` says what is missing.
-bool fault_runnable(const std::string& name, std::string* why);
 
 // The periodic checkpoints of a run (the scenario's `checkpoint` mapping with `every` > 0):
 // step_NNNNNNN/ under `dir` after every `every`-th step and after the last step, each committed

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/run_rules.h"
+#include "harness/check_table.h"
 #include "harness/cli.h"
 #include "harness/exit_codes.h"
 #include "harness/golden.h"
@@ -311,7 +312,7 @@ TEST(ScenarioDefaults, EmptyDocumentGetsTheDocumentedDefaults) {
   EXPECT_EQ(s.backend, Backend::kAuto);
   EXPECT_EQ(s.launcher, Launcher::kLocal);
   EXPECT_EQ(s.expect, Expect::kPass);
-  EXPECT_TRUE(s.checks.enabled_names().empty());
+  EXPECT_TRUE(enabled_checks(s).empty());
   EXPECT_TRUE(s.faults.empty());
 }
 
@@ -396,7 +397,7 @@ TEST(FaultCatalog, CoversTheDesignBugClasses) {
        {"amax_not_reduced", "tp_fsdp_left_to_right", "fp8_state_dropped_from_checkpoint",
         "scale_inv_saved_bf16", "stale_columnwise_copy", "data_cursor_not_restored",
         "optimizer_state_not_restored", "hsdp_replicas_not_reduced", "uneven_shard_padding_leak"}) {
-    const FaultInfo* f = find_fault(name);
+    const FaultDescriptor* f = find_fault(name);
     ASSERT_NE(f, nullptr) << name;
     EXPECT_FALSE(f->bug_class.empty()) << name;
     EXPECT_FALSE(f->caught_by.empty()) << name;
@@ -418,8 +419,8 @@ TEST(ScenarioLibrary, EveryFileValidatesAndEveryFaultHasACaughtScenario) {
   }
   EXPECT_GT(files, 10u);
   EXPECT_GT(scenarios, files);  // matrices expand
-  for (const FaultInfo& f : fault_catalog()) {
-    const fs::path p = dir / "faults" / (f.name + ".yaml");
+  for (const FaultDescriptor& f : fault_table()) {
+    const fs::path p = dir / "faults" / (std::string(f.name) + ".yaml");
     ASSERT_TRUE(fs::exists(p)) << p;
     const std::vector<Scenario> v = load_scenario_file(p.string());
     for (const Scenario& s : v) {

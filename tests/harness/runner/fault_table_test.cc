@@ -1,0 +1,191 @@
+// The fault table (harness/scenario_faults.h): every row injects its fault into
+// engine::FaultInjection from its first step, claims only checks of the check table, is listed by
+// `meshproof faults` with its requirements and parameters, and has a library scenario that meets
+// its requirements and enables a check that catches it. Parameterised over the rows, so a failure
+// names the fault.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness/check_table.h"
+#include "harness/run_verb.h"
+#include "harness/scenario_faults.h"
+#include "harness/scenario_loader.h"
+#include "kernels/error.h"
+
+namespace meshproof::harness {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> fault_names() {
+  std::vector<std::string> out;
+  for (const FaultDescriptor& f : fault_table()) out.emplace_back(f.name);
+  return out;
+}
+
+class FaultTableRow : public ::testing::TestWithParam<std::string> {
+ protected:
+  const FaultDescriptor& row() const {
+    const FaultDescriptor* f = find_fault(GetParam());
+    EXPECT_NE(f, nullptr);
+    return *f;
+  }
+};
+
+// The row's inject switches the fault on, and from_step (1-based in the scenario) reaches the
+// engine 0-based; without faults nothing is injected.
+TEST_P(FaultTableRow, InjectsItsFaultFromItsFirstStep) {
+  EXPECT_FALSE(to_fault_injection({}).any());
+  const engine::FaultInjection f =
+      to_fault_injection({FaultSpec{GetParam(), {{"from_step", 3}}, {}}});
+  EXPECT_TRUE(f.any());
+  EXPECT_EQ(f.from_step, 2);
+  EXPECT_FALSE(f.active(1));
+  EXPECT_TRUE(f.active(2));
+}
+
+// The engine faults a FaultInjection switches on (engine/faults.h), one flag each.
+std::array<bool, 9> switched_on(const engine::FaultInjection& f) {
+  return {f.amax_not_reduced,
+          f.tp_fsdp_left_to_right,
+          f.fp8_state_dropped_from_checkpoint,
+          f.scale_inv_saved_bf16,
+          f.stale_columnwise_copy,
+          f.data_cursor_not_restored,
+          f.optimizer_state_not_restored,
+          f.hsdp_replicas_not_reduced,
+          f.uneven_shard_padding_leak};
+}
+
+// Each row switches on exactly one engine fault, and no other row switches on the same one.
+TEST_P(FaultTableRow, SwitchesOnOneEngineFaultOfItsOwn) {
+  engine::FaultInjection mine;
+  row().inject(FaultSpec{GetParam(), {}, {}}, mine);
+  const std::array<bool, 9> flags = switched_on(mine);
+  EXPECT_EQ(std::count(flags.begin(), flags.end(), true), 1);
+  for (const FaultDescriptor& other : fault_table()) {
+    if (other.name == GetParam()) continue;
+    engine::FaultInjection theirs;
+    other.inject(FaultSpec{std::string(other.name), {}, {}}, theirs);
+    EXPECT_NE(switched_on(theirs), flags) << other.name;
+  }
+}
+
+// caught_by names checks of the check table (resume_cross_mesh: the resume check), each once.
+TEST_P(FaultTableRow, ClaimsOnlyChecksOfTheCheckTable) {
+  ASSERT_FALSE(row().caught_by.empty());
+  EXPECT_FALSE(row().bug_class.empty());
+  std::set<std::string_view> seen;
+  for (std::string_view claim : row().caught_by) {
+    EXPECT_NE(check_of_claim(claim), nullptr) << claim;
+    EXPECT_TRUE(seen.insert(claim).second) << claim << " claimed twice";
+  }
+}
+
+// `meshproof faults` prints the row: bug class, catching checks, requirements, every parameter.
+TEST_P(FaultTableRow, ListedByMeshproofFaults) {
+  std::ostringstream out;
+  print_fault_catalog(out);
+  const std::string text = out.str();
+  std::string claims;
+  for (std::string_view c : row().caught_by) {
+    if (!claims.empty()) claims += ", ";
+    claims += c;
+  }
+  const std::string head = GetParam() + "\n  bug class: " + std::string(row().bug_class) +
+                           "\n  caught by: " + claims + "\n  needs:     ";
+  const size_t at = text.find(head);
+  ASSERT_NE(at, std::string::npos) << text;
+  const size_t end = text.find("\n", at + head.size());
+  const std::string needs = text.substr(at + head.size(), end - at - head.size());
+  if (row().needs.empty()) {
+    EXPECT_EQ(needs, "any scenario");
+  }
+  for (const FaultRequirement& r : row().needs) {
+    EXPECT_NE(needs.find(r.what), std::string::npos) << r.what;
+  }
+  for (const FaultParam* p : all_params(row())) {
+    EXPECT_NE(text.find("  param:     " + std::string(p->name) + " (" + p->describe() +
+                            "): " + std::string(p->doc) + "\n",
+                        at),
+              std::string::npos)
+        << p->name;
+  }
+}
+
+// The library's scenario of the fault (scenarios/faults/NAME.yaml) meets every requirement of the
+// row and enables a check the row claims.
+TEST_P(FaultTableRow, LibraryScenarioMeetsTheRow) {
+  const fs::path path =
+      fs::path(MESHPROOF_TEST_SOURCE_DIR) / "scenarios" / "faults" / (GetParam() + ".yaml");
+  ASSERT_TRUE(fs::exists(path)) << path;
+  for (const Scenario& s : load_scenario_file(path.string())) {
+    for (const FaultRequirement& r : row().needs) EXPECT_TRUE(r.met(s)) << s.name << ": " << r.what;
+    const std::vector<std::string> claims = enabled_claims(s);
+    EXPECT_TRUE(std::any_of(row().caught_by.begin(), row().caught_by.end(), [&](auto c) {
+      return std::find(claims.begin(), claims.end(), c) != claims.end();
+    })) << s.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(FaultTable, FaultTableRow, ::testing::ValuesIn(fault_names()),
+                         [](const auto& info) { return info.param; });
+
+TEST(FaultTable, UnknownNameIsAnInputError) {
+  EXPECT_EQ(find_fault("no_such_fault"), nullptr);
+  try {
+    (void)to_fault_injection({FaultSpec{"no_such_fault", {}, {}}});
+    FAIL() << "an unknown fault was injected";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(e.message().find("fault no_such_fault: not in the fault table"), std::string::npos)
+        << e.message();
+  }
+}
+
+// Parameters reach the engine; with several faults the earliest from_step applies to all.
+TEST(FaultTable, ParametersAndTheEarliestFirstStep) {
+  const engine::FaultInjection f = to_fault_injection(
+      {FaultSpec{"stale_columnwise_copy", {{"from_step", 4}, {"layer", 1}}, {}},
+       FaultSpec{"optimizer_state_not_restored", {{"from_step", 2}}, {{"state", "exp_avg_sq"}}}});
+  EXPECT_TRUE(f.stale_columnwise_copy);
+  EXPECT_EQ(f.stale_columnwise_layer, 1);
+  EXPECT_TRUE(f.optimizer_state_not_restored);
+  EXPECT_EQ(f.optimizer_state_part, "exp_avg_sq");
+  EXPECT_EQ(f.from_step, 1);
+  // Without the parameters the engine's defaults stay: every layer, all of the state.
+  const engine::FaultInjection d =
+      to_fault_injection({FaultSpec{"stale_columnwise_copy", {}, {}},
+                          FaultSpec{"optimizer_state_not_restored", {}, {}}});
+  EXPECT_EQ(d.stale_columnwise_layer, -1);
+  EXPECT_EQ(d.optimizer_state_part, "all");
+  EXPECT_EQ(d.from_step, 0);
+}
+
+// Parameter ranges as the loader applies them and `meshproof faults` describes them.
+TEST(FaultTable, ParameterRangesFollowTheScenario) {
+  Scenario s;
+  s.model.layers = 3;
+  s.train.steps = 7;
+  EXPECT_EQ(from_step_param().max_for(s), 7);
+  EXPECT_EQ(from_step_param().describe(), "int in [1, train.steps], default 1");
+  const FaultDescriptor* stale = find_fault("stale_columnwise_copy");
+  ASSERT_NE(stale, nullptr);
+  ASSERT_EQ(stale->params.size(), 1u);
+  EXPECT_EQ(stale->params[0].max_for(s), 2);
+  EXPECT_EQ(stale->params[0].describe(), "int in [0, model.layers - 1], default 0");
+  const FaultDescriptor* opt = find_fault("optimizer_state_not_restored");
+  ASSERT_NE(opt, nullptr);
+  ASSERT_EQ(opt->params.size(), 1u);
+  EXPECT_EQ(opt->params[0].describe(), "one of all, exp_avg, exp_avg_sq, step; default all");
+}
+
+}  // namespace
+}  // namespace meshproof::harness
