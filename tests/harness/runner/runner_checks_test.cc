@@ -710,7 +710,7 @@ TEST(AllGatherParityCheck, FailureNamesFirstStepTensorBytesScalesAndError) {
 TEST(ScenarioToEngine, DataSeedAndTrainSeedAreSeparateKeys) {
   Scenario s;
   s.data.seed = 99;
-  s.train.seed = 5;
+  s.seed = 5;
   const engine::Config c = to_engine_config(s);
   EXPECT_EQ(c.data.seed, 99u);
   EXPECT_EQ(c.seed, 5u);
@@ -770,7 +770,7 @@ TEST(IntendedChecks, CatalogRestrictedToEnabledChecks) {
   t.faults = {FaultSpec{"tp_fsdp_left_to_right", {}, {}}};  // caught by resume_cross_mesh only
   t.checks.resume.enabled = true;
   EXPECT_TRUE(intended_checks(t).empty());  // a same-mesh resume does not count
-  t.checks.resume.mesh = MeshConfig{};
+  t.checks.resume.mesh = engine::MeshSpec{};
   EXPECT_EQ(intended_checks(t), std::vector<std::string>{"resume"});
   t.expect = Expect::kPass;
   EXPECT_TRUE(intended_checks(t).empty());
@@ -887,7 +887,7 @@ TEST(RunScenarioProgress, ReRunsOfChecksShowTheirSteps) {
   s.name = "progress_probe";
   s.mesh.dp_shard = 2;
   s.train.steps = 4;
-  s.train.global_batch = 8;
+  s.train.batch = 8;
   s.checks.resume.enabled = true;
   s.checks.resume.at_step = 2;
   s.checks.determinism = true;

@@ -204,7 +204,7 @@ TEST(ScenarioOverrides, ValuesAreAppliedAsYaml) {
   EXPECT_EQ(s.train.steps, 12);
   EXPECT_EQ(s.mesh.dp_shard, 2);  // a mapping merges into the existing one
   EXPECT_EQ(s.mesh.tp, 2);
-  EXPECT_EQ(s.recipe.name, RecipeKind::kCurrent);  // the recipe shorthand works in --set too
+  EXPECT_EQ(s.recipe.kind, RecipeKind::kCurrent);  // the recipe shorthand works in --set too
   EXPECT_EQ(s.recipe.margin, 3);
   EXPECT_DOUBLE_EQ(s.train.lr, 2e-3);
   EXPECT_TRUE(s.fsdp.fp8_all_gather);
@@ -227,7 +227,7 @@ TEST(ScenarioOverrides, SetWinsOverMatrixAndCanEditTheMatrix) {
   const std::vector<Scenario> pinned =
       load_scenario_text(yaml, "m.yaml", {parse_override("recipe=fp32")});
   ASSERT_EQ(pinned.size(), 2u);
-  for (const Scenario& s : pinned) EXPECT_EQ(s.recipe.name, RecipeKind::kFp32);
+  for (const Scenario& s : pinned) EXPECT_EQ(s.recipe.kind, RecipeKind::kFp32);
   const std::vector<Scenario> edited = load_scenario_text(
       yaml, "m.yaml", {parse_override("matrix.recipe=[delayed, current, block]")});
   EXPECT_EQ(names_of(edited), (std::vector<std::string>{"m[recipe=delayed]", "m[recipe=current]",
@@ -249,7 +249,7 @@ TEST(ScenarioMatrix, CartesianProductInFileOrderLastKeyFastest) {
                 "grid[mesh=dp_shard2_tp2,recipe=mxfp8,fsdp=no_reshard_after_forward]"}));
   EXPECT_EQ(v[2].mesh.dp_shard, 2);
   EXPECT_EQ(v[2].mesh.tp, 2);
-  EXPECT_EQ(v[1].recipe.name, RecipeKind::kMxfp8);
+  EXPECT_EQ(v[1].recipe.kind, RecipeKind::kMxfp8);
   EXPECT_EQ(v[1].recipe.fp8_format, Fp8Format::kE4M3);  // the mxfp8 default
   EXPECT_FALSE(v[3].fsdp.reshard_after_forward);
   EXPECT_EQ(v[3].base_name, "grid");
@@ -272,7 +272,7 @@ TEST(ScenarioMatrix, DottedKeysAndMergeIntoBase) {
   EXPECT_EQ(v[0].mesh.tp, 2);  // merged: tp comes from the base mesh
   EXPECT_EQ(v[0].mesh.dp_shard, 1);
   EXPECT_EQ(v[5].train.micro_batches, 4);
-  EXPECT_EQ(v[5].train.global_batch, 16);
+  EXPECT_EQ(v[5].train.batch, 16);
 }
 
 TEST(ScenarioMatrix, Errors) {
@@ -303,7 +303,7 @@ TEST(ScenarioDefaults, EmptyDocumentGetsTheDocumentedDefaults) {
   EXPECT_EQ(s.model.hidden, 64);
   EXPECT_EQ(s.model.ffn, 256);  // 4 x hidden
   EXPECT_EQ(s.mesh.world_size(), 1);
-  EXPECT_EQ(s.recipe.name, RecipeKind::kBf16);
+  EXPECT_EQ(s.recipe.kind, RecipeKind::kBf16);
   EXPECT_EQ(s.recipe.amax_history_len, 1024);
   EXPECT_TRUE(s.fsdp.reshard_after_forward);
   EXPECT_EQ(s.train.steps, 8);
@@ -334,7 +334,7 @@ TEST(ScenarioDefaults, RecipeDependentDefaultsAndCheckDefaults) {
   const Scenario per_metric = load_one(
       "recipe: mxfp8\nchecks: {reference: {recipe: fp32, rtol: {loss: 0.05, grad_norm: 0.1}}}\n");
   EXPECT_DOUBLE_EQ(per_metric.checks.reference.rtol.at(Metric::kGradNorm), 0.1);
-  EXPECT_EQ(per_metric.checks.reference.recipe->name, RecipeKind::kFp32);
+  EXPECT_EQ(per_metric.checks.reference.recipe->kind, RecipeKind::kFp32);
 }
 
 TEST(ScenarioDefaults, FaultParamsResolvedFromTheCatalog) {
@@ -430,8 +430,8 @@ TEST(ScenarioLibrary, EveryFileValidatesAndEveryFaultHasACaughtScenario) {
   }
   const std::vector<Scenario> q = load_scenario_file((dir / "quickstart.yaml").string());
   ASSERT_EQ(q.size(), 1u);
-  EXPECT_EQ(q[0].mesh, (MeshConfig{2, 2, 2, false}));
-  EXPECT_EQ(q[0].recipe.name, RecipeKind::kMxfp8);
+  EXPECT_EQ(q[0].mesh, (engine::MeshSpec{2, 2, 2, false}));
+  EXPECT_EQ(q[0].recipe.kind, RecipeKind::kMxfp8);
   EXPECT_TRUE(q[0].checks.golden.enabled);
   EXPECT_TRUE(q[0].checks.resume.enabled);
 }
@@ -616,15 +616,18 @@ engine::RunOptions options_of(const std::string& yaml) {
     if (n["model"]["dropout"]) s.model.dropout = n["model"]["dropout"].as<double>();
     if (n["model"]["heads"]) s.model.heads = n["model"]["heads"].as<int64_t>();
     if (n["model"]["hidden"]) s.model.hidden = n["model"]["hidden"].as<int64_t>();
-    if (n["model"]["seq_len"]) s.model.seq_len = n["model"]["seq_len"].as<int64_t>();
+    if (n["model"]["seq_len"]) {
+      s.train.seq_len = n["model"]["seq_len"].as<int64_t>();
+      s.model.max_positions = s.train.seq_len;
+    }
     if (n["model"]["vocab"]) s.model.vocab = n["model"]["vocab"].as<int64_t>();
     if (n["model"]["ffn"]) s.model.ffn = n["model"]["ffn"].as<int64_t>();
     if (n["model"]["layers"]) s.model.layers = n["model"]["layers"].as<int64_t>();
   }
   if (n["mesh"]) {
-    if (n["mesh"]["tp"]) s.mesh.tp = n["mesh"]["tp"].as<int64_t>();
-    if (n["mesh"]["dp_shard"]) s.mesh.dp_shard = n["mesh"]["dp_shard"].as<int64_t>();
-    if (n["mesh"]["dp_replicate"]) s.mesh.dp_replicate = n["mesh"]["dp_replicate"].as<int64_t>();
+    if (n["mesh"]["tp"]) s.mesh.tp = n["mesh"]["tp"].as<int>();
+    if (n["mesh"]["dp_shard"]) s.mesh.dp_shard = n["mesh"]["dp_shard"].as<int>();
+    if (n["mesh"]["dp_replicate"]) s.mesh.dp_replicate = n["mesh"]["dp_replicate"].as<int>();
     if (n["mesh"]["sequence_parallel"])
       s.mesh.sequence_parallel = n["mesh"]["sequence_parallel"].as<bool>();
   }
@@ -635,8 +638,8 @@ engine::RunOptions options_of(const std::string& yaml) {
     if (n["fsdp"]["fp8_params"]) s.fsdp.fp8_params = n["fsdp"]["fp8_params"].as<bool>();
   }
   if (n["train"] && n["train"]["global_batch"])
-    s.train.global_batch = n["train"]["global_batch"].as<int64_t>();
-  if (n["data"] && n["data"]["order"]) s.data.order = n["data"]["order"].as<int64_t>();
+    s.train.batch = n["train"]["global_batch"].as<int64_t>();
+  if (n["data"] && n["data"]["order"]) s.data.markov_order = n["data"]["order"].as<int64_t>();
   return engine_run_options(s);
 }
 
