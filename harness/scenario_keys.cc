@@ -137,11 +137,6 @@ Key<T> with_text(Key<T> k, std::string default_text) {
 
 std::vector<Key<Scenario>> make_scenario_keys() {
   using S = Scenario;
-  const auto recipe_names = [] {
-    std::vector<std::string> n;
-    for (const engine::RecipeName& r : engine::kRecipeNames) n.emplace_back(r.name);
-    return n;
-  }();
   std::vector<Key<S>> k;
   // Top level, in the order messages list them.
   Key<S> name = string_key<S>(
@@ -300,6 +295,7 @@ std::vector<Key<Scenario>> make_scenario_keys() {
   kind.choices = {"markov"};
   kind.hashed = true;
   kind.get = [](const S&) { return KeyValue{std::string("markov")}; };
+  kind.set = [](S&, const KeyValue&) {};  // read (and so validated) by read_keys; nothing to store
   k.push_back(kind);
   k.push_back(int_key<S>(
       "data.order", 1, 1, 4, [](S & s) -> auto& { return s.data.markov_order; },
@@ -368,7 +364,6 @@ std::vector<Key<Scenario>> make_scenario_keys() {
                          "differs from the scenario's own mesh+recipe"));
   k.push_back(own_key<S>("checks.reference.rtol", KeyType::kRtol, "loss: see tolerances",
                          "a number (loss) or a mapping {loss, grad_norm}"));
-  (void)recipe_names;
   return k;
 }
 
