@@ -316,10 +316,11 @@ TEST(ScenarioDefaults, EmptyDocumentGetsTheDocumentedDefaults) {
 }
 
 TEST(ScenarioDefaults, RecipeDependentDefaultsAndCheckDefaults) {
-  EXPECT_TRUE(load_one("recipe: block\n").recipe.power_2_scale);
+  // The loader always sets the recipe-dependent options (engine::RecipeConfig holds optionals).
+  EXPECT_EQ(load_one("recipe: block\n").recipe.power_2_scale, std::optional<bool>(true));
   // TE Float8BlockScaling's default format is E4M3 (as the engine's block recipe always ran).
   EXPECT_EQ(load_one("recipe: block\n").recipe.fp8_format, Fp8Format::kE4M3);
-  EXPECT_FALSE(load_one("recipe: current\n").recipe.power_2_scale);
+  EXPECT_EQ(load_one("recipe: current\n").recipe.power_2_scale, std::optional<bool>(false));
   EXPECT_EQ(load_one("recipe: delayed\n").recipe.fp8_format, Fp8Format::kHybrid);
   const Scenario r = load_one("train: {steps: 10}\nchecks: {resume: true, golden: true}\n");
   EXPECT_EQ(r.checks.resume.at_step, 5);  // steps / 2
