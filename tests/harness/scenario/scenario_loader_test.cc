@@ -125,6 +125,15 @@ TEST(ScenarioErrors, DocumentMustBeAMapping) {
 }
 
 TEST(ScenarioErrors, ConsistencyRules) {
+  // MXFP8 under sequence parallelism: the GEMM inputs are quantized as sequence shards, so the
+  // tokens per rank divided by tp must be whole 32-blocks too (engine::check_run counts the data
+  // rank's tokens: 32 here, which it accepts).
+  EXPECT_EQ(
+      load_error(
+          "recipe: mxfp8\nmesh: {tp: 2, sequence_parallel: true}\ntrain: {global_batch: 1}\n"),
+      "x.yaml:3:23: train.global_batch: tokens per rank and micro-batch (global_batch / (dp x "
+      "micro_batches) x seq_len / tp) = 16: recipe mxfp8 needs multiples of 32 (1x32 / 32x1 "
+      "blocks)");
   // sequence parallelism splits the sequence over tp
   EXPECT_EQ(load_error("model: {seq_len: 31}\nmesh: {tp: 2, sequence_parallel: true}\n"),
             "x.yaml:2:34: mesh.sequence_parallel: model.seq_len = 31 is not divisible by tp = 2");
