@@ -402,6 +402,8 @@ std::vector<Key<RecipeConfig>> make_recipe_keys() {
       "fp8_format", Fp8Format::kHybrid, names_of<Fp8Format>(engine::fp8_format_name, 2),
       [](R & r) -> auto& { return *r.fp8_format; },
       "delayed, current, block; mxfp8 allows only e4m3");
+  // The engine holds an optional (unset: the recipe's default); the scenario always sets it, and
+  // reads the resolved value.
   format.get = [](const R& r) {
     return KeyValue{std::string(engine::fp8_format_name(engine::fp8_format_of(r)))};
   };
@@ -432,7 +434,7 @@ std::vector<Key<RecipeConfig>> make_recipe_keys() {
   Key<R> pow2 = bool_key<R>(
       "power_2_scale", false, [](R & r) -> auto& { return *r.power_2_scale; },
       "current, block: scales rounded down to a power of two");
-  pow2.get = [](const R& r) { return KeyValue{engine::power_2_scale_of(r)}; };
+  pow2.get = [](const R& r) { return KeyValue{engine::power_2_scale_of(r)}; };  // as fp8_format
   pow2.set = [](R& r, const KeyValue& v) { r.power_2_scale = std::get<bool>(v); };
   pow2.default_text = "true for block, else false";
   pow2.default_of = [](const R& r) { return KeyValue{engine::power_2_scale_of({.kind = r.kind})}; };
