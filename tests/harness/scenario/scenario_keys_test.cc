@@ -227,6 +227,27 @@ INSTANTIATE_TEST_SUITE_P(ScenarioKeys, IntKey, ::testing::ValuesIn(table_read_ke
                            return n;
                          });
 
+class NumberKey : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NumberKey, BelowItsRangeIsAnErrorAtTheKeyNamingTheTablesRange) {
+  const std::string& path = GetParam();
+  const std::string range = with_key(path, [](const auto& k) {
+    return fmt::format("{}{}, {}{}", k.min_open ? "(" : "[", k.dmin, k.dmax,
+                       k.max_open ? ")" : "]");
+  });
+  const std::string got = first_problem(yaml_at(path, "-1"));
+  const std::string want = fmt::format(": {}: must be in {}, got -1", path, range);
+  EXPECT_NE(got.find(want), std::string::npos) << got << "\nwanted ..." << want;
+}
+
+INSTANTIATE_TEST_SUITE_P(ScenarioKeys, NumberKey,
+                         ::testing::ValuesIn(table_read_keys(KeyType::kNumber)),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           std::replace(n.begin(), n.end(), '.', '_');
+                           return n;
+                         });
+
 class EnumKey : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EnumKey, AnUnknownNameListsTheTablesNames) {
