@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <iterator>
 
 #include "kernels/error.h"
 
@@ -25,19 +26,8 @@ std::string_view activation_name(Activation a) {
 }
 
 std::string_view recipe_name(RecipeKind r) {
-  switch (r) {
-    case RecipeKind::kFp32:
-      return "fp32";
-    case RecipeKind::kBf16:
-      return "bf16";
-    case RecipeKind::kDelayed:
-      return "delayed";
-    case RecipeKind::kCurrent:
-      return "current";
-    case RecipeKind::kMxfp8:
-      return "mxfp8";
-    case RecipeKind::kBlock:
-      return "block";
+  for (const RecipeName& n : kRecipeNames) {
+    if (n.kind == r) return n.name;
   }
   return "?";
 }
@@ -64,11 +54,17 @@ Activation parse_activation(std::string_view s, std::string_view field) {
 }
 
 RecipeKind parse_recipe(std::string_view s, std::string_view field) {
-  for (RecipeKind r : {RecipeKind::kFp32, RecipeKind::kBf16, RecipeKind::kDelayed,
-                       RecipeKind::kCurrent, RecipeKind::kMxfp8, RecipeKind::kBlock}) {
-    if (s == recipe_name(r)) return r;
+  std::string names;  // "fp32, bf16, ... or block"
+  const size_t count = std::size(kRecipeNames);
+  for (size_t i = 0; i < count; ++i) {
+    if (s == kRecipeNames[i].name) return kRecipeNames[i].kind;
+    names += fmt::format("{}{}",
+                         i == 0           ? ""
+                         : i + 1 == count ? " or "
+                                          : ", ",
+                         kRecipeNames[i].name);
   }
-  MP_FAIL_INPUT("{} = '{}': expected fp32, bf16, delayed, current, mxfp8 or block", field, s);
+  MP_FAIL_INPUT("{} = '{}': expected {}", field, s, names);
 }
 
 LrSchedule parse_schedule(std::string_view s, std::string_view field) {
@@ -179,10 +175,6 @@ std::vector<ConfigIssue> check_config(const Config& c) {
   }
   needf("recipe.amax_history_len", r.amax_history_len >= 1,
         fmt::format("recipe.amax_history_len = {} must be >= 1", r.amax_history_len));
-  needf("recipe.amax_compute_algo",
-        r.amax_compute_algo == "max" || r.amax_compute_algo == "most_recent",
-        fmt::format("recipe.amax_compute_algo = '{}': expected max or most_recent",
-                    r.amax_compute_algo));
   needf("recipe.fp8_format", r.kind != RecipeKind::kMxfp8 || fp8_format_of(r) == Fp8Format::kE4M3,
         "recipe.fp8_format = hybrid: recipe mxfp8 supports only e4m3");
   needf("recipe.eps", std::isfinite(r.eps) && r.eps >= 0.0 && r.eps <= 1.0,
@@ -211,7 +203,7 @@ std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {
   add("model.norm_eps", c.model.norm_eps);
   add("recipe.name", recipe_name(c.recipe.kind));
   add("recipe.amax_history_len", c.recipe.amax_history_len);
-  add("recipe.amax_compute_algo", c.recipe.amax_compute_algo);
+  add("recipe.amax_compute_algo", kernels::amax_algo_name(c.recipe.amax_compute_algo));
   add("recipe.margin", c.recipe.margin);
   add("recipe.fp8_format", fp8_format_name(fp8_format_of(c.recipe)));
   add("recipe.power_2_scale", power_2_scale_of(c.recipe) ? 1 : 0);

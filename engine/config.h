@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/quantize.h"
+
 namespace meshproof::engine {
 
 enum class NormKind : uint8_t { kLayerNorm, kRmsNorm };
@@ -19,6 +21,19 @@ enum class LrSchedule : uint8_t { kConstant, kWarmupCosine };
 // TransformerEngine's recipe.Format: HYBRID quantizes forward tensors (inputs, weights) in E4M3
 // and gradients in E5M2; E4M3 quantizes every tensor in E4M3.
 enum class Fp8Format : uint8_t { kHybrid, kE4M3 };
+
+// The one table of recipe names (scenario keys, CLI flags, reports, to_string): every RecipeKind
+// in declaration order with its name.
+struct RecipeName {
+  RecipeKind kind;
+  std::string_view name;
+};
+inline constexpr RecipeName kRecipeNames[] = {
+    {RecipeKind::kFp32, "fp32"},       {RecipeKind::kBf16, "bf16"},
+    {RecipeKind::kDelayed, "delayed"}, {RecipeKind::kCurrent, "current"},
+    {RecipeKind::kMxfp8, "mxfp8"},     {RecipeKind::kBlock, "block"}};
+// True for the recipes that quantize GEMM inputs (delayed, current, mxfp8, block).
+constexpr bool is_fp8(RecipeKind r) { return r != RecipeKind::kFp32 && r != RecipeKind::kBf16; }
 
 std::string_view norm_name(NormKind k);
 std::string_view activation_name(Activation a);
@@ -50,9 +65,9 @@ struct ModelConfig {
 // fp8_format_of / power_2_scale_of).
 struct RecipeConfig {
   RecipeKind kind = RecipeKind::kFp32;
-  int64_t amax_history_len = 1024;        // delayed
-  std::string amax_compute_algo = "max";  // delayed: "max" or "most_recent"
-  int64_t margin = 0;                     // delayed
+  int64_t amax_history_len = 1024;                                // delayed
+  kernels::AmaxAlgo amax_compute_algo = kernels::AmaxAlgo::kMax;  // delayed
+  int64_t margin = 0;                                             // delayed
   // delayed, current, block: default HYBRID (delayed, current) or E4M3 (mxfp8, block); mxfp8
   // accepts only E4M3.
   std::optional<Fp8Format> fp8_format;
@@ -61,6 +76,7 @@ struct RecipeConfig {
   // current, block: amax clamped below by eps before scale = fp8_max / amax (TE's amax_epsilon);
   // [0, 1], 0 disables the clamp.
   double eps = 0.0;
+  bool operator==(const RecipeConfig&) const = default;
 };
 
 // The resolved options of a recipe (the explicit value, else the recipe's default).

@@ -14,6 +14,7 @@ struct MeshSpec {
   bool sequence_parallel = false;  // needs tp > 1
   mesh::DeviceMesh device_mesh() const { return mesh::DeviceMesh(dp_replicate, dp_shard, tp); }
   int world_size() const { return dp_replicate * dp_shard * tp; }
+  bool operator==(const MeshSpec&) const = default;
 };
 
 }  // namespace meshproof::engine

@@ -113,8 +113,7 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
 
 void Fp8Recipe::update(bool forward_roles) {
   if (config_.kind != RecipeKind::kDelayed) return;
-  const auto algo =
-      config_.amax_compute_algo == "max" ? kernels::AmaxAlgo::kMax : kernels::AmaxAlgo::kMostRecent;
+  const kernels::AmaxAlgo algo = config_.amax_compute_algo;
   for (auto& [key, state] : states_) {
     // Keys are "<linear>/<role>".
     const size_t slash = key.rfind('/');

@@ -130,11 +130,11 @@ std::optional<std::string> skip_reference(const CheckContext& c) {
   // start from it, and a reference from scratch compares other steps.
   const Scenario& s = c.scenario;
   if (c.start == 0 || !s.checks.reference.recipe ||
-      s.checks.reference.recipe->name == s.recipe.name) {
+      s.checks.reference.recipe->kind == s.recipe.kind) {
     return std::nullopt;
   }
   return fmt::format("a reference with recipe {} cannot start from the {} checkpoint {}",
-                     to_string(s.checks.reference.recipe->name), to_string(s.recipe.name),
+                     to_string(s.checks.reference.recipe->kind), to_string(s.recipe.kind),
                      c.opts.from_checkpoint.string());
 }
 
@@ -145,7 +145,7 @@ reports::CheckResult run_reference(CheckContext& c) {
   if (cfg.mesh) ref.mesh = *cfg.mesh;
   if (cfg.recipe) ref.recipe = *cfg.recipe;
   const std::string what = fmt::format("run vs reference ({}, recipe {})", describe_mesh(ref.mesh),
-                                       to_string(ref.recipe.name));
+                                       to_string(ref.recipe.kind));
   TrainRequest req;
   req.trace = c.opts.trace;
   req.from_checkpoint = c.opts.from_checkpoint;  // the same start (resharded onto its mesh)

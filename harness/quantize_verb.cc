@@ -3,6 +3,7 @@
 #include <H5Cpp.h>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/config.h"
 #include "harness/exit_codes.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
@@ -21,6 +23,15 @@ namespace meshproof::harness {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The recipes that quantize, from the one recipe-name table (engine/config.h).
+std::vector<std::string> fp8_recipe_names() {
+  std::vector<std::string> names;
+  for (const engine::RecipeName& r : engine::kRecipeNames) {
+    if (engine::is_fp8(r.kind)) names.emplace_back(r.name);
+  }
+  return names;
+}
 using kernels::DType;
 using kernels::Tensor;
 
@@ -127,8 +138,12 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   MP_CHECK_INPUT(o.block == "1x128" || o.block == "128x128", "--block '{}' is not 1x128 or 128x128",
                  o.block);
   MP_CHECK_INPUT(!o.out.empty(), "--out is required");
+  // The one recipe-name table (engine/config.h); fp32 and bf16 do not quantize.
+  const engine::RecipeKind kind = engine::parse_recipe(o.recipe, "--recipe");
+  MP_CHECK_INPUT(engine::is_fp8(kind), "--recipe '{}' is not {}", o.recipe,
+                 fmt::join(fp8_recipe_names(), ", "));
   // Scale options of current and block scaling (TE QParams power_2_scale, amax_epsilon).
-  const bool scaled = o.recipe == "current" || o.recipe == "block";
+  const bool scaled = kind == engine::RecipeKind::kCurrent || kind == engine::RecipeKind::kBlock;
   MP_CHECK_INPUT(!(o.pow2_scales && o.no_pow2_scales),
                  "--pow2-scales and --no-pow2-scales contradict each other");
   MP_CHECK_INPUT(scaled || (!o.pow2_scales && !o.no_pow2_scales),
@@ -139,7 +154,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   MP_CHECK_INPUT(scaled || o.eps == 0.0f, "--eps applies to --recipe current or block, not {}",
                  o.recipe);
   // Power-of-2 scales: off by default for current, on for block (Float8BlockScaling).
-  const bool pow2 = o.recipe == "block" ? !o.no_pow2_scales : o.pow2_scales;
+  const bool pow2 = kind == engine::RecipeKind::kBlock ? !o.no_pow2_scales : o.pow2_scales;
   const DType format = o.format == "e5m2" ? DType::kE5M2 : DType::kE4M3;
   const kernels::Device device = kernels::resolve_backend(o.backend);
   const InputSpec spec = parse_input_spec(o.in);
@@ -150,26 +165,24 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   const kernels::Usage both{true, true};
 
   kernels::QuantizedTensor q;
-  if (o.recipe == "current") {
+  if (kind == engine::RecipeKind::kCurrent) {
     q = kernels::quantize_current(x, format, both, o.eps, pow2);
-  } else if (o.recipe == "delayed") {
+  } else if (kind == engine::RecipeKind::kDelayed) {
     MP_CHECK_INPUT(std::isfinite(o.scale) && o.scale > 0, "--scale {} must be finite and > 0",
                    o.scale);
     const Tensor scale = Tensor::from_vector<float>({1}, {o.scale}).to(device);
     q = kernels::quantize_per_tensor(x, scale, format, both, ScalingMode::kDelayedTensor,
                                      kernels::compute_amax(x));
-  } else if (o.recipe == "mxfp8") {
+  } else if (kind == engine::RecipeKind::kMxfp8) {
     MP_CHECK_INPUT(M % 32 == 0 && K % 32 == 0,
                    "dataset {} in '{}' has shape [{}, {}]: mxfp8 needs both dims to be multiples "
                    "of 32",
                    spec.dataset, spec.file, M, K);
     q = kernels::quantize_mxfp8(x, format, both);
-  } else if (o.recipe == "block") {
+  } else {
     q = kernels::quantize_block(
         x, o.block == "128x128" ? ScalingMode::kBlock128x128 : ScalingMode::kBlock1x128, format,
         both, pow2, o.eps);
-  } else {
-    MP_FAIL_INPUT("--recipe '{}' is not current, delayed, mxfp8 or block", o.recipe);
   }
 
   // Columnwise copies in the input's element positions: per-tensor and block copies are stored
@@ -198,7 +211,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
     f.attribute("format", o.format);
     f.attribute("backend", device.is_cpu() ? "cpu" : "cuda");
     f.attribute("scaling_mode", std::string(kernels::scaling_mode_name(q.mode)));
-    if (o.recipe == "block") f.attribute("block", o.block);
+    if (kind == engine::RecipeKind::kBlock) f.attribute("block", o.block);
     if (scaled) {
       f.attribute("pow2_scales", pow2 ? "1" : "0");
       f.attribute("eps", fmt::format("{}", o.eps));
@@ -222,9 +235,9 @@ void add_quantize_command(CLI::App& app, std::ostream& out, int& exit_code) {
       "quantize",
       "Quantize a 2-D float32 HDF5 dataset with a recipe (current, delayed, mxfp8, block) on any "
       "backend and write data, scales and dequantized values to HDF5");
-  cmd->add_option("--recipe", opts->recipe, "current | delayed | mxfp8 | block")
+  cmd->add_option("--recipe", opts->recipe, fmt::format("{}", fmt::join(fp8_recipe_names(), " | ")))
       ->required()
-      ->check(CLI::IsMember({"current", "delayed", "mxfp8", "block"}));
+      ->check(CLI::IsMember(fp8_recipe_names()));
   cmd->add_option("--format", opts->format, "Element format: e4m3 (default) | e5m2")
       ->check(CLI::IsMember({"e4m3", "e5m2"}));
   cmd->add_option("--scale", opts->scale, "delayed: the scale to quantize with (default 1)");

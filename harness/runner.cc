@@ -32,7 +32,7 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string mesh_text(const MeshConfig& m) {
+std::string mesh_text(const engine::MeshSpec& m) {
   return fmt::format("dp_replicate={} dp_shard={} tp={}{}", m.dp_replicate, m.dp_shard, m.tp,
                      m.sequence_parallel ? " sp" : "");
 }
@@ -238,14 +238,14 @@ reports::PerformanceInputs performance_inputs(const Scenario& s, const std::stri
   perf.model.hidden = s.model.hidden;
   perf.model.ffn = s.model.ffn;
   perf.model.vocab = s.model.vocab;
-  perf.model.seq_len = s.model.seq_len;
+  perf.model.seq_len = s.train.seq_len;
   perf.model.swiglu = s.model.activation == Activation::kSwiGlu;
   note->clear();
   if (backend == "cpu") {
     // Every rank is a thread (or an MPI process) of this host: one device, and no tensor-core
     // peak to measure utilisation against.
     perf.num_devices = 1;
-    perf.gemm_dtype = engine::recipe_gemm_dtype(s.recipe.name, 0);
+    perf.gemm_dtype = engine::recipe_gemm_dtype(s.recipe.kind, 0);
     *note = "MFU n/a: the CPU backend has no dense tensor-core peak";
     return perf;
   }
@@ -268,7 +268,7 @@ reports::PerformanceInputs performance_inputs(const Scenario& s, const std::stri
            std::stoi(gpu->compute_capability.substr(dot + 1));
     }
   }
-  perf.gemm_dtype = engine::recipe_gemm_dtype(s.recipe.name, cc);
+  perf.gemm_dtype = engine::recipe_gemm_dtype(s.recipe.kind, cc);
   if (!gpu) {
     *note = fmt::format("MFU n/a: {} is not among the probed GPUs", backend);
   } else if (reports::table_peak_tflops(perf.gpu_name, perf.gemm_dtype)) {
@@ -295,7 +295,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   rec.name = s.name;
   rec.config = to_canonical_json(s);
   rec.mesh = mesh_text(s.mesh);
-  rec.recipe = to_string(s.recipe.name);
+  rec.recipe = to_string(s.recipe.kind);
   rec.expectation =
       s.expect == Expect::kCaught ? reports::Expectation::kCaught : reports::Expectation::kPass;
   rec.caught_by = intended_checks(s);

@@ -5,141 +5,43 @@
 #include <xxhash.h>
 
 #include "harness/check_table.h"
+#include "harness/scenario_keys.h"
 #include "kernels/error.h"
 
 namespace meshproof::harness {
 
-const char* to_string(Norm v) { return v == Norm::kLayerNorm ? "layernorm" : "rmsnorm"; }
-const char* to_string(Activation v) {
-  switch (v) {
-    case Activation::kGelu:
-      return "gelu";
-    case Activation::kRelu:
-      return "relu";
-    case Activation::kSwiGlu:
-      return "swiglu";
-  }
-  return "?";
-}
-const char* to_string(RecipeKind v) {
-  switch (v) {
-    case RecipeKind::kFp32:
-      return "fp32";
-    case RecipeKind::kBf16:
-      return "bf16";
-    case RecipeKind::kDelayed:
-      return "delayed";
-    case RecipeKind::kCurrent:
-      return "current";
-    case RecipeKind::kMxfp8:
-      return "mxfp8";
-    case RecipeKind::kBlock:
-      return "block";
-  }
-  return "?";
-}
-const char* to_string(Fp8Format v) { return v == Fp8Format::kHybrid ? "hybrid" : "e4m3"; }
-const char* to_string(AmaxAlgo v) { return v == AmaxAlgo::kMax ? "max" : "most_recent"; }
-const char* to_string(Schedule v) {
-  return v == Schedule::kConstant ? "constant" : "warmup_cosine";
-}
-const char* to_string(DataKind) { return "markov"; }
-const char* to_string(Backend v) {
-  switch (v) {
-    case Backend::kCpu:
-      return "cpu";
-    case Backend::kCuda:
-      return "cuda";
-    case Backend::kAuto:
-      return "auto";
-  }
-  return "?";
-}
-const char* to_string(Launcher v) { return v == Launcher::kLocal ? "local" : "mpi"; }
-const char* to_string(GoldenMode v) { return v == GoldenMode::kExact ? "exact" : "tolerance"; }
-const char* to_string(Metric v) { return v == Metric::kLoss ? "loss" : "grad_norm"; }
-const char* to_string(Expect v) { return v == Expect::kPass ? "pass" : "caught"; }
-
-RecipeConfig default_recipe(RecipeKind name) {
-  RecipeConfig r;
-  r.name = name;
-  // TE: MXFP8BlockScaling and Float8BlockScaling default to E4M3 for all tensors, the per-tensor
-  // recipes to HYBRID (engine::fp8_format_of).
-  r.fp8_format = name == RecipeKind::kMxfp8 || name == RecipeKind::kBlock ? Fp8Format::kE4M3
-                                                                          : Fp8Format::kHybrid;
-  // Float8BlockScaling uses power-of-2 scales (docs/design.md section 4); current scaling does not.
-  r.power_2_scale = name == RecipeKind::kBlock;
-  return r;
-}
+const char* to_string(Norm v) { return engine::norm_name(v).data(); }
+const char* to_string(Activation v) { return engine::activation_name(v).data(); }
+const char* to_string(RecipeKind v) { return engine::recipe_name(v).data(); }
+const char* to_string(Fp8Format v) { return engine::fp8_format_name(v).data(); }
+const char* to_string(kernels::AmaxAlgo v) { return kernels::amax_algo_name(v).data(); }
+const char* to_string(Schedule v) { return engine::schedule_name(v).data(); }
+const char* to_string(Backend v) { return kBackendNames[static_cast<size_t>(v)].data(); }
+const char* to_string(Launcher v) { return kLauncherNames[static_cast<size_t>(v)].data(); }
+const char* to_string(GoldenMode v) { return kGoldenModeNames[static_cast<size_t>(v)].data(); }
+const char* to_string(Metric v) { return kMetricNames[static_cast<size_t>(v)].data(); }
+const char* to_string(Expect v) { return kExpectNames[static_cast<size_t>(v)].data(); }
 
 namespace {
 
 using nlohmann::json;
 
-json mesh_json(const MeshConfig& m) {
-  return {{"dp_replicate", m.dp_replicate},
-          {"dp_shard", m.dp_shard},
-          {"tp", m.tp},
-          {"sequence_parallel", m.sequence_parallel}};
-}
-
-json recipe_json(const RecipeConfig& r) {
-  return {{"name", to_string(r.name)},
-          {"fp8_format", to_string(r.fp8_format)},
-          {"margin", r.margin},
-          {"amax_history_len", r.amax_history_len},
-          {"amax_compute_algo", to_string(r.amax_compute_algo)},
-          {"eps", r.eps},
-          {"power_2_scale", r.power_2_scale}};
-}
+json mesh_json(const engine::MeshSpec& m) { return keys_json(mesh_keys(), "", m); }
+json recipe_json(const engine::RecipeConfig& r) { return keys_json(recipe_keys(), "", r); }
 
 }  // namespace
 
 json to_canonical_json(const Scenario& s) {
-  // nlohmann::json objects are std::map-backed: keys come out sorted, so the text does not
-  // depend on the order fields are inserted here or written in the YAML.
-  json j;
+  // Every hashed key of the key table (harness/scenario_keys.h) with its value; the checks and
+  // faults below. nlohmann::json objects are std::map-backed: keys come out sorted, so the text
+  // does not depend on the order fields are inserted here or written in the YAML.
+  json j = keys_json(scenario_keys(), "", s);
   j["name"] = s.name;
-  j["model"] = {{"vocab", s.model.vocab},
-                {"hidden", s.model.hidden},
-                {"heads", s.model.heads},
-                {"layers", s.model.layers},
-                {"ffn", s.model.ffn},
-                {"seq_len", s.model.seq_len},
-                {"norm", to_string(s.model.norm)},
-                {"activation", to_string(s.model.activation)},
-                {"tied_embeddings", s.model.tied_embeddings},
-                {"dropout", s.model.dropout}};
+  for (const char* section : {"model", "fsdp", "train", "data", "checkpoint"}) {
+    j[section] = keys_json(scenario_keys(), section, s);
+  }
   j["mesh"] = mesh_json(s.mesh);
   j["recipe"] = recipe_json(s.recipe);
-  j["fsdp"] = {{"reshard_after_forward", s.fsdp.reshard_after_forward},
-               {"fp8_all_gather", s.fsdp.fp8_all_gather},
-               {"fp8_params", s.fsdp.fp8_params}};
-  // Written only when set, so that the hashes of scenarios that leave it at its default (every
-  // golden and checkpoint made before the key existed) stay what they were.
-  if (s.fsdp.sync_each_micro_batch) j["fsdp"]["sync_each_micro_batch"] = true;
-  const TrainConfig& t = s.train;
-  j["train"] = {{"steps", t.steps},
-                {"global_batch", t.global_batch},
-                {"micro_batches", t.micro_batches},
-                {"lr", t.lr},
-                {"schedule", to_string(t.schedule)},
-                {"warmup_steps", t.warmup_steps},
-                {"min_lr", t.min_lr},
-                {"weight_decay", t.weight_decay},
-                {"beta1", t.beta1},
-                {"beta2", t.beta2},
-                {"adam_eps", t.adam_eps},
-                {"max_grad_norm", t.max_grad_norm},
-                {"recompute", t.recompute},
-                {"seed", t.seed}};
-  j["data"] = {{"kind", to_string(s.data.kind)}, {"order", s.data.order}, {"seed", s.data.seed}};
-  j["backend"] = to_string(s.backend);
-  j["launcher"] = to_string(s.launcher);
-  j["requires_gpu"] = s.requires_gpu;
-  j["checkpoint"] = {{"dir", s.checkpoint.dir},
-                     {"every", s.checkpoint.every},
-                     {"keep_last", s.checkpoint.keep_last}};
   json checks = json::object();
   const GoldenCheck& g = s.checks.golden;
   if (g.enabled) {
@@ -175,7 +77,6 @@ json to_canonical_json(const Scenario& s) {
     faults.push_back({{"name", f.name}, {"params", params}});
   }
   j["faults"] = faults;
-  j["expect"] = to_string(s.expect);
   return j;
 }
 
@@ -190,7 +91,7 @@ std::string scenario_hash_hex(const Scenario& s) {
   return fmt::format("{:016x}", scenario_hash(s));
 }
 
-std::string describe_mesh(const MeshConfig& m) {
+std::string describe_mesh(const engine::MeshSpec& m) {
   return fmt::format("dp_replicate={} dp_shard={} tp={}{} ({} rank{})", m.dp_replicate, m.dp_shard,
                      m.tp, m.sequence_parallel ? " sp" : "", m.world_size(),
                      m.world_size() == 1 ? "" : "s");
@@ -241,7 +142,7 @@ std::filesystem::path path_inside(const std::filesystem::path& root,
 }
 
 std::string summary_line(const Scenario& s) {
-  std::string recipe = to_string(s.recipe.name);
+  std::string recipe = to_string(s.recipe.kind);
   if (s.fsdp.fp8_all_gather) recipe += " +fp8_all_gather";
   if (s.fsdp.fp8_params) recipe += " +fp8_params";
   if (s.fsdp.sync_each_micro_batch) recipe += " +sync_each_micro_batch";

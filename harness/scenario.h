@@ -1,6 +1,7 @@
-// The resolved scenario configuration (docs/design.md section 7): plain data, every field filled in
-// (defaults applied, matrix expanded, --set overrides applied, validated). The loader that builds
-// it is harness/scenario_loader.h; docs/scenarios.md documents every key, type and default.
+// The resolved scenario configuration (docs/design.md sections 7 and 18): plain data, every field
+// filled in (defaults applied, matrix expanded, --set overrides applied, validated). The loader
+// that builds it is harness/scenario_loader.h; harness/scenario_keys.h is the table of its keys
+// (type, default, range), which docs/scenarios.md lists (a test keeps the two equal).
 #pragma once
 
 #include <cstdint>
@@ -9,104 +10,30 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/mesh_spec.h"
+#include "engine/session.h"
+#include "kernels/quantize.h"
 
 namespace meshproof::harness {
 
-// The engine's own enums where the scenario names the same thing (one definition, no mapping).
+// The engine's own enums and configuration types where the scenario names the same thing (one
+// definition, no mapping; docs/design.md section 18).
 using Norm = engine::NormKind;
 using Activation = engine::Activation;
-
-// The GPT-style decoder of docs/design.md section 3.
-struct ModelConfig {
-  int64_t vocab = 256;           // V: vocabulary size, >= 2
-  int64_t hidden = 64;           // H: model width, divisible by heads
-  int64_t heads = 4;             // A: attention heads, divisible by mesh.tp
-  int64_t layers = 2;            // L: transformer layers, >= 1
-  int64_t ffn = 256;             // F: MLP width (per branch for SwiGLU), divisible by mesh.tp
-  int64_t seq_len = 32;          // S: tokens per sequence, >= 1
-  Norm norm = Norm::kLayerNorm;  // layernorm (with bias) or rmsnorm (no bias); eps 1e-5
-  Activation activation = Activation::kGelu;  // gelu (tanh approximation), relu or swiglu
-  bool tied_embeddings = false;               // lm_head reuses embed.tok
-  double dropout = 0.0;                       // dropout probability in [0, 1)
-};
-
-// Mesh dims in docs/design.md section 5 order; tp varies fastest in the rank numbering.
-struct MeshConfig {
-  int64_t dp_replicate = 1;        // HSDP replicas (all-reduce of gradients)
-  int64_t dp_shard = 1;            // FSDP shards (all-gather weights, reduce-scatter gradients)
-  int64_t tp = 1;                  // tensor-parallel ranks
-  bool sequence_parallel = false;  // norms on sequence shards; needs seq_len % tp == 0
-
-  int64_t world_size() const { return dp_replicate * dp_shard * tp; }
-  int64_t dp() const { return dp_replicate * dp_shard; }
-  bool operator==(const MeshConfig&) const = default;
-};
-
 using RecipeKind = engine::RecipeKind;
 using Fp8Format = engine::Fp8Format;  // hybrid: e4m3 forward, e5m2 gradients; e4m3: all e4m3
-enum class AmaxAlgo { kMax, kMostRecent };
-
-// docs/design.md section 4. Options that a recipe does not use are kept (and hashed) but ignored.
-struct RecipeConfig {
-  RecipeKind name = RecipeKind::kBf16;
-  Fp8Format fp8_format = Fp8Format::kHybrid;    // default e4m3 for mxfp8/block, else hybrid
-  int64_t margin = 0;                           // delayed: scale = (fp8_max/amax) / 2^margin
-  int64_t amax_history_len = 1024;              // delayed: amax history window length
-  AmaxAlgo amax_compute_algo = AmaxAlgo::kMax;  // delayed: max of history or newest entry
-  double eps = 0.0;                             // current/block: fp8_max / max(amax, eps)
-  bool power_2_scale = false;                   // current/block: round scales to powers of 2
-                                                // (default true for block, false otherwise)
-
-  // True for the recipes that quantize GEMM inputs (delayed, current, mxfp8, block).
-  bool is_fp8() const { return name != RecipeKind::kFp32 && name != RecipeKind::kBf16; }
-  bool operator==(const RecipeConfig&) const = default;
-};
-
-struct FsdpConfig {
-  bool reshard_after_forward = true;   // free gathered weights after forward, gather again
-  bool fp8_all_gather = false;         // gather quantized shards (FP8 recipes only)
-  bool fp8_params = false;             // FP8 primary weights (FP8 recipes only)
-  bool sync_each_micro_batch = false;  // reduce gradients after every micro-batch (not deferred)
-};
-
 using Schedule = engine::LrSchedule;
 
-struct TrainConfig {
-  int64_t steps = 8;          // optimizer steps, >= 1
-  int64_t global_batch = 8;   // sequences per step over all dp ranks
-  int64_t micro_batches = 1;  // gradient-accumulation micro-batches per step
-  double lr = 1e-3;           // peak learning rate, > 0
-  Schedule schedule = Schedule::kConstant;
-  int64_t warmup_steps = 0;   // warmup_cosine: linear warmup length, <= steps
-  double min_lr = 0.0;        // warmup_cosine: final learning rate, <= lr
-  double weight_decay = 0.0;  // AdamW decoupled decay on tensors with ndim >= 2
-  double beta1 = 0.9;         // AdamW betas, in [0, 1)
-  double beta2 = 0.999;
-  double adam_eps = 1e-8;      // > 0
-  double max_grad_norm = 1.0;  // global-norm clipping; 0 disables clipping
-  bool recompute = false;      // activation recompute in backward
-  uint64_t seed = 1234;        // Philox key for init and dropout
-
-  // Sequences per data-parallel rank and micro-batch.
-  int64_t micro_batch_rows(const MeshConfig& mesh) const {
-    return global_batch / (mesh.dp() * micro_batches);
-  }
-};
-
-enum class DataKind { kMarkov };
-
-struct DataConfig {
-  DataKind kind = DataKind::kMarkov;  // seeded order-k Markov chain over the vocabulary
-  int64_t order = 1;                  // k in [0, 4]; vocab^(k+1) <= 2^24 transition entries
-  uint64_t seed = 42;
-};
-
-enum class Backend { kCpu, kCuda, kAuto };
-enum class Launcher { kLocal, kMpi };
+// The harness's own enums; each name table is the one the loader, to_string and reports use.
+enum class Backend : uint8_t { kCpu, kCuda, kAuto };
+inline constexpr std::string_view kBackendNames[] = {"cpu", "cuda", "auto"};
+enum class Launcher : uint8_t { kLocal, kMpi };
+inline constexpr std::string_view kLauncherNames[] = {"local", "mpi"};
 
 struct CheckpointConfig {
   std::string dir;        // empty: <out>/<scenario>/checkpoints
@@ -114,8 +41,10 @@ struct CheckpointConfig {
   int64_t keep_last = 2;  // checkpoints kept on disk, >= 1
 };
 
-enum class GoldenMode { kExact, kTolerance };
-enum class Metric { kLoss, kGradNorm };
+enum class GoldenMode : uint8_t { kExact, kTolerance };
+inline constexpr std::string_view kGoldenModeNames[] = {"exact", "tolerance"};
+enum class Metric : uint8_t { kLoss, kGradNorm };
+inline constexpr std::string_view kMetricNames[] = {"loss", "grad_norm"};
 
 struct GoldenCheck {
   bool enabled = false;
@@ -128,15 +57,15 @@ struct GoldenCheck {
 
 struct ResumeCheck {
   bool enabled = false;
-  int64_t at_step = 0;             // save after this step; in [1, steps - 1]; default steps / 2
-  std::optional<MeshConfig> mesh;  // resume on another mesh (within rtol); else bitwise
-  double rtol = 0.0;               // cross-mesh only; 0 when resuming on the same mesh
+  int64_t at_step = 0;  // save after this step; in [1, steps - 1]; default steps / 2
+  std::optional<engine::MeshSpec> mesh;  // resume on another mesh (within rtol); else bitwise
+  double rtol = 0.0;                     // cross-mesh only; 0 when resuming on the same mesh
 };
 
 struct ReferenceCheck {
   bool enabled = false;
-  std::optional<MeshConfig> mesh;  // at least one of mesh / recipe is set when enabled
-  std::optional<RecipeConfig> recipe;
+  std::optional<engine::MeshSpec> mesh;  // at least one of mesh / recipe is set when enabled
+  std::optional<engine::RecipeConfig> recipe;
   std::map<Metric, double> rtol;  // per metric; loss always present when enabled
 };
 
@@ -156,21 +85,32 @@ struct FaultSpec {
   std::map<std::string, std::string> string_params;
 };
 
-enum class Expect { kPass, kCaught };
+enum class Expect : uint8_t { kPass, kCaught };
+inline constexpr std::string_view kExpectNames[] = {"pass", "caught"};
 
+// One scenario: the engine's own configuration objects (what engine::RunOptions holds, so that
+// engine_run_options in harness/train_run.h assembles them without mapping a field) and the
+// harness's own fields. `Scenario()` holds every key at its documented default (the key table,
+// harness/scenario_keys.h), which differ from the engine's defaults (a bigger model, bf16).
 struct Scenario {
+  Scenario();
+
   std::string name;       // expanded name: base[key=label,...] for matrix entries
   std::string base_name;  // the `name` key as written (or the file stem)
   std::vector<std::pair<std::string, std::string>> matrix_labels;  // (matrix key, label)
   std::string source;       // the file the scenario came from (as given)
   std::string name_where;   // "FILE:LINE:COL" of the `name` value (FILE:1:1 for the file stem)
   std::string description;  // free text; not part of the canonical form
-  ModelConfig model;
-  MeshConfig mesh;
-  RecipeConfig recipe;
-  FsdpConfig fsdp;
-  TrainConfig train;
-  DataConfig data;
+  // Scenario key -> engine field where the names differ: model.seq_len -> train.seq_len (and
+  // model.max_positions, which is always seq_len), train.global_batch -> train.batch, data.order ->
+  // data.markov_order, recipe.name -> recipe.kind, train.seed -> seed.
+  engine::ModelConfig model;
+  engine::MeshSpec mesh;
+  engine::RecipeConfig recipe;  // fp8_format and power_2_scale always set (default_recipe)
+  engine::FsdpOptions fsdp;
+  engine::TrainingConfig train;
+  engine::DataConfig data;
+  uint64_t seed = 1234;  // train.seed: Philox key of init and dropout (engine::Config::seed)
   Backend backend = Backend::kAuto;
   Launcher launcher = Launcher::kLocal;
   bool requires_gpu = false;
@@ -178,23 +118,27 @@ struct Scenario {
   ChecksConfig checks;
   std::vector<FaultSpec> faults;
   Expect expect = Expect::kPass;
+
+  // The engine's Config of this scenario (model, recipe, training, data, seed).
+  engine::Config config() const { return {model, recipe, train, data, seed}; }
 };
 
+// Names from the one table of each enum (engine/config.h, kernels/quantize.h, above).
 const char* to_string(Norm v);
 const char* to_string(Activation v);
 const char* to_string(RecipeKind v);
 const char* to_string(Fp8Format v);
-const char* to_string(AmaxAlgo v);
+const char* to_string(kernels::AmaxAlgo v);
 const char* to_string(Schedule v);
-const char* to_string(DataKind v);
 const char* to_string(Backend v);
 const char* to_string(Launcher v);
 const char* to_string(GoldenMode v);
 const char* to_string(Metric v);
 const char* to_string(Expect v);
 
-// Recipe defaults that depend on the recipe name (fp8_format, power_2_scale).
-RecipeConfig default_recipe(RecipeKind name);
+// The recipe keys at their defaults for recipe `name`, with the defaults that depend on the name
+// (fp8_format, power_2_scale) resolved (harness/scenario_keys.h).
+engine::RecipeConfig default_recipe(RecipeKind name);
 
 // The canonical form: every resolved field except `description` (commentary), keys sorted,
 // numbers in shortest round-trip form. Equal configurations give equal text whatever the key
@@ -206,7 +150,7 @@ uint64_t scenario_hash(const Scenario& s);
 std::string scenario_hash_hex(const Scenario& s);  // 16 lowercase hex digits
 // "mesh dp_replicate=2 dp_shard=2 tp=2 (8 ranks) | recipe mxfp8 | steps 8 | checks golden,resume"
 std::string summary_line(const Scenario& s);
-std::string describe_mesh(const MeshConfig& m);
+std::string describe_mesh(const engine::MeshSpec& m);
 
 // Scenario names key golden folders, checkpoint folders and reports (docs/design.md section 11): a
 // name is 1 to kMaxNameBytes bytes of [A-Za-z0-9_.+-] and not "." or "..". Returns "" for a

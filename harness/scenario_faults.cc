@@ -13,13 +13,13 @@ namespace {
 // ---- what a fault can need of its scenario (the loader's message is "NAME needs WHAT")
 
 constexpr FaultRequirement kFp8Recipe{"an FP8 recipe (delayed, current, mxfp8, block)",
-                                      [](const Scenario& s) { return s.recipe.is_fp8(); }};
+                                      [](const Scenario& s) { return engine::is_fp8(s.recipe.kind); }};
 constexpr FaultRequirement kPerTensorRecipe{
     "a per-tensor recipe (delayed or current)", [](const Scenario& s) {
-      return s.recipe.name == RecipeKind::kDelayed || s.recipe.name == RecipeKind::kCurrent;
+      return s.recipe.kind == RecipeKind::kDelayed || s.recipe.kind == RecipeKind::kCurrent;
     }};
 constexpr FaultRequirement kDelayedRecipe{
-    "recipe delayed", [](const Scenario& s) { return s.recipe.name == RecipeKind::kDelayed; }};
+    "recipe delayed", [](const Scenario& s) { return s.recipe.kind == RecipeKind::kDelayed; }};
 constexpr FaultRequirement kFp8AllGather{"fsdp.fp8_all_gather: true",
                                          [](const Scenario& s) { return s.fsdp.fp8_all_gather; }};
 constexpr FaultRequirement kFp8Params{"fsdp.fp8_params: true",

@@ -1,5 +1,6 @@
-// Strict scenario loader (docs/design.md sections 7 and 10): YAML -> --set overrides -> matrix
-// expansion -> typed, validated harness::Scenario values. Every problem is a kernels::Error of
+// Strict scenario loader (docs/design.md sections 7, 10 and 18): YAML -> --set overrides -> matrix
+// expansion -> typed, validated harness::Scenario values, read by the key table
+// (harness/scenario_keys.h). Every problem is a kernels::Error of
 // kind kInput whose message() is exactly `FILE:LINE:COLUMN: KEY.PATH: what is wrong` (1-based
 // line and column), or `--set KEY.PATH=VALUE: KEY.PATH: what is wrong` when the offending value
 // came from an override. Nothing is run or written.
@@ -10,28 +11,14 @@
 #include <string_view>
 #include <vector>
 
+#include "harness/located_yaml.h"
 #include "harness/scenario.h"
+#include "harness/scenario_matrix.h"
 
 namespace meshproof::harness {
 
-// Bounds of what the loader reads (docs/design.md section 11); each one passed is an input error at
-// the value that passed it.
-constexpr size_t kMaxScalarBytes = 4096;     // one scalar or key
-constexpr int kMaxDepth = 64;                // nesting of sequences and mappings (aliases expanded)
-constexpr size_t kMaxNodes = 100000;         // values in one document, aliases expanded
-constexpr size_t kMaxIssues = 20;            // problems reported for one file before stopping
-constexpr size_t kMaxMatrixEntries = 10000;  // scenarios one matrix expands to
-
-// One `--set key.path=value` override. The value is parsed as YAML (a scalar, or a flow
-// sequence/mapping such as `[bf16, mxfp8]` or `{dp_shard: 4}`).
-struct Override {
-  std::string path;   // dotted key path, e.g. "mesh.tp"
-  std::string value;  // YAML text of the value
-  std::string text;   // the override as the user wrote it ("mesh.tp=2"), for messages
-};
-
-// Parses "key.path=value"; throws kInput naming the override when it is malformed.
-Override parse_override(const std::string& text);
+// The bounds (kMaxScalarBytes, ...), Override and parse_override are the located-YAML layer's
+// (harness/located_yaml.h); kMaxMatrixEntries is the matrix's (harness/scenario_matrix.h).
 
 // Loads one scenario file and returns its scenarios: one, or one per matrix entry in a stable
 // order (the cartesian product of the matrix keys in file order, last key varying fastest).
@@ -57,9 +44,6 @@ std::vector<Scenario> load_scenario_text(std::string_view yaml, const std::strin
 // (two files, or a file given twice). `seen` maps each name to where it was given; a repeat is
 // a kInput error at the repeat's `name` naming where the first one came from.
 void check_unique_name(const Scenario& s, std::map<std::string, std::string>& seen);
-
-// Levenshtein distance, exposed for tests of the did-you-mean suggestions.
-size_t edit_distance(std::string_view a, std::string_view b);
 
 // Files as given, folders expanded to their *.yaml / *.yml files (sorted, so output is stable);
 // a folder without any is an input error.

@@ -25,74 +25,29 @@ engine::Config to_engine_config(const Scenario& s) {
   return c;
 }
 
-engine::Config engine_config_of(const Scenario& s) {
-  engine::Config c;
-  c.model.vocab = s.model.vocab;
-  c.model.hidden = s.model.hidden;
-  c.model.heads = s.model.heads;
-  c.model.layers = s.model.layers;
-  c.model.ffn = s.model.ffn;
-  c.model.max_positions = s.model.seq_len;
-  c.model.norm = s.model.norm;  // the scenario uses the engine's enums (harness/scenario.h)
-  c.model.activation = s.model.activation;
-  c.model.tied_embeddings = s.model.tied_embeddings;
-  c.model.dropout = s.model.dropout;
-
-  c.recipe.kind = s.recipe.name;
-  c.recipe.amax_history_len = s.recipe.amax_history_len;
-  c.recipe.amax_compute_algo =
-      s.recipe.amax_compute_algo == AmaxAlgo::kMostRecent ? "most_recent" : "max";
-  c.recipe.margin = s.recipe.margin;
-  c.recipe.fp8_format = s.recipe.fp8_format;  // the loader resolved the recipe defaults
-  c.recipe.power_2_scale = s.recipe.power_2_scale;
-  c.recipe.eps = s.recipe.eps;
-
-  c.training.batch = s.train.global_batch;
-  c.training.seq_len = s.model.seq_len;
-  c.training.steps = s.train.steps;
-  c.training.micro_batches = s.train.micro_batches;
-  c.training.lr = s.train.lr;
-  c.training.min_lr = s.train.min_lr;
-  c.training.warmup_steps = s.train.warmup_steps;
-  c.training.schedule = s.train.schedule;
-  c.training.beta1 = s.train.beta1;
-  c.training.beta2 = s.train.beta2;
-  c.training.adam_eps = s.train.adam_eps;
-  c.training.weight_decay = s.train.weight_decay;
-  c.training.max_grad_norm = s.train.max_grad_norm;
-  c.training.recompute = s.train.recompute;
-  c.data.markov_order = s.data.order;
-  c.data.seed = s.data.seed;
-  c.seed = s.train.seed;
-  return c;
-}
+engine::Config engine_config_of(const Scenario& s) { return s.config(); }
 
 engine::RunOptions engine_run_options(const Scenario& s) {
+  // The scenario holds the engine's own objects (harness/scenario.h): nothing to map.
   engine::RunOptions o;
-  o.config = engine_config_of(s);
-  o.mesh.dp_replicate = static_cast<int>(s.mesh.dp_replicate);
-  o.mesh.dp_shard = static_cast<int>(s.mesh.dp_shard);
-  o.mesh.tp = static_cast<int>(s.mesh.tp);
-  o.mesh.sequence_parallel = s.mesh.sequence_parallel;
-  o.fsdp.reshard_after_forward = s.fsdp.reshard_after_forward;
-  o.fsdp.fp8_all_gather = s.fsdp.fp8_all_gather;
-  o.fsdp.fp8_params = s.fsdp.fp8_params;
-  o.fsdp.sync_each_micro_batch = s.fsdp.sync_each_micro_batch;
-  o.launcher = s.launcher == Launcher::kMpi ? "mpi" : "local";
+  o.config = s.config();
+  o.mesh = s.mesh;
+  o.fsdp = s.fsdp;
+  o.launcher = to_string(s.launcher);
   return o;
 }
 
 namespace {
 
-int group_size(const std::string& group, const MeshConfig& m) {
+int group_size(const std::string& group, const engine::MeshSpec& m) {
   int n = 1;
   size_t begin = 0;
   while (begin <= group.size()) {
     const size_t end = std::min(group.find('+', begin), group.size());
     const std::string dim = group.substr(begin, end - begin);
-    if (dim == "dp_replicate") n *= static_cast<int>(m.dp_replicate);
-    if (dim == "dp_shard") n *= static_cast<int>(m.dp_shard);
-    if (dim == "tp") n *= static_cast<int>(m.tp);
+    if (dim == "dp_replicate") n *= m.dp_replicate;
+    if (dim == "dp_shard") n *= m.dp_shard;
+    if (dim == "tp") n *= m.tp;
     begin = end + 1;
   }
   return n;
@@ -299,7 +254,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
     };
   }
   const int64_t steps = o.steps;
-  const int64_t tokens = s.train.global_batch * s.model.seq_len;
+  const int64_t tokens = s.train.batch * s.train.seq_len;
   // Step wall clock as the caller sees it (rank 0 calls on_step after each step).
   auto last = std::chrono::steady_clock::now();
   if (request.on_step) {
@@ -397,7 +352,7 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   const engine::RunOptions second = make_run_options(resumed, tr);
 
   const engine::CheckpointOptions co = checkpoint_options(s, request.scenario_hash, request.faults);
-  const int64_t tokens = s.train.global_batch * s.model.seq_len;
+  const int64_t tokens = s.train.batch * s.train.seq_len;
   TrainOutcome out;
   out.device = first.backend.str();
   auto record = [&](const engine::StepMetrics& m) {

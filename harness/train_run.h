@@ -23,10 +23,9 @@
 
 namespace meshproof::harness {
 
-// scenario -> engine::Config. Throws kInput (naming the scenario key) for settings the engine
-// does not support, and runs engine::validate().
+// The scenario's engine::Config, checked by engine::validate() (kInput naming the engine key).
 engine::Config to_engine_config(const Scenario& s);
-// The same mapping without any check (for engine::check_run, which reports every issue).
+// The same without any check (s.config(); engine::check_run reports every issue).
 engine::Config engine_config_of(const Scenario& s);
 // The scenario's config, mesh, FSDP options and launcher as engine::RunOptions, unchecked: what
 // the loader hands to engine::check_run (engine/run_rules.h).
@@ -109,9 +108,9 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);
 engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& request);
 
 struct ResumeRequest {
-  int64_t at_step = 1;             // save after this step (1-based, absolute)
-  std::optional<MeshConfig> mesh;  // resume on this mesh (default: the scenario's)
-  engine::FaultInjection faults;   // engine and checkpoint faults (save/load side)
+  int64_t at_step = 1;                   // save after this step (1-based, absolute)
+  std::optional<engine::MeshSpec> mesh;  // resume on this mesh (default: the scenario's)
+  engine::FaultInjection faults;         // engine and checkpoint faults (save/load side)
   // The check saves into a folder it creates under this root: resume_check_step<N>, or
   // resume_check_step<N>.<k> with the smallest k >= 2 that does not exist yet (a rerun into the
   // same folder never deletes or overwrites an earlier run's checkpoint).

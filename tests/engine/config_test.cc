@@ -46,9 +46,6 @@ TEST(Config, BadValuesNameTheField) {
   c.recipe.kind = RecipeKind::kBf16;
   EXPECT_NO_THROW(validate(c));
   c = Config{};
-  c.recipe.amax_compute_algo = "mean";
-  expect_input_error(c, "recipe.amax_compute_algo");
-  c = Config{};
   c.data.markov_order = 5;
   expect_input_error(c, "data.markov_order");
   c = Config{};

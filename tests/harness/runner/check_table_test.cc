@@ -89,7 +89,7 @@ TEST(CheckTable, ResumeWithAMeshOverrideIsClaimedAsCrossMesh) {
   s.checks.resume.enabled = true;
   s.checks.golden.enabled = true;
   EXPECT_EQ(enabled_claims(s), (std::vector<std::string>{"golden", "resume"}));
-  s.checks.resume.mesh = MeshConfig{};
+  s.checks.resume.mesh = engine::MeshSpec{};
   EXPECT_EQ(enabled_claims(s), (std::vector<std::string>{"golden", "resume_cross_mesh"}));
   EXPECT_EQ(enabled_checks(s), (std::vector<std::string>{"golden", "resume"}));
   EXPECT_EQ(check_of_claim("resume_cross_mesh"), find_check("resume"));

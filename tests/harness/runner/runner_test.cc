@@ -117,7 +117,7 @@ TEST(IntendedChecks, CatalogRestrictedToEnabledChecks) {
   t.faults = {FaultSpec{"tp_fsdp_left_to_right", {}, {}}};  // caught by resume_cross_mesh only
   t.checks.resume.enabled = true;
   EXPECT_TRUE(intended_checks(t).empty());  // a same-mesh resume does not count
-  t.checks.resume.mesh = MeshConfig{};
+  t.checks.resume.mesh = engine::MeshSpec{};
   EXPECT_EQ(intended_checks(t), std::vector<std::string>{"resume"});
   t.expect = Expect::kPass;
   EXPECT_TRUE(intended_checks(t).empty());
@@ -234,7 +234,7 @@ TEST(RunScenarioProgress, ReRunsOfChecksShowTheirSteps) {
   s.name = "progress_probe";
   s.mesh.dp_shard = 2;
   s.train.steps = 4;
-  s.train.global_batch = 8;
+  s.train.batch = 8;
   s.checks.resume.enabled = true;
   s.checks.resume.at_step = 2;
   s.checks.determinism = true;

@@ -18,7 +18,7 @@ using namespace test;
 TEST(ScenarioToEngine, DataSeedAndTrainSeedAreSeparateKeys) {
   Scenario s;
   s.data.seed = 99;
-  s.train.seed = 5;
+  s.seed = 5;
   const engine::Config c = to_engine_config(s);
   EXPECT_EQ(c.data.seed, 99u);
   EXPECT_EQ(c.seed, 5u);

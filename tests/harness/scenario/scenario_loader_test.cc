@@ -126,6 +126,15 @@ TEST(ScenarioErrors, DocumentMustBeAMapping) {
 }
 
 TEST(ScenarioErrors, ConsistencyRules) {
+  // MXFP8 under sequence parallelism: the GEMM inputs are quantized as sequence shards, so the
+  // tokens per rank divided by tp must be whole 32-blocks too (engine::check_run counts the data
+  // rank's tokens: 32 here, which it accepts).
+  EXPECT_EQ(
+      load_error(
+          "recipe: mxfp8\nmesh: {tp: 2, sequence_parallel: true}\ntrain: {global_batch: 1}\n"),
+      "x.yaml:3:23: train.global_batch: tokens per rank and micro-batch (global_batch / (dp x "
+      "micro_batches) x seq_len / tp) = 16: recipe mxfp8 needs multiples of 32 (1x32 / 32x1 "
+      "blocks)");
   // sequence parallelism splits the sequence over tp
   EXPECT_EQ(load_error("model: {seq_len: 31}\nmesh: {tp: 2, sequence_parallel: true}\n"),
             "x.yaml:2:34: mesh.sequence_parallel: model.seq_len = 31 is not divisible by tp = 2");
@@ -205,7 +214,7 @@ TEST(ScenarioOverrides, ValuesAreAppliedAsYaml) {
   EXPECT_EQ(s.train.steps, 12);
   EXPECT_EQ(s.mesh.dp_shard, 2);  // a mapping merges into the existing one
   EXPECT_EQ(s.mesh.tp, 2);
-  EXPECT_EQ(s.recipe.name, RecipeKind::kCurrent);  // the recipe shorthand works in --set too
+  EXPECT_EQ(s.recipe.kind, RecipeKind::kCurrent);  // the recipe shorthand works in --set too
   EXPECT_EQ(s.recipe.margin, 3);
   EXPECT_DOUBLE_EQ(s.train.lr, 2e-3);
   EXPECT_TRUE(s.fsdp.fp8_all_gather);
@@ -228,7 +237,7 @@ TEST(ScenarioOverrides, SetWinsOverMatrixAndCanEditTheMatrix) {
   const std::vector<Scenario> pinned =
       load_scenario_text(yaml, "m.yaml", {parse_override("recipe=fp32")});
   ASSERT_EQ(pinned.size(), 2u);
-  for (const Scenario& s : pinned) EXPECT_EQ(s.recipe.name, RecipeKind::kFp32);
+  for (const Scenario& s : pinned) EXPECT_EQ(s.recipe.kind, RecipeKind::kFp32);
   const std::vector<Scenario> edited = load_scenario_text(
       yaml, "m.yaml", {parse_override("matrix.recipe=[delayed, current, block]")});
   EXPECT_EQ(names_of(edited), (std::vector<std::string>{"m[recipe=delayed]", "m[recipe=current]",
@@ -250,7 +259,7 @@ TEST(ScenarioMatrix, CartesianProductInFileOrderLastKeyFastest) {
                 "grid[mesh=dp_shard2_tp2,recipe=mxfp8,fsdp=no_reshard_after_forward]"}));
   EXPECT_EQ(v[2].mesh.dp_shard, 2);
   EXPECT_EQ(v[2].mesh.tp, 2);
-  EXPECT_EQ(v[1].recipe.name, RecipeKind::kMxfp8);
+  EXPECT_EQ(v[1].recipe.kind, RecipeKind::kMxfp8);
   EXPECT_EQ(v[1].recipe.fp8_format, Fp8Format::kE4M3);  // the mxfp8 default
   EXPECT_FALSE(v[3].fsdp.reshard_after_forward);
   EXPECT_EQ(v[3].base_name, "grid");
@@ -273,7 +282,7 @@ TEST(ScenarioMatrix, DottedKeysAndMergeIntoBase) {
   EXPECT_EQ(v[0].mesh.tp, 2);  // merged: tp comes from the base mesh
   EXPECT_EQ(v[0].mesh.dp_shard, 1);
   EXPECT_EQ(v[5].train.micro_batches, 4);
-  EXPECT_EQ(v[5].train.global_batch, 16);
+  EXPECT_EQ(v[5].train.batch, 16);
 }
 
 TEST(ScenarioMatrix, Errors) {
@@ -304,7 +313,7 @@ TEST(ScenarioDefaults, EmptyDocumentGetsTheDocumentedDefaults) {
   EXPECT_EQ(s.model.hidden, 64);
   EXPECT_EQ(s.model.ffn, 256);  // 4 x hidden
   EXPECT_EQ(s.mesh.world_size(), 1);
-  EXPECT_EQ(s.recipe.name, RecipeKind::kBf16);
+  EXPECT_EQ(s.recipe.kind, RecipeKind::kBf16);
   EXPECT_EQ(s.recipe.amax_history_len, 1024);
   EXPECT_TRUE(s.fsdp.reshard_after_forward);
   EXPECT_EQ(s.train.steps, 8);
@@ -317,10 +326,11 @@ TEST(ScenarioDefaults, EmptyDocumentGetsTheDocumentedDefaults) {
 }
 
 TEST(ScenarioDefaults, RecipeDependentDefaultsAndCheckDefaults) {
-  EXPECT_TRUE(load_one("recipe: block\n").recipe.power_2_scale);
+  // The loader always sets the recipe-dependent options (engine::RecipeConfig holds optionals).
+  EXPECT_EQ(load_one("recipe: block\n").recipe.power_2_scale, std::optional<bool>(true));
   // TE Float8BlockScaling's default format is E4M3 (as the engine's block recipe always ran).
   EXPECT_EQ(load_one("recipe: block\n").recipe.fp8_format, Fp8Format::kE4M3);
-  EXPECT_FALSE(load_one("recipe: current\n").recipe.power_2_scale);
+  EXPECT_EQ(load_one("recipe: current\n").recipe.power_2_scale, std::optional<bool>(false));
   EXPECT_EQ(load_one("recipe: delayed\n").recipe.fp8_format, Fp8Format::kHybrid);
   const Scenario r = load_one("train: {steps: 10}\nchecks: {resume: true, golden: true}\n");
   EXPECT_EQ(r.checks.resume.at_step, 5);  // steps / 2
@@ -335,7 +345,7 @@ TEST(ScenarioDefaults, RecipeDependentDefaultsAndCheckDefaults) {
   const Scenario per_metric = load_one(
       "recipe: mxfp8\nchecks: {reference: {recipe: fp32, rtol: {loss: 0.05, grad_norm: 0.1}}}\n");
   EXPECT_DOUBLE_EQ(per_metric.checks.reference.rtol.at(Metric::kGradNorm), 0.1);
-  EXPECT_EQ(per_metric.checks.reference.recipe->name, RecipeKind::kFp32);
+  EXPECT_EQ(per_metric.checks.reference.recipe->kind, RecipeKind::kFp32);
 }
 
 TEST(ScenarioDefaults, FaultParamsResolvedFromTheCatalog) {
@@ -431,8 +441,8 @@ TEST(ScenarioLibrary, EveryFileValidatesAndEveryFaultHasACaughtScenario) {
   }
   const std::vector<Scenario> q = load_scenario_file((dir / "quickstart.yaml").string());
   ASSERT_EQ(q.size(), 1u);
-  EXPECT_EQ(q[0].mesh, (MeshConfig{2, 2, 2, false}));
-  EXPECT_EQ(q[0].recipe.name, RecipeKind::kMxfp8);
+  EXPECT_EQ(q[0].mesh, (engine::MeshSpec{2, 2, 2, false}));
+  EXPECT_EQ(q[0].recipe.kind, RecipeKind::kMxfp8);
   EXPECT_TRUE(q[0].checks.golden.enabled);
   EXPECT_TRUE(q[0].checks.resume.enabled);
 }
@@ -617,15 +627,18 @@ engine::RunOptions options_of(const std::string& yaml) {
     if (n["model"]["dropout"]) s.model.dropout = n["model"]["dropout"].as<double>();
     if (n["model"]["heads"]) s.model.heads = n["model"]["heads"].as<int64_t>();
     if (n["model"]["hidden"]) s.model.hidden = n["model"]["hidden"].as<int64_t>();
-    if (n["model"]["seq_len"]) s.model.seq_len = n["model"]["seq_len"].as<int64_t>();
+    if (n["model"]["seq_len"]) {
+      s.train.seq_len = n["model"]["seq_len"].as<int64_t>();
+      s.model.max_positions = s.train.seq_len;
+    }
     if (n["model"]["vocab"]) s.model.vocab = n["model"]["vocab"].as<int64_t>();
     if (n["model"]["ffn"]) s.model.ffn = n["model"]["ffn"].as<int64_t>();
     if (n["model"]["layers"]) s.model.layers = n["model"]["layers"].as<int64_t>();
   }
   if (n["mesh"]) {
-    if (n["mesh"]["tp"]) s.mesh.tp = n["mesh"]["tp"].as<int64_t>();
-    if (n["mesh"]["dp_shard"]) s.mesh.dp_shard = n["mesh"]["dp_shard"].as<int64_t>();
-    if (n["mesh"]["dp_replicate"]) s.mesh.dp_replicate = n["mesh"]["dp_replicate"].as<int64_t>();
+    if (n["mesh"]["tp"]) s.mesh.tp = n["mesh"]["tp"].as<int>();
+    if (n["mesh"]["dp_shard"]) s.mesh.dp_shard = n["mesh"]["dp_shard"].as<int>();
+    if (n["mesh"]["dp_replicate"]) s.mesh.dp_replicate = n["mesh"]["dp_replicate"].as<int>();
     if (n["mesh"]["sequence_parallel"])
       s.mesh.sequence_parallel = n["mesh"]["sequence_parallel"].as<bool>();
   }
@@ -636,8 +649,8 @@ engine::RunOptions options_of(const std::string& yaml) {
     if (n["fsdp"]["fp8_params"]) s.fsdp.fp8_params = n["fsdp"]["fp8_params"].as<bool>();
   }
   if (n["train"] && n["train"]["global_batch"])
-    s.train.global_batch = n["train"]["global_batch"].as<int64_t>();
-  if (n["data"] && n["data"]["order"]) s.data.order = n["data"]["order"].as<int64_t>();
+    s.train.batch = n["train"]["global_batch"].as<int64_t>();
+  if (n["data"] && n["data"]["order"]) s.data.markov_order = n["data"]["order"].as<int64_t>();
   return engine_run_options(s);
 }
 
