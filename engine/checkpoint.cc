@@ -22,6 +22,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/fault_hooks.h"
 #include "kernels/build_info.h"
 #include "kernels/error.h"
 #include "kernels/formats.h"
@@ -49,7 +50,6 @@ std::mutex& hdf5_mutex() {
   return m;
 }
 
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 bool ends_with(std::string_view s, std::string_view p) {
   return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
 }
@@ -479,37 +479,6 @@ std::exception_ptr capture(Fn&& fn) {
     return std::current_exception();
   }
   return nullptr;
-}
-
-// Rounds fp32 values through bf16 (round to nearest even) in place: the scale_inv_saved_bf16 fault.
-void round_through_bf16(Tensor& t) {
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel().value; ++i) {
-    p[i] = kernels::fmt8::bf16_to_float(kernels::fmt8::float_to_bf16(p[i]));
-  }
-}
-
-bool is_fp8_state_key(std::string_view key) { return starts_with(key, "fp8/"); }
-
-// Whether the optimizer_state_not_restored fault skips `key` (tensor or scalar).
-bool optimizer_fault_skips(const FaultInjection& f, std::string_view key) {
-  if (!starts_with(key, "optim/")) return false;
-  const std::string& part = f.optimizer_state_part;
-  if (part == "all") return true;
-  if (part == "exp_avg") return ends_with(key, "/exp_avg");
-  if (part == "exp_avg_sq") return ends_with(key, "/exp_avg_sq");
-  if (part == "step") return key == "optim/step";
-  MP_FAIL_INPUT(
-      "fault optimizer_state_not_restored: unknown part '{}' (all, exp_avg, exp_avg_sq, "
-      "step)",
-      part);
-}
-
-bool load_skips(const FaultInjection& f, int64_t step, std::string_view key) {
-  if (!f.active(step)) return false;
-  if (f.data_cursor_not_restored && key == "data/cursor") return true;
-  if (f.optimizer_state_not_restored && optimizer_fault_skips(f, key)) return true;
-  return false;
 }
 
 void check_live_state(const ShardedState& state, const mesh::RankComms& comms) {
@@ -956,9 +925,8 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
   const int world = comms.mesh().world_size();
   const fs::path final_dir = root / checkpoint_dir_name(step);
   const fs::path partial = root / (checkpoint_dir_name(step) + kPartialSuffix);
-  const FaultInjection& faults = options.faults;
-  const bool drop_fp8 = faults.fp8_state_dropped_from_checkpoint && faults.active(step);
-  const bool bf16_scales = faults.scale_inv_saved_bf16 && faults.active(step);
+  // Checkpoint-side faults act through the checkpoint_save point (engine/fault_hooks.h).
+  const FaultHooks faults = make_fault_hooks(options.faults);
 
   // Phase 1 (rank 0): prepare the partial directory; stale partial directories are removed.
   agree(comms, capture([&] {
@@ -1021,15 +989,10 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
           json records = json::array();
           std::vector<std::pair<std::string, Tensor>> to_write;  // dataset, host data
           for (const StateEntry& e : state.entries) {
-            if (drop_fp8 && is_fp8_state_key(e.key)) continue;
+            if (!faults.checkpoint_keeps(e.key, step)) continue;
             for (const mesh::Chunk& c : e.layout.chunks()) {
               if (c.owner != rank) continue;
-              Tensor host = to_host(e.local);
-              if (bf16_scales && e.local.dtype() == DType::kFloat32 &&
-                  (ends_with(e.key, "/scale") || ends_with(e.key, "/scale_inv"))) {
-                host = host.clone();
-                round_through_bf16(host);
-              }
+              const Tensor host = faults.checkpoint_bytes(e.key, step, to_host(e.local));
               const std::string dataset = "/" + e.key;
               records.push_back({{"key", e.key},
                                  {"dataset", dataset},
@@ -1146,7 +1109,7 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
             std::vector<std::string> key_names;
             for (const StateEntry& e : state.entries) {
               key_names.push_back(e.key);
-              if (drop_fp8 && is_fp8_state_key(e.key)) continue;
+              if (!faults.checkpoint_keeps(e.key, step)) continue;
               KeyRecord k;
               k.key = e.key;
               k.shape = e.layout.global_shape();
@@ -1329,16 +1292,16 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
     }
     index = read_checkpoint_index(dir);
     cache.emplace(dir, index.checkpoint_id);
-    const FaultInjection& faults = options.faults;
-    const bool fp8_may_be_missing =
-        faults.fp8_state_dropped_from_checkpoint && faults.active(index.step);
+    // Load-side faults act through the checkpoint_restore point; a key the checkpoint_save point
+    // leaves out of a checkpoint of this step may be missing (engine/fault_hooks.h).
+    const FaultHooks faults = make_fault_hooks(options.faults);
     std::set<std::string> live_keys;
     for (size_t i = 0; i < state.entries.size(); ++i) {
       const StateEntry& e = state.entries[i];
       live_keys.insert(e.key);
       auto it = index.keys.find(e.key);
       if (it == index.keys.end()) {
-        MP_CHECK_INPUT(fp8_may_be_missing && is_fp8_state_key(e.key),
+        MP_CHECK_INPUT(!faults.checkpoint_keeps(e.key, index.step),
                        "checkpoint {}: key '{}' of the live state is missing from the checkpoint",
                        dir.string(), e.key);
         continue;  // the fault dropped it: the live value stays
@@ -1366,7 +1329,7 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
       MP_CHECK(covered == target.numel().value,
                "checkpoint {}: key '{}' chunks cover {} of rank {}'s {} elements", dir.string(),
                e.key, covered, rank, target.numel().value);
-      if (!load_skips(faults, index.step, e.key)) staged[i] = buf;
+      if (faults.restores(e.key, index.step)) staged[i] = buf;
     }
     for (const auto& [name, k] : index.keys) {
       MP_CHECK_INPUT(live_keys.count(name) > 0,
@@ -1379,7 +1342,7 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
       MP_CHECK_INPUT(it != index.scalars.end(),
                      "checkpoint {}: scalar '{}' of the live state is missing from the checkpoint",
                      dir.string(), name);
-      if (!load_skips(faults, index.step, name)) staged_scalars[name] = it->second;
+      if (faults.restores(name, index.step)) staged_scalars[name] = it->second;
     }
     for (const auto& [name, v] : index.scalars) {
       MP_CHECK_INPUT(state.scalars.count(name) > 0,
