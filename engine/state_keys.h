@@ -21,11 +21,11 @@ inline constexpr std::string_view kFp8Params = "fp8/params/";
 inline constexpr std::string_view kExpAvg = "exp_avg";
 inline constexpr std::string_view kExpAvgSq = "exp_avg_sq";
 
-// Scalars.
-inline constexpr std::string_view kOptimStep = "optim/step";
-inline constexpr std::string_view kDataCursor = "data/cursor";
-inline constexpr std::string_view kRngOffset = "rng/offset";
-inline constexpr std::string_view kLrStep = "lr/step";
+// Scalars (char arrays: they key std::map<std::string, ...> lookups as they are).
+inline constexpr char kOptimStep[] = "optim/step";
+inline constexpr char kDataCursor[] = "data/cursor";
+inline constexpr char kRngOffset[] = "rng/offset";
+inline constexpr char kLrStep[] = "lr/step";
 
 inline std::string model(std::string_view param) { return std::string(kModel).append(param); }
 inline std::string exp_avg(std::string_view param) {
