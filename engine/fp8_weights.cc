@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "engine/mesh_groups.h"
 #include "engine/rank_scalars.h"
 #include "engine/state_keys.h"
 #include "kernels/cast.h"
@@ -21,9 +22,6 @@ using mesh::MeshDim;
 using mesh::Placement;
 
 namespace {
-
-const DimSet kShard{MeshDim::kDpShard};
-const DimSet kWorld{MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp};
 
 // The same quantized tensor with every buffer on `device` (a copy where it is elsewhere).
 kernels::QuantizedTensor quantized_on(kernels::QuantizedTensor q, kernels::Device device) {
@@ -94,7 +92,7 @@ Fp8Shard Fp8WeightStore::quantize_local(const ShardedParam& p, const Tensor& loc
   if (config_.recipe.kind == RecipeKind::kDelayed)
     scale = recipe_.delayed_states().at(p.spec.linear + "/weight").scale.to(kernels::Device::cpu());
   // Current scaling MAX-reduces the shard's amax over the weight's amax group.
-  return quantize_shard(comms_.group(kShard),
+  return quantize_shard(comms_.group(groups::kDpShard),
                         comms_.group(amax_dims_(p.spec.linear, Fp8Role::kWeight)), p.layout, local,
                         p.compute, config_.recipe.kind, scale.defined() ? &scale : nullptr, true,
                         current_scale_options());
@@ -117,7 +115,7 @@ int64_t Fp8WeightStore::gather(size_t i, int64_t step) {
   const ShardedParam& p = plan_.params()[i];
   const Fp8Shard& local = local_shard(i);
   Fp8GatherResult g =
-      gather_shard(comms_.group(kShard), p.layout, local, p.compute, config_.recipe.kind);
+      gather_shard(comms_.group(groups::kDpShard), p.layout, local, p.compute, config_.recipe.kind);
   // The shard's high-precision values: the fp32 master of an FP8 primary weight, else the bf16
   // compute copy that was quantized.
   const Tensor& hp = fp8_params_                     ? p.master
@@ -147,11 +145,11 @@ void Fp8WeightStore::record_parity(const ShardedParam& p, int64_t step, const Te
   // reference is the single-rank quantization.
   const DimSet ref_group =
       default_amax_group({p.spec.linear_kind, Fp8Role::kWeight}, options_.mesh);
-  AllGatherParity r = fp8_all_gather_parity(comms_.group(kShard), comms_.group(ref_group), p.layout,
-                                            local, p.compute, config_.recipe.kind, scale, gathered,
-                                            current_scale_options());
+  AllGatherParity r = fp8_all_gather_parity(comms_.group(groups::kDpShard), comms_.group(ref_group),
+                                            p.layout, local, p.compute, config_.recipe.kind, scale,
+                                            gathered, current_scale_options());
   const std::vector<double> all = gather_doubles(
-      comms_.group(kWorld),
+      comms_.group(groups::kWorld),
       {static_cast<double>(r.bytes), static_cast<double>(r.mismatched_bytes), r.max_abs_error});
   r.step = step;
   r.tensor = p.spec.name;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/mesh_groups.h"
 #include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels/error.h"
@@ -18,10 +19,6 @@ using mesh::Layout;
 using mesh::MeshDim;
 
 namespace {
-
-const DimSet kShard{MeshDim::kDpShard};
-const DimSet kReplicate{MeshDim::kDpReplicate};
-const DimSet kTp{MeshDim::kTp};
 
 Tensor on_device(const Tensor& t, kernels::Device device) {
   return t.device() == device ? t : t.to(device);
@@ -118,7 +115,7 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
     bytes = fp8_.gather(i, step_);
     weights_.insert(p.spec.name, Tensor::empty(p.compute.shape(), DType::kBFloat16, device_));
   } else {
-    mesh::Communicator& shard = comms_.group(kShard);
+    mesh::Communicator& shard = comms_.group(groups::kDpShard);
     Tensor full = mesh::gather_padded(shard, mesh::member_boxes(shard, p.layout), p.master,
                                       p.compute, faults_.weight_gather_padding(p.spec, step_));
     if (options_.config.recipe.kind != RecipeKind::kFp32)
@@ -147,8 +144,8 @@ void FsdpUnitExecutor::release_weights(int64_t unit) {
 // micro-batches after the first are added to the gradient shard (the next micro-batch's
 // backward starts from fresh zero gradients).
 void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
-  mesh::Communicator& shard = comms_.group(kShard);
-  mesh::Communicator& replicate = comms_.group(kReplicate);
+  mesh::Communicator& shard = comms_.group(groups::kDpShard);
+  mesh::Communicator& replicate = comms_.group(groups::kDpReplicate);
   const bool over_replicas = faults_.gradient_replicas(step_);
   // Sequence parallelism: gradients of TP-replicated parameters are partial sums over the
   // sequence shards of the tp ranks.
@@ -157,7 +154,7 @@ void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
     ShardedParam& p = plan_.params()[i];
     Tensor& g = grads_.at(p.spec.name);
     if (sp && !p.layout.placement(MeshDim::kTp).is_shard())
-      comms_.group(kTp).all_reduce(g, mesh::ReduceOp::kSum);
+      comms_.group(groups::kTp).all_reduce(g, mesh::ReduceOp::kSum);
     // A gradient of a weight gathered with its padding: the padding's rows are dropped here.
     const Tensor real =
         g.shape()[0] == p.compute.extent[0].value ? g : g.slice_rows(0, p.compute.extent[0].value);

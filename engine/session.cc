@@ -18,6 +18,7 @@
 #include "engine/fault_hooks.h"
 #include "engine/fp8_weights.h"
 #include "engine/fsdp_units.h"
+#include "engine/mesh_groups.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
@@ -45,10 +46,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-
-const DimSet kData{MeshDim::kDpReplicate, MeshDim::kDpShard};
-const DimSet kTp{MeshDim::kTp};
-const DimSet kWorld{MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp};
 
 // check_run before the session's members exist: the model, the data table and the shards
 // allocate in their constructors.
@@ -161,7 +158,7 @@ struct TrainingSession::Impl {
   // the mesh rather than a quantization failure in the middle of the first step.
   void check_mxfp8_shapes() const {
     const TrainingConfig& t = config.training;
-    const int64_t dp = mesh.group_size(kData);
+    const int64_t dp = mesh.group_size(groups::kData);
     const int64_t tokens = t.batch / (dp * t.micro_batches) * t.seq_len;
     MP_CHECK_INPUT(tokens % 32 == 0,
                    "recipe = mxfp8 on mesh {}: each data-parallel rank's micro-batch has "
@@ -226,8 +223,8 @@ struct TrainingSession::Impl {
     units->begin_step(step);
     fp8->clear_step();
     recipe.clear_prequantized_weights();
-    const int64_t dp = mesh.group_size(kData);
-    const int64_t j = mesh.group_index(rank, kData);
+    const int64_t dp = mesh.group_size(groups::kData);
+    const int64_t j = mesh.group_index(rank, groups::kData);
     const int64_t local_rows = t.batch / dp, micro_rows = local_rows / t.micro_batches;
     const double positions = static_cast<double>(t.batch * t.seq_len);
     const double grad_scale = static_cast<double>(dp) / positions;
@@ -238,7 +235,7 @@ struct TrainingSession::Impl {
       const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
       loss_sum += model.forward_backward(
           units->weights(), tokens, {cursor, row0}, grad_scale, units->grads(), &recipe,
-          TpContext{&comms.group(kTp), options.mesh.sequence_parallel}, &*units);
+          TpContext{&comms.group(groups::kTp), options.mesh.sequence_parallel}, &*units);
     }
     units->end_step();
     fp8->clear_step();
@@ -246,7 +243,8 @@ struct TrainingSession::Impl {
     // parts of the breakdown do not count the same seconds twice.
     time.compute = seconds_since(tc) - (all_collective_seconds(comms) - coll_compute0);
     const bool sp = options.mesh.sequence_parallel && mesh.size(MeshDim::kTp) > 1;
-    metrics.loss = sum_doubles(comms.group(sp ? kWorld : kData), loss_sum) / positions;
+    metrics.loss =
+        sum_doubles(comms.group(sp ? groups::kWorld : groups::kData), loss_sum) / positions;
 
     // Optimizer: global norm, clipping, AdamW on the local shards; FP8 primary weights follow.
     const auto to = Clock::now();

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "engine/mesh_groups.h"
 #include "engine/state_keys.h"
 #include "kernels/error.h"
 #include "kernels/formats.h"
@@ -19,8 +20,6 @@ using mesh::DimSet;
 using mesh::MeshDim;
 
 namespace {
-
-const DimSet kWorld{MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp};
 
 // `t` as fp32 values on the host: fp32 as it is; FP8 codes and e8m0 scales decoded to the value
 // each code stands for (not dequantized by a scale), so two runs' FP8 bytes compare element by
@@ -51,7 +50,7 @@ Tensor host_fp32(const Tensor& t) {
 
 // The whole global tensor of a sharded entry, on every member of the world (collective).
 Tensor gather_whole(mesh::RankComms& comms, const mesh::Layout& layout, const Tensor& local) {
-  mesh::Communicator& world = comms.group(kWorld);
+  mesh::Communicator& world = comms.group(groups::kWorld);
   return mesh::gather_padded(world, mesh::member_boxes(world, layout), local,
                              Box::whole(layout.global_shape()));
 }
