@@ -9,15 +9,12 @@ namespace meshproof::engine {
 using mesh::DimSet;
 using mesh::MeshDim;
 
-std::string_view linear_kind_name(LinearKind k) {
-  return k == LinearKind::kColumnParallel ? "column_parallel" : "row_parallel";
-}
-
 LinearKind linear_kind(std::string_view linear) {
-  for (std::string_view s : {".attn.qkv", ".mlp.fc1", ".mlp.fc1_gate", ".mlp.fc1_up"})
-    if (linear.ends_with(s)) return LinearKind::kColumnParallel;
-  for (std::string_view s : {".attn.proj", ".mlp.fc2"})
-    if (linear.ends_with(s)) return LinearKind::kRowParallel;
+  for (Activation a : {Activation::kGelu, Activation::kSwiGlu})
+    for (const LinearLayer& l : block_linears(a))
+      if (linear.ends_with(l.name) && linear.size() > l.name.size() &&
+          linear[linear.size() - l.name.size() - 1] == '.')
+        return l.kind;
   MP_FAIL("amax groups: '{}' is not a quantized linear layer", linear);
 }
 

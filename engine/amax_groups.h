@@ -30,19 +30,17 @@
 #include <string_view>
 
 #include "engine/mesh_spec.h"
+#include "engine/params.h"
 #include "engine/recipe.h"
 #include "mesh/device_mesh.h"
 
 namespace meshproof::engine {
 
-enum class LinearKind : uint8_t { kColumnParallel, kRowParallel };
-
-// "column_parallel" / "row_parallel".
-std::string_view linear_kind_name(LinearKind k);
 // The kind of a quantized linear named as the recipe names it, its weight's parameter name
 // without ".weight" ("layers.0.attn.qkv", "layers.1.mlp.fc1", "layers.0.mlp.fc1_gate",
-// "layers.0.mlp.fc1_up" -> column; "layers.0.attn.proj", "layers.0.mlp.fc2" -> row). Any other
-// name is an internal error.
+// "layers.0.mlp.fc1_up" -> column; "layers.0.attn.proj", "layers.0.mlp.fc2" -> row), looked up
+// in the block's linear table (engine/params.h block_linears). Any other name is an internal
+// error. The session reads the kind from the parameter specs instead.
 LinearKind linear_kind(std::string_view linear);
 
 // One entry of the table: a linear kind and the role of the quantized tensor.

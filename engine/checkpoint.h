@@ -28,10 +28,13 @@
 // rank has staged every key without error is the live state overwritten, so a failed load leaves
 // the state untouched on all ranks.
 //
-// Key conventions (docs/design.md section 6): `model/<param>`, `optim/<param>/exp_avg`,
-// `optim/<param>/exp_avg_sq`, `optim/step`, `fp8/<layer>/<tensor>/{scale,scale_inv,amax_history}`,
-// `fp8_params/<param>/{data,scale_inv}`, `rng/...`, `data/cursor`, `lr/step`. Integer state
-// (RNG counters, cursor, steps) may travel as ShardedState::scalars, which the index stores.
+// Key conventions (docs/design.md section 6; the names are constants in engine/state_keys.h):
+// `model/<param>`, `optim/<param>/exp_avg`, `optim/<param>/exp_avg_sq`,
+// `fp8/<linear>/<input|weight|grad_output>/{scale,amax_history}` (delayed scaling),
+// `fp8/params/<param>/{rowwise_data,scale_inv}` (FP8 primary weights; mxfp8: rowwise_data,
+// rowwise_scale_inv, columnwise_data, columnwise_scale_inv). Integer state travels as
+// ShardedState::scalars, which the index stores: `optim/step`, `data/cursor`, `rng/offset`,
+// `lr/step`.
 #pragma once
 
 #include <cstdint>
@@ -75,8 +78,9 @@ struct CheckpointOptions {
   // harness passes its scenario's `model` mapping, so a load onto another model names the field
   // that differs before reading any chunk). Empty: none recorded.
   std::map<std::string, std::string> model;
-  // Checkpoint-side faults: fp8_state_dropped_from_checkpoint and scale_inv_saved_bf16 act on
-  // save; data_cursor_not_restored and optimizer_state_not_restored act on load.
+  // Checkpoint-side faults, acting through the checkpoint_save and checkpoint_restore points of
+  // engine/fault_hooks.h: fp8_state_dropped_from_checkpoint and scale_inv_saved_bf16 on save;
+  // data_cursor_not_restored and optimizer_state_not_restored on load.
   FaultInjection faults;
   // Called on the calling rank at each SavePoint (`dataset` is the dataset number at
   // kDatasetWritten, -1 elsewhere); a hook that throws fails the save there (its partial directory

@@ -10,6 +10,7 @@
 #include "kernels/error.h"
 #include "kernels/formats.h"
 #include "kernels/quantize.h"
+#include "mesh/padded_gather.h"
 
 namespace meshproof::engine {
 
@@ -24,27 +25,19 @@ struct RowPiece {
   int64_t rows = 0;
 };
 
-// Gathers each member's rows [R_s, C] (any byte-sized dtype) into [R, C]: buffers padded to the
-// largest member, all-gathered, and each member's real rows copied to its offset.
+// Rows [offset, offset + rows) x all `cols` columns of an [R, C] tensor, as a box.
+Box row_box(int64_t offset, int64_t rows, int64_t cols) {
+  using kernels::Elements;
+  return Box{{Elements(offset), Elements(0)}, {Elements(rows), Elements(cols)}};
+}
+
+// Gathers each member's rows [R_s, C] (any byte-sized dtype) into [R, C] with the padded
+// all-gather (mesh/padded_gather.h): each member's real rows land at its offset.
 Tensor gather_rows(mesh::Communicator& comm, const Tensor& local,
                    const std::vector<RowPiece>& pieces, int64_t total_rows, int64_t cols) {
-  const int64_t esize = kernels::dtype_bits(local.dtype()) / 8;
-  int64_t max_rows = 1;
-  for (const RowPiece& p : pieces) max_rows = std::max(max_rows, p.rows);
-  Tensor send = Tensor::zeros({max_rows * cols}, local.dtype(), kernels::Device::cpu());
-  if (local.numel().value > 0)
-    std::memcpy(send.raw_data(), local.raw_data(), static_cast<size_t>(local.nbytes().value));
-  Tensor recv =
-      Tensor::empty({comm.size() * max_rows * cols}, local.dtype(), kernels::Device::cpu());
-  comm.all_gather(send, recv);
-  Tensor out = Tensor::empty({total_rows, cols}, local.dtype(), kernels::Device::cpu());
-  for (int s = 0; s < comm.size(); ++s) {
-    const RowPiece& p = pieces[static_cast<size_t>(s)];
-    std::memcpy(static_cast<char*>(out.raw_data()) + p.offset * cols * esize,
-                static_cast<const char*>(recv.raw_data()) + s * max_rows * cols * esize,
-                static_cast<size_t>(p.rows * cols * esize));
-  }
-  return out;
+  std::vector<Box> boxes;
+  for (const RowPiece& p : pieces) boxes.push_back(row_box(p.offset, p.rows, cols));
+  return mesh::gather_padded(comm, boxes, local, row_box(0, total_rows, cols));
 }
 
 // Each member's row range inside `target` (the members' boxes must be full-column row ranges);

@@ -2,8 +2,10 @@
 //
 // Rank-local math only: the model is handed its weights as a TensorMap keyed by the design.md names
 // (whole tensors here; a sharded executor gathers them first) and adds weight gradients into a
-// TensorMap of float32 tensors with the same keys. Communication (gradient reduction, amax
-// reduction for FP8 recipes) happens outside, through CommHooks in the trainer.
+// TensorMap of float32 tensors with the same keys. Communication outside the tensor-parallel
+// collectives (gradient reduction, amax reduction for FP8 recipes) happens outside: the sharded
+// session (engine/session.h) reduces gradients per FSDP unit through UnitHooks and amax values
+// through the recipe's amax hook.
 //
 // Shapes: B = rows of this micro-batch, S = sequence length, M = B*S, H hidden, A heads,
 // d = H/A, F ffn, V vocab. The compute dtype is the dtype of the weights handed in: float32 (fp32
@@ -60,8 +62,8 @@ struct BatchCoords {
 //   forward only: after(root, F) at the end instead of the backward.
 // before(u, B) must also make u's gradient tensors (float32, zeros or accumulated) available in
 // the gradient TensorMap.
+// (kRootUnit is declared with the parameter specs, engine/params.h: each spec names its unit.)
 enum class Pass { kForward, kBackward };
-inline constexpr int64_t kRootUnit = -1;
 
 class UnitHooks {
  public:

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/rank_scalars.h"
 #include "kernels/adamw.h"
+#include "kernels/elementwise.h"
 
 namespace meshproof::engine {
 
@@ -41,6 +43,29 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr) {
     kernels::adamw_step(params.at(s.name), grads.at(s.name), exp_avg_.at(s.name),
                         exp_avg_sq_.at(s.name), step_, hp);
   }
+}
+
+OptimizerStepResult sharded_optimizer_step(ShardPlan& plan, mesh::RankComms& comms,
+                                           const TrainingConfig& t, int64_t step) {
+  using mesh::MeshDim;
+  OptimizerStepResult r;
+  double sq = 0;
+  const bool tp_lead = comms.mesh().coord(comms.rank(), MeshDim::kTp) == 0;
+  for (const ShardedParam& p : plan.params())
+    if (tp_lead || p.layout.placement(MeshDim::kTp).is_shard())
+      sq += kernels::sum_of_squares(p.grad);
+  r.grad_norm =
+      std::sqrt(sum_doubles(comms.group(mesh::DimSet{MeshDim::kDpShard, MeshDim::kTp}), sq));
+  const double coef = clip_coefficient(r.grad_norm, t.max_grad_norm);
+  r.lr = learning_rate(t, step);
+  for (ShardedParam& p : plan.params()) {
+    if (coef < 1.0) kernels::scale_(p.grad, coef);
+    if (p.master.numel().value == 0) continue;
+    kernels::AdamWHyper hp{r.lr, t.beta1, t.beta2, t.adam_eps,
+                           p.spec.weight_decay() ? t.weight_decay : 0.0};
+    kernels::adamw_step(p.master, p.grad, p.exp_avg, p.exp_avg_sq, step + 1, hp);
+  }
+  return r;
 }
 
 }  // namespace meshproof::engine

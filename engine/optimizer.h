@@ -1,11 +1,14 @@
 // Optimizer pieces of docs/design.md section 3: learning-rate schedules, global-norm clipping and
-// AdamW over a TensorMap of float32 master weights (the local shards once sharded).
+// AdamW over a TensorMap of float32 master weights (the single-rank Trainer), and the sharded
+// optimizer step of a training session over its local shards (sections 5 and 20).
 #pragma once
 
 #include <cstdint>
 
 #include "engine/config.h"
 #include "engine/params.h"
+#include "engine/shard_plan.h"
+#include "mesh/communicator.h"
 
 namespace meshproof::engine {
 
@@ -38,5 +41,16 @@ class AdamW {
   TensorMap exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
 };
+
+// The sharded optimizer step: the global gradient norm over the plan's reduced gradient shards
+// (the shards over dp_shard x tp are disjoint except for tp-replicated parameters, which only tp
+// rank 0 counts; dp_replicate replicas are not summed), clipping, then AdamW on every non-empty
+// local shard as step `step` + 1 (bias correction). Collective over dp_shard x tp.
+struct OptimizerStepResult {
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+};
+OptimizerStepResult sharded_optimizer_step(ShardPlan& plan, mesh::RankComms& comms,
+                                           const TrainingConfig& training, int64_t step);
 
 }  // namespace meshproof::engine

@@ -13,46 +13,111 @@ namespace meshproof::engine {
 using kernels::Shape;
 using kernels::Tensor;
 
+namespace {
+
+// The linear layers of a transformer block (docs/design.md section 20). A new linear layer is
+// one row here plus its math in engine/model.cc.
+constexpr LinearLayer kBlockLinears[] = {
+    {.name = "attn.qkv",
+     .kind = LinearKind::kColumnParallel,
+     .out_mult = 3,
+     .out_dim = ModelDim::kHidden,
+     .in_dim = ModelDim::kHidden,
+     .norm_before = "ln1"},
+    {.name = "attn.proj",
+     .kind = LinearKind::kRowParallel,
+     .out_dim = ModelDim::kHidden,
+     .in_dim = ModelDim::kHidden,
+     .residual_out = true},
+    {.name = "mlp.fc1",
+     .kind = LinearKind::kColumnParallel,
+     .out_dim = ModelDim::kFfn,
+     .in_dim = ModelDim::kHidden,
+     .norm_before = "ln2",
+     .use = LinearUse::kUngated},
+    {.name = "mlp.fc1_gate",
+     .kind = LinearKind::kColumnParallel,
+     .out_dim = ModelDim::kFfn,
+     .in_dim = ModelDim::kHidden,
+     .norm_before = "ln2",
+     .use = LinearUse::kGated},
+    {.name = "mlp.fc1_up",
+     .kind = LinearKind::kColumnParallel,
+     .out_dim = ModelDim::kFfn,
+     .in_dim = ModelDim::kHidden,
+     .use = LinearUse::kGated},
+    {.name = "mlp.fc2",
+     .kind = LinearKind::kRowParallel,
+     .out_dim = ModelDim::kHidden,
+     .in_dim = ModelDim::kFfn,
+     .residual_out = true},
+};
+
+}  // namespace
+
+std::vector<LinearLayer> block_linears(Activation activation) {
+  const bool gated = activation == Activation::kSwiGlu;
+  std::vector<LinearLayer> out;
+  for (const LinearLayer& l : kBlockLinears)
+    if (l.use == LinearUse::kAlways || (l.use == LinearUse::kGated) == gated) out.push_back(l);
+  return out;
+}
+
+int64_t model_dim(const ModelConfig& m, ModelDim dim) {
+  return dim == ModelDim::kHidden ? m.hidden : m.ffn;
+}
+
+std::string_view model_dim_name(ModelDim dim) {
+  return dim == ModelDim::kHidden ? "hidden" : "ffn";
+}
+
+std::string_view linear_kind_name(LinearKind k) {
+  return k == LinearKind::kColumnParallel ? "column_parallel" : "row_parallel";
+}
+
 std::vector<ParamSpec> param_specs(const ModelConfig& m) {
-  const int64_t v = m.vocab, h = m.hidden, f = m.ffn, l = m.layers;
+  const int64_t v = m.vocab, h = m.hidden, l = m.layers;
   const double std_ = 0.02;
   const double std_out = 0.02 / std::sqrt(2.0 * static_cast<double>(l));  // residual outputs
   const bool layernorm = m.norm == NormKind::kLayerNorm;
   std::vector<ParamSpec> s;
-  auto normal = [&](std::string n, Shape shape, double sd) {
-    s.push_back({std::move(n), std::move(shape), InitKind::kNormal, sd});
+  auto add = [&](std::string n, Shape shape, InitKind k, double sd, int64_t unit) -> ParamSpec& {
+    ParamSpec p;
+    p.name = std::move(n);
+    p.shape = std::move(shape);
+    p.init = k;
+    p.std = sd;
+    p.unit = unit;
+    return s.emplace_back(std::move(p));
   };
-  auto fill = [&](std::string n, Shape shape, InitKind k) {
-    s.push_back({std::move(n), std::move(shape), k, 0.0});
+  auto norm = [&](const std::string& prefix, int64_t unit) {
+    add(prefix + ".weight", {h}, InitKind::kOnes, 0.0, unit);
+    if (layernorm) add(prefix + ".bias", {h}, InitKind::kZeros, 0.0, unit);
   };
-  auto norm = [&](const std::string& prefix) {
-    fill(prefix + ".weight", {h}, InitKind::kOnes);
-    if (layernorm) fill(prefix + ".bias", {h}, InitKind::kZeros);
-  };
-  normal("embed.tok", {v, h}, std_);
-  normal("embed.pos", {m.max_positions, h}, std_);
+  add("embed.tok", {v, h}, InitKind::kNormal, std_, kRootUnit).vocab_rows = true;
+  add("embed.pos", {m.max_positions, h}, InitKind::kNormal, std_, kRootUnit);
   for (int64_t i = 0; i < l; ++i) {
     const std::string p = fmt::format("layers.{}.", i);
-    norm(p + "ln1");
-    normal(p + "attn.qkv.weight", {3 * h, h}, std_);
-    fill(p + "attn.qkv.bias", {3 * h}, InitKind::kZeros);
-    normal(p + "attn.proj.weight", {h, h}, std_out);
-    fill(p + "attn.proj.bias", {h}, InitKind::kZeros);
-    norm(p + "ln2");
-    if (m.activation == Activation::kSwiGlu) {
-      normal(p + "mlp.fc1_gate.weight", {f, h}, std_);
-      fill(p + "mlp.fc1_gate.bias", {f}, InitKind::kZeros);
-      normal(p + "mlp.fc1_up.weight", {f, h}, std_);
-      fill(p + "mlp.fc1_up.bias", {f}, InitKind::kZeros);
-    } else {
-      normal(p + "mlp.fc1.weight", {f, h}, std_);
-      fill(p + "mlp.fc1.bias", {f}, InitKind::kZeros);
+    for (const LinearLayer& lin : block_linears(m.activation)) {
+      if (!lin.norm_before.empty()) norm(p + std::string(lin.norm_before), i);
+      const std::string name = p + std::string(lin.name);
+      const int64_t out = lin.out_mult * model_dim(m, lin.out_dim);
+      const int64_t in = model_dim(m, lin.in_dim);
+      const bool column = lin.kind == LinearKind::kColumnParallel;
+      ParamSpec& w =
+          add(name + ".weight", {out, in}, InitKind::kNormal, lin.residual_out ? std_out : std_, i);
+      w.tp = column ? TpStyle::kColumn : TpStyle::kRow;
+      w.linear = name;
+      w.linear_kind = lin.kind;
+      // A column-parallel bias splits with the weight's rows; a row-parallel bias is added after
+      // the output all-reduce, whole on every tp rank.
+      add(name + ".bias", {out}, InitKind::kZeros, 0.0, i).tp =
+          column ? TpStyle::kColumn : TpStyle::kReplicated;
     }
-    normal(p + "mlp.fc2.weight", {h, f}, std_out);
-    fill(p + "mlp.fc2.bias", {h}, InitKind::kZeros);
   }
-  norm("final_ln");
-  if (!m.tied_embeddings) normal("lm_head.weight", {v, h}, std_);
+  norm("final_ln", kRootUnit);
+  if (!m.tied_embeddings)
+    add("lm_head.weight", {v, h}, InitKind::kNormal, std_, kRootUnit).vocab_rows = true;
   return s;
 }
 

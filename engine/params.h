@@ -1,12 +1,16 @@
-// The model's logical parameters (docs/design.md section 3): names, global shapes and init, and a
-// name-keyed tensor map used for weights, gradients and optimizer state alike. The names are the
-// checkpoint and export keys; later sharding code hands the layer code gathered tensors from the
-// same map structure.
+// The model's logical parameters (docs/design.md sections 3 and 20): names, global shapes, init,
+// and the sharding plan as data. Each parameter's spec says, once, what the executor and the
+// checkpoint code would otherwise recover from its name: its FSDP unit, its tensor-parallel style
+// and, for the weight of a quantized linear layer, the linear's name and kind. The linear layers
+// of a transformer block are written once, in block_linears(); param_specs() and the model's
+// layer code (engine/model.cc) read them from there. The names are the checkpoint and export
+// keys; a name-keyed tensor map holds weights, gradients and optimizer state alike.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/config.h"
@@ -16,17 +20,75 @@ namespace meshproof::engine {
 
 enum class InitKind : uint8_t { kNormal, kOnes, kZeros };
 
+// FSDP unit of the parameters outside the transformer blocks (embeddings, final norm, lm_head);
+// unit i >= 0 is layers.i (engine/model.h UnitHooks).
+inline constexpr int64_t kRootUnit = -1;
+
+// How a linear layer splits over the tp mesh dim (Megatron / torchtitan): column-parallel layers
+// split their output features (weight rows), row-parallel layers their input features (weight
+// columns) and all-reduce their output.
+enum class LinearKind : uint8_t { kColumnParallel, kRowParallel };
+
+// How one parameter is placed over the tp mesh dim (torchtitan's ColwiseParallel /
+// RowwiseParallel plan): kColumn = Shard(0) over tp (a column-parallel layer's weight and bias;
+// with FSDP the dp_shard placement becomes StridedShard(0, sf=tp)), kRow = Shard(1) over tp (a
+// row-parallel layer's weight), kReplicated = the whole tensor on every tp rank (norms,
+// embeddings, lm_head, row-parallel biases). engine/shard_plan.h turns a style and a mesh into
+// placements. (Vocabulary-parallel embeddings are not implemented: they would be a fourth style
+// and the model's embedding/loss collectives.)
+enum class TpStyle : uint8_t { kReplicated, kColumn, kRow };
+
+// The model dimension a linear layer's features are counted in.
+enum class ModelDim : uint8_t { kHidden, kFfn };
+
+// Which activations a linear layer exists for.
+enum class LinearUse : uint8_t { kAlways, kUngated, kGated };
+
+// One linear layer of a transformer block: the table block_linears() returns and the single
+// place the block's linear layers are written (docs/design.md section 20, "how to add a layer").
+struct LinearLayer {
+  std::string_view name = {};  // inside the block: "attn.qkv"; parameters "<name>.weight|bias"
+  LinearKind kind = LinearKind::kColumnParallel;
+  int64_t out_mult = 1;  // out features = out_mult x out_dim
+  ModelDim out_dim = ModelDim::kHidden;
+  ModelDim in_dim = ModelDim::kHidden;  // in features (the GEMM's K before tp splits it)
+  bool residual_out = false;  // writes into the residual stream: init std 0.02 / sqrt(2 layers)
+  std::string_view norm_before = {};  // the block norm emitted before it in canonical order, or ""
+  LinearUse use = LinearUse::kAlways;
+};
+
+// The linear layers of one block for `model`'s activation, in forward (and canonical) order:
+// attn.qkv, attn.proj, then mlp.fc1 (GELU/ReLU) or mlp.fc1_gate + mlp.fc1_up (SwiGLU), mlp.fc2.
+std::vector<LinearLayer> block_linears(Activation activation);
+// The size of `dim` in `model`.
+int64_t model_dim(const ModelConfig& model, ModelDim dim);
+// "hidden" / "ffn" (the config keys).
+std::string_view model_dim_name(ModelDim dim);
+// "column_parallel" / "row_parallel".
+std::string_view linear_kind_name(LinearKind k);
+
 struct ParamSpec {
   std::string name;      // e.g. "layers.0.attn.qkv.weight"
   kernels::Shape shape;  // global (unsharded) shape
   InitKind init = InitKind::kZeros;
-  double std = 0.0;                                        // for kNormal
+  double std = 0.0;  // for kNormal
+  // --- the sharding plan (filled by param_specs) ---
+  int64_t unit = kRootUnit;  // FSDP unit: the layer index, or kRootUnit
+  TpStyle tp = TpStyle::kReplicated;
+  // The weight of a quantized linear layer: the linear as the recipe names it (the parameter
+  // name without ".weight", e.g. "layers.0.attn.qkv", the name of its FP8 state keys and amax
+  // hook calls) and its kind; "" for every other parameter.
+  std::string linear;
+  LinearKind linear_kind = LinearKind::kColumnParallel;
+  bool vocab_rows = false;  // rows are the vocabulary (embed.tok, lm_head.weight)
+
+  bool quantized() const { return !linear.empty(); }
   bool weight_decay() const { return shape.rank() >= 2; }  // AdamW decays ndim >= 2 only
 };
 
 // All parameters in canonical order: embed.tok, embed.pos, layers.{i}.*, final_ln.*, lm_head.
-// SwiGLU replaces mlp.fc1.* by mlp.fc1_gate.* and mlp.fc1_up.*; RMSNorm drops the norm biases;
-// tied embeddings drop lm_head.weight.
+// Per block: ln1, then the block_linears() in order (weight, bias each), ln2 before the first MLP
+// linear. RMSNorm drops the norm biases; tied embeddings drop lm_head.weight.
 std::vector<ParamSpec> param_specs(const ModelConfig& model);
 
 // Tensors keyed by parameter name, iterated in canonical (insertion) order.

@@ -39,10 +39,11 @@
 // MPI, device buffers over NCCL, mesh/split_comm.h).
 // Current limits (input errors, not silent): sequence parallelism needs dropout 0; fp8_params
 // needs current, delayed or mxfp8 (mxfp8: 32-row-aligned shards).
-// Faults implemented here: amax_not_reduced, hsdp_replicas_not_reduced, stale_columnwise_copy,
-// tp_fsdp_left_to_right (state layouts), uneven_shard_padding_leak (the embedding and lm_head
-// keep the zero rows that pad uneven dp_shard chunks: the logits gain zero classes); the
-// checkpoint faults are in engine/checkpoint.cc.
+// Faults act through the named points of engine/fault_hooks.h (weight gather padding, amax
+// group, state layout, gradient replicas, backward weight; the checkpoint code asks the save and
+// restore points). The session is assembled from parts with one job each (docs/design.md
+// section 20): engine/shard_plan.h, fp8_weights.h, fsdp_units.h, optimizer.h
+// (sharded_optimizer_step), session_trace.h; the launcher is engine/launcher.cc.
 #pragma once
 
 #include <cstdint>
@@ -86,7 +87,7 @@ struct TensorDigest {
   std::string name;           // e.g. "grad/layers.0.attn.qkv.weight", "param/embed.tok",
                               // "fp8/layers.0.attn.qkv/input/scale", "updated/fp8/..."
   kernels::Shape shape;       // global shape
-  uint64_t hash = 0;          // FNV-1a of the fp32 bytes of the global tensor
+  uint64_t hash = 0;          // XXH64 (seed 0) of the fp32 bytes of the global tensor
   double sum = 0;             // sum of elements (double)
   double l2 = 0;              // L2 norm (double)
   std::vector<float> values;  // [shape.numel()] the global fp32 values, row-major

@@ -8,11 +8,12 @@
 // `entry.local` (same shape and dtype) restores the run in place; scalars are copied back with
 // TrainingSession::load_scalars().
 //
-// Keys:
+// Keys (engine/state_keys.h has the names as constants):
 //   model/<param>                       fp32 master weight shard
 //   optim/<param>/exp_avg, /exp_avg_sq  fp32 AdamW moments (same layout as the weight)
 //   fp8/<linear>/<input|weight|grad_output>/scale          fp32 [1] (delayed recipe)
 //   fp8/<linear>/<input|weight|grad_output>/amax_history   fp32 [L] (delayed recipe)
+//   fp8/params/<param>/...              FP8 primary weight shards (fsdp.fp8_params)
 // Scalars:
 //   optim/step        optimizer steps taken (AdamW bias correction)
 //   data/cursor       index of the next global batch to draw

@@ -13,17 +13,21 @@ const Config& validated(const Config& c) {
   validate(c);
   return c;
 }
+
+Fp8Recipe::AmaxHook or_identity(Fp8Recipe::AmaxHook h) {
+  if (h) return h;
+  return [](const std::string&, Fp8Role, float*, int64_t) {};
+}
 }  // namespace
 
-Trainer::Trainer(const Config& config, CommHooks hooks)
+Trainer::Trainer(const Config& config, Fp8Recipe::AmaxHook observe_amax)
     : config_(validated(config)),
-      hooks_(std::move(hooks)),
       model_(config_),
       data_(config_.model.vocab, config_.data, config_.training.batch, config_.training.seq_len),
       params_(init_params(config_.model, config_.seed)),
       grads_(zeros_like_params(config_.model)),
       optimizer_(config_.model, config_.training),
-      recipe_(config_.recipe, hooks_.reduce_amax) {}
+      recipe_(config_.recipe, or_identity(std::move(observe_amax))) {}
 
 StepMetrics Trainer::step(
     const std::function<void(int64_t step, const TensorMap& grads)>& on_grads) {
@@ -51,13 +55,12 @@ StepMetrics Trainer::step(
     loss_sum +=
         model_.forward_backward(*weights, tokens, {step_, row0}, 1.0 / positions, grads_, &recipe_);
   }
-  hooks_.reduce_grads(grads_);
-  metrics.loss = hooks_.sum_scalar(loss_sum) / positions;
+  metrics.loss = loss_sum / positions;
 
   // Global norm in double, summed over parameters in canonical order.
   double sq = 0;
   for (const std::string& n : grads_.names()) sq += kernels::sum_of_squares(grads_.at(n));
-  metrics.grad_norm = std::sqrt(hooks_.sum_scalar(sq));
+  metrics.grad_norm = std::sqrt(sq);
   if (on_grads) on_grads(step_, grads_);
 
   const double coef = clip_coefficient(metrics.grad_norm, t.max_grad_norm);

@@ -1,7 +1,9 @@
-// The training loop on one rank (docs/design.md section 3): data -> micro-batched forward/backward
-// with fp32 gradient accumulation -> gradient reduction hook -> global-norm clipping -> AdamW.
-// Communication is only reached through CommHooks (identity on a single rank), so the sharded
-// executor reuses this loop's math unchanged.
+// The single-rank training loop (docs/design.md sections 3 and 20): data -> micro-batched
+// forward/backward with fp32 gradient accumulation -> global-norm clipping -> AdamW, on whole
+// tensors. It is the independent reference of the sharded session (engine/session.h), not its
+// 1-rank case: it shares only the model math, the recipe and the optimizer formulas, and none of
+// the session's sharding, gathering, reduction or checkpoint-state code, so a bug in those cannot
+// hide by being on both sides of a parity test (tests/engine/shard compare every mesh with it).
 #pragma once
 
 #include <cstdint>
@@ -16,15 +18,6 @@
 
 namespace meshproof::engine {
 
-struct CommHooks {
-  // Reduces the gradients of this step over the data-parallel group (identity: one rank).
-  std::function<void(TensorMap& grads)> reduce_grads = [](TensorMap&) {};
-  // Sums a scalar over the group (loss sums, squared gradient norms of shards).
-  std::function<double(double)> sum_scalar = [](double v) { return v; };
-  // MAX-reduces amax values over the amax group in place (FP8 recipes; identity here).
-  Fp8Recipe::AmaxHook reduce_amax = [](const std::string&, Fp8Role, float*, int64_t) {};
-};
-
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0;       // mean cross-entropy over the global batch's B*S positions
@@ -34,7 +27,9 @@ struct StepMetrics {
 
 class Trainer {
  public:
-  explicit Trainer(const Config& config, CommHooks hooks = {});
+  // `observe_amax` (optional) sees every amax the recipe records, as the session's amax
+  // reduction would (tests count and name them); on one rank there is nothing to reduce.
+  explicit Trainer(const Config& config, Fp8Recipe::AmaxHook observe_amax = {});
 
   // Runs one optimizer step. `on_grads`, when set, sees the reduced gradients before clipping.
   StepMetrics step(const std::function<void(int64_t step, const TensorMap& grads)>& on_grads = {});
@@ -47,7 +42,6 @@ class Trainer {
 
  private:
   Config config_;
-  CommHooks hooks_;
   GptModel model_;
   MarkovSource data_;
   TensorMap params_;  // float32 master weights (fp32 recipe: also the compute weights)

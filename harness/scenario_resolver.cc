@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <set>
 
+#include "engine/params.h"
 #include "engine/run_rules.h"
 #include "harness/check_table.h"
 #include "harness/scenario_faults.h"
@@ -150,9 +151,18 @@ struct Resolver {
     auto need = [&](int64_t value, const std::string& path, const std::string& what) {
       if (value % 16 != 0) bad(path, fmt::format("{} = {}: {}", what, value, why));
     };
-    need(model.hidden, "model.hidden", "hidden");
-    if (m.tp > 1) need(model.hidden / m.tp, tp_path, "hidden / tp (proj K)");
-    need(model.ffn / m.tp, m.tp > 1 ? tp_path : "model.ffn", m.tp > 1 ? "ffn / tp (fc2 K)" : "ffn");
+    // The K of every linear layer of a block (engine/params.h block_linears): its in features,
+    // divided by tp for a row-parallel layer ("hidden / tp (proj K)"), each distinct K once.
+    std::set<std::string> asked;
+    for (const engine::LinearLayer& l : engine::block_linears(model.activation)) {
+      const std::string dim(engine::model_dim_name(l.in_dim));
+      const int64_t size = l.in_dim == engine::ModelDim::kHidden ? model.hidden : model.ffn;
+      const bool split = l.kind == engine::LinearKind::kRowParallel && m.tp > 1;
+      const std::string_view layer = l.name.substr(l.name.rfind('.') + 1);
+      const std::string what = split ? fmt::format("{} / tp ({} K)", dim, layer) : dim;
+      if (asked.insert(what).second)
+        need(split ? size / m.tp : size, split ? tp_path : "model." + dim, what);
+    }
     need(tokens, "train.global_batch", tokens_what);
   }
 

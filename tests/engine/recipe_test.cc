@@ -102,8 +102,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8RecipeTest,
 TEST(DelayedScaling, ScalesStartAtOneAndFollowTheAmaxHistory) {
   Config c = fp8_config(RecipeKind::kDelayed);
   int64_t reductions = 0;
-  CommHooks hooks;
-  hooks.reduce_amax = [&reductions](const std::string&, Fp8Role, float*, int64_t n) {
+  const Fp8Recipe::AmaxHook hooks = [&reductions](const std::string&, Fp8Role, float*, int64_t n) {
     reductions += n;
   };
   Trainer t(c, hooks);
@@ -128,8 +127,8 @@ TEST(CurrentScaling, AmaxGoesThroughTheHook) {
   Config c = fp8_config(RecipeKind::kCurrent);
   int64_t calls = 0;
   std::map<std::string, int> per_tensor;  // "<linear>/<role>" -> calls
-  CommHooks hooks;
-  hooks.reduce_amax = [&](const std::string& linear, Fp8Role role, float* amax, int64_t n) {
+  const Fp8Recipe::AmaxHook hooks = [&](const std::string& linear, Fp8Role role, float* amax,
+                                        int64_t n) {
     EXPECT_EQ(n, 1);
     EXPECT_GE(*amax, 0.0f);
     ++per_tensor[linear + "/" + std::string(fp8_role_name(role))];
@@ -306,8 +305,7 @@ TEST(RecipeOptions, Fp8StateKeysNameParameters) {
       Config c = fp8_config(kind);
       c.model.activation = act;
       std::set<std::string> hooked;
-      CommHooks hooks;
-      hooks.reduce_amax = [&](const std::string& linear, Fp8Role, float*, int64_t) {
+      const Fp8Recipe::AmaxHook hooks = [&](const std::string& linear, Fp8Role, float*, int64_t) {
         hooked.insert(linear);
       };
       Trainer t(c, hooks);

@@ -4,6 +4,8 @@
 #include <functional>
 #include <random>
 
+#include "engine/state_keys.h"
+
 namespace meshproof::engine::testing {
 
 using kernels::DType;
@@ -64,10 +66,10 @@ kernels::Tensor synthetic_global(const SyntheticKey& k, uint64_t seed) {
 }
 
 std::map<std::string, int64_t> synthetic_scalars(uint64_t seed) {
-  return {{"data/cursor", static_cast<int64_t>(100 + seed)},
-          {"optim/step", static_cast<int64_t>(10 + seed)},
-          {"lr/step", static_cast<int64_t>(10 + seed)},
-          {"rng/offset", static_cast<int64_t>(1) << 40}};
+  return {{keys::kDataCursor, static_cast<int64_t>(100 + seed)},
+          {keys::kOptimStep, static_cast<int64_t>(10 + seed)},
+          {keys::kLrStep, static_cast<int64_t>(10 + seed)},
+          {keys::kRngOffset, static_cast<int64_t>(1) << 40}};
 }
 
 ShardedState make_state(const mesh::DeviceMesh& m, int rank, uint64_t seed) {

@@ -24,7 +24,11 @@ std::vector<uint8_t> bytes(const Tensor& t) {
 // A weight with a wide dynamic range (N(0, 0.02) init, one row scaled up) so that the per-shard
 // amax differs from the global one: amax reduction matters.
 Tensor weight(int64_t rows, int64_t cols) {
-  ParamSpec spec{"layers.0.mlp.fc1.weight", {rows, cols}, InitKind::kNormal, 0.02};
+  ParamSpec spec;
+  spec.name = "layers.0.mlp.fc1.weight";
+  spec.shape = {rows, cols};
+  spec.init = InitKind::kNormal;
+  spec.std = 0.02;
   Tensor w = init_param_rows(spec, 11, 0, rows);
   float* p = w.data<float>();
   for (int64_t c = 0; c < cols; ++c) p[(rows - 1) * cols + c] *= 40.0f;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "engine/session.h"
+#include "engine/state_keys.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/quantize.h"
@@ -122,7 +123,7 @@ TEST(Fp8Params, StateHoldsTheMasterRequantizedAfterEveryStep) {
         std::map<std::string, const StateEntry*> by_key;
         for (const StateEntry& e : s.state().entries) by_key[e.key] = &e;
         for (const auto& [name, w] : full) {
-          const auto data = by_key.find("fp8/params/" + name + "/rowwise_data");
+          const auto data = by_key.find(keys::fp8_param(name, "rowwise_data"));
           const bool gemm = name.ends_with("qkv.weight") || name.ends_with("proj.weight") ||
                             name.ends_with("fc1.weight") || name.ends_with("fc2.weight");
           ASSERT_EQ(data != by_key.end(), gemm) << name;
@@ -140,7 +141,7 @@ TEST(Fp8Params, StateHoldsTheMasterRequantizedAfterEveryStep) {
                     0)
               << name << " step " << step << " rank " << comms.rank() << " on "
               << m.device_mesh().str();
-          const StateEntry& si = *by_key.at("fp8/params/" + name + "/scale_inv");
+          const StateEntry& si = *by_key.at(keys::fp8_param(name, "scale_inv"));
           EXPECT_EQ(si.local.to_vector<float>(), q.rowwise_scale_inv.to_vector<float>()) << name;
           ++checked[static_cast<size_t>(comms.rank())];
         }

@@ -1,6 +1,6 @@
 // The sharded engine on one GPU with virtual ranks (issue: "the same mesh matrix on one GPU"):
 // the model computes on cuda:0 (each virtual rank on its own stream), the fp32 masters, AdamW
-// and the data-parallel collectives stay on the host (engine/session.cc). Every mesh and recipe
+// and the data-parallel collectives stay on the host (engine/fsdp_units.cc). Every mesh and recipe
 // is compared with the same run on the CPU backend.
 #include <gtest/gtest.h>
 

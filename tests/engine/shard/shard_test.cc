@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "engine/session.h"
+#include "engine/state_keys.h"
 #include "engine/trainer.h"
 #include "mesh/local_comm.h"
 #include "tests/engine/test_config.h"
@@ -364,7 +365,7 @@ TEST(ShardedState, EntriesCoverModelOptimizerAndDelayedScalingState) {
     EXPECT_EQ(st.entries.size(), 3 * nparams + 2 * 3 * 4 * c.model.layers);
     for (const StateEntry& e : st.entries)
       EXPECT_EQ(e.local.shape(), e.layout.local_shape(comms.rank())) << e.key;
-    EXPECT_EQ(st.scalars.at("optim/step"), 0);
+    EXPECT_EQ(st.scalars.at(keys::kOptimStep), 0);
     s.step();
     // The entries alias the live tensors: after a step the amax history holds the step's amax.
     bool any_nonzero = false;
@@ -372,8 +373,8 @@ TEST(ShardedState, EntriesCoverModelOptimizerAndDelayedScalingState) {
       if (e.key.ends_with("attn.qkv/weight/amax_history"))
         for (float v : e.local.to_vector<float>()) any_nonzero |= v != 0.0f;
     EXPECT_TRUE(any_nonzero);
-    EXPECT_EQ(s.state().scalars.at("optim/step"), 1);
-    EXPECT_EQ(s.state().scalars.at("data/cursor"), 1);
+    EXPECT_EQ(s.state().scalars.at(keys::kOptimStep), 1);
+    EXPECT_EQ(s.state().scalars.at(keys::kDataCursor), 1);
   });
 }
 
@@ -640,7 +641,7 @@ TEST(ShardedRun, TraceHooksAndReports) {
   int progress = 0;
   o.on_step = [&](const StepMetrics&) { ++progress; };
   o.after_step = [&](ShardedState& st, mesh::RankComms&, int64_t done) {
-    EXPECT_EQ(st.scalars.at("optim/step"), done);
+    EXPECT_EQ(st.scalars.at(keys::kOptimStep), done);
     ++saves;
     return false;
   };

@@ -1,0 +1,191 @@
+#include "engine/fault_hooks.h"
+
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "engine/state_keys.h"
+#include "kernels/error.h"
+#include "kernels/formats.h"
+
+namespace meshproof::engine {
+
+using kernels::Tensor;
+using mesh::DimSet;
+using mesh::Layout;
+using mesh::MeshDim;
+using mesh::Placement;
+
+mesh::Padding FaultHooks::weight_gather_padding(const ParamSpec& p, int64_t step) const {
+  mesh::Padding v = mesh::Padding::kCut;
+  for (const auto& h : padding_) v = h(p, step, v);
+  return v;
+}
+
+DimSet FaultHooks::amax_group(std::string_view linear, Fp8Role role, int64_t step,
+                              DimSet group) const {
+  for (const auto& h : amax_) group = h(linear, role, step, group);
+  return group;
+}
+
+Layout FaultHooks::state_layout(const ParamSpec& p, const Layout& layout, int rank) const {
+  Layout described = layout;
+  for (const auto& h : state_layout_) described = h(p, layout, rank, std::move(described));
+  return described;
+}
+
+bool FaultHooks::gradient_replicas(int64_t step) const {
+  bool reduce = true;
+  for (const auto& h : replicas_) reduce = h(step, reduce);
+  return reduce;
+}
+
+void FaultHooks::backward_weight(const ParamSpec& p, int64_t step,
+                                 kernels::QuantizedTensor& w) const {
+  for (const auto& h : backward_) h(p, step, w);
+}
+
+bool FaultHooks::checkpoint_keeps(std::string_view key, int64_t step) const {
+  for (const auto& h : save_)
+    if (h.keeps && !h.keeps(key, step)) return false;
+  return true;
+}
+
+Tensor FaultHooks::checkpoint_bytes(std::string_view key, int64_t step, Tensor host) const {
+  for (const auto& h : save_)
+    if (h.bytes) host = h.bytes(key, step, std::move(host));
+  return host;
+}
+
+bool FaultHooks::restores(std::string_view key, int64_t step) const {
+  for (const auto& h : restore_)
+    if (!h(key, step)) return false;
+  return true;
+}
+
+namespace {
+
+// stale_columnwise_copy: from faults.from_step on, backward (dgrad) uses the columnwise copy of
+// the weight quantized before the previous optimizer step instead of this step's. The weight is
+// gathered once or twice per step (reshard_after_forward): the copy of the previous step is the
+// one recorded at the first gather of that step. Copies are recorded from step 0 on, whatever
+// from_step, so that the first active step has a previous copy.
+class StaleColumnwise {
+ public:
+  StaleColumnwise(FaultInjection f) : f_(std::move(f)) {}
+  void operator()(const ParamSpec& p, int64_t step, kernels::QuantizedTensor& w) {
+    const int64_t layer = f_.stale_columnwise_layer;
+    const bool this_layer = layer < 0 || p.unit == layer;
+    Copies& c = copies_[p.linear];
+    if (c.step != step) {
+      if (c.step >= 0) {
+        c.previous = c.current;
+        c.has_previous = true;
+      }
+      c.current = {w.columnwise_data, w.columnwise_scale_inv};
+      c.step = step;
+    }
+    if (this_layer && f_.active(step) && c.has_previous) {
+      w.columnwise_data = c.previous.first;
+      w.columnwise_scale_inv = c.previous.second;
+    }
+  }
+
+ private:
+  struct Copies {
+    int64_t step = -1;                  // step of `current`
+    std::pair<Tensor, Tensor> current;  // data, scale_inv
+    std::pair<Tensor, Tensor> previous;
+    bool has_previous = false;
+  };
+  FaultInjection f_;
+  std::map<std::string, Copies> copies_;  // by linear
+};
+
+// Whether optimizer_state_not_restored skips `key` (tensor or scalar).
+bool optimizer_part_skips(const std::string& part, std::string_view key) {
+  if (!keys::is_optim(key)) return false;
+  if (part == "all") return true;
+  if (part == keys::kExpAvg) return key.ends_with(std::string("/").append(keys::kExpAvg));
+  if (part == keys::kExpAvgSq) return key.ends_with(std::string("/").append(keys::kExpAvgSq));
+  if (part == "step") return key == keys::kOptimStep;
+  MP_FAIL_INPUT(
+      "fault optimizer_state_not_restored: unknown part '{}' (all, exp_avg, exp_avg_sq, "
+      "step)",
+      part);
+}
+
+}  // namespace
+
+FaultHooks make_fault_hooks(const FaultInjection& f) {
+  FaultHooks h;
+  // uneven_shard_padding_leak: the vocabulary-sized weights (embed.tok, lm_head.weight) keep the
+  // zero rows that pad uneven dp_shard chunks, so the logits gain zero classes.
+  if (f.uneven_shard_padding_leak)
+    h.on_weight_gather_padding([f](const ParamSpec& p, int64_t step, mesh::Padding v) {
+      return p.vocab_rows && f.active(step) ? mesh::Padding::kKeep : v;
+    });
+  // amax_not_reduced: while active every tensor's group is empty (no reduction): each rank
+  // scales by its own piece.
+  if (f.amax_not_reduced)
+    h.on_amax_group([f](std::string_view, Fp8Role, int64_t step, DimSet g) {
+      return f.active(step) ? DimSet{} : g;
+    });
+  // tp_fsdp_left_to_right: the shards are the strided ones but the state describes them as
+  // Shard(0) over dp_shard then tp (left to right), so a checkpoint puts their rows at the wrong
+  // global offsets (visible when it is loaded on another mesh). Where the left-to-right box has
+  // another shape than the real one the real layout is kept (the save would fail otherwise).
+  if (f.tp_fsdp_left_to_right)
+    h.on_state_layout([](const ParamSpec& p, const Layout& layout, int rank, Layout described) {
+      if (layout.placement(MeshDim::kDpShard).kind != Placement::Kind::kStridedShard)
+        return described;
+      std::vector<Placement> pl = layout.placements();
+      pl[static_cast<size_t>(MeshDim::kDpShard)] = Placement::shard(0);
+      Layout l2r(layout.mesh(), p.shape, pl);
+      return l2r.box(rank).shape() == layout.box(rank).shape() ? l2r : described;
+    });
+  // hsdp_replicas_not_reduced: gradients not all-reduced over dp_replicate (replicas drift).
+  if (f.hsdp_replicas_not_reduced)
+    h.on_gradient_replicas([f](int64_t step, bool reduce) { return reduce && !f.active(step); });
+  // stale_columnwise_copy needs the executor to hold the quantized weights, so it also takes the
+  // FP8 all-gather path (bitwise equal to the high-precision gather, see tests).
+  if (f.stale_columnwise_copy) {
+    auto stale = std::make_shared<StaleColumnwise>(f);
+    h.on_backward_weight([stale](const ParamSpec& p, int64_t step,
+                                 kernels::QuantizedTensor& w) { (*stale)(p, step, w); },
+                         true);
+  }
+  // fp8_state_dropped_from_checkpoint: FP8 scales / amax histories (every fp8/ key) left out of
+  // the checkpoint; a load of such a checkpoint keeps the live values for them.
+  if (f.fp8_state_dropped_from_checkpoint)
+    h.on_checkpoint_save(
+        {.keeps = [f](std::string_view key,
+                      int64_t step) { return !(f.active(step) && keys::is_fp8(key)); },
+         .bytes = nullptr});
+  // scale_inv_saved_bf16: fp32 scales and scale_invs rounded through bf16 (RNE) when saved.
+  if (f.scale_inv_saved_bf16)
+    h.on_checkpoint_save(
+        {.keeps = nullptr, .bytes = [f](std::string_view key, int64_t step, Tensor host) {
+           if (!f.active(step) || host.dtype() != kernels::DType::kFloat32 ||
+               !(key.ends_with("/scale") || key.ends_with("/scale_inv")))
+             return host;
+           Tensor t = host.clone();
+           float* p = t.data<float>();
+           for (int64_t i = 0; i < t.numel().value; ++i)
+             p[i] = kernels::fmt8::bf16_to_float(kernels::fmt8::float_to_bf16(p[i]));
+           return t;
+         }});
+  // data_cursor_not_restored: the resumed run replays batches from step 0.
+  if (f.data_cursor_not_restored)
+    h.on_checkpoint_restore([f](std::string_view key, int64_t step) {
+      return !(f.active(step) && key == keys::kDataCursor);
+    });
+  // optimizer_state_not_restored: the optimizer state part (all, exp_avg, exp_avg_sq, step).
+  if (f.optimizer_state_not_restored)
+    h.on_checkpoint_restore([f](std::string_view key, int64_t step) {
+      return !(f.active(step) && optimizer_part_skips(f.optimizer_state_part, key));
+    });
+  return h;
+}
+
+}  // namespace meshproof::engine

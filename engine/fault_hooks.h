@@ -1,0 +1,107 @@
+// The named points at which injected faults act (docs/design.md sections 7 and 20). The hot
+// paths (the FSDP unit executor, the FP8 weight store, the checkpoint save and load) ask one of
+// these points and never test a fault flag: a point folds over the hooks registered on it, in
+// registration order, starting from the correct behaviour. make_fault_hooks registers the hooks
+// of the faults an engine::FaultInjection enables (each gated by FaultInjection::active); a new
+// fault registers a hook on an existing point (or, for a new kind of bug, adds one point here and
+// one call at its site), so the hot paths stay untouched.
+//
+//   point                  asked by                      faults today
+//   weight_gather_padding  dp_shard weight all-gather    uneven_shard_padding_leak
+//   amax_group             every amax MAX-reduction      amax_not_reduced
+//   state_layout           checkpoint state entries      tp_fsdp_left_to_right
+//   gradient_replicas      HSDP gradient all-reduce      hsdp_replicas_not_reduced
+//   backward_weight        each FP8 weight gather        stale_columnwise_copy
+//   checkpoint_save        each saved key (+ its bytes)  fp8_state_dropped_from_checkpoint,
+//                                                        scale_inv_saved_bf16
+//   checkpoint_restore     each loaded key and scalar    data_cursor_not_restored,
+//                                                        optimizer_state_not_restored
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "engine/faults.h"
+#include "engine/params.h"
+#include "engine/recipe.h"
+#include "kernels/quantized_tensor.h"
+#include "kernels/tensor.h"
+#include "mesh/device_mesh.h"
+#include "mesh/layout.h"
+#include "mesh/padded_gather.h"
+
+namespace meshproof::engine {
+
+class FaultHooks {
+ public:
+  // --- hook types (what a fault registers) ---
+  using GatherPaddingHook =
+      std::function<mesh::Padding(const ParamSpec&, int64_t step, mesh::Padding)>;
+  using AmaxGroupHook =
+      std::function<mesh::DimSet(std::string_view linear, Fp8Role, int64_t step, mesh::DimSet)>;
+  using StateLayoutHook = std::function<mesh::Layout(const ParamSpec&, const mesh::Layout& layout,
+                                                     int rank, mesh::Layout described)>;
+  using GradientReplicasHook = std::function<bool(int64_t step, bool reduce)>;
+  // Called at every FP8 gather of a quantized weight with its gathered copy (may replace parts).
+  using BackwardWeightHook =
+      std::function<void(const ParamSpec&, int64_t step, kernels::QuantizedTensor& gathered)>;
+  // Whether `key` is saved at `step`, and the host bytes to save (return `host` or a changed
+  // copy; never change `host` in place: it may share the live tensor's storage).
+  struct SaveHook {
+    std::function<bool(std::string_view key, int64_t step)> keeps;
+    std::function<kernels::Tensor(std::string_view key, int64_t step, kernels::Tensor host)> bytes;
+  };
+  using RestoreHook = std::function<bool(std::string_view key, int64_t step)>;
+
+  // --- registration ---
+  void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
+  void on_amax_group(AmaxGroupHook h) { amax_.push_back(std::move(h)); }
+  void on_state_layout(StateLayoutHook h) { state_layout_.push_back(std::move(h)); }
+  void on_gradient_replicas(GradientReplicasHook h) { replicas_.push_back(std::move(h)); }
+  // `needs_quantized_weights`: the hook needs every GEMM weight gathered through the FP8 path.
+  void on_backward_weight(BackwardWeightHook h, bool needs_quantized_weights) {
+    backward_.push_back(std::move(h));
+    needs_quantized_ = needs_quantized_ || needs_quantized_weights;
+  }
+  void on_checkpoint_save(SaveHook h) { save_.push_back(std::move(h)); }
+  void on_checkpoint_restore(RestoreHook h) { restore_.push_back(std::move(h)); }
+
+  // --- the points ---
+  // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
+  mesh::Padding weight_gather_padding(const ParamSpec& p, int64_t step) const;
+  // The group an amax of (linear, role) is MAX-reduced over, given the table's `group`.
+  mesh::DimSet amax_group(std::string_view linear, Fp8Role role, int64_t step,
+                          mesh::DimSet group) const;
+  // The layout parameter `p`'s checkpoint entries describe, given its real `layout`.
+  mesh::Layout state_layout(const ParamSpec& p, const mesh::Layout& layout, int rank) const;
+  // Whether the gradients are all-reduced over dp_replicate at `step` (HSDP).
+  bool gradient_replicas(int64_t step) const;
+  // The gathered FP8 weight of `p` as the backward sees it.
+  void backward_weight(const ParamSpec& p, int64_t step, kernels::QuantizedTensor& w) const;
+  bool needs_quantized_weights() const { return needs_quantized_; }
+  // Whether `key` goes into the checkpoint of `step`.
+  bool checkpoint_keeps(std::string_view key, int64_t step) const;
+  // The host bytes saved for `key` at `step`.
+  kernels::Tensor checkpoint_bytes(std::string_view key, int64_t step, kernels::Tensor host) const;
+  // Whether a load of a checkpoint of `step` restores `key` (tensor or scalar).
+  bool restores(std::string_view key, int64_t step) const;
+
+ private:
+  std::vector<GatherPaddingHook> padding_;
+  std::vector<AmaxGroupHook> amax_;
+  std::vector<StateLayoutHook> state_layout_;
+  std::vector<GradientReplicasHook> replicas_;
+  std::vector<BackwardWeightHook> backward_;
+  std::vector<SaveHook> save_;
+  std::vector<RestoreHook> restore_;
+  bool needs_quantized_ = false;
+};
+
+// The hooks of every fault `faults` enables. An unknown optimizer_state_part is an input error
+// when the restore point is asked about an optim/ key (the harness validates it up front).
+FaultHooks make_fault_hooks(const FaultInjection& faults);
+
+}  // namespace meshproof::engine

@@ -1,0 +1,220 @@
+#include "engine/fp8_weights.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "engine/mesh_groups.h"
+#include "engine/rank_scalars.h"
+#include "engine/state_keys.h"
+#include "kernels/cast.h"
+#include "kernels/error.h"
+#include "kernels/quantize.h"
+
+namespace meshproof::engine {
+
+using kernels::DType;
+using kernels::Shape;
+using kernels::Tensor;
+using mesh::DimSet;
+using mesh::Layout;
+using mesh::MeshDim;
+using mesh::Placement;
+
+namespace {
+
+// The same quantized tensor with every buffer on `device` (a copy where it is elsewhere).
+kernels::QuantizedTensor quantized_on(kernels::QuantizedTensor q, kernels::Device device) {
+  for (Tensor* t : {&q.rowwise_data, &q.rowwise_scale_inv, &q.columnwise_data,
+                    &q.columnwise_scale_inv, &q.amax, &q.scale})
+    if (t->defined() && t->device() != device) *t = t->to(device);
+  return q;
+}
+
+Tensor on_device(const Tensor& t, kernels::Device device) {
+  return t.device() == device ? t : t.to(device);
+}
+
+int64_t fp8_bytes(const Fp8Shard& f) {
+  int64_t n = 0;
+  for (const Tensor* t :
+       {&f.q.rowwise_data, &f.q.rowwise_scale_inv, &f.q.columnwise_data, &f.q.columnwise_scale_inv})
+    if (t->defined()) n += t->nbytes().value;
+  return n;
+}
+
+}  // namespace
+
+void RunNotes::add(const std::string& note) {
+  if (std::find(list.begin(), list.end(), note) == list.end()) list.push_back(note);
+}
+
+Fp8WeightStore::Fp8WeightStore(const RunOptions& options, bool gathers_fp8, ShardPlan& plan,
+                               mesh::RankComms& comms, Fp8Recipe& recipe, const FaultHooks& faults,
+                               AmaxDims amax_dims, kernels::Device device, RunNotes& notes,
+                               ShardedState& state)
+    : options_(options),
+      config_(options.config),
+      gathers_fp8_(gathers_fp8),
+      fp8_params_(options.fsdp.fp8_params),
+      plan_(plan),
+      comms_(comms),
+      recipe_(recipe),
+      faults_(faults),
+      amax_dims_(std::move(amax_dims)),
+      device_(device),
+      notes_(notes) {
+  if (fp8_params_) make_primary_weights(state);
+}
+
+void Fp8WeightStore::clear_step() {
+  step_shards_.clear();
+  step_hp_.clear();
+}
+
+int64_t Fp8WeightStore::primary_bytes(size_t i) const {
+  const auto it = primary_.find(i);
+  return it == primary_.end() ? 0 : fp8_bytes(it->second);
+}
+
+// Weight scales of current scaling follow the recipe's eps and power-of-2 option, as in
+// Fp8Recipe::quantize.
+CurrentScaleOptions Fp8WeightStore::current_scale_options() const {
+  return {.eps = static_cast<float>(config_.recipe.eps), .pow2 = power_2_scale_of(config_.recipe)};
+}
+
+Fp8Shard Fp8WeightStore::quantize_local(const ShardedParam& p, const Tensor& local) {
+  // The shard is quantized on the host, next to its master: the delayed scale comes along.
+  // A copy of the delayed scale: the recipe updates its state in place after the forward, while
+  // the shard keeps the scale it was quantized with (q.scale, allgather_parity's reference for
+  // the backward re-gather).
+  Tensor scale;
+  if (config_.recipe.kind == RecipeKind::kDelayed)
+    scale = recipe_.delayed_states().at(p.spec.linear + "/weight").scale.to(kernels::Device::cpu());
+  // Current scaling MAX-reduces the shard's amax over the weight's amax group.
+  return quantize_shard(comms_.group(groups::kDpShard),
+                        comms_.group(amax_dims_(p.spec.linear, Fp8Role::kWeight)), p.layout, local,
+                        p.compute, config_.recipe.kind, scale.defined() ? &scale : nullptr, true,
+                        current_scale_options());
+}
+
+// The local shard of GEMM weight i quantized for the FP8 all-gather: the FP8 primary weight, or
+// the bf16 compute copy of the master shard quantized at its first gather of the step.
+const Fp8Shard& Fp8WeightStore::local_shard(size_t i) {
+  if (fp8_params_) return primary_.at(i);
+  auto it = step_shards_.find(i);
+  if (it != step_shards_.end()) return it->second;
+  const ShardedParam& p = plan_.params()[i];
+  Tensor local = kernels::cast_to(p.master, DType::kBFloat16);
+  Fp8Shard q = quantize_local(p, local);
+  step_hp_[i] = std::move(local);
+  return step_shards_.emplace(i, std::move(q)).first->second;
+}
+
+int64_t Fp8WeightStore::gather(size_t i, int64_t step) {
+  const ShardedParam& p = plan_.params()[i];
+  const Fp8Shard& local = local_shard(i);
+  Fp8GatherResult g =
+      gather_shard(comms_.group(groups::kDpShard), p.layout, local, p.compute, config_.recipe.kind);
+  // The shard's high-precision values: the fp32 master of an FP8 primary weight, else the bf16
+  // compute copy that was quantized.
+  const Tensor& hp = fp8_params_                     ? p.master
+                     : local.high_precision_fallback ? local.high_precision
+                                                     : step_hp_.at(i);
+  if (options_.allgather_parity)
+    record_parity(p, step, hp,
+                  config_.recipe.kind == RecipeKind::kDelayed ? &local.q.scale : nullptr, g.weight);
+  if (g.high_precision_fallback) notes_.add(g.note);
+  const int64_t bytes =
+      g.weight.rowwise_data.nbytes().value + g.weight.columnwise_data.nbytes().value;
+  faults_.backward_weight(p.spec, step, g.weight);
+  // The amax of the shard's high-precision values (recorded by delayed scaling).
+  const Tensor amax = kernels::compute_amax(hp);
+  recipe_.set_prequantized_weight(p.spec.linear, quantized_on(std::move(g.weight), device_),
+                                  on_device(amax, device_));
+  return bytes;
+}
+
+// allgather_parity: the FP8 all-gathered weight against quantize(gather(shard)) on every rank
+// (fp8_all_gather_parity, same inputs). Rank 0 (launcher mpi: every process) keeps one record
+// per weight and step with the byte counts summed over all ranks, so that a rank whose copy
+// differs cannot hide, and the largest error; scale_inv values are the keeping rank's.
+void Fp8WeightStore::record_parity(const ShardedParam& p, int64_t step, const Tensor& local,
+                                   const Tensor* scale, const kernels::QuantizedTensor& gathered) {
+  // The reference's amax group is the default weight group, whatever the run's table says: the
+  // reference is the single-rank quantization.
+  const DimSet ref_group =
+      default_amax_group({p.spec.linear_kind, Fp8Role::kWeight}, options_.mesh);
+  AllGatherParity r = fp8_all_gather_parity(comms_.group(groups::kDpShard), comms_.group(ref_group),
+                                            p.layout, local, p.compute, config_.recipe.kind, scale,
+                                            gathered, current_scale_options());
+  const std::vector<double> all = gather_doubles(
+      comms_.group(groups::kWorld),
+      {static_cast<double>(r.bytes), static_cast<double>(r.mismatched_bytes), r.max_abs_error});
+  r.step = step;
+  r.tensor = p.spec.name;
+  r.bytes = r.mismatched_bytes = 0;
+  for (size_t i = 0; i < all.size(); i += 3) {
+    r.bytes += static_cast<int64_t>(all[i]);
+    r.mismatched_bytes += static_cast<int64_t>(all[i + 1]);
+    r.max_abs_error = std::max(r.max_abs_error, all[i + 2]);
+  }
+  if (comms_.rank() == 0 || options_.launcher == "mpi") parity_.push_back(std::move(r));
+  notes_.add(
+      "allgather_parity: the reference high-precision gathers are counted in the collective "
+      "figures");
+}
+
+// Quantizes every GEMM weight's master shard into its FP8 primary weight and adds the FP8 bytes
+// and scales to the checkpoint state (a resumed run computes with the loaded FP8 weights, as
+// TransformerEngine's Float8Tensor parameters do).
+void Fp8WeightStore::make_primary_weights(ShardedState& state) {
+  const mesh::DeviceMesh& mesh = comms_.mesh();
+  const int rank = comms_.rank();
+  for (size_t i = 0; i < plan_.params().size(); ++i) {
+    const ShardedParam& p = plan_.params()[i];
+    if (!p.spec.quantized()) continue;
+    Fp8Shard& f = primary_[i] = quantize_local(p, p.master);
+    MP_CHECK_INPUT(!f.high_precision_fallback,
+                   "fsdp.fp8_params: weight {} {} cannot be held as mxfp8 shards on mesh {}: "
+                   "every dp_shard shard needs a multiple of 32 rows ({})",
+                   p.spec.name, p.spec.shape.str(), mesh.str(), f.note);
+    const Layout& described = p.described;
+    const std::string& name = p.spec.name;
+    state.entries.push_back({keys::fp8_param(name, "rowwise_data"), described, f.q.rowwise_data});
+    if (config_.recipe.kind != RecipeKind::kMxfp8) {
+      const std::vector<Placement> rep(3, Placement::replicate());
+      state.entries.push_back(
+          {keys::fp8_param(name, "scale_inv"), Layout(mesh, Shape{1}, rep), f.q.rowwise_scale_inv});
+      continue;
+    }
+    // MXFP8: the e8m0 scales and the columnwise copy follow the weight's row placements.
+    const int64_t rows = p.spec.shape[0], cols = p.spec.shape[1];
+    const auto add = [&](const std::string& part, const Shape& global, const Tensor& t) {
+      Layout l(mesh, global, described.placements());
+      MP_CHECK_INPUT(l.box(rank).shape() == t.shape(),
+                     "fsdp.fp8_params: {} of {}: shard {} does not match its layout box {} on "
+                     "mesh {}",
+                     part, name, t.shape().str(), l.box(rank).str(), mesh.str());
+      state.entries.push_back({keys::fp8_param(name, part), l, t});
+    };
+    add("rowwise_scale_inv", Shape{rows, cols / 32}, f.q.rowwise_scale_inv);
+    add("columnwise_data", Shape{rows, cols}, f.q.columnwise_data);
+    add("columnwise_scale_inv", Shape{rows / 32, cols}, f.q.columnwise_scale_inv);
+  }
+}
+
+void Fp8WeightStore::requantize() {
+  for (auto& [i, f] : primary_) {
+    Fp8Shard fresh = quantize_local(plan_.params()[i], plan_.params()[i].master);
+    for (auto [dst, src] : {std::pair{&f.q.rowwise_data, &fresh.q.rowwise_data},
+                            std::pair{&f.q.rowwise_scale_inv, &fresh.q.rowwise_scale_inv},
+                            std::pair{&f.q.columnwise_data, &fresh.q.columnwise_data},
+                            std::pair{&f.q.columnwise_scale_inv, &fresh.q.columnwise_scale_inv}})
+      if (dst->defined()) dst->copy_from(*src);
+    f.q.amax = fresh.q.amax;
+    f.q.scale = fresh.q.scale;
+  }
+}
+
+}  // namespace meshproof::engine

@@ -1,0 +1,174 @@
+#include "engine/fsdp_units.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/mesh_groups.h"
+#include "kernels/cast.h"
+#include "kernels/elementwise.h"
+#include "kernels/error.h"
+#include "mesh/padded_gather.h"
+
+namespace meshproof::engine {
+
+using kernels::DType;
+using kernels::Tensor;
+using mesh::Box;
+using mesh::DimSet;
+using mesh::Layout;
+using mesh::MeshDim;
+
+namespace {
+
+Tensor on_device(const Tensor& t, kernels::Device device) {
+  return t.device() == device ? t : t.to(device);
+}
+
+// The gathered weight's inverse: `full` holds box `source` on every member (each member's own
+// contribution); member s receives the reduction (op) of everybody's copy of its box. Each
+// member's box is cut out and padded to the largest member size, then reduce-scattered.
+Tensor reduce_scatter_box(mesh::Communicator& comm, const Layout& layout, const Tensor& full,
+                          const Box& source, mesh::ReduceOp op) {
+  const Box& mine = layout.box(comm.ranks()[static_cast<size_t>(comm.rank())]);
+  Tensor out = Tensor::empty(mine.shape(), DType::kFloat32, kernels::Device::cpu());
+  if (comm.size() == 1) {
+    mesh::copy_region(full, source, out, mine, mine);
+    return out;
+  }
+  int64_t chunk = 1;
+  for (int r : comm.ranks()) chunk = std::max(chunk, layout.box(r).numel().value);
+  Tensor send = Tensor::zeros({comm.size() * chunk}, DType::kFloat32, kernels::Device::cpu());
+  for (int s = 0; s < comm.size(); ++s) {
+    const Box& b = layout.box(comm.ranks()[static_cast<size_t>(s)]);
+    if (b.empty()) continue;
+    Tensor piece = send.slice_rows(s * chunk, s * chunk + b.numel().value).view(b.shape());
+    mesh::copy_region(full, source, piece, b, b);
+  }
+  Tensor recv = Tensor::empty({chunk}, DType::kFloat32, kernels::Device::cpu());
+  comm.reduce_scatter(send, recv, op);
+  if (mine.numel().value > 0) std::memcpy(out.raw_data(), recv.raw_data(), out.nbytes().value);
+  return out;
+}
+
+}  // namespace
+
+FsdpUnitExecutor::FsdpUnitExecutor(const RunOptions& options, ShardPlan& plan, Fp8WeightStore& fp8,
+                                   mesh::RankComms& comms, Fp8Recipe& recipe,
+                                   const FaultHooks& faults, kernels::Device device)
+    : options_(options),
+      plan_(plan),
+      fp8_(fp8),
+      comms_(comms),
+      recipe_(recipe),
+      faults_(faults),
+      device_(device) {}
+
+void FsdpUnitExecutor::begin_step(int64_t step) {
+  step_ = step;
+  weights_ = TensorMap{};
+  grads_ = TensorMap{};
+  gathered_bytes_.clear();
+  gathered_now_ = 0;
+}
+
+void FsdpUnitExecutor::begin_micro_batch(bool first, bool last) {
+  first_micro_batch_ = first;
+  last_micro_batch_ = last;
+}
+
+void FsdpUnitExecutor::end_step() {
+  MP_CHECK(grads_.names().empty() && weights_.names().empty(),
+           "session: {} gradients and {} weights left unreleased after the backward",
+           grads_.names().size(), weights_.names().size());
+}
+
+// Gathers the compute weights of `unit` that are not held (before its first use in a pass) and,
+// in the backward, makes its gradient accumulators available.
+void FsdpUnitExecutor::before(int64_t unit, Pass pass) {
+  for (size_t i : plan_.unit(unit)) {
+    const std::string& name = plan_.params()[i].spec.name;
+    if (!weights_.contains(name)) gather_weight(i);
+    // The gradient has the gathered weight's shape (a weight gathered with its padding has the
+    // padding's rows too, dropped before the reduce-scatter).
+    if (pass == Pass::kBackward && !grads_.contains(name))
+      grads_.insert(name, Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_));
+  }
+}
+
+// After the forward of a layer: free its gathered weights (reshard_after_forward; the backward
+// gathers them again) or keep them. After the backward of a unit: free its weights and, after
+// the last micro-batch (deferred sync), reduce its gradients.
+void FsdpUnitExecutor::after(int64_t unit, Pass pass) {
+  const bool keep =
+      pass == Pass::kForward && unit != kRootUnit && !options_.fsdp.reshard_after_forward;
+  if (!keep) release_weights(unit);
+  if (pass == Pass::kBackward && (last_micro_batch_ || options_.fsdp.sync_each_micro_batch))
+    reduce_gradients(unit);
+}
+
+void FsdpUnitExecutor::gather_weight(size_t i) {
+  const ShardedParam& p = plan_.params()[i];
+  int64_t bytes = 0;
+  if (fp8_.gathers_fp8() && p.spec.quantized()) {
+    // FP8 all-gather: the FP8 bytes + scales of the local shard, quantized once per step (or
+    // held as the FP8 primary weight), go to the recipe; the layer code reads only the shape.
+    bytes = fp8_.gather(i, step_);
+    weights_.insert(p.spec.name, Tensor::empty(p.compute.shape(), DType::kBFloat16, device_));
+  } else {
+    mesh::Communicator& shard = comms_.group(groups::kDpShard);
+    Tensor full = mesh::gather_padded(shard, mesh::member_boxes(shard, p.layout), p.master,
+                                      p.compute, faults_.weight_gather_padding(p.spec, step_));
+    if (options_.config.recipe.kind != RecipeKind::kFp32)
+      full = kernels::cast_to(full, DType::kBFloat16);
+    bytes = full.nbytes().value;
+    weights_.insert(p.spec.name, on_device(full, device_));
+  }
+  gathered_bytes_[p.spec.name] = bytes;
+  gathered_now_ += bytes;
+  peak_gathered_ = std::max(peak_gathered_, gathered_now_);
+}
+
+void FsdpUnitExecutor::release_weights(int64_t unit) {
+  for (size_t i : plan_.unit(unit)) {
+    const ShardedParam& p = plan_.params()[i];
+    if (!weights_.contains(p.spec.name)) continue;
+    weights_.erase(p.spec.name);
+    gathered_now_ -= gathered_bytes_.at(p.spec.name);
+    if (p.spec.quantized()) recipe_.clear_prequantized_weight(p.spec.linear);
+  }
+}
+
+// Reduce-scatter (avg) over dp_shard, then all-reduce (avg) over dp_replicate (HSDP), of the
+// unit's accumulated gradients; the unsharded gradients are freed. With
+// fsdp.sync_each_micro_batch this runs after every micro-batch and the reduced shards of the
+// micro-batches after the first are added to the gradient shard (the next micro-batch's
+// backward starts from fresh zero gradients).
+void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
+  mesh::Communicator& shard = comms_.group(groups::kDpShard);
+  mesh::Communicator& replicate = comms_.group(groups::kDpReplicate);
+  const bool over_replicas = faults_.gradient_replicas(step_);
+  // Sequence parallelism: gradients of TP-replicated parameters are partial sums over the
+  // sequence shards of the tp ranks.
+  const bool sp = options_.mesh.sequence_parallel && comms_.mesh().size(MeshDim::kTp) > 1;
+  for (size_t i : plan_.unit(unit)) {
+    ShardedParam& p = plan_.params()[i];
+    Tensor& g = grads_.at(p.spec.name);
+    if (sp && !p.layout.placement(MeshDim::kTp).is_shard())
+      comms_.group(groups::kTp).all_reduce(g, mesh::ReduceOp::kSum);
+    // A gradient of a weight gathered with its padding: the padding's rows are dropped here.
+    const Tensor real =
+        g.shape()[0] == p.compute.extent[0].value ? g : g.slice_rows(0, p.compute.extent[0].value);
+    Tensor reduced = reduce_scatter_box(shard, p.layout, on_device(real, kernels::Device::cpu()),
+                                        p.compute, mesh::ReduceOp::kAvg);
+    if (replicate.size() > 1 && over_replicas && reduced.numel().value > 0)
+      replicate.all_reduce(reduced, mesh::ReduceOp::kAvg);
+    if (!options_.fsdp.sync_each_micro_batch || first_micro_batch_ || reduced.numel().value == 0) {
+      p.grad = std::move(reduced);
+    } else {
+      kernels::add_(p.grad, reduced);
+    }
+    grads_.erase(p.spec.name);
+  }
+}
+
+}  // namespace meshproof::engine

@@ -1,0 +1,68 @@
+// The FSDP unit executor of a training session (docs/design.md sections 5 and 20): the model's
+// per-unit hooks (engine/model.h UnitHooks). Before a unit's first use in a pass it gathers the
+// unit's compute weights over dp_shard (high precision through mesh::gather_padded, GEMM weights
+// through the FP8 weight store when it gathers FP8) and, in the backward, provides its gradient
+// accumulators; after a layer's forward it frees the gathered weights (reshard_after_forward) or
+// keeps them; after a unit's backward it frees them and, in the last micro-batch (or every one
+// with fsdp.sync_each_micro_batch), reduce-scatters (avg) its gradients over dp_shard and
+// all-reduces (avg) them over dp_replicate into the plan's gradient shards.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/fault_hooks.h"
+#include "engine/fp8_weights.h"
+#include "engine/model.h"
+#include "engine/params.h"
+#include "engine/session.h"
+#include "engine/shard_plan.h"
+#include "mesh/communicator.h"
+
+namespace meshproof::engine {
+
+class FsdpUnitExecutor : public UnitHooks {
+ public:
+  FsdpUnitExecutor(const RunOptions& options, ShardPlan& plan, Fp8WeightStore& fp8,
+                   mesh::RankComms& comms, Fp8Recipe& recipe, const FaultHooks& faults,
+                   kernels::Device device);
+
+  // At a step's start: nothing gathered, no gradient accumulators.
+  void begin_step(int64_t step);
+  void begin_micro_batch(bool first, bool last);
+  // After the step's backward: checks that every weight and gradient was released.
+  void end_step();
+
+  // The maps the model reads weights from and accumulates gradients into.
+  TensorMap& weights() { return weights_; }
+  TensorMap& grads() { return grads_; }
+  // The largest number of gathered weight bytes held at once so far.
+  int64_t peak_gathered_bytes() const { return peak_gathered_; }
+
+  void before(int64_t unit, Pass pass) override;
+  void after(int64_t unit, Pass pass) override;
+
+ private:
+  void gather_weight(size_t i);
+  void release_weights(int64_t unit);
+  void reduce_gradients(int64_t unit);
+
+  const RunOptions& options_;
+  ShardPlan& plan_;
+  Fp8WeightStore& fp8_;
+  mesh::RankComms& comms_;
+  Fp8Recipe& recipe_;
+  const FaultHooks& faults_;
+  kernels::Device device_;
+  int64_t step_ = 0;
+  bool first_micro_batch_ = false, last_micro_batch_ = false;
+  // Gathered compute weights and unsharded fp32 gradients of the units in use, and the bytes of
+  // the gathered weights held.
+  TensorMap weights_, grads_;
+  std::map<std::string, int64_t> gathered_bytes_;
+  int64_t gathered_now_ = 0;
+  int64_t peak_gathered_ = 0;
+};
+
+}  // namespace meshproof::engine

@@ -1,0 +1,140 @@
+// The launcher (engine/session.h run_on_ranks, run_training): builds the mesh's communicators
+// (LocalWorld threads for launcher "local", this process as one rank of MPI_COMM_WORLD for "mpi"),
+// runs one TrainingSession per rank and collects the global results and the per-rank reports.
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include "engine/run_rules.h"
+#include "engine/session.h"
+#include "engine/session_trace.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "mesh/local_comm.h"
+#include "mesh/mpi_comm.h"
+#include "mesh/nccl_comm.h"
+#include "mesh/split_comm.h"
+
+namespace meshproof::engine {
+
+using kernels::Tensor;
+using mesh::DimSet;
+
+namespace {
+
+RankReport rank_report(TrainingSession& s, mesh::RankComms& comms) {
+  RankReport r;
+  r.rank = comms.rank();
+  r.coords = comms.mesh().coords(r.rank);
+  r.memory = s.memory();
+  for (DimSet d : all_mesh_groups()) {
+    mesh::Communicator& c = comms.group(d);
+    if (c.size() == 1) continue;
+    for (int k = 0; k < mesh::kNumCollectiveKinds; ++k) {
+      const auto kind = static_cast<mesh::CollectiveKind>(k);
+      const mesh::CollectiveStats& st = c.stats(kind);
+      if (st.count == 0) continue;
+      r.collectives.push_back({std::string(mesh::collective_name(kind)), d.str(), st.count,
+                               st.bytes.value, st.seconds});
+    }
+  }
+  return r;
+}
+
+// The body every rank runs; rank 0 (or the only rank) fills `result`'s global parts.
+void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& result,
+              std::mutex& mu) {
+  TrainingSession session(options, comms);
+  if (options.before_start) {
+    options.before_start(session.state(), comms);
+    session.load_scalars();
+  }
+  const int64_t steps = options.steps > 0 ? options.steps : options.config.training.steps;
+  using Clock = std::chrono::steady_clock;
+  // The global results (metrics, traces, final parameters) are the same on every rank: rank 0
+  // hands them out, and with launcher mpi every process does (each is the only rank it has).
+  const bool lead = comms.rank() == 0 || options.launcher == "mpi";
+  for (int64_t i = 0; i < steps; ++i) {
+    const StepMetrics m = session.step();
+    std::vector<TensorDigest> d;
+    if (options.trace) d = session.digests();
+    StepTime time = session.last_time();
+    if (options.after_step) {
+      const auto t0 = Clock::now();
+      const bool saved = options.after_step(session.state(), comms, session.steps_done());
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      time.total += seconds;
+      if (saved) time.checkpoint = seconds;
+    }
+    if (lead) {
+      result.metrics.push_back(m);
+      result.times.push_back(time);
+      if (options.trace) result.trace.push_back(std::move(d));
+      if (options.on_step) options.on_step(m);
+    }
+  }
+  std::map<std::string, Tensor> final_params = session.gather_params();
+  RankReport report = rank_report(session, comms);
+  std::lock_guard<std::mutex> lock(mu);
+  result.ranks.push_back(std::move(report));
+  if (lead) {
+    result.final_params = std::move(final_params);
+    result.notes = session.notes();
+    result.parity = session.parity();
+  }
+}
+
+}  // namespace
+
+void run_on_ranks(const RunOptions& options, const std::function<void(mesh::RankComms&)>& body,
+                  const std::function<void()>& after) {
+  // Every input rule, the thread count and memory of this machine included, before any rank
+  // thread starts.
+  require_valid_run(options);
+  const mesh::DeviceMesh dmesh = options.mesh.device_mesh();
+  if (options.backend.is_cuda()) {
+    const kernels::CudaStatus& cuda = kernels::cuda_status();
+    MP_CHECK_INPUT(cuda.usable, "run_training: backend {} is not usable here: {}",
+                   options.backend.str(), cuda.reason);
+  }
+  if (options.launcher == "local") {
+    mesh::LocalWorld world(dmesh, {.device = options.backend});
+    world.run(body);
+    if (after) after();
+  } else if (options.launcher == "mpi") {
+    // MPI cannot be initialised again after MPI_Finalize, and a process may train many times (a
+    // scenario's checks, several scenarios): initialised on first use, finalised at exit.
+    static mesh::MpiSession mpi(nullptr, nullptr);
+    mesh::MpiRankComms host(dmesh);
+    if (options.backend.is_cuda()) {
+      // One GPU per process (node-local rank modulo the visible GPUs): host buffers over MPI,
+      // device buffers (the model's tensor-parallel collectives) over NCCL.
+      mesh::NcclRankComms nccl = mesh::NcclRankComms::bootstrap_mpi(dmesh);
+      const kernels::ScopedRankContext context(nccl.context());
+      mesh::SplitRankComms comms(host, nccl);
+      body(comms);
+    } else {
+      body(host);
+    }
+    if (after) after();
+  } else {
+    MP_FAIL_INPUT("launcher '{}': expected 'local' or 'mpi'", options.launcher);
+  }
+}
+
+RunResult run_training(const RunOptions& options) {
+  RunResult result;
+  std::mutex mu;
+  run_on_ranks(
+      options, [&](mesh::RankComms& comms) { run_rank(options, comms, result, mu); },
+      [&] {
+        // Tensors made on a rank thread are accounted to that rank's tracker, which dies with
+        // the world: hand out copies owned by the caller's context.
+        for (auto& [name, t] : result.final_params) t = t.clone();
+      });
+  std::sort(result.ranks.begin(), result.ranks.end(),
+            [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+  return result;
+}
+
+}  // namespace meshproof::engine

@@ -1,0 +1,18 @@
+// The groups of mesh dims the session's parts communicate over (docs/design.md section 5), named
+// once: weights gather and gradients reduce-scatter over dp_shard, HSDP replicas all-reduce over
+// dp_replicate, the model's tensor parallelism runs over tp, the data-parallel ranks (each its own
+// rows of the batch) are dp_replicate x dp_shard, and global views span the world.
+#pragma once
+
+#include "mesh/device_mesh.h"
+
+namespace meshproof::engine::groups {
+
+inline const mesh::DimSet kDpShard{mesh::MeshDim::kDpShard};
+inline const mesh::DimSet kDpReplicate{mesh::MeshDim::kDpReplicate};
+inline const mesh::DimSet kTp{mesh::MeshDim::kTp};
+inline const mesh::DimSet kData{mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard};
+inline const mesh::DimSet kWorld{mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard,
+                                 mesh::MeshDim::kTp};
+
+}  // namespace meshproof::engine::groups

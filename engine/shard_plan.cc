@@ -1,0 +1,89 @@
+#include "engine/shard_plan.h"
+
+#include "engine/state_keys.h"
+#include "kernels/error.h"
+
+namespace meshproof::engine {
+
+using kernels::DType;
+using kernels::Tensor;
+using mesh::Box;
+using mesh::Layout;
+using mesh::MeshDim;
+using mesh::Placement;
+
+std::vector<Placement> placements(const ParamSpec& spec, const mesh::DeviceMesh& mesh) {
+  std::vector<Placement> p(3, Placement::replicate());
+  p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::shard(0);
+  const int tp = mesh.size(MeshDim::kTp);
+  if (tp == 1) return p;
+  switch (spec.tp) {
+    case TpStyle::kColumn:
+      p[static_cast<size_t>(MeshDim::kTp)] = Placement::shard(0);
+      // FSDP over a TP shard: dp_shard ranks hold pieces of their own TP shard.
+      if (mesh.size(MeshDim::kDpShard) > 1)
+        p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::strided_shard(0, tp);
+      break;
+    case TpStyle::kRow:
+      p[static_cast<size_t>(MeshDim::kTp)] = Placement::shard(1);
+      break;
+    case TpStyle::kReplicated:
+      break;
+  }
+  return p;
+}
+
+Box compute_box(const Layout& layout, int rank) {
+  std::vector<Placement> p = layout.placements();
+  p[static_cast<size_t>(MeshDim::kDpReplicate)] = Placement::replicate();
+  p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::replicate();
+  return Layout(layout.mesh(), layout.global_shape(), p).box(rank);
+}
+
+ShardPlan::ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int rank,
+                     const FaultHooks& faults) {
+  const auto host = kernels::Device::cpu();
+  for (ParamSpec& s : param_specs(config.model)) {
+    Layout layout(mesh, s.shape, placements(s, mesh));
+    const Box& b = layout.box(rank);
+    Tensor master = Tensor::empty(b.shape(), DType::kFloat32, host);
+    if (!b.empty()) {
+      const int64_t r0 = b.offset[0].value, r1 = r0 + b.extent[0].value;
+      const Tensor rows = init_param_rows(s, config.seed, r0, r1);
+      Box rows_box = Box::whole(s.shape);
+      rows_box.offset[0] = b.offset[0];
+      rows_box.extent[0] = b.extent[0];
+      mesh::copy_region(rows, rows_box, master, b, b);
+    }
+    Layout described = faults.state_layout(s, layout, rank);
+    units_[s.unit].push_back(params_.size());
+    if (s.quantized()) linear_kinds_.emplace(s.linear, s.linear_kind);
+    params_.push_back({std::move(s), layout, compute_box(layout, rank), std::move(described),
+                       std::move(master), Tensor::zeros(b.shape(), DType::kFloat32, host),
+                       Tensor::zeros(b.shape(), DType::kFloat32, host),
+                       Tensor::zeros(b.shape(), DType::kFloat32, host)});
+  }
+}
+
+void ShardPlan::add_state_entries(ShardedState& state) const {
+  for (const ShardedParam& p : params_) {
+    state.entries.push_back({keys::model(p.spec.name), p.described, p.master});
+    state.entries.push_back({keys::exp_avg(p.spec.name), p.described, p.exp_avg});
+    state.entries.push_back({keys::exp_avg_sq(p.spec.name), p.described, p.exp_avg_sq});
+  }
+}
+
+LinearKind ShardPlan::linear_kind(std::string_view linear) const {
+  const auto it = linear_kinds_.find(linear);
+  MP_CHECK(it != linear_kinds_.end(), "shard plan: '{}' is not a quantized linear layer", linear);
+  return it->second;
+}
+
+std::vector<std::string> ShardPlan::linears() const {
+  std::vector<std::string> out;
+  for (const ShardedParam& p : params_)
+    if (p.spec.quantized()) out.push_back(p.spec.linear);
+  return out;
+}
+
+}  // namespace meshproof::engine

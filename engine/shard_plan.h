@@ -1,0 +1,73 @@
+// The shard plan (docs/design.md sections 5 and 20): each parameter's layout on the mesh, the box
+// it computes with, the layout its checkpoint entries describe, and this rank's fp32 shards
+// (master, AdamW moments, reduced gradient). Placements follow from the parameter spec's TP style
+// (engine/params.h) and the mesh alone, torchtitan's colwise/rowwise plan as a table:
+//
+//   style       dp_replicate  dp_shard                                   tp
+//   replicated  Replicate     Shard(0)                                   Replicate
+//   column      Replicate     StridedShard(0, sf=tp) (Shard(0) if dp=1)  Shard(0)
+//   row         Replicate     Shard(0)                                   Shard(1)
+//
+// (with tp = 1 every style is the replicated row: FSDP alone).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string_view>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/fault_hooks.h"
+#include "engine/params.h"
+#include "engine/sharded_state.h"
+#include "kernels/tensor.h"
+#include "mesh/device_mesh.h"
+#include "mesh/layout.h"
+
+namespace meshproof::engine {
+
+// The placements of `spec` on `mesh`, one per mesh dim (the table above).
+std::vector<mesh::Placement> placements(const ParamSpec& spec, const mesh::DeviceMesh& mesh);
+
+// The box of the tensor `rank` computes with: the layout with every data-parallel placement
+// replaced by Replicate (what the all-gather over dp_shard reassembles).
+mesh::Box compute_box(const mesh::Layout& layout, int rank);
+
+// One parameter in the plan, with this rank's shards.
+struct ShardedParam {
+  ParamSpec spec;
+  mesh::Layout layout;         // master / moments / gradient shard layout
+  mesh::Box compute;           // box of the compute tensor after the dp_shard gather
+  mesh::Layout described;      // the layout its checkpoint entries describe (FaultHooks)
+  kernels::Tensor master;      // fp32 host, layout.box(rank)
+  kernels::Tensor exp_avg;     // fp32 host, same
+  kernels::Tensor exp_avg_sq;  // fp32 host, same
+  kernels::Tensor grad;        // fp32 host, same (reduced gradient of the last step)
+};
+
+class ShardPlan {
+ public:
+  // Every parameter of config.model on `mesh`, this rank's master shard initialised (Philox keyed
+  // by global element index: only the rows of its box are materialised), moments and gradient
+  // zero.
+  ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int rank, const FaultHooks& faults);
+
+  std::vector<ShardedParam>& params() { return params_; }
+  const std::vector<ShardedParam>& params() const { return params_; }
+  // Indices into params() of FSDP unit `unit` (engine/params.h kRootUnit or a layer).
+  const std::vector<size_t>& unit(int64_t unit) const { return units_.at(unit); }
+  // Appends model/<param>, optim/<param>/exp_avg and /exp_avg_sq of every parameter, described
+  // by their `described` layouts (engine/state_keys.h).
+  void add_state_entries(ShardedState& state) const;
+  // The kind of the quantized linear `linear` ("layers.0.attn.qkv"), from its weight's spec.
+  LinearKind linear_kind(std::string_view linear) const;
+  // The quantized linear layers, in canonical order.
+  std::vector<std::string> linears() const;
+
+ private:
+  std::vector<ShardedParam> params_;
+  std::map<int64_t, std::vector<size_t>> units_;
+  std::map<std::string, LinearKind, std::less<>> linear_kinds_;
+};
+
+}  // namespace meshproof::engine

@@ -1,0 +1,43 @@
+// The padded all-gather (docs/design.md sections 5 and 20): the one collective that reassembles
+// a tensor from shards of unequal size. torch.chunk boxes make trailing shards short or empty;
+// collectives move equal sizes, so every member's local tensor is padded with zeros to the
+// largest member's element count, the padded buffers are all-gathered, and each member's real
+// box is copied out of the receive buffer. The FSDP weight gather (fp32/bf16 masters), the FP8
+// all-gather (e4m3 bytes, e8m0 block scales) and tracing's global views all go through it.
+//
+// Host tensors only (the data-parallel collectives run on host buffers, engine/session.h).
+// Bitwise: the result holds the members' bytes unchanged, whatever their dtype.
+#pragma once
+
+#include <vector>
+
+#include "kernels/tensor.h"
+#include "mesh/communicator.h"
+#include "mesh/layout.h"
+
+namespace meshproof::mesh {
+
+enum class Padding : uint8_t {
+  // The result is `target`: only each member's real box reaches it (what the math needs).
+  kCut,
+  // The receive buffer itself, [members x chunk_rows, cols]: every member's rows followed by
+  // the zero rows that pad its chunk. Only for torch.chunk row chunks that span the columns of
+  // `target` (member s at row s x chunk_rows of it). The uneven_shard_padding_leak fault uses it:
+  // it is the bug of treating the padding as rows of the weight.
+  kKeep,
+};
+
+// Collective over `comm`. `boxes[s]`: the box of the global tensor that member s (index in
+// comm.ranks()) holds, `local` this member's tensor of shape boxes[comm.rank()].shape(), dense,
+// on the host. With Padding::kCut returns `target` (a box of the same global tensor; each member's
+// box is intersected with it, the parts of `target` no member covers are left uninitialised, so
+// callers pass boxes that cover it); with kKeep see above. The send buffer holds
+// max(1, largest member numel) elements. A comm of one member copies without a collective.
+kernels::Tensor gather_padded(Communicator& comm, const std::vector<Box>& boxes,
+                              const kernels::Tensor& local, const Box& target,
+                              Padding padding = Padding::kCut);
+
+// The boxes of comm's members under `layout` (layout.box(rank) for each of comm.ranks()).
+std::vector<Box> member_boxes(const Communicator& comm, const Layout& layout);
+
+}  // namespace meshproof::mesh

@@ -1,0 +1,166 @@
+// mesh::gather_padded (mesh/padded_gather.h), on the local communicator: every member gets the
+// global tensor (or a box of it) bitwise, for uneven torch.chunk shards, empty shards, strided
+// layouts, byte dtypes and one-member groups; Padding::kKeep returns the padded receive buffer.
+#include "mesh/padded_gather.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kernels/error.h"
+#include "kernels/tensor.h"
+#include "mesh/local_comm.h"
+
+namespace meshproof::mesh {
+namespace {
+
+using kernels::DType;
+using kernels::Shape;
+using kernels::Tensor;
+
+LocalWorldOptions short_timeout() {
+  LocalWorldOptions o;
+  o.timeout = std::chrono::seconds(20);
+  return o;
+}
+
+// A global fp32 tensor whose every element differs (and is no round number).
+Tensor global_f32(const Shape& s) {
+  std::vector<float> v(static_cast<size_t>(s.numel().value));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.1f * static_cast<float>(i) + 1.0f / 3.0f;
+  return Tensor::from_vector(s, v);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw_data(), b.raw_data(), static_cast<size_t>(a.nbytes().value)) == 0;
+}
+
+struct Case {
+  const char* name;
+  DeviceMesh mesh;
+  Shape shape;
+  std::vector<Placement> placements;
+};
+
+class PaddedGatherTest : public ::testing::TestWithParam<Case> {};
+
+// Every member of dp_shard reassembles the whole tensor (or its tp box) from uneven shards.
+TEST_P(PaddedGatherTest, CutPaddingGivesTheGlobalTensorBitwise) {
+  const Case& c = GetParam();
+  const Tensor global = global_f32(c.shape);
+  const Layout layout(c.mesh, c.shape, c.placements);
+  LocalWorld world(c.mesh, short_timeout());
+  world.run([&](RankComms& comms) {
+    Communicator& shard = comms.group({MeshDim::kDpShard});
+    const Tensor local = mesh::shard(global, layout, comms.rank());
+    // The target: the box of every rank with the same tp coordinate (dp placements replaced).
+    std::vector<Placement> p = c.placements;
+    p[static_cast<size_t>(MeshDim::kDpShard)] = Placement::replicate();
+    const Box target = Layout(c.mesh, c.shape, p).box(comms.rank());
+    const Tensor got = gather_padded(shard, member_boxes(shard, layout), local, target);
+    Tensor want = Tensor::empty(target.shape(), DType::kFloat32, kernels::Device::cpu());
+    copy_region(global, Box::whole(c.shape), want, target, target);
+    EXPECT_TRUE(same_bytes(got, want)) << c.name << " rank " << comms.rank();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PaddedGatherTest,
+    ::testing::Values(
+        // 7 rows over 3: chunks 3, 3, 1.
+        Case{"uneven",
+             DeviceMesh(1, 3, 1),
+             {7, 5},
+             {Placement::replicate(), Placement::shard(0), Placement::replicate()}},
+        // 2 rows over 3: chunks 1, 1, 0 (an empty member).
+        Case{"empty_member",
+             DeviceMesh(1, 3, 1),
+             {2, 4},
+             {Placement::replicate(), Placement::shard(0), Placement::replicate()}},
+        // 1-D (a bias), 5 over 4: 2, 2, 1, 0.
+        Case{"bias",
+             DeviceMesh(1, 4, 1),
+             {5},
+             {Placement::replicate(), Placement::shard(0), Placement::replicate()}},
+        // FSDP x TP column-parallel: StridedShard(0, sf=2) over dp_shard, Shard(0) over tp; the
+        // target is the tp-local box.
+        Case{"strided_tp",
+             DeviceMesh(1, 2, 2),
+             {11, 3},
+             {Placement::replicate(), Placement::strided_shard(0, 2), Placement::shard(0)}},
+        // Row-parallel: Shard(1) over tp, Shard(0) over dp_shard; with replicas.
+        Case{"row_parallel_hsdp",
+             DeviceMesh(2, 2, 2),
+             {5, 6},
+             {Placement::replicate(), Placement::shard(0), Placement::shard(1)}},
+        // A group of one member: a copy, no collective.
+        Case{"one_member",
+             DeviceMesh(2, 1, 1),
+             {3, 2},
+             {Placement::replicate(), Placement::shard(0), Placement::replicate()}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Byte dtypes (FP8 codes) travel unchanged: e4m3 bytes 0..255, including NaN codes.
+TEST(PaddedGather, ByteDtypeBitwise) {
+  const DeviceMesh mesh(1, 3, 1);
+  const Shape shape{8, 32};
+  Tensor global = Tensor::empty(shape, DType::kE4M3, kernels::Device::cpu());
+  auto* b = static_cast<uint8_t*>(global.raw_data());
+  for (int64_t i = 0; i < shape.numel().value; ++i) b[i] = static_cast<uint8_t>((i * 37) & 0xff);
+  const Layout layout(mesh, shape,
+                      {Placement::replicate(), Placement::shard(0), Placement::replicate()});
+  LocalWorld world(mesh, short_timeout());
+  world.run([&](RankComms& comms) {
+    Communicator& c = comms.group({MeshDim::kDpShard});
+    const Tensor got = gather_padded(c, member_boxes(c, layout),
+                                     mesh::shard(global, layout, comms.rank()), Box::whole(shape));
+    EXPECT_TRUE(same_bytes(got, global)) << "rank " << comms.rank();
+  });
+}
+
+// kKeep: the receive buffer [3 x 3 rows, cols] of 7 rows over 3 members: member s's real rows at
+// row 3s, then the zero rows of its padding (member 2: 1 real row, 2 zero rows).
+TEST(PaddedGather, KeepPaddingReturnsTheReceiveBuffer) {
+  const DeviceMesh mesh(1, 3, 1);
+  const Shape shape{7, 4};
+  const Tensor global = global_f32(shape);
+  const Layout layout(mesh, shape,
+                      {Placement::replicate(), Placement::shard(0), Placement::replicate()});
+  LocalWorld world(mesh, short_timeout());
+  world.run([&](RankComms& comms) {
+    Communicator& c = comms.group({MeshDim::kDpShard});
+    const Tensor got =
+        gather_padded(c, member_boxes(c, layout), mesh::shard(global, layout, comms.rank()),
+                      Box::whole(shape), Padding::kKeep);
+    ASSERT_EQ(got.shape(), (Shape{9, 4}));
+    const std::vector<float> g = got.to_vector<float>();
+    const std::vector<float> w = global.to_vector<float>();
+    for (int64_t row = 0; row < 9; ++row) {
+      const bool real = row < 7;  // members 0, 1 full (rows 0-5), member 2 row 6 real, 7-8 pad
+      for (int64_t col = 0; col < 4; ++col) {
+        const float want = real ? w[static_cast<size_t>(row * 4 + col)] : 0.0f;
+        EXPECT_EQ(g[static_cast<size_t>(row * 4 + col)], want) << "row " << row;
+      }
+    }
+  });
+}
+
+// kKeep refuses boxes that are not torch.chunk row chunks (here: column shards).
+TEST(PaddedGather, KeepPaddingRejectsColumnShards) {
+  const DeviceMesh mesh(1, 2, 1);
+  const Shape shape{4, 6};
+  const Tensor global = global_f32(shape);
+  const Layout layout(mesh, shape,
+                      {Placement::replicate(), Placement::shard(1), Placement::replicate()});
+  LocalWorld world(mesh, short_timeout());
+  EXPECT_THROW(world.run([&](RankComms& comms) {
+    Communicator& c = comms.group({MeshDim::kDpShard});
+    gather_padded(c, member_boxes(c, layout), mesh::shard(global, layout, comms.rank()),
+                  Box::whole(shape), Padding::kKeep);
+  }),
+               kernels::Error);
+}
+
+}  // namespace
+}  // namespace meshproof::mesh
