@@ -7,9 +7,10 @@
 // picks its micro-kernel (and with it the summation order and FMA use) by the CPU it runs on, so
 // its bits differ between machines even single-threaded; this loop's order is fixed by the code.
 // The operands are packed (decoded, transposed) into panels and multiplied by register-tiled
-// micro-kernels (AVX2 when the CPU has it, a scalar loop otherwise) that keep that order for every
-// element, so the result is the same on every x86-64 machine and for every tile shape (section 21).
-// The kernels library is compiled with -ffp-contract=off: no a*b+c is ever fused into an FMA.
+// micro-kernels (AVX2 when the CPU has it, a portable 4-lane vector loop otherwise) that keep that
+// order for every element, so the result is the same on every x86-64 machine and for every tile
+// shape (section 21). The kernels library is compiled with -ffp-contract=off: no a*b+c is ever
+// fused into an FMA.
 #include "kernels/gemm.h"
 
 #include <algorithm>
@@ -445,20 +446,34 @@ void pack_panels(const StoredView& v, int64_t n, int64_t K, int w, float* dst, f
 }
 
 // c[kMr][kNr] (row stride ldc) = (load_c ? c : +0.0f) + sum over k < kc, in order, of
-// a[k * kMr + i] * b[k * kNr + j]. Scalar fallback: the same order.
-void micro_kernel_scalar(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
-                         bool load_c) {
-  float acc[kMr][kNr];
+// a[k * kMr + i] * b[k * kNr + j]. Portable kernel: GCC/Clang 4-lane vector extensions (SSE2 on
+// any x86-64, NEON on aarch64), lane-wise IEEE multiply then add, the same order in every lane.
+using V4 = float __attribute__((vector_size(16)));
+
+V4 load4(const float* p) {
+  V4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+void store4(float* p, V4 v) { std::memcpy(p, &v, sizeof(v)); }
+
+void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+                           bool load_c) {
+  constexpr int kV = kNr / 4;
+  V4 acc[kMr][kV];
   for (int i = 0; i < kMr; ++i)
-    for (int j = 0; j < kNr; ++j) acc[i][j] = load_c ? c[i * ldc + j] : 0.0f;
+    for (int v = 0; v < kV; ++v) acc[i][v] = load_c ? load4(c + i * ldc + 4 * v) : V4{};
   for (int64_t k = 0; k < kc; ++k) {
-    const float* ak = a + k * kMr;
-    const float* bk = b + k * kNr;
-    for (int i = 0; i < kMr; ++i)
-      for (int j = 0; j < kNr; ++j) acc[i][j] += ak[i] * bk[j];
+    V4 bv[kV];
+    for (int v = 0; v < kV; ++v) bv[v] = load4(b + k * kNr + 4 * v);
+    for (int i = 0; i < kMr; ++i) {
+      const float ai = a[k * kMr + i];
+      const V4 av = {ai, ai, ai, ai};
+      for (int v = 0; v < kV; ++v) acc[i][v] = acc[i][v] + av * bv[v];
+    }
   }
   for (int i = 0; i < kMr; ++i)
-    for (int j = 0; j < kNr; ++j) c[i * ldc + j] = acc[i][j];
+    for (int v = 0; v < kV; ++v) store4(c + i * ldc + 4 * v, acc[i][v]);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -533,7 +548,7 @@ MicroKernel select_kernel() {
   if (k == detail::CpuGemmKernel::kAvx2) return micro_kernel_avx2;
 #endif
   (void)k;
-  return micro_kernel_scalar;
+  return micro_kernel_portable;
 }
 
 // c[R, S] (row stride S) = A · B^T from the packed panels, every element summed in k order.
@@ -686,7 +701,7 @@ void set_cpu_gemm_kernel(CpuGemmKernel k) {
 CpuGemmKernel cpu_gemm_kernel() {
   const CpuGemmKernel k = g_forced_kernel.load();
   if (k != CpuGemmKernel::kAuto) return k;
-  return cpu_has_avx2() ? CpuGemmKernel::kAvx2 : CpuGemmKernel::kScalar;
+  return cpu_has_avx2() ? CpuGemmKernel::kAvx2 : CpuGemmKernel::kPortable;
 }
 
 }  // namespace detail

@@ -43,8 +43,8 @@ const float* e8m0_pow2_table();
 
 // The CPU micro-kernel (docs/design.md section 21). Every kernel sums each output element in the
 // same k order, so they are bitwise equal; the choice is exposed for the tests that prove it and
-// for the benchmarks. kAuto: AVX2 when the CPU has it, else the scalar loop.
-enum class CpuGemmKernel : uint8_t { kAuto, kScalar, kAvx2 };
+// for the benchmarks. kAuto: AVX2 when the CPU has it, else the portable 4-lane vector loop.
+enum class CpuGemmKernel : uint8_t { kAuto, kPortable, kAvx2 };
 bool cpu_gemm_kernel_available(CpuGemmKernel k);
 // Process-wide; input error when `k` is not available on this CPU.
 void set_cpu_gemm_kernel(CpuGemmKernel k);

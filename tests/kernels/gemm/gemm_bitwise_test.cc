@@ -31,13 +31,13 @@ struct KernelGuard {
 };
 
 std::vector<CpuGemmKernel> kernels_here() {
-  std::vector<CpuGemmKernel> v = {CpuGemmKernel::kScalar};
+  std::vector<CpuGemmKernel> v = {CpuGemmKernel::kPortable};
   if (detail::cpu_gemm_kernel_available(CpuGemmKernel::kAvx2)) v.push_back(CpuGemmKernel::kAvx2);
   return v;
 }
 
 const char* kernel_name(CpuGemmKernel k) {
-  return k == CpuGemmKernel::kAvx2 ? "avx2" : k == CpuGemmKernel::kScalar ? "scalar" : "auto";
+  return k == CpuGemmKernel::kAvx2 ? "avx2" : k == CpuGemmKernel::kPortable ? "portable" : "auto";
 }
 
 // Overwrites about 1 in `one_in` elements of every copy of `t`, and 1 in 8 block scales, with
@@ -280,8 +280,8 @@ TEST(GemmBitwise, KernelSelection) {
   EXPECT_NE(autok, CpuGemmKernel::kAuto);
   EXPECT_EQ(autok == CpuGemmKernel::kAvx2, detail::cpu_gemm_kernel_available(CpuGemmKernel::kAvx2));
   {
-    KernelGuard g(CpuGemmKernel::kScalar);
-    EXPECT_EQ(detail::cpu_gemm_kernel(), CpuGemmKernel::kScalar);
+    KernelGuard g(CpuGemmKernel::kPortable);
+    EXPECT_EQ(detail::cpu_gemm_kernel(), CpuGemmKernel::kPortable);
   }
   EXPECT_EQ(detail::cpu_gemm_kernel(), autok);
   if (!detail::cpu_gemm_kernel_available(CpuGemmKernel::kAvx2)) {
