@@ -1,9 +1,16 @@
-// CPU reference quantizers and the dispatch to the CUDA launchers (quantize.cu). Every CPU loop
-// calls the scalar rules of quantize_rules.h that the CUDA kernels call, element for element.
+// CPU reference quantizers and the dispatch to the CUDA launchers (quantize.cu). The CPU loops
+// compute, element for element, the scalar rules of quantize_rules.h that the CUDA kernels call
+// (the same amax, scales, fp32 multiply and round-to-nearest-even cast), in a vectorisable form
+// (docs/design.md section 21): amax as an unsigned max of sign-cleared bits, a branchless fp8
+// encoder, per-column running maxima for column blocks, and the transposed copies written by a
+// blocked byte transpose of codes cast in row order. Bitwise equal to the element-wise rules
+// (tests/kernels/quantize/quantize_fast_test.cc, exhaustively for the encoder).
 #include "kernels/quantize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/quantize_cuda.h"
 #include "kernels/quantize_rules.h"
@@ -70,6 +77,145 @@ void check_scalar(const Tensor& t, const Tensor& x, std::string_view what) {
 #define MP_CUDA_DISPATCH(call) no_cuda()
 #endif
 
+// ---- vectorisable CPU building blocks (bitwise equal to the rules:: element loops) ----------
+
+// fp8 code of v (e4m3 when !kE5m2), equal to fmt8::float_to_e4m3 / float_to_e5m2 for every fp32
+// input, without branches: normals round to nearest even on the dropped mantissa bits with the
+// exponent rebased (a carry correctly bumps the exponent); subnormal targets come from one fp32
+// addition of 2^(1-bias+(23-mbits)) (its ulp is the target's subnormal step, so the hardware's
+// round-to-nearest-even does the rounding); then saturation and NaN.
+template <bool kE5m2>
+inline __attribute__((always_inline)) uint8_t encode_fp8(float v) {
+  constexpr uint32_t kMbits = kE5m2 ? 2 : 3;
+  constexpr uint32_t kBias = kE5m2 ? 15 : 7;
+  constexpr uint32_t kMaxCode = kE5m2 ? 0x7B : 0x7E;
+  constexpr uint32_t kShift = 23 - kMbits;
+  constexpr uint32_t kMinNormal = (127 - kBias + 1) << 23;  // 2^(1-bias)
+  constexpr uint32_t kRebase = (127 - kBias) << 23;
+  constexpr uint32_t kMagic = ((127 - kBias) + kShift + 1) << 23;
+  const uint32_t u = fmt8::float_bits(v);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  const uint32_t normal =
+      (a + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u) - kRebase) >> kShift;
+  const uint32_t sub = fmt8::float_bits(fmt8::bits_float(a) + fmt8::bits_float(kMagic)) - kMagic;
+  uint32_t code = a < kMinNormal ? sub : normal;
+  code = code > kMaxCode ? kMaxCode : code;
+  code = a > 0x7F800000u ? 0x7Fu : code;
+  return static_cast<uint8_t>(((u >> 24) & 0x80u) | code);
+}
+
+template <bool kBf16>
+inline __attribute__((always_inline)) float load_at(const void* x, int64_t i) {
+  if constexpr (kBf16) {
+    return fmt8::bf16_to_float(static_cast<const uint16_t*>(x)[i]);
+  } else {
+    return static_cast<const float*>(x)[i];
+  }
+}
+
+template <bool kBf16>
+inline __attribute__((always_inline)) uint32_t amax_loop(const void* x, int64_t base, int64_t n) {
+  uint32_t a = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = rules::abs_bits(load_at<kBf16>(x, base + i));
+    a = b > a ? b : a;
+  }
+  return a;
+}
+
+// rules::block_amax_bits over the contiguous x[base, base + n).
+__attribute__((target_clones("avx2", "default"))) uint32_t amax_contiguous(const void* x, bool bf16,
+                                                                           int64_t base,
+                                                                           int64_t n) {
+  return bf16 ? amax_loop<true>(x, base, n) : amax_loop<false>(x, base, n);
+}
+
+template <bool kBf16>
+inline __attribute__((always_inline)) void col_amax_loop(const void* x, int64_t base, int64_t n,
+                                                         uint32_t* acc) {
+  for (int64_t k = 0; k < n; ++k) {
+    const uint32_t b = rules::abs_bits(load_at<kBf16>(x, base + k));
+    acc[k] = b > acc[k] ? b : acc[k];
+  }
+}
+
+// acc[k] = max(acc[k], abs_bits(x[base + k])) for k < n: one row of per-column running maxima.
+__attribute__((target_clones("avx2", "default"))) void col_amax_row(const void* x, bool bf16,
+                                                                    int64_t base, int64_t n,
+                                                                    uint32_t* acc) {
+  if (bf16) {
+    col_amax_loop<true>(x, base, n, acc);
+  } else {
+    col_amax_loop<false>(x, base, n, acc);
+  }
+}
+
+template <bool kBf16, bool kE5m2, bool kPerElementMult>
+inline __attribute__((always_inline)) void cast_loop(const void* x, int64_t base, int64_t n,
+                                                     const float* mult, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = kPerElementMult ? mult[i] : mult[0];
+    const float v = load_at<kBf16>(x, base + i);
+    const uint8_t code = encode_fp8<kE5m2>(v * m);
+    // A NaN input keeps its sign even when the multiplier is NaN too (an MXFP8 NaN block): x86
+    // returns the first operand's NaN for x * m, and a vectorised multiply may encode the operands
+    // in either order, so the element-wise rule is made explicit.
+    const uint32_t xb = fmt8::float_bits(v);
+    out[i] = (xb & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint8_t>(((xb >> 24) & 0x80u) | 0x7Fu)
+                                              : code;
+  }
+}
+
+// out[i] = fp8(x[base + i] * mult[i or 0]) for i < n (rules::cast_block with unit strides; with
+// per_element, the multiplier of element i is mult[i]).
+__attribute__((target_clones("avx2", "default"))) void cast_contiguous(const void* x, bool bf16,
+                                                                       int64_t base, int64_t n,
+                                                                       const float* mult,
+                                                                       bool per_element, bool e5m2,
+                                                                       uint8_t* out) {
+  const int sel = (bf16 ? 4 : 0) | (e5m2 ? 2 : 0) | (per_element ? 1 : 0);
+  switch (sel) {
+    case 0:
+      return cast_loop<false, false, false>(x, base, n, mult, out);
+    case 1:
+      return cast_loop<false, false, true>(x, base, n, mult, out);
+    case 2:
+      return cast_loop<false, true, false>(x, base, n, mult, out);
+    case 3:
+      return cast_loop<false, true, true>(x, base, n, mult, out);
+    case 4:
+      return cast_loop<true, false, false>(x, base, n, mult, out);
+    case 5:
+      return cast_loop<true, false, true>(x, base, n, mult, out);
+    case 6:
+      return cast_loop<true, true, false>(x, base, n, mult, out);
+    default:
+      return cast_loop<true, true, true>(x, base, n, mult, out);
+  }
+}
+
+// dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols, in 32 x 32 tiles so
+// that both sides are read and written a cache line at a time.
+void transpose_bytes(const uint8_t* src, int64_t src_stride, int64_t rows, int64_t cols,
+                     uint8_t* dst, int64_t dst_stride) {
+  constexpr int64_t kT = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kT) {
+    const int64_t r1 = std::min(rows, r0 + kT);
+    for (int64_t c0 = 0; c0 < cols; c0 += kT) {
+      const int64_t c1 = std::min(cols, c0 + kT);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) dst[c * dst_stride + r] = src[r * src_stride + c];
+    }
+  }
+}
+
+// Per-thread byte scratch for the codes of a band of rows that a transposed copy needs.
+uint8_t* scratch_bytes(size_t n) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
 }  // namespace
 
 float fp8_max(DType format) { return rules::fp8_max(is_e5m2(format)); }
@@ -82,7 +228,7 @@ Tensor compute_amax(const Tensor& x) {
         launch_amax(x.raw_data(), bf16, x.numel().value, out.data<float>(), stream_of_context()));
     return out;
   }
-  const uint32_t a = rules::block_amax_bits(x.raw_data(), bf16, 0, 1, x.numel().value);
+  const uint32_t a = amax_contiguous(x.raw_data(), bf16, 0, x.numel().value);
   out.data<float>()[0] = fmt8::bits_float(a);
   return out;
 }
@@ -173,9 +319,16 @@ QuantizedTensor quantize_per_tensor(const Tensor& x, const Tensor& scale, DType 
     const float s = scale.data<float>()[0];
     scale_inv.data<float>()[0] = rules::reciprocal(s);
     const void* xp = x.raw_data();
-    for (int64_t m = 0; m < M; ++m) {
-      if (row) rules::cast_block(xp, bf16, m * K, 1, K, s, e5m2, row, m * K, 1);
-      if (col) rules::cast_block(xp, bf16, m * K, 1, K, s, e5m2, col, m, M);
+    // The transposed copy holds the same codes as the rowwise one (same scale): cast bands of
+    // 32 rows in row order (into the rowwise copy, or scratch) and transpose each band.
+    constexpr int64_t kBand = 32;
+    uint8_t* band = row ? nullptr : scratch_bytes(static_cast<size_t>(kBand * K));
+    for (int64_t m0 = 0; m0 < M; m0 += kBand) {
+      const int64_t rows = std::min(kBand, M - m0);
+      uint8_t* codes = row ? row + m0 * K : band;
+      for (int64_t m = m0; m < m0 + rows; ++m)
+        cast_contiguous(xp, bf16, m * K, K, &s, false, e5m2, codes + (m - m0) * K);
+      if (col) transpose_bytes(codes, K, rows, K, col + m0, M);
     }
   }
   if (usage.rowwise) q.rowwise_scale_inv = scale_inv;
@@ -230,21 +383,30 @@ QuantizedTensor quantize_mxfp8(const Tensor& x, DType format, Usage usage) {
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t kb = 0; kb < K / 32; ++kb) {
         const int64_t base = m * K + kb * 32;
-        const float amax = fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, 1, 32));
+        const float amax = fmt8::bits_float(amax_contiguous(xp, bf16, base, 32));
         const uint8_t e = rules::mxfp8_scale_exponent(amax, e5m2);
         row_s[m * (K / 32) + kb] = e;
-        rules::cast_block(xp, bf16, base, 1, 32, fmt8::e8m0_reciprocal(e), e5m2, row, base, 1);
+        const float mult = fmt8::e8m0_reciprocal(e);
+        cast_contiguous(xp, bf16, base, 32, &mult, false, e5m2, row + base);
       }
     }
   }
   if (col) {
+    // 32x1 blocks: per-column running maxima over the band's 32 rows, then each row cast with
+    // its column's multiplier (the data is not transposed, so every pass is contiguous).
+    std::vector<uint32_t> amax(static_cast<size_t>(K));
+    std::vector<float> mult(static_cast<size_t>(K));
     for (int64_t mb = 0; mb < M / 32; ++mb) {
+      std::fill(amax.begin(), amax.end(), 0u);
+      for (int64_t r = 0; r < 32; ++r) col_amax_row(xp, bf16, (mb * 32 + r) * K, K, amax.data());
       for (int64_t k = 0; k < K; ++k) {
-        const int64_t base = mb * 32 * K + k;
-        const float amax = fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, K, 32));
-        const uint8_t e = rules::mxfp8_scale_exponent(amax, e5m2);
+        const uint8_t e = rules::mxfp8_scale_exponent(fmt8::bits_float(amax[k]), e5m2);
         col_s[mb * K + k] = e;
-        rules::cast_block(xp, bf16, base, K, 32, fmt8::e8m0_reciprocal(e), e5m2, col, base, K);
+        mult[k] = fmt8::e8m0_reciprocal(e);
+      }
+      for (int64_t r = 0; r < 32; ++r) {
+        const int64_t base = (mb * 32 + r) * K;
+        cast_contiguous(xp, bf16, base, K, mult.data(), true, e5m2, col + base);
       }
     }
   }
@@ -304,17 +466,21 @@ QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, 
         const int64_t cols = std::min<int64_t>(128, K - k0);
         uint32_t a = 0;
         for (int64_t m = m0; m < m0 + rows; ++m) {
-          const uint32_t b = rules::block_amax_bits(xp, bf16, m * K + k0, 1, cols);
+          const uint32_t b = amax_contiguous(xp, bf16, m * K + k0, cols);
           a = b > a ? b : a;
         }
         const float s = rules::block_scale(fmt8::bits_float(a), e5m2, eps, pow2);
         const float s_inv = rules::reciprocal(s);
         if (row) row_s[bi * kb + bj] = s_inv;
         if (col) col_s[bj * mb + bi] = s_inv;
-        for (int64_t m = m0; m < m0 + rows; ++m) {
-          if (row) rules::cast_block(xp, bf16, m * K + k0, 1, cols, s, e5m2, row, m * K + k0, 1);
-          if (col) rules::cast_block(xp, bf16, m * K + k0, 1, cols, s, e5m2, col, k0 * M + m, M);
-        }
+        // Both copies share the tile's scale, so the transposed copy is the tile's codes
+        // transposed: cast in row order (into the rowwise copy, or a 128x128 scratch tile).
+        uint8_t* tile_codes = row ? row + m0 * K + k0 : scratch_bytes(128 * 128);
+        const int64_t stride = row ? K : 128;
+        for (int64_t m = m0; m < m0 + rows; ++m)
+          cast_contiguous(xp, bf16, m * K + k0, cols, &s, false, e5m2,
+                          tile_codes + (m - m0) * stride);
+        if (col) transpose_bytes(tile_codes, stride, rows, cols, col + k0 * M + m0, M);
       }
     }
     return q;
@@ -324,24 +490,32 @@ QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, 
       for (int64_t j = 0; j < kb; ++j) {
         const int64_t base = m * K + j * 128;
         const int64_t n = std::min<int64_t>(128, K - j * 128);
-        const float s = rules::block_scale(
-            fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, 1, n)), e5m2, eps, pow2);
+        const float s = rules::block_scale(fmt8::bits_float(amax_contiguous(xp, bf16, base, n)),
+                                           e5m2, eps, pow2);
         row_s[m * kb + j] = rules::reciprocal(s);
-        rules::cast_block(xp, bf16, base, 1, n, s, e5m2, row, base, 1);
+        cast_contiguous(xp, bf16, base, n, &s, false, e5m2, row + base);
       }
     }
   }
   if (col) {
-    // 1x128 blocks of the transpose: 128 consecutive rows m of one column k.
-    for (int64_t k = 0; k < K; ++k) {
-      for (int64_t i = 0; i < mb; ++i) {
-        const int64_t base = i * 128 * K + k;
-        const int64_t n = std::min<int64_t>(128, M - i * 128);
-        const float s = rules::block_scale(
-            fmt8::bits_float(rules::block_amax_bits(xp, bf16, base, K, n)), e5m2, eps, pow2);
-        col_s[k * mb + i] = rules::reciprocal(s);
-        rules::cast_block(xp, bf16, base, K, n, s, e5m2, col, k * M + i * 128, 1);
+    // 1x128 blocks of the transpose: 128 consecutive rows m of one column k. Per band of 128
+    // rows: per-column running maxima, the column scales, the band cast in row order with its
+    // column's multiplier into scratch, then transposed into the [K, M] copy.
+    std::vector<uint32_t> amax(static_cast<size_t>(K));
+    std::vector<float> mult(static_cast<size_t>(K));
+    uint8_t* band = scratch_bytes(static_cast<size_t>(128 * K));
+    for (int64_t i = 0; i < mb; ++i) {
+      const int64_t m0 = i * 128;
+      const int64_t n = std::min<int64_t>(128, M - m0);
+      std::fill(amax.begin(), amax.end(), 0u);
+      for (int64_t r = 0; r < n; ++r) col_amax_row(xp, bf16, (m0 + r) * K, K, amax.data());
+      for (int64_t k = 0; k < K; ++k) {
+        mult[k] = rules::block_scale(fmt8::bits_float(amax[k]), e5m2, eps, pow2);
+        col_s[k * mb + i] = rules::reciprocal(mult[k]);
       }
+      for (int64_t r = 0; r < n; ++r)
+        cast_contiguous(xp, bf16, (m0 + r) * K, K, mult.data(), true, e5m2, band + r * K);
+      transpose_bytes(band, K, n, K, col + m0, M);
     }
   }
   return q;
