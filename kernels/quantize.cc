@@ -12,6 +12,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "kernels/quantize_cuda.h"
 #include "kernels/quantize_rules.h"
 
@@ -80,24 +84,32 @@ void check_scalar(const Tensor& t, const Tensor& x, std::string_view what) {
 // ---- vectorisable CPU building blocks (bitwise equal to the rules:: element loops) ----------
 
 // fp8 code of v (e4m3 when !kE5m2), equal to fmt8::float_to_e4m3 / float_to_e5m2 for every fp32
-// input, without branches: normals round to nearest even on the dropped mantissa bits with the
-// exponent rebased (a carry correctly bumps the exponent); subnormal targets come from one fp32
-// addition of 2^(1-bias+(23-mbits)) (its ulp is the target's subnormal step, so the hardware's
-// round-to-nearest-even does the rounding); then saturation and NaN.
+// input, in integer arithmetic without branches (so that it vectorises: a conditional fp32 op
+// would not be if-converted under -ftrapping-math). Normal targets round to nearest even on the
+// dropped mantissa bits with the exponent rebased (a carry correctly bumps the exponent);
+// subnormal targets shift the significand right by a per-element amount with the same rounding;
+// then saturation and NaN.
 template <bool kE5m2>
 inline __attribute__((always_inline)) uint8_t encode_fp8(float v) {
   constexpr uint32_t kMbits = kE5m2 ? 2 : 3;
   constexpr uint32_t kBias = kE5m2 ? 15 : 7;
   constexpr uint32_t kMaxCode = kE5m2 ? 0x7B : 0x7E;
   constexpr uint32_t kShift = 23 - kMbits;
-  constexpr uint32_t kMinNormal = (127 - kBias + 1) << 23;  // 2^(1-bias)
+  constexpr uint32_t kMinNormal = (127 - kBias + 1) << 23;  // bits of 2^(1-bias)
   constexpr uint32_t kRebase = (127 - kBias) << 23;
-  constexpr uint32_t kMagic = ((127 - kBias) + kShift + 1) << 23;
   const uint32_t u = fmt8::float_bits(v);
   const uint32_t a = u & 0x7FFFFFFFu;
   const uint32_t normal =
       (a + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u) - kRebase) >> kShift;
-  const uint32_t sub = fmt8::float_bits(fmt8::bits_float(a) + fmt8::bits_float(kMagic)) - kMagic;
+  // Subnormal target: value = sig * 2^(e - 150) with e the (at least 1) biased exponent; the
+  // code is sig / 2^(1 - bias - mbits + 150 - e) rounded to nearest even. The shift is >= 21
+  // here; capped at 31, where every sig < 2^24 rounds to 0 as it must.
+  const uint32_t e = a >> 23;
+  const uint32_t sig = (a & 0x7FFFFFu) | (e != 0 ? 0x800000u : 0u);
+  const uint32_t e1 = e != 0 ? e : 1u;
+  const uint32_t sh_raw = (151 - kBias - kMbits) - e1;  // e1 < 128 - bias here: no wrap
+  const uint32_t sh = sh_raw < 31u ? sh_raw : 31u;
+  const uint32_t sub = (sig + ((1u << (sh - 1)) - 1u) + ((sig >> sh) & 1u)) >> sh;
   uint32_t code = a < kMinNormal ? sub : normal;
   code = code > kMaxCode ? kMaxCode : code;
   code = a > 0x7F800000u ? 0x7Fu : code;
@@ -194,18 +206,85 @@ __attribute__((target_clones("avx2", "default"))) void cast_contiguous(const voi
   }
 }
 
-// dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols, in 32 x 32 tiles so
-// that both sides are read and written a cache line at a time.
+// out[b] = rules::block_amax_bits of block b of x[base, base + n), blocks of `bs` elements (the
+// last one partial): one call per row instead of one per block.
+__attribute__((target_clones("avx2", "default"))) void block_amaxes(const void* x, bool bf16,
+                                                                    int64_t base, int64_t n,
+                                                                    int64_t bs, uint32_t* out) {
+  for (int64_t b = 0, i = 0; i < n; ++b, i += bs) {
+    const int64_t len = std::min(bs, n - i);
+    out[b] = bf16 ? amax_loop<true>(x, base + i, len) : amax_loop<false>(x, base + i, len);
+  }
+}
+
+template <bool kBf16, bool kE5m2>
+inline __attribute__((always_inline)) void cast_blocks_loop(const void* x, int64_t base, int64_t n,
+                                                            int64_t bs, const float* mult,
+                                                            uint8_t* out) {
+  for (int64_t b = 0, i = 0; i < n; ++b, i += bs)
+    cast_loop<kBf16, kE5m2, false>(x, base + i, std::min(bs, n - i), mult + b, out + i);
+}
+
+// out[i] = fp8(x[base + i] * mult[i / bs]) for i < n: a row of 1 x bs blocks in one call.
+__attribute__((target_clones("avx2", "default"))) void cast_blocks(const void* x, bool bf16,
+                                                                   int64_t base, int64_t n,
+                                                                   int64_t bs, const float* mult,
+                                                                   bool e5m2, uint8_t* out) {
+  if (bf16) {
+    if (e5m2) return cast_blocks_loop<true, true>(x, base, n, bs, mult, out);
+    return cast_blocks_loop<true, false>(x, base, n, bs, mult, out);
+  }
+  if (e5m2) return cast_blocks_loop<false, true>(x, base, n, bs, mult, out);
+  return cast_blocks_loop<false, false>(x, base, n, bs, mult, out);
+}
+
+#if defined(__SSE2__)
+// One 16 x 16 byte tile: four rounds of pairwise interleaves (8-, 16-, 32-, 64-bit unpacks) leave
+// source column bitreverse4(i) in register i.
+void transpose_tile16(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
+  __m128i x[16], t[16];
+  for (int i = 0; i < 16; ++i)
+    x[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i * src_stride));
+  for (int i = 0; i < 8; ++i) {
+    t[i] = _mm_unpacklo_epi8(x[2 * i], x[2 * i + 1]);
+    t[i + 8] = _mm_unpackhi_epi8(x[2 * i], x[2 * i + 1]);
+  }
+  for (int i = 0; i < 8; ++i) {
+    x[i] = _mm_unpacklo_epi16(t[2 * i], t[2 * i + 1]);
+    x[i + 8] = _mm_unpackhi_epi16(t[2 * i], t[2 * i + 1]);
+  }
+  for (int i = 0; i < 8; ++i) {
+    t[i] = _mm_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
+    t[i + 8] = _mm_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
+  }
+  for (int i = 0; i < 8; ++i) {
+    x[i] = _mm_unpacklo_epi64(t[2 * i], t[2 * i + 1]);
+    x[i + 8] = _mm_unpackhi_epi64(t[2 * i], t[2 * i + 1]);
+  }
+  constexpr int kBitReverse4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+  for (int i = 0; i < 16; ++i)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + kBitReverse4[i] * dst_stride), x[i]);
+}
+#endif
+
+// dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols: 16 x 16 tiles in
+// registers (SSE2), the edges element by element.
 void transpose_bytes(const uint8_t* src, int64_t src_stride, int64_t rows, int64_t cols,
                      uint8_t* dst, int64_t dst_stride) {
-  constexpr int64_t kT = 32;
-  for (int64_t r0 = 0; r0 < rows; r0 += kT) {
-    const int64_t r1 = std::min(rows, r0 + kT);
-    for (int64_t c0 = 0; c0 < cols; c0 += kT) {
-      const int64_t c1 = std::min(cols, c0 + kT);
-      for (int64_t c = c0; c < c1; ++c)
-        for (int64_t r = r0; r < r1; ++r) dst[c * dst_stride + r] = src[r * src_stride + c];
-    }
+  int64_t r_full = 0, c_full = 0;
+#if defined(__SSE2__)
+  r_full = rows / 16 * 16;
+  c_full = cols / 16 * 16;
+  for (int64_t r0 = 0; r0 < r_full; r0 += 16)
+    for (int64_t c0 = 0; c0 < c_full; c0 += 16)
+      transpose_tile16(src + r0 * src_stride + c0, src_stride, dst + c0 * dst_stride + r0,
+                       dst_stride);
+#endif
+  for (int64_t r = 0; r < rows; ++r) {  // the right edge (c >= c_full) of every row
+    for (int64_t c = c_full; c < cols; ++c) dst[c * dst_stride + r] = src[r * src_stride + c];
+  }
+  for (int64_t c = 0; c < c_full; ++c) {  // the bottom edge (r >= r_full) of the other columns
+    for (int64_t r = r_full; r < rows; ++r) dst[c * dst_stride + r] = src[r * src_stride + c];
   }
 }
 
@@ -380,15 +459,16 @@ QuantizedTensor quantize_mxfp8(const Tensor& x, DType format, Usage usage) {
     return q;
   }
   if (row) {
+    std::vector<uint32_t> amax(static_cast<size_t>(K / 32));
+    std::vector<float> mult(static_cast<size_t>(K / 32));
     for (int64_t m = 0; m < M; ++m) {
+      block_amaxes(xp, bf16, m * K, K, 32, amax.data());
       for (int64_t kb = 0; kb < K / 32; ++kb) {
-        const int64_t base = m * K + kb * 32;
-        const float amax = fmt8::bits_float(amax_contiguous(xp, bf16, base, 32));
-        const uint8_t e = rules::mxfp8_scale_exponent(amax, e5m2);
+        const uint8_t e = rules::mxfp8_scale_exponent(fmt8::bits_float(amax[kb]), e5m2);
         row_s[m * (K / 32) + kb] = e;
-        const float mult = fmt8::e8m0_reciprocal(e);
-        cast_contiguous(xp, bf16, base, 32, &mult, false, e5m2, row + base);
+        mult[kb] = fmt8::e8m0_reciprocal(e);
       }
+      cast_blocks(xp, bf16, m * K, K, 32, mult.data(), e5m2, row + m * K);
     }
   }
   if (col) {
@@ -486,15 +566,15 @@ QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, 
     return q;
   }
   if (row) {
+    std::vector<uint32_t> amax(static_cast<size_t>(kb));
+    std::vector<float> mult(static_cast<size_t>(kb));
     for (int64_t m = 0; m < M; ++m) {
+      block_amaxes(xp, bf16, m * K, K, 128, amax.data());
       for (int64_t j = 0; j < kb; ++j) {
-        const int64_t base = m * K + j * 128;
-        const int64_t n = std::min<int64_t>(128, K - j * 128);
-        const float s = rules::block_scale(fmt8::bits_float(amax_contiguous(xp, bf16, base, n)),
-                                           e5m2, eps, pow2);
-        row_s[m * kb + j] = rules::reciprocal(s);
-        cast_contiguous(xp, bf16, base, n, &s, false, e5m2, row + base);
+        mult[j] = rules::block_scale(fmt8::bits_float(amax[j]), e5m2, eps, pow2);
+        row_s[m * kb + j] = rules::reciprocal(mult[j]);
       }
+      cast_blocks(xp, bf16, m * K, K, 128, mult.data(), e5m2, row + m * K);
     }
   }
   if (col) {
