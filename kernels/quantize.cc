@@ -8,15 +8,19 @@
 #include "kernels/quantize.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#if defined(__SSE2__)
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
 #include "kernels/quantize_cuda.h"
+#include "kernels/quantize_internal.h"
 #include "kernels/quantize_rules.h"
 
 namespace meshproof::kernels {
@@ -103,12 +107,14 @@ inline __attribute__((always_inline)) uint8_t encode_fp8(float v) {
       (a + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u) - kRebase) >> kShift;
   // Subnormal target: value = sig * 2^(e - 150) with e the (at least 1) biased exponent; the
   // code is sig / 2^(1 - bias - mbits + 150 - e) rounded to nearest even. The shift is >= 21
-  // here; capped at 31, where every sig < 2^24 rounds to 0 as it must.
+  // where this result is used; capped at 31, where every sig < 2^24 rounds to 0 as it must, and
+  // kept >= 1 in the lanes whose result is discarded (normal inputs), so no shift is undefined.
   const uint32_t e = a >> 23;
   const uint32_t sig = (a & 0x7FFFFFu) | (e != 0 ? 0x800000u : 0u);
   const uint32_t e1 = e != 0 ? e : 1u;
-  const uint32_t sh_raw = (151 - kBias - kMbits) - e1;  // e1 < 128 - bias here: no wrap
-  const uint32_t sh = sh_raw < 31u ? sh_raw : 31u;
+  const uint32_t sh_raw = (151 - kBias - kMbits) - e1;  // wraps for normal inputs: capped below
+  const uint32_t sh_hi = sh_raw < 31u ? sh_raw : 31u;
+  const uint32_t sh = sh_hi > 0u ? sh_hi : 1u;
   const uint32_t sub = (sig + ((1u << (sh - 1)) - 1u) + ((sig >> sh) & 1u)) >> sh;
   uint32_t code = a < kMinNormal ? sub : normal;
   code = code > kMaxCode ? kMaxCode : code;
@@ -178,31 +184,138 @@ inline __attribute__((always_inline)) void cast_loop(const void* x, int64_t base
   }
 }
 
+// detail::set_quantize_avx2 (tests): false forces the portable cast loop.
+std::atomic<bool> g_avx2_allowed{true};
+
+#if defined(__x86_64__)
+#define MESHPROOF_QUANTIZE_AVX2 1
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has && g_avx2_allowed.load(std::memory_order_relaxed);
+}
+
+// encode_fp8 on 8 lanes (the same integer steps, lane by lane), with cast_loop's NaN-input rule:
+// p = v * m, the codes as 8 uint32.
+template <bool kE5m2>
+__attribute__((target("avx2"))) inline __m256i encode8(__m256 v, __m256 p) {
+  constexpr int kMbits = kE5m2 ? 2 : 3;
+  constexpr int kBias = kE5m2 ? 15 : 7;
+  constexpr int kShift = 23 - kMbits;
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i u = _mm256_castps_si256(p);
+  const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i normal = _mm256_srli_epi32(
+      _mm256_sub_epi32(
+          _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((1 << (kShift - 1)) - 1)),
+                           _mm256_and_si256(_mm256_srli_epi32(a, kShift), one)),
+          _mm256_set1_epi32((127 - kBias) << 23)),
+      kShift);
+  const __m256i e = _mm256_srli_epi32(a, 23);
+  const __m256i e_nonzero = _mm256_cmpgt_epi32(e, _mm256_setzero_si256());
+  const __m256i sig = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7FFFFF)),
+                                      _mm256_and_si256(e_nonzero, _mm256_set1_epi32(0x800000)));
+  const __m256i e1 = _mm256_max_epu32(e, one);
+  const __m256i sh_raw = _mm256_sub_epi32(_mm256_set1_epi32(151 - kBias - kMbits), e1);
+  const __m256i sh = _mm256_max_epu32(_mm256_min_epu32(sh_raw, _mm256_set1_epi32(31)), one);
+  const __m256i half_minus_1 =
+      _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(sh, one)), one);
+  const __m256i sub =
+      _mm256_srlv_epi32(_mm256_add_epi32(_mm256_add_epi32(sig, half_minus_1),
+                                         _mm256_and_si256(_mm256_srlv_epi32(sig, sh), one)),
+                        sh);
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((127 - kBias + 1) << 23), a);
+  __m256i code = _mm256_blendv_epi8(normal, sub, is_sub);
+  code = _mm256_min_epu32(code, _mm256_set1_epi32(kE5m2 ? 0x7B : 0x7E));
+  const __m256i nan7f = _mm256_set1_epi32(0x7F);
+  const __m256i inf = _mm256_set1_epi32(0x7F800000);
+  code = _mm256_blendv_epi8(code, nan7f, _mm256_cmpgt_epi32(a, inf));
+  const __m256i sign_mask = _mm256_set1_epi32(0x80);
+  code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(u, 24), sign_mask));
+  const __m256i xb = _mm256_castps_si256(v);
+  const __m256i x_nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(xb, _mm256_set1_epi32(0x7FFFFFFF)), inf);
+  const __m256i x_code =
+      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(xb, 24), sign_mask), nan7f);
+  return _mm256_blendv_epi8(code, x_code, x_nan);
+}
+
+template <bool kBf16>
+__attribute__((target("avx2"))) inline __m256 load8(const void* x, int64_t i) {
+  if constexpr (kBf16) {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_loadu_ps(static_cast<const float*>(x) + i);
+  }
+}
+
+// cast_loop with explicit AVX2: 32 elements per iteration (four 8-lane encodes packed to bytes),
+// the tail through cast_loop. Bitwise equal to it (the same integer steps per lane).
+template <bool kBf16, bool kE5m2, bool kPerElementMult>
+__attribute__((target("avx2"))) inline void cast_avx2(const void* x, int64_t base, int64_t n,
+                                                      const float* mult, uint8_t* out) {
+  const __m256 m0 = _mm256_set1_ps(mult[0]);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i c[4];
+    for (int q = 0; q < 4; ++q) {
+      const __m256 v = load8<kBf16>(x, base + i + 8 * q);
+      const __m256 m = kPerElementMult ? _mm256_loadu_ps(mult + i + 8 * q) : m0;
+      c[q] = encode8<kE5m2>(v, _mm256_mul_ps(v, m));
+    }
+    // packus interleaves the 128-bit lanes: dwords come out as elements 0-3, 8-11, 16-19,
+    // 24-27, 4-7, 12-15, 20-23, 28-31; the permutation restores the order.
+    const __m256i b =
+        _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(b, order));
+  }
+  cast_loop<kBf16, kE5m2, kPerElementMult>(x, base + i, n - i, kPerElementMult ? mult + i : mult,
+                                           out + i);
+}
+
+template <bool kBf16, bool kE5m2>
+__attribute__((target("avx2"))) void cast_blocks_avx2(const void* x, int64_t base, int64_t n,
+                                                      int64_t bs, const float* mult, uint8_t* out) {
+  for (int64_t b = 0, i = 0; i < n; ++b, i += bs)
+    cast_avx2<kBf16, kE5m2, false>(x, base + i, std::min(bs, n - i), mult + b, out + i);
+}
+#else
+#define MESHPROOF_QUANTIZE_AVX2 0
+#endif
+
+template <bool kBf16, bool kE5m2, bool kPerElementMult>
+void cast_dispatch(const void* x, int64_t base, int64_t n, const float* mult, uint8_t* out) {
+#if MESHPROOF_QUANTIZE_AVX2
+  if (cpu_has_avx2()) return cast_avx2<kBf16, kE5m2, kPerElementMult>(x, base, n, mult, out);
+#endif
+  cast_loop<kBf16, kE5m2, kPerElementMult>(x, base, n, mult, out);
+}
+
 // out[i] = fp8(x[base + i] * mult[i or 0]) for i < n (rules::cast_block with unit strides; with
-// per_element, the multiplier of element i is mult[i]).
-__attribute__((target_clones("avx2", "default"))) void cast_contiguous(const void* x, bool bf16,
-                                                                       int64_t base, int64_t n,
-                                                                       const float* mult,
-                                                                       bool per_element, bool e5m2,
-                                                                       uint8_t* out) {
+// per_element, the multiplier of element i is mult[i]). AVX2 when the CPU has it.
+void cast_contiguous(const void* x, bool bf16, int64_t base, int64_t n, const float* mult,
+                     bool per_element, bool e5m2, uint8_t* out) {
   const int sel = (bf16 ? 4 : 0) | (e5m2 ? 2 : 0) | (per_element ? 1 : 0);
   switch (sel) {
     case 0:
-      return cast_loop<false, false, false>(x, base, n, mult, out);
+      return cast_dispatch<false, false, false>(x, base, n, mult, out);
     case 1:
-      return cast_loop<false, false, true>(x, base, n, mult, out);
+      return cast_dispatch<false, false, true>(x, base, n, mult, out);
     case 2:
-      return cast_loop<false, true, false>(x, base, n, mult, out);
+      return cast_dispatch<false, true, false>(x, base, n, mult, out);
     case 3:
-      return cast_loop<false, true, true>(x, base, n, mult, out);
+      return cast_dispatch<false, true, true>(x, base, n, mult, out);
     case 4:
-      return cast_loop<true, false, false>(x, base, n, mult, out);
+      return cast_dispatch<true, false, false>(x, base, n, mult, out);
     case 5:
-      return cast_loop<true, false, true>(x, base, n, mult, out);
+      return cast_dispatch<true, false, true>(x, base, n, mult, out);
     case 6:
-      return cast_loop<true, true, false>(x, base, n, mult, out);
+      return cast_dispatch<true, true, false>(x, base, n, mult, out);
     default:
-      return cast_loop<true, true, true>(x, base, n, mult, out);
+      return cast_dispatch<true, true, true>(x, base, n, mult, out);
   }
 }
 
@@ -226,10 +339,18 @@ inline __attribute__((always_inline)) void cast_blocks_loop(const void* x, int64
 }
 
 // out[i] = fp8(x[base + i] * mult[i / bs]) for i < n: a row of 1 x bs blocks in one call.
-__attribute__((target_clones("avx2", "default"))) void cast_blocks(const void* x, bool bf16,
-                                                                   int64_t base, int64_t n,
-                                                                   int64_t bs, const float* mult,
-                                                                   bool e5m2, uint8_t* out) {
+void cast_blocks(const void* x, bool bf16, int64_t base, int64_t n, int64_t bs, const float* mult,
+                 bool e5m2, uint8_t* out) {
+#if MESHPROOF_QUANTIZE_AVX2
+  if (cpu_has_avx2()) {
+    if (bf16) {
+      if (e5m2) return cast_blocks_avx2<true, true>(x, base, n, bs, mult, out);
+      return cast_blocks_avx2<true, false>(x, base, n, bs, mult, out);
+    }
+    if (e5m2) return cast_blocks_avx2<false, true>(x, base, n, bs, mult, out);
+    return cast_blocks_avx2<false, false>(x, base, n, bs, mult, out);
+  }
+#endif
   if (bf16) {
     if (e5m2) return cast_blocks_loop<true, true>(x, base, n, bs, mult, out);
     return cast_blocks_loop<true, false>(x, base, n, bs, mult, out);
@@ -721,5 +842,19 @@ Tensor mxfp8_swizzle_scales(const Tensor& padded, QuantizedCopy which) {
   }
   return padded.device().is_cpu() ? out : out.to(padded.device());
 }
+
+namespace detail {
+
+void set_quantize_avx2(bool enabled) { g_avx2_allowed.store(enabled); }
+
+bool quantize_avx2_active() {
+#if MESHPROOF_QUANTIZE_AVX2
+  return cpu_has_avx2();
+#else
+  return false;
+#endif
+}
+
+}  // namespace detail
 
 }  // namespace meshproof::kernels

@@ -7,6 +7,7 @@
 // (docs/design.md section 21).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "kernels/formats.h"
 #include "kernels/quantize.h"
+#include "kernels/quantize_internal.h"
 #include "tests/kernels/quantize/quantize_oracle.h"
 
 namespace meshproof::kernels {
@@ -99,63 +101,62 @@ Tensor input(const std::vector<float>& v, int64_t M, int64_t K, bool bf16) {
 
 const Usage kUsages[] = {{true, false}, {false, true}, {true, true}};
 
+// Runs `body` with the AVX2 cast (when this CPU has it) and with the portable loop, restoring
+// the default afterwards; the label says which one failed.
+template <typename F>
+void for_each_cast_kernel(F body) {
+  std::vector<bool> modes = {false};
+  detail::set_quantize_avx2(true);
+  if (detail::quantize_avx2_active()) modes.push_back(true);
+  for (bool avx2 : modes) {
+    detail::set_quantize_avx2(avx2);
+    SCOPED_TRACE(avx2 ? "AVX2 cast" : "portable cast");
+    body();
+  }
+  detail::set_quantize_avx2(true);
+}
+
 struct Case {
   int64_t m, k;
 };
 
 TEST(QuantizeFast, PerTensorAndAmaxEqualElementLoops) {
-  std::mt19937 rng(11);
-  const Case shapes[] = {{1, 1}, {3, 5}, {33, 65}, {64, 128}, {70, 300}, {129, 31}};
-  for (bool bf16 : {false, true}) {
-    for (DType f : {DType::kE4M3, DType::kE5M2}) {
-      for (const Case& c : shapes) {
-        for (bool finite : {false, true}) {
-          const auto v = finite ? mostly_finite(c.m * c.k, f, rng) : adversarial(c.m * c.k, f, rng);
-          const Tensor x = input(v, c.m, c.k, bf16);
-          const std::string what = fmt::format("{} {} [{}, {}] bf16={} finite={}", dtype_name(f),
-                                               "per-tensor", c.m, c.k, bf16, finite);
-          const Tensor amax = compute_amax(x);
-          ASSERT_EQ(bytes_of(amax), bytes_of(quantize_oracle::compute_amax(x))) << what;
-          // The current scale of this data, and fixed scales (1: ties stay ties; 2^-3; 0.3).
-          for (float sv : {compute_current_scale(amax, f).data<float>()[0], 1.0f, 0.125f, 0.3f}) {
-            const Tensor scale = Tensor::from_vector<float>(Shape{1}, {sv});
-            for (Usage u : kUsages) {
-              expect_same(
-                  quantize_per_tensor(x, scale, f, u, ScalingMode::kCurrentTensor),
-                  quantize_oracle::quantize_per_tensor(x, scale, f, u, ScalingMode::kCurrentTensor),
-                  fmt::format("{} scale {} usage {}{}", what, sv, u.rowwise, u.columnwise));
+  for_each_cast_kernel([&] {
+    std::mt19937 rng(11);
+    const Case shapes[] = {{1, 1}, {3, 5}, {33, 65}, {64, 128}, {70, 300}, {129, 31}};
+    for (bool bf16 : {false, true}) {
+      for (DType f : {DType::kE4M3, DType::kE5M2}) {
+        for (const Case& c : shapes) {
+          for (bool finite : {false, true}) {
+            const auto v =
+                finite ? mostly_finite(c.m * c.k, f, rng) : adversarial(c.m * c.k, f, rng);
+            const Tensor x = input(v, c.m, c.k, bf16);
+            const std::string what = fmt::format("{} {} [{}, {}] bf16={} finite={}", dtype_name(f),
+                                                 "per-tensor", c.m, c.k, bf16, finite);
+            const Tensor amax = compute_amax(x);
+            ASSERT_EQ(bytes_of(amax), bytes_of(quantize_oracle::compute_amax(x))) << what;
+            // The current scale of this data, and fixed scales (1: ties stay ties; 2^-3; 0.3).
+            for (float sv : {compute_current_scale(amax, f).data<float>()[0], 1.0f, 0.125f, 0.3f}) {
+              const Tensor scale = Tensor::from_vector<float>(Shape{1}, {sv});
+              for (Usage u : kUsages) {
+                expect_same(
+                    quantize_per_tensor(x, scale, f, u, ScalingMode::kCurrentTensor),
+                    quantize_oracle::quantize_per_tensor(x, scale, f, u,
+                                                         ScalingMode::kCurrentTensor),
+                    fmt::format("{} scale {} usage {}{}", what, sv, u.rowwise, u.columnwise));
+              }
             }
           }
         }
       }
     }
-  }
+  });
 }
 
 TEST(QuantizeFast, Mxfp8EqualsElementLoops) {
-  std::mt19937 rng(12);
-  const Case shapes[] = {{32, 32}, {64, 96}, {96, 320}, {160, 64}};
-  for (bool bf16 : {false, true}) {
-    for (DType f : {DType::kE4M3, DType::kE5M2}) {
-      for (const Case& c : shapes) {
-        for (bool finite : {false, true}) {
-          const auto v = finite ? mostly_finite(c.m * c.k, f, rng) : adversarial(c.m * c.k, f, rng);
-          const Tensor x = input(v, c.m, c.k, bf16);
-          for (Usage u : kUsages) {
-            expect_same(quantize_mxfp8(x, f, u), quantize_oracle::quantize_mxfp8(x, f, u),
-                        fmt::format("mxfp8 {} [{}, {}] bf16={} finite={} usage {}{}", dtype_name(f),
-                                    c.m, c.k, bf16, finite, u.rowwise, u.columnwise));
-          }
-        }
-      }
-    }
-  }
-}
-
-TEST(QuantizeFast, BlockEqualsElementLoops) {
-  std::mt19937 rng(13);
-  const Case shapes[] = {{1, 1}, {5, 130}, {128, 128}, {200, 77}, {129, 257}, {300, 140}};
-  for (ScalingMode mode : {ScalingMode::kBlock1x128, ScalingMode::kBlock128x128}) {
+  for_each_cast_kernel([&] {
+    std::mt19937 rng(12);
+    const Case shapes[] = {{32, 32}, {64, 96}, {96, 320}, {160, 64}};
     for (bool bf16 : {false, true}) {
       for (DType f : {DType::kE4M3, DType::kE5M2}) {
         for (const Case& c : shapes) {
@@ -164,19 +165,45 @@ TEST(QuantizeFast, BlockEqualsElementLoops) {
                 finite ? mostly_finite(c.m * c.k, f, rng) : adversarial(c.m * c.k, f, rng);
             const Tensor x = input(v, c.m, c.k, bf16);
             for (Usage u : kUsages) {
-              for (auto [pow2, eps] : {std::pair{true, 0.0f}, std::pair{false, 1e-3f}}) {
-                expect_same(quantize_block(x, mode, f, u, pow2, eps),
-                            quantize_oracle::quantize_block(x, mode, f, u, pow2, eps),
-                            fmt::format("{} {} [{}, {}] bf16={} finite={} usage {}{} pow2={}",
-                                        scaling_mode_name(mode), dtype_name(f), c.m, c.k, bf16,
-                                        finite, u.rowwise, u.columnwise, pow2));
+              expect_same(
+                  quantize_mxfp8(x, f, u), quantize_oracle::quantize_mxfp8(x, f, u),
+                  fmt::format("mxfp8 {} [{}, {}] bf16={} finite={} usage {}{}", dtype_name(f), c.m,
+                              c.k, bf16, finite, u.rowwise, u.columnwise));
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(QuantizeFast, BlockEqualsElementLoops) {
+  for_each_cast_kernel([&] {
+    std::mt19937 rng(13);
+    const Case shapes[] = {{1, 1}, {5, 130}, {128, 128}, {200, 77}, {129, 257}, {300, 140}};
+    for (ScalingMode mode : {ScalingMode::kBlock1x128, ScalingMode::kBlock128x128}) {
+      for (bool bf16 : {false, true}) {
+        for (DType f : {DType::kE4M3, DType::kE5M2}) {
+          for (const Case& c : shapes) {
+            for (bool finite : {false, true}) {
+              const auto v =
+                  finite ? mostly_finite(c.m * c.k, f, rng) : adversarial(c.m * c.k, f, rng);
+              const Tensor x = input(v, c.m, c.k, bf16);
+              for (Usage u : kUsages) {
+                for (auto [pow2, eps] : {std::pair{true, 0.0f}, std::pair{false, 1e-3f}}) {
+                  expect_same(quantize_block(x, mode, f, u, pow2, eps),
+                              quantize_oracle::quantize_block(x, mode, f, u, pow2, eps),
+                              fmt::format("{} {} [{}, {}] bf16={} finite={} usage {}{} pow2={}",
+                                          scaling_mode_name(mode), dtype_name(f), c.m, c.k, bf16,
+                                          finite, u.rowwise, u.columnwise, pow2));
+                }
               }
             }
           }
         }
       }
     }
-  }
+  });
 }
 
 // Codes of the bit patterns [lo, hi) (as fp32 inputs) through quantize_per_tensor at scale 1
@@ -204,30 +231,38 @@ int64_t encoder_mismatches(DType f, const std::vector<uint32_t>& patterns) {
 }
 
 TEST(QuantizeFast, BranchlessEncoderOnEveryRoundingEdge) {
-  // Every sign, exponent and top 12 mantissa bits (2^21 prefixes) x low 11 bits at the edges:
-  // every tie of both formats (the round bit is at or above bit 11 for normal targets), the
-  // values just above and below it, and every subnormal-target rounding position down to bit 11.
-  const uint32_t lows[] = {0x000, 0x001, 0x3FF, 0x400, 0x401, 0x7FF};
-  for (DType f : {DType::kE4M3, DType::kE5M2}) {
-    for (uint32_t chunk = 0; chunk < 8; ++chunk) {
-      std::vector<uint32_t> p;
-      p.reserve((1u << 18) * 6);
-      for (uint32_t prefix = chunk << 18; prefix < (chunk + 1) << 18; ++prefix)
-        for (uint32_t low : lows) p.push_back((prefix << 11) | low);
-      ASSERT_EQ(encoder_mismatches(f, p), 0) << dtype_name(f) << " chunk " << chunk;
+  for_each_cast_kernel([&] {
+    // Every sign, exponent and top 12 mantissa bits (2^21 prefixes) x low 11 bits at the edges:
+    // every tie of both formats (the round bit is at or above bit 11 for normal targets), the
+    // values just above and below it, and every subnormal-target rounding position down to bit 11.
+    const uint32_t lows[] = {0x000, 0x001, 0x3FF, 0x400, 0x401, 0x7FF};
+    std::mt19937 rng(14);
+    for (DType f : {DType::kE4M3, DType::kE5M2}) {
+      for (uint32_t chunk = 0; chunk < 8; ++chunk) {
+        std::vector<uint32_t> p;
+        p.reserve((1u << 18) * 6);
+        for (uint32_t prefix = chunk << 18; prefix < (chunk + 1) << 18; ++prefix)
+          for (uint32_t low : lows) p.push_back((prefix << 11) | low);
+        // Shuffled, so that neighbouring lanes of a vector hold unrelated values (a lane-order
+        // mistake then changes the output).
+        std::shuffle(p.begin(), p.end(), rng);
+        ASSERT_EQ(encoder_mismatches(f, p), 0) << dtype_name(f) << " chunk " << chunk;
+      }
     }
-  }
+  });
 }
 
 // All 2^32 fp32 inputs (label long: 75 s of CPU for both formats on the development machine).
 TEST(QuantizeFastLong, BranchlessEncoderOnAllFp32Inputs) {
-  for (DType f : {DType::kE4M3, DType::kE5M2}) {
-    std::vector<uint32_t> p(size_t{1} << 24);
-    for (uint64_t base = 0; base < (uint64_t{1} << 32); base += p.size()) {
-      for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint32_t>(base + i);
-      ASSERT_EQ(encoder_mismatches(f, p), 0) << dtype_name(f) << " from " << base;
+  for_each_cast_kernel([&] {
+    for (DType f : {DType::kE4M3, DType::kE5M2}) {
+      std::vector<uint32_t> p(size_t{1} << 24);
+      for (uint64_t base = 0; base < (uint64_t{1} << 32); base += p.size()) {
+        for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint32_t>(base + i);
+        ASSERT_EQ(encoder_mismatches(f, p), 0) << dtype_name(f) << " from " << base;
+      }
     }
-  }
+  });
 }
 
 }  // namespace
