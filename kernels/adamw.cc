@@ -63,7 +63,8 @@ double sum_of_squares(const Tensor& t) {
     using T = decltype(z);
     const T* p = t.data<T>();
     double acc = 0;
-    for (int64_t i = 0; i < t.numel().value; ++i) acc += static_cast<double>(p[i]) * p[i];
+    const int64_t n = t.numel().value;  // hoisted: numel() multiplies the dims
+    for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(p[i]) * p[i];
     return acc;
   });
 }

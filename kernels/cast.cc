@@ -22,7 +22,8 @@ void cast(const Tensor& src, Tensor& dst) {
       using D = decltype(d);
       const S* sp = src.data<S>();
       D* dp = dst.data<D>();
-      for (int64_t i = 0; i < src.numel().value; ++i) dp[i] = static_cast<D>(sp[i]);
+      const int64_t n = src.numel().value;  // hoisted out of the loop
+      for (int64_t i = 0; i < n; ++i) dp[i] = static_cast<D>(sp[i]);
     });
   });
 }

@@ -68,7 +68,8 @@ void add_(Tensor& x, const Tensor& y) {
     using T = decltype(t);
     T* xp = x.data<T>();
     const T* yp = y.data<T>();
-    for (int64_t i = 0; i < x.numel().value; ++i) xp[i] += yp[i];
+    const int64_t n = x.numel().value;  // hoisted: numel() multiplies the dims
+    for (int64_t i = 0; i < n; ++i) xp[i] += yp[i];
   });
 }
 
@@ -84,7 +85,8 @@ void scale_(Tensor& x, double alpha) {
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
     using T = decltype(t);
     T* xp = x.data<T>();
-    for (int64_t i = 0; i < x.numel().value; ++i) xp[i] = static_cast<T>(xp[i] * alpha);
+    const int64_t n = x.numel().value;  // hoisted out of the loop
+    for (int64_t i = 0; i < n; ++i) xp[i] = static_cast<T>(xp[i] * alpha);
   });
 }
 

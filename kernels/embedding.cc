@@ -17,7 +17,8 @@ void check_ids(std::string_view op, const Tensor& ids, int64_t vocab, int64_t po
   const std::vector<int32_t> host =
       ids.device().is_cpu() ? std::vector<int32_t>() : ids.to_vector<int32_t>();
   const int32_t* p = ids.device().is_cpu() ? ids.data<int32_t>() : host.data();
-  for (int64_t i = 0; i < ids.numel().value; ++i)
+  const int64_t n = ids.numel().value;  // hoisted out of the loop
+  for (int64_t i = 0; i < n; ++i)
     MP_CHECK_INPUT(p[i] >= 0 && p[i] < vocab, "{}: token id {} at flat index {} outside [0, {})",
                    op, p[i], i, vocab);
 }

@@ -6,21 +6,29 @@
 // increasing k order for every output element. We use our own loop rather than OpenBLAS: OpenBLAS
 // picks its micro-kernel (and with it the summation order and FMA use) by the CPU it runs on, so
 // its bits differ between machines even single-threaded; this loop's order is fixed by the code.
-// The loop is "i-k-j": for each output row it sweeps k in order and updates the whole row, so it
-// vectorises over j without reassociating any sum. Whether the compiler contracts a*b+c into an
-// FMA depends on the target flags (plain x86-64 has no FMA); for one build the result is bitwise
-// reproducible either way, and the tests' tolerances cover both.
+// The operands are packed (decoded, transposed) into panels and multiplied by register-tiled
+// micro-kernels (AVX2 when the CPU has it, a portable 4-lane vector loop otherwise) that keep that
+// order for every element, so the result is the same on every x86-64 machine and for every tile
+// shape (section 21). The kernels library is compiled with -ffp-contract=off: no a*b+c is ever
+// fused into an FMA.
 #include "kernels/gemm.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/formats.h"
 #include "kernels/gemm_internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace meshproof::kernels {
 
@@ -225,145 +233,388 @@ void check_output(const Tensor& out, int64_t rows, int64_t cols, const GemmOptio
                  gemm_role_name(role), name, out.describe());
 }
 
-// ---- CPU reference ----
+// ---- CPU reference: packed operands, register tiles, the same per-element order ----
+//
+// Both operands are packed once per call into panels (docs/design.md section 21): A's canonical
+// matrix [R, K] into panels of kMr rows, element (i, k) of panel p at [k * kMr + i]; B's [S, K]
+// into panels of kNr rows. Packing decodes every element exactly to fp32 (a 256-entry table per
+// FP8 format times the copy's scale: the exact power of two 2^(e-127) for MXFP8, the fp32
+// scale_inv otherwise) and performs the transposes the role needs, so the micro-kernel reads
+// contiguous fp32 only. A kMr x kNr tile of C is held in registers; K is cut into kKc-long
+// blocks so that a B panel stays in L1 and an A block in L2. The tile is stored back between
+// K blocks and reloaded, which changes no bit: each c[i][j] is still +0.0f plus a[i][k] * b[j][k]
+// (multiply rounded, then add rounded, never fused) for k = 0, 1, ..., K-1 in order, exactly the
+// sum of the previous "i-k-j" loop. The tile shape, the vector width, the K blocking and the ISA
+// therefore never change the result.
 
-// Decodes the stored matrix (`rows` x `cols`, row-major) of one quantized copy to fp32.
-std::vector<float> decode_stored(const QuantizedTensor& q, const Tensor& data, const Tensor& sinv,
-                                 bool columnwise) {
-  const int64_t rows = data.shape().leading();
-  const int64_t cols = data.shape().last();
-  const auto* codes = static_cast<const uint8_t*>(data.raw_data());
-  std::vector<float> out(static_cast<size_t>(rows * cols));
-  auto at = [&](int64_t r, int64_t c) { return decode_fp8(q.format, codes[r * cols + c]); };
+constexpr int kMr = 6;        // rows of A per micro-tile
+constexpr int kNr = 16;       // rows of B (columns of C) per micro-tile: two 8-lane vectors
+constexpr int64_t kKc = 256;  // K block: a B panel slice is kKc * kNr * 4 = 16 KiB (L1)
+constexpr int64_t kMc = 96;   // rows of A per block: kMc * kKc * 4 = 96 KiB (L2)
+static_assert(kMc % kMr == 0);
+
+// Exact fp32 value of every FP8 code (NaN codes decode to the format's NaN, as formats.h does).
+struct Fp8Table {
+  float v[256];
+};
+Fp8Table make_fp8_table(DType format) {
+  Fp8Table t{};
+  for (int b = 0; b < 256; ++b) t.v[b] = decode_fp8(format, static_cast<uint8_t>(b));
+  return t;
+}
+}  // namespace
+
+namespace detail {
+const float* fp8_decode_table(DType format) {
+  static const Fp8Table e4m3 = make_fp8_table(DType::kE4M3);
+  static const Fp8Table e5m2 = make_fp8_table(DType::kE5M2);
+  return format == DType::kE4M3 ? e4m3.v : e5m2.v;
+}
+
+const float* e8m0_pow2_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int e = 0; e < 255; ++e)
+      t[e] = e == 0 ? fmt8::bits_float(0x00400000u) : fmt8::bits_float(uint32_t(e) << 23);
+    t[255] = std::numeric_limits<float>::quiet_NaN();
+    return t;
+  }();
+  return table.data();
+}
+}  // namespace detail
+
+namespace {
+
+using detail::e8m0_pow2_table;
+const float* fp8_table(DType format) { return detail::fp8_decode_table(format); }
+
+// One stored matrix (`rows` x `cols`, row-major) of an operand and how to decode it.
+struct StoredView {
+  enum class Kind : uint8_t { kF32, kBf16, kPerTensor, kMxfp8Row, kMxfp8Col, kBlock };
+  Kind kind = Kind::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const float* table = nullptr;  // FP8 decode table
+  float scale = 0.0f;            // per-tensor scale_inv
+  const uint8_t* e8 = nullptr;   // MXFP8 scales
+  const float* block = nullptr;  // block scales
+  int64_t scols = 0;             // columns of the scale matrix
+  int64_t rdiv = 1;              // block rows (1 or 128)
+  bool canonical = true;         // stored = canonical [n, K]; else stored = canonical^T
+};
+
+StoredView stored_view(const GemmSide& side) {
+  StoredView v;
+  if (const auto* tp = std::get_if<const Tensor*>(&side.op)) {
+    const Tensor& t = **tp;
+    v.kind = t.dtype() == DType::kFloat32 ? StoredView::Kind::kF32 : StoredView::Kind::kBf16;
+    v.data = t.raw_data();
+    v.rows = t.shape().leading();
+    v.cols = t.shape().last();
+    v.canonical = !side.transposed;
+    return v;
+  }
+  const QuantizedTensor& q = *std::get<const QuantizedTensor*>(side.op);
+  const Tensor& data = side.transposed ? q.columnwise_data : q.rowwise_data;
+  const Tensor& sinv = side.transposed ? q.columnwise_scale_inv : q.rowwise_scale_inv;
+  v.data = data.raw_data();
+  v.rows = data.shape().leading();
+  v.cols = data.shape().last();
+  v.table = fp8_table(q.format);
+  // Per-tensor and block columnwise copies are stored transposed already (= canonical); the
+  // MXFP8 columnwise copy is stored in the logical layout and transposed while packing.
+  v.canonical = !(side.transposed && q.mode == ScalingMode::kMxfp8);
   switch (q.mode) {
     case ScalingMode::kDelayedTensor:
-    case ScalingMode::kCurrentTensor: {
-      const float s = *sinv.data<float>();
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = at(r, c) * s;
+    case ScalingMode::kCurrentTensor:
+      v.kind = StoredView::Kind::kPerTensor;
+      v.scale = *sinv.data<float>();
       break;
-    }
-    case ScalingMode::kMxfp8: {
-      // rowwise: scale [rows, cols/32] (1x32 blocks); columnwise: [rows/32, cols] (32x1 blocks).
-      const auto* e8 = static_cast<const uint8_t*>(sinv.raw_data());
-      const int64_t scols = sinv.shape()[1];
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          const uint8_t e = columnwise ? e8[(r / 32) * scols + c] : e8[r * scols + c / 32];
-          // x = q * 2^(e-127): ldexp is exact (the result is a normal or subnormal fp32).
-          out[r * cols + c] = e == 0xFF ? std::numeric_limits<float>::quiet_NaN()
-                                        : std::ldexp(at(r, c), static_cast<int>(e) - 127);
-        }
-      }
+    case ScalingMode::kMxfp8:
+      v.kind = side.transposed ? StoredView::Kind::kMxfp8Col : StoredView::Kind::kMxfp8Row;
+      v.e8 = static_cast<const uint8_t*>(sinv.raw_data());
+      v.scols = sinv.shape()[1];
       break;
-    }
     case ScalingMode::kBlock1x128:
-    case ScalingMode::kBlock128x128: {
-      // The stored matrix (the transpose for the columnwise copy) has 1x128 or 128x128 blocks.
-      const float* s = sinv.data<float>();
-      const int64_t scols = sinv.shape()[1];
-      const int64_t rdiv = q.mode == ScalingMode::kBlock1x128 ? 1 : 128;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c)
-          out[r * cols + c] = at(r, c) * s[(r / rdiv) * scols + c / 128];
+    case ScalingMode::kBlock128x128:
+      v.kind = StoredView::Kind::kBlock;
+      v.block = sinv.data<float>();
+      v.scols = sinv.shape()[1];
+      v.rdiv = q.mode == ScalingMode::kBlock1x128 ? 1 : 128;
       break;
-    }
     case ScalingMode::kNvfp4:
       MP_FAIL("gemm: NVFP4 operands are not supported");
   }
-  return out;
+  return v;
 }
 
-std::vector<float> transpose(const std::vector<float>& v, int64_t rows, int64_t cols) {
-  std::vector<float> t(v.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = v[r * cols + c];
-  return t;
-}
-
-// The side's canonical matrix ([rows, k]: the logical operand, transposed for columnwise use),
-// decoded to fp32. When `want_k_major` is false the result is returned transposed ([k, rows]).
-std::vector<float> decode_side(const GemmSide& side, bool want_k_major) {
-  std::vector<float> v;
-  int64_t rows = 0;  // of v as built
-  int64_t cols = 0;
-  bool v_is_logical = true;  // v holds the logical (untransposed) operand
-  if (const auto* tp = std::get_if<const Tensor*>(&side.op)) {
-    const Tensor& t = **tp;
-    rows = t.shape().leading();
-    cols = t.shape().last();
-    v.resize(static_cast<size_t>(rows * cols));
-    if (t.dtype() == DType::kFloat32) {
-      std::copy_n(t.data<float>(), v.size(), v.begin());
-    } else {
-      const auto* h = static_cast<const uint16_t*>(t.raw_data());
-      for (size_t i = 0; i < v.size(); ++i) v[i] = fmt8::bf16_to_float(h[i]);
+// Decodes stored row `r` (all `cols` elements) to fp32: the exact values of the previous decode
+// (fp32 copied, bf16 widened, fp8 value times the fp32 scale_inv, fp8 value times 2^(e-127)).
+void decode_stored_row(const StoredView& v, int64_t r, float* out) {
+  const int64_t n = v.cols;
+  const auto* codes = static_cast<const uint8_t*>(v.data) + r * n;
+  switch (v.kind) {
+    case StoredView::Kind::kF32:
+      std::memcpy(out, static_cast<const float*>(v.data) + r * n, static_cast<size_t>(n) * 4);
+      return;
+    case StoredView::Kind::kBf16: {
+      const auto* h = static_cast<const uint16_t*>(v.data) + r * n;
+      for (int64_t c = 0; c < n; ++c) out[c] = fmt8::bf16_to_float(h[c]);
+      return;
     }
-  } else {
-    const QuantizedTensor& q = *std::get<const QuantizedTensor*>(side.op);
-    const Tensor& data = side.transposed ? q.columnwise_data : q.rowwise_data;
-    const Tensor& sinv = side.transposed ? q.columnwise_scale_inv : q.rowwise_scale_inv;
-    v = decode_stored(q, data, sinv, side.transposed);
-    rows = data.shape().leading();
-    cols = data.shape().last();
-    // Per-tensor and block columnwise copies are stored transposed already.
-    v_is_logical = !(side.transposed && q.mode != ScalingMode::kMxfp8);
+    case StoredView::Kind::kPerTensor: {
+      const float s = v.scale;
+      for (int64_t c = 0; c < n; ++c) out[c] = v.table[codes[c]] * s;
+      return;
+    }
+    case StoredView::Kind::kMxfp8Row:
+    case StoredView::Kind::kMxfp8Col: {
+      // Row r's scales: one per 32 columns (rowwise copy) or one per column (columnwise copy).
+      const bool row_blocks = v.kind == StoredView::Kind::kMxfp8Row;
+      const uint8_t* e = row_blocks ? v.e8 + r * v.scols : v.e8 + (r / 32) * v.scols;
+      const float* p2 = e8m0_pow2_table();
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t c = 0; c < n; ++c) {
+        const uint8_t ec = row_blocks ? e[c / 32] : e[c];
+        out[c] = ec == 0xFF ? nan : v.table[codes[c]] * p2[ec];
+      }
+      return;
+    }
+    case StoredView::Kind::kBlock: {
+      const float* s = v.block + (r / v.rdiv) * v.scols;
+      for (int64_t c = 0; c < n; ++c) out[c] = v.table[codes[c]] * s[c / 128];
+      return;
+    }
   }
-  // Canonical = logical^T when transposed. v is logical or logical^T; flip as needed.
-  const bool v_is_canonical = side.transposed ? !v_is_logical : v_is_logical;
-  const bool want_v = want_k_major ? v_is_canonical : !v_is_canonical;
-  return want_v ? v : transpose(v, rows, cols);
 }
 
-// c[R, S] = a[R, K] · bt[K, S] in fp32. Tiles of kRowBlock x kColBlock outputs accumulate in a
-// local array (L1/registers) over the whole K; each c[i][j] is the fp32 sum over k = 0, 1, ...,
-// K-1 in order, so the result depends neither on the tiling nor on the vector width: the AVX2
-// clone (8 lanes across j, no FMA: the target does not enable it, so no multiply-add is
-// contracted) is bitwise equal to the baseline SSE2 one, and the CPU reference stays the same
-// on every x86-64 machine.
-__attribute__((target_clones("avx2", "default"))) void gemm_tiles_f32(const float* a,
-                                                                      const float* bt, float* c,
-                                                                      int64_t R, int64_t S,
-                                                                      int64_t K) {
-  constexpr int64_t kRowBlock = 4, kColBlock = 64;
-  float acc[kRowBlock][kColBlock];
-  for (int64_t i0 = 0; i0 < R; i0 += kRowBlock) {
-    const int64_t rows = std::min(R - i0, kRowBlock);
-    for (int64_t j0 = 0; j0 < S; j0 += kColBlock) {
-      const int64_t cols = std::min(S - j0, kColBlock);
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) acc[i][j] = 0.0f;
-      for (int64_t k = 0; k < K; ++k) {
-        const float* brow = bt + k * S + j0;
-        for (int64_t i = 0; i < rows; ++i) {
-          const float av = a[(i0 + i) * K + k];
-          float* arow = acc[i];
-          for (int64_t j = 0; j < cols; ++j) arow[j] += av * brow[j];
+// Per-thread scratch reused across calls (virtual ranks are threads): no malloc, page faults or
+// zeroing per GEMM. Buffers above kKeepFloats are released after the call.
+class Scratch {
+ public:
+  float* get(size_t n) {
+    if (n > cap_) {
+      buf_.reset(new float[n]);
+      cap_ = n;
+    }
+    return buf_.get();
+  }
+  void trim() {
+    if (cap_ > kKeepFloats) {
+      buf_.reset();
+      cap_ = 0;
+    }
+  }
+
+ private:
+  static constexpr size_t kKeepFloats = size_t{8} << 20;  // 32 MiB
+  std::unique_ptr<float[]> buf_;
+  size_t cap_ = 0;
+};
+
+// Packs the canonical matrix [n, K] of `v` into panels of `w` rows (rows >= n zero): panel p
+// starts at dst + p * K * w and holds element (p * w + i, k) at [k * w + i].
+void pack_panels(const StoredView& v, int64_t n, int64_t K, int w, float* dst, float* row) {
+  const int64_t panels = (n + w - 1) / w;
+  if (v.canonical) {  // stored [n, K]: decode row by row, scatter into the panel's lane i
+    for (int64_t p = 0; p < panels; ++p) {
+      float* panel = dst + p * K * w;
+      for (int i = 0; i < w; ++i) {
+        const int64_t r = p * w + i;
+        if (r < n) {
+          decode_stored_row(v, r, row);
+          for (int64_t k = 0; k < K; ++k) panel[k * w + i] = row[k];
+        } else {
+          for (int64_t k = 0; k < K; ++k) panel[k * w + i] = 0.0f;
         }
       }
-      for (int64_t i = 0; i < rows; ++i) std::copy_n(acc[i], cols, c + (i0 + i) * S + j0);
+    }
+    return;
+  }
+  // stored [K, n]: stored row k is column k of the canonical matrix, contiguous in every panel
+  for (int64_t k = 0; k < K; ++k) {
+    decode_stored_row(v, k, row);
+    for (int64_t p = 0; p < panels; ++p) {
+      float* dk = dst + p * K * w + k * w;
+      const int64_t r0 = p * w;
+      const int64_t m = std::min<int64_t>(w, n - r0);
+      std::memcpy(dk, row + r0, static_cast<size_t>(m) * 4);
+      for (int64_t i = m; i < w; ++i) dk[i] = 0.0f;
+    }
+  }
+}
+
+// c[kMr][kNr] (row stride ldc) = (load_c ? c : +0.0f) + sum over k < kc, in order, of
+// a[k * kMr + i] * b[k * kNr + j]. Portable kernel: GCC/Clang 4-lane vector extensions (SSE2 on
+// any x86-64, NEON on aarch64), lane-wise IEEE multiply then add, the same order in every lane.
+using V4 = float __attribute__((vector_size(16)));
+
+V4 load4(const float* p) {
+  V4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+void store4(float* p, V4 v) { std::memcpy(p, &v, sizeof(v)); }
+
+void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+                           bool load_c) {
+  constexpr int kV = kNr / 4;
+  V4 acc[kMr][kV];
+  for (int i = 0; i < kMr; ++i)
+    for (int v = 0; v < kV; ++v) acc[i][v] = load_c ? load4(c + i * ldc + 4 * v) : V4{};
+  for (int64_t k = 0; k < kc; ++k) {
+    V4 bv[kV];
+    for (int v = 0; v < kV; ++v) bv[v] = load4(b + k * kNr + 4 * v);
+    for (int i = 0; i < kMr; ++i) {
+      const float ai = a[k * kMr + i];
+      const V4 av = {ai, ai, ai, ai};
+      for (int v = 0; v < kV; ++v) acc[i][v] = acc[i][v] + av * bv[v];
+    }
+  }
+  for (int i = 0; i < kMr; ++i)
+    for (int v = 0; v < kV; ++v) store4(c + i * ldc + 4 * v, acc[i][v]);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define MESHPROOF_GEMM_AVX2 1
+// AVX2: 12 accumulators (6 rows x 2 vectors of 8) + 2 B vectors + 1 broadcast + 1 product = 16
+// ymm registers. Explicit mul then add (the avx2 target has no FMA and the kernels are compiled
+// with -ffp-contract=off, so nothing is fused).
+__attribute__((target("avx2"))) void micro_kernel_avx2(int64_t kc, const float* a, const float* b,
+                                                       float* c, int64_t ldc, bool load_c) {
+  __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+  if (load_c) {
+    c00 = _mm256_loadu_ps(c + 0 * ldc), c01 = _mm256_loadu_ps(c + 0 * ldc + 8);
+    c10 = _mm256_loadu_ps(c + 1 * ldc), c11 = _mm256_loadu_ps(c + 1 * ldc + 8);
+    c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+    c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+    c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+    c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+  } else {
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(b);
+    const __m256 b1 = _mm256_loadu_ps(b + 8);
+    __m256 av = _mm256_broadcast_ss(a + 0);
+    c00 = _mm256_add_ps(c00, _mm256_mul_ps(av, b0));
+    c01 = _mm256_add_ps(c01, _mm256_mul_ps(av, b1));
+    av = _mm256_broadcast_ss(a + 1);
+    c10 = _mm256_add_ps(c10, _mm256_mul_ps(av, b0));
+    c11 = _mm256_add_ps(c11, _mm256_mul_ps(av, b1));
+    av = _mm256_broadcast_ss(a + 2);
+    c20 = _mm256_add_ps(c20, _mm256_mul_ps(av, b0));
+    c21 = _mm256_add_ps(c21, _mm256_mul_ps(av, b1));
+    av = _mm256_broadcast_ss(a + 3);
+    c30 = _mm256_add_ps(c30, _mm256_mul_ps(av, b0));
+    c31 = _mm256_add_ps(c31, _mm256_mul_ps(av, b1));
+    av = _mm256_broadcast_ss(a + 4);
+    c40 = _mm256_add_ps(c40, _mm256_mul_ps(av, b0));
+    c41 = _mm256_add_ps(c41, _mm256_mul_ps(av, b1));
+    av = _mm256_broadcast_ss(a + 5);
+    c50 = _mm256_add_ps(c50, _mm256_mul_ps(av, b0));
+    c51 = _mm256_add_ps(c51, _mm256_mul_ps(av, b1));
+    a += kMr;
+    b += kNr;
+  }
+  _mm256_storeu_ps(c + 0 * ldc, c00), _mm256_storeu_ps(c + 0 * ldc + 8, c01);
+  _mm256_storeu_ps(c + 1 * ldc, c10), _mm256_storeu_ps(c + 1 * ldc + 8, c11);
+  _mm256_storeu_ps(c + 2 * ldc, c20), _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+  _mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+  _mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+  _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+}
+#else
+#define MESHPROOF_GEMM_AVX2 0
+#endif
+
+using MicroKernel = void (*)(int64_t, const float*, const float*, float*, int64_t, bool);
+
+std::atomic<detail::CpuGemmKernel> g_forced_kernel{detail::CpuGemmKernel::kAuto};
+
+bool cpu_has_avx2() {
+#if MESHPROOF_GEMM_AVX2
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+#else
+  return false;
+#endif
+}
+
+MicroKernel select_kernel() {
+  const detail::CpuGemmKernel k = detail::cpu_gemm_kernel();
+#if MESHPROOF_GEMM_AVX2
+  if (k == detail::CpuGemmKernel::kAvx2) return micro_kernel_avx2;
+#endif
+  (void)k;
+  return micro_kernel_portable;
+}
+
+// c[R, S] (row stride S) = A · B^T from the packed panels, every element summed in k order.
+void gemm_packed(const float* apack, const float* bpack, float* c, int64_t R, int64_t S,
+                 int64_t K) {
+  if (K == 0) {  // an empty sum is +0
+    std::fill_n(c, R * S, 0.0f);
+    return;
+  }
+  const MicroKernel kernel = select_kernel();
+  const int64_t a_panels = (R + kMr - 1) / kMr;
+  const int64_t b_panels = (S + kNr - 1) / kNr;
+  float edge[kMr * kNr];
+  for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+    const int64_t kc = std::min(kKc, K - k0);
+    const bool load_c = k0 > 0;
+    for (int64_t ib = 0; ib < a_panels; ib += kMc / kMr) {
+      const int64_t ie = std::min(a_panels, ib + kMc / kMr);
+      for (int64_t jp = 0; jp < b_panels; ++jp) {
+        const float* bp = bpack + jp * K * kNr + k0 * kNr;
+        const int64_t j0 = jp * kNr;
+        const int64_t cols = std::min<int64_t>(kNr, S - j0);
+        for (int64_t ip = ib; ip < ie; ++ip) {
+          const float* ap = apack + ip * K * kMr + k0 * kMr;
+          const int64_t i0 = ip * kMr;
+          const int64_t rows = std::min<int64_t>(kMr, R - i0);
+          float* ct = c + i0 * S + j0;
+          if (rows == kMr && cols == kNr) {
+            kernel(kc, ap, bp, ct, S, load_c);
+            continue;
+          }
+          // Edge tile: through a full-size local tile; only the valid part is read and written.
+          if (load_c)
+            for (int64_t i = 0; i < rows; ++i) std::memcpy(edge + i * kNr, ct + i * S, cols * 4);
+          kernel(kc, ap, bp, edge, kNr, load_c);
+          for (int64_t i = 0; i < rows; ++i) std::memcpy(ct + i * S, edge + i * kNr, cols * 4);
+        }
+      }
     }
   }
 }
 
 void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
   const int64_t R = p.r, S = p.s, K = p.k;
-  const std::vector<float> a = decode_side(p.a, /*want_k_major=*/true);    // [R, K]
-  const std::vector<float> bt = decode_side(p.b, /*want_k_major=*/false);  // [K, S]
-  std::vector<float> c(static_cast<size_t>(R * S), 0.0f);                  // [R, S]
-  gemm_tiles_f32(a.data(), bt.data(), c.data(), R, S, K);
-  const size_t n = c.size();
+  thread_local Scratch a_buf, b_buf, c_buf, row_buf;
+  const StoredView av = stored_view(p.a);
+  const StoredView bv = stored_view(p.b);
+  float* row = row_buf.get(static_cast<size_t>(std::max({av.cols, bv.cols, int64_t{1}})));
+  float* apack = a_buf.get(static_cast<size_t>((R + kMr - 1) / kMr * kMr * K + 1));
+  float* bpack = b_buf.get(static_cast<size_t>((S + kNr - 1) / kNr * kNr * K + 1));
+  pack_panels(av, R, K, kMr, apack, row);
+  pack_panels(bv, S, K, kNr, bpack, row);
+  const size_t n = static_cast<size_t>(R * S);
+  const bool direct = out.dtype() == DType::kFloat32 && !options.accumulate;
+  float* c = direct ? out.data<float>() : c_buf.get(n);  // [R, S]
+  gemm_packed(apack, bpack, c, R, S, K);
   if (out.dtype() == DType::kFloat32) {
-    float* o = out.data<float>();
     if (options.accumulate) {
+      float* o = out.data<float>();
       for (size_t i = 0; i < n; ++i) o[i] += c[i];
-    } else {
-      std::copy(c.begin(), c.end(), o);
     }
   } else {
     auto* o = static_cast<uint16_t*>(out.raw_data());
     for (size_t i = 0; i < n; ++i) o[i] = fmt8::float_to_bf16(c[i]);  // round to nearest even
   }
+  for (Scratch* s : {&a_buf, &b_buf, &c_buf, &row_buf}) s->trim();
 }
 
 // float64 (the model's fp64 mode for finite-difference checks): plain operands and output all
@@ -435,6 +686,25 @@ std::string shapes(const GemmOperand& a, const char* an, const GemmOperand& b, c
 }
 
 }  // namespace
+
+namespace detail {
+
+bool cpu_gemm_kernel_available(CpuGemmKernel k) {
+  return k != CpuGemmKernel::kAvx2 || cpu_has_avx2();
+}
+
+void set_cpu_gemm_kernel(CpuGemmKernel k) {
+  MP_CHECK_INPUT(cpu_gemm_kernel_available(k), "gemm: this CPU has no AVX2 for the AVX2 kernel");
+  g_forced_kernel.store(k);
+}
+
+CpuGemmKernel cpu_gemm_kernel() {
+  const CpuGemmKernel k = g_forced_kernel.load();
+  if (k != CpuGemmKernel::kAuto) return k;
+  return cpu_has_avx2() ? CpuGemmKernel::kAvx2 : CpuGemmKernel::kPortable;
+}
+
+}  // namespace detail
 
 void gemm_fprop(GemmOperand x, GemmOperand w, Tensor& y, const GemmOptions& options) {
   check_not_null(x, GemmRole::kFprop, "X");

@@ -33,6 +33,24 @@ struct GemmProblem {
   int64_t k = 0;  // reduction length
 };
 
+// Packing decode tables of the CPU GEMM: the exact fp32 value of every FP8 code of `format`
+// (e4m3 or e5m2), and 2^(e-127) for every E8M0 scale e < 255 (index 255: NaN, but a NaN block is
+// decoded to the canonical quiet NaN apart). An FP8 value times 2^(e-127) is exact (at most 4
+// significant bits, the result is >= 2^-143 or overflows to inf), so table[q] * pow2[e] equals
+// std::ldexp(decode(q), e - 127) bit for bit: tested exhaustively.
+const float* fp8_decode_table(DType format);
+const float* e8m0_pow2_table();
+
+// The CPU micro-kernel (docs/design.md section 21). Every kernel sums each output element in the
+// same k order, so they are bitwise equal; the choice is exposed for the tests that prove it and
+// for the benchmarks. kAuto: AVX2 when the CPU has it, else the portable 4-lane vector loop.
+enum class CpuGemmKernel : uint8_t { kAuto, kPortable, kAvx2 };
+bool cpu_gemm_kernel_available(CpuGemmKernel k);
+// Process-wide; input error when `k` is not available on this CPU.
+void set_cpu_gemm_kernel(CpuGemmKernel k);
+// The kernel the CPU GEMM uses now (never kAuto).
+CpuGemmKernel cpu_gemm_kernel();
+
 #if MESHPROOF_HAVE_CUDA
 // Runs a validated problem whose operands and output all live on `out.device()` (CUDA).
 void gemm_cuda(const GemmProblem& p, Tensor& out, const GemmOptions& options);

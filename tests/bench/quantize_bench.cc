@@ -2,6 +2,9 @@
 // each quantizer must move: every pass over the fp32 input (current scaling reads it twice: amax,
 // then cast) plus every byte written (rowwise and columnwise data, scales). On CUDA a
 // device-to-device copy of the input is measured beside them as the bandwidth ceiling.
+// On the CPU each recipe is also measured with the element-wise loops the vectorised quantizers
+// replaced (quantize/cpu_old/..., tests/kernels/quantize/quantize_oracle.h), and a host memcpy of
+// the input (copy/cpu/memcpy_fp32) is the bandwidth ceiling, all in the same run.
 // CUDA timings synchronise the rank's stream after each iteration (wall clock including launch
 // overhead), so small shapes understate the kernels' bandwidth.
 #include <benchmark/benchmark.h>
@@ -13,6 +16,7 @@
 #include "kernels/device.h"
 #include "kernels/quantize.h"
 #include "kernels/runtime.h"
+#include "tests/kernels/quantize/quantize_oracle.h"
 
 namespace meshproof::kernels {
 namespace {
@@ -79,6 +83,40 @@ void run_quantizer(Recipe r, const Tensor& x) {
   benchmark::DoNotOptimize(q.rowwise_data.raw_data());
 }
 
+// The pre-vectorisation CPU loops (the same scale rule as quantize_current: amax, then the scale).
+void run_old_quantizer(Recipe r, const Tensor& x) {
+  const Usage both{true, true};
+  QuantizedTensor q;
+  switch (r) {
+    case Recipe::kCurrent: {
+      const Tensor scale = compute_current_scale(quantize_oracle::compute_amax(x), DType::kE4M3);
+      q = quantize_oracle::quantize_per_tensor(x, scale, DType::kE4M3, both,
+                                               ScalingMode::kCurrentTensor);
+      break;
+    }
+    case Recipe::kMxfp8:
+      q = quantize_oracle::quantize_mxfp8(x, DType::kE4M3, both);
+      break;
+    case Recipe::kBlock1x128:
+      q = quantize_oracle::quantize_block(x, ScalingMode::kBlock1x128, DType::kE4M3, both, true,
+                                          0.0f);
+      break;
+    case Recipe::kBlock128x128:
+      q = quantize_oracle::quantize_block(x, ScalingMode::kBlock128x128, DType::kE4M3, both, true,
+                                          0.0f);
+      break;
+  }
+  benchmark::DoNotOptimize(q.rowwise_data.raw_data());
+}
+
+void bm_quantize_old(benchmark::State& state, Recipe r) {
+  const int64_t M = state.range(0);
+  const int64_t K = state.range(1);
+  const Tensor x = make_input(M, K, Device::cpu());
+  for (auto _ : state) run_old_quantizer(r, x);
+  state.SetBytesProcessed(state.iterations() * traffic_bytes(r, M, K));
+}
+
 void bm_quantize(benchmark::State& state, Recipe r, Device device) {
   const int64_t M = state.range(0);
   const int64_t K = state.range(1);
@@ -109,7 +147,16 @@ void register_all() {
         ->Args({256, 256})
         ->Args({1024, 1024})
         ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((std::string("quantize/cpu_old/") + recipe_name(r)).c_str(),
+                                 bm_quantize_old, r)
+        ->Args({256, 256})
+        ->Args({1024, 1024})
+        ->Unit(benchmark::kMicrosecond);
   }
+  benchmark::RegisterBenchmark("copy/cpu/memcpy_fp32", bm_device_copy, Device::cpu())
+      ->Args({256, 256})
+      ->Args({1024, 1024})
+      ->Unit(benchmark::kMicrosecond);
   if (!cuda_status().usable) return;
   const Device gpu = Device::cuda(0);
   for (Recipe r : {Recipe::kCurrent, Recipe::kMxfp8, Recipe::kBlock1x128, Recipe::kBlock128x128}) {

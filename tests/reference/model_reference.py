@@ -543,8 +543,9 @@ def main(path):
 
 
 def bench(path, steps, threads):
-    """Median wall time of one float32 PyTorch training step of the trace's model, the peer of
-    the engine's CPU step time (tests/bench/engine_bench.cc, tools/bench-vs-torch)."""
+    """Median wall time (and process CPU time) of one float32 PyTorch training step of the trace's
+    model, the peer of the engine's CPU step time (tests/bench/engine_bench.cc,
+    tools/bench-vs-torch)."""
     import time
     torch.set_num_threads(threads)
     with h5py.File(path, "r") as f:
@@ -560,8 +561,10 @@ def bench(path, steps, threads):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=c.lr, betas=(c.beta1, c.beta2), eps=c.adam_eps)
     samples = []
+    cpu = []  # process CPU time per step (all of torch's threads)
     for i in range(steps + 2):  # 2 warm-up steps
         t0 = time.perf_counter()
+        c0 = time.process_time()
         opt.zero_grad()
         loss = forward(c, params, torch.from_numpy(tokens[i % len(tokens)]), i)
         loss.backward()
@@ -570,11 +573,14 @@ def bench(path, steps, threads):
         opt.step()
         if i >= 2:
             samples.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     samples.sort()
+    cpu.sort()
     median = samples[len(samples) // 2] * 1e3
     print(f"torch {torch.__version__} float32, {threads} thread(s): V={c.V} H={c.H} A={c.A} "
           f"L={c.L} F={c.F} S={c.S} B={c.B}: median {median:.2f} ms/step over {steps} steps "
-          f"(min {samples[0] * 1e3:.2f}, max {samples[-1] * 1e3:.2f})")
+          f"(min {samples[0] * 1e3:.2f}, max {samples[-1] * 1e3:.2f}); "
+          f"cpu median {cpu[len(cpu) // 2] * 1e3:.2f} ms/step")
     return 0
 
 
