@@ -118,7 +118,6 @@ struct TrainingSession::Impl {
           "fsdp.fp8_all_gather has no effect with recipe {}: weights are gathered in high "
           "precision",
           recipe_name(rk)));
-    if (rk == RecipeKind::kMxfp8) check_mxfp8_shapes();
     plan.add_state_entries(state);
     // Delayed-scaling states exist from the start (the recipe would create them at the first
     // quantization) so that the state entries cover them before step 0 and a checkpoint loaded
@@ -148,30 +147,6 @@ struct TrainingSession::Impl {
       mem.params += p.master.nbytes().value + fp8->primary_bytes(i);
       mem.grads += p.grad.nbytes().value;
       mem.optimizer += p.exp_avg.nbytes().value + p.exp_avg_sq.nbytes().value;
-    }
-  }
-
-  // MXFP8 quantizes 1x32 and 32x1 blocks of every GEMM operand. engine/config.cc validates the
-  // single-rank shapes; on a mesh the operands are this data rank's micro-batch tokens (M of the
-  // inputs and output gradients) and the TP-local weight boxes (their dims are the N and K of
-  // every operand), so both must stay multiples of 32. Checked up front: an input error naming
-  // the mesh rather than a quantization failure in the middle of the first step.
-  void check_mxfp8_shapes() const {
-    const TrainingConfig& t = config.training;
-    const int64_t dp = mesh.group_size(groups::kData);
-    const int64_t tokens = t.batch / (dp * t.micro_batches) * t.seq_len;
-    MP_CHECK_INPUT(tokens % 32 == 0,
-                   "recipe = mxfp8 on mesh {}: each data-parallel rank's micro-batch has "
-                   "training.batch / ({} data-parallel ranks x training.micro_batches = {}) x "
-                   "training.seq_len = {} tokens, not a multiple of 32",
-                   mesh.str(), dp, t.micro_batches, tokens);
-    for (const ShardedParam& p : plan.params()) {
-      if (!p.spec.quantized()) continue;
-      const Shape s = p.compute.shape();
-      MP_CHECK_INPUT(s[0] % 32 == 0 && s[1] % 32 == 0,
-                     "recipe = mxfp8 on mesh {}: the tensor-parallel shard of {} {} is {}, whose "
-                     "dims must be multiples of 32 (mesh.tp = {})",
-                     mesh.str(), p.spec.name, p.spec.shape.str(), s.str(), options.mesh.tp);
     }
   }
 

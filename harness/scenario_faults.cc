@@ -12,8 +12,9 @@ namespace {
 
 // ---- what a fault can need of its scenario (the loader's message is "NAME needs WHAT")
 
-constexpr FaultRequirement kFp8Recipe{"an FP8 recipe (delayed, current, mxfp8, block)",
-                                      [](const Scenario& s) { return engine::is_fp8(s.recipe.kind); }};
+constexpr FaultRequirement kFp8Recipe{
+    "an FP8 recipe (delayed, current, mxfp8, block)",
+    [](const Scenario& s) { return engine::is_fp8(s.recipe.kind); }};
 constexpr FaultRequirement kPerTensorRecipe{
     "a per-tensor recipe (delayed or current)", [](const Scenario& s) {
       return s.recipe.kind == RecipeKind::kDelayed || s.recipe.kind == RecipeKind::kCurrent;

@@ -194,6 +194,12 @@ TEST(LocatedYaml, DidYouMeanSuggestsOnlyCloseNames) {
   EXPECT_EQ(edit_distance("dp_shrad", "dp_shard"), 2u);
   EXPECT_EQ(yaml::suggestion("dp_shrad", {"dp_replicate", "dp_shard", "tp"}), "dp_shard");
   EXPECT_EQ(yaml::suggestion("zzzzzz", {"dp_replicate", "dp_shard", "tp"}), "");
+  // Long words: the limit grows with the word (a third of it), and candidates whose length
+  // differs by more than the limit are never within it (the fuzz regression long_scalar_set_path
+  // is the 40,000-byte case, which took seconds when every candidate was measured).
+  EXPECT_EQ(yaml::suggestion("sequence_parallelx", {"sequence_parallel", "tp"}),
+            "sequence_parallel");
+  EXPECT_EQ(yaml::suggestion(std::string(40000, 'd'), {"dp_replicate", "dp_shard", "tp"}), "");
   EXPECT_EQ(yaml::unknown_message("key", "zzzzzz", {"a", "b"}), "unknown key (allowed: a, b)");
   EXPECT_EQ(yaml::unknown_message("key", "meshes", {"mesh", "model"}),
             "unknown key; did you mean 'mesh'?");
