@@ -11,6 +11,8 @@
 // order for every element, so the result is the same on every x86-64 machine and for every tile
 // shape (section 21). The kernels library is compiled with -ffp-contract=off: no a*b+c is ever
 // fused into an FMA.
+// Over 600 lines on purpose: one file per op family; validation, dispatch and the packed CPU
+// kernel share the operand-decode tables and the summation-order contract stated here.
 #include "kernels/gemm.h"
 
 #include <algorithm>

@@ -5,6 +5,8 @@
 // encoder, per-column running maxima for column blocks, and the transposed copies written by a
 // blocked byte transpose of codes cast in row order. Bitwise equal to the element-wise rules
 // (tests/kernels/quantize/quantize_fast_test.cc, exhaustively for the encoder).
+// Over 600 lines on purpose: one file per op family, and the five recipes' CPU quantizers share
+// the encoder, the amax and the transpose blocks defined here (splitting them would export those).
 #include "kernels/quantize.h"
 
 #include <algorithm>
