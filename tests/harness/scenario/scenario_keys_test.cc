@@ -20,16 +20,14 @@
 
 #include "harness/scenario_loader.h"
 #include "kernels/error.h"
+#include "tests/harness/scenario/source_dir.h"
 
 namespace meshproof::harness {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() {
-  if (const char* env = std::getenv("MESHPROOF_SOURCE_DIR")) return env;
-  return MESHPROOF_SOURCE_DIR_DEFAULT;
-}
+using test_support::source_dir;
 
 std::string strip(std::string s) {
   s.erase(std::remove(s.begin(), s.end(), '`'), s.end());

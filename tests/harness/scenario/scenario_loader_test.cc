@@ -27,16 +27,14 @@
 #include "harness/train_run.h"
 #include "harness/validate_verb.h"
 #include "kernels/error.h"
+#include "tests/harness/scenario/source_dir.h"
 
 namespace meshproof::harness {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() {
-  if (const char* env = std::getenv("MESHPROOF_SOURCE_DIR")) return env;
-  return MESHPROOF_SOURCE_DIR_DEFAULT;
-}
+using test_support::source_dir;
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
