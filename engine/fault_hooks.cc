@@ -1,5 +1,9 @@
 #include "engine/fault_hooks.h"
 
+#include <fnmatch.h>
+
+#include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <utility>
@@ -63,6 +67,54 @@ bool FaultHooks::restores(std::string_view key, int64_t step) const {
   return true;
 }
 
+void FaultHooks::state(StatePoint point, int64_t step, ShardedState& state) const {
+  for (const auto& h : state_) h(point, step, state);
+}
+
+bool match_glob(std::string_view glob, std::string_view text) {
+  // The globs of `meshproof ckpt inspect --key` (fnmatch without flags), so a glob that lists the
+  // keys of a checkpoint names the same keys in a fault.
+  return ::fnmatch(std::string(glob).c_str(), std::string(text).c_str(), 0) == 0;
+}
+
+std::vector<FaultKey> fault_key_names(const Config& config, bool fp8_params) {
+  std::vector<FaultKey> out;
+  const std::vector<ParamSpec> specs = param_specs(config.model);
+  for (const ParamSpec& p : specs) {
+    out.push_back({keys::model(p.name), true});
+    out.push_back({keys::exp_avg(p.name), true});
+    out.push_back({keys::exp_avg_sq(p.name), true});
+  }
+  const RecipeKind rk = config.recipe.kind;
+  if (rk == RecipeKind::kDelayed)
+    for (const std::string& l : fault_linear_names(config))
+      for (Fp8Role role : {Fp8Role::kInput, Fp8Role::kWeight, Fp8Role::kGradOutput})
+        for (const char* what : {"scale", "amax_history"})
+          out.push_back(
+              {keys::fp8_delayed(l + "/" + std::string(fp8_role_name(role)), what), true});
+  if (fp8_params)
+    for (const ParamSpec& p : specs) {
+      if (!p.quantized()) continue;
+      out.push_back({keys::fp8_param(p.name, "rowwise_data"), false});
+      if (rk != RecipeKind::kMxfp8) {
+        out.push_back({keys::fp8_param(p.name, "scale_inv"), true});
+        continue;
+      }
+      for (const char* part : {"rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv"})
+        out.push_back({keys::fp8_param(p.name, part), false});
+    }
+  for (const char* scalar : {keys::kOptimStep, keys::kDataCursor, keys::kRngOffset, keys::kLrStep})
+    out.push_back({scalar, false});
+  return out;
+}
+
+std::vector<std::string> fault_linear_names(const Config& config) {
+  std::vector<std::string> out;
+  for (const ParamSpec& p : param_specs(config.model))
+    if (p.quantized()) out.push_back(p.linear);
+  return out;
+}
+
 namespace {
 
 // stale_columnwise_copy: from faults.from_step on, backward (dgrad) uses the columnwise copy of
@@ -113,6 +165,77 @@ bool optimizer_part_skips(const std::string& part, std::string_view key) {
       "fault optimizer_state_not_restored: unknown part '{}' (all, exp_avg, exp_avg_sq, "
       "step)",
       part);
+}
+
+// Rounds every element of fp32 `host` through `dtype` (bf16 or fp16, round to nearest even).
+Tensor round_through(const Tensor& host, const std::string& dtype) {
+  Tensor t = host.clone();
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel().value; ++i) {
+    if (dtype == "bf16")
+      p[i] = kernels::fmt8::bf16_to_float(kernels::fmt8::float_to_bf16(p[i]));
+    else if (dtype == "fp16")
+      p[i] = kernels::fmt8::fp16_to_float(kernels::fmt8::float_to_fp16(p[i]));
+    else
+      MP_FAIL_INPUT("fault checkpoint_key_dtype: unknown dtype '{}' (bf16, fp16)", dtype);
+  }
+  return t;
+}
+
+// Applies `change` to a host copy of the fp32 tensor `t` and writes it back (the state may
+// live on a GPU).
+template <typename F>
+void edit_fp32(Tensor& t, F change) {
+  Tensor h = t.device().is_cpu() ? t : t.to(kernels::Device::cpu());
+  float* p = h.data<float>();
+  for (int64_t i = 0; i < h.numel().value; ++i) p[i] = change(p[i]);
+  if (!t.device().is_cpu()) t.copy_from(h);
+}
+
+// freeze_state: the matching fp32 tensors as the last load left them; after every optimizer
+// update of an active step they are written back, so the run trains on with them frozen.
+class FrozenState {
+ public:
+  FrozenState(FaultInjection f) : f_(std::move(f)) {}
+  void operator()(FaultHooks::StatePoint point, int64_t step, ShardedState& state) {
+    if (point == FaultHooks::StatePoint::kLoaded) {
+      frozen_.clear();
+      for (const StateEntry& e : state.entries)
+        if (e.local.dtype() == kernels::DType::kFloat32 && match_glob(f_.freeze_state, e.key))
+          frozen_.emplace(e.key, e.local.to(kernels::Device::cpu()));
+      return;
+    }
+    if (point != FaultHooks::StatePoint::kAfterUpdate || !f_.active(step)) return;
+    for (StateEntry& e : state.entries) {
+      const auto it = frozen_.find(e.key);
+      if (it != frozen_.end()) e.local.copy_from(it->second);
+    }
+  }
+
+ private:
+  FaultInjection f_;
+  std::map<std::string, Tensor> frozen_;  // by key: the loaded values (host)
+};
+
+// perturb: every element of the matching fp32 tensors, at the start of step perturb_step.
+void perturb_state(const FaultInjection& f, int64_t step, ShardedState& state) {
+  if (step != f.perturb_step || !f.active(step)) return;
+  for (StateEntry& e : state.entries) {
+    if (e.local.dtype() != kernels::DType::kFloat32 || !match_glob(f.perturb_tensor, e.key))
+      continue;
+    if (f.perturb_ulp != 0) {
+      const float to = f.perturb_ulp > 0 ? std::numeric_limits<float>::infinity()
+                                         : -std::numeric_limits<float>::infinity();
+      const int64_t n = f.perturb_ulp > 0 ? f.perturb_ulp : -f.perturb_ulp;
+      edit_fp32(e.local, [&](float x) {
+        for (int64_t k = 0; k < n; ++k) x = std::nextafter(x, to);
+        return x;
+      });
+    } else {
+      const double factor = 1.0 + f.perturb_rel;
+      edit_fp32(e.local, [&](float x) { return static_cast<float>(x * factor); });
+    }
+  }
 }
 
 }  // namespace
@@ -185,6 +308,43 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
     h.on_checkpoint_restore([f](std::string_view key, int64_t step) {
       return !(f.active(step) && optimizer_part_skips(f.optimizer_state_part, key));
     });
+
+  // ---- user-defined generic faults (docs/design.md section 23)
+  // drop_checkpoint_key: matching keys (tensors and scalars) left out of the checkpoint.
+  if (!f.drop_checkpoint_key.empty())
+    h.on_checkpoint_save({.keeps =
+                              [f](std::string_view key, int64_t step) {
+                                return !(f.active(step) && match_glob(f.drop_checkpoint_key, key));
+                              },
+                          .bytes = nullptr});
+  // checkpoint_key_dtype: matching fp32 tensors rounded through the dtype when saved.
+  if (!f.checkpoint_key_dtype.empty())
+    h.on_checkpoint_save(
+        {.keeps = nullptr, .bytes = [f](std::string_view key, int64_t step, Tensor host) {
+           if (!f.active(step) || host.dtype() != kernels::DType::kFloat32 ||
+               !match_glob(f.checkpoint_key_dtype, key))
+             return host;
+           return round_through(host, f.checkpoint_dtype);
+         }});
+  if (!f.freeze_state.empty()) {
+    auto frozen = std::make_shared<FrozenState>(f);
+    h.on_state([frozen](FaultHooks::StatePoint point, int64_t step, ShardedState& state) {
+      (*frozen)(point, step, state);
+    });
+  }
+  if (!f.perturb_tensor.empty())
+    h.on_state([f](FaultHooks::StatePoint point, int64_t step, ShardedState& state) {
+      if (point == FaultHooks::StatePoint::kStepBegin) perturb_state(f, step, state);
+    });
+  // amax_group: the matching linears' amax of one role reduced over the given dims.
+  if (!f.amax_group_linear.empty()) {
+    const DimSet dims = f.amax_group_dims == "none" ? DimSet{} : DimSet::parse(f.amax_group_dims);
+    h.on_amax_group([f, dims](std::string_view linear, Fp8Role role, int64_t step, DimSet g) {
+      const bool hit = f.active(step) && fp8_role_name(role) == f.amax_group_role &&
+                       match_glob(f.amax_group_linear, linear);
+      return hit ? dims : g;
+    });
+  }
   return h;
 }
 

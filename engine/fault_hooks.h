@@ -16,17 +16,25 @@
 //                                                        scale_inv_saved_bf16
 //   checkpoint_restore     each loaded key and scalar    data_cursor_not_restored,
 //                                                        optimizer_state_not_restored
+//   state                  the rank's state after a      freeze_state, perturb
+//                          load, at a step's start and
+//                          after its optimizer update
+// The generic (user-defined) faults register on these points too: drop_checkpoint_key and
+// checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/config.h"
 #include "engine/faults.h"
 #include "engine/params.h"
 #include "engine/recipe.h"
+#include "engine/sharded_state.h"
 #include "kernels/quantized_tensor.h"
 #include "kernels/tensor.h"
 #include "mesh/device_mesh.h"
@@ -55,6 +63,13 @@ class FaultHooks {
     std::function<kernels::Tensor(std::string_view key, int64_t step, kernels::Tensor host)> bytes;
   };
   using RestoreHook = std::function<bool(std::string_view key, int64_t step)>;
+  // The rank's state at a point of the run (its entries share storage with the live tensors).
+  enum class StatePoint {
+    kLoaded,       // a checkpoint was just loaded into it (step: the loaded step count)
+    kStepBegin,    // step `step` (0-based) starts, before its forward reads anything
+    kAfterUpdate,  // step `step`'s optimizer update is done, before FP8 weights re-quantize
+  };
+  using StateHook = std::function<void(StatePoint, int64_t step, ShardedState& state)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -68,6 +83,7 @@ class FaultHooks {
   }
   void on_checkpoint_save(SaveHook h) { save_.push_back(std::move(h)); }
   void on_checkpoint_restore(RestoreHook h) { restore_.push_back(std::move(h)); }
+  void on_state(StateHook h) { state_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -88,6 +104,8 @@ class FaultHooks {
   kernels::Tensor checkpoint_bytes(std::string_view key, int64_t step, kernels::Tensor host) const;
   // Whether a load of a checkpoint of `step` restores `key` (tensor or scalar).
   bool restores(std::string_view key, int64_t step) const;
+  // Lets the state hooks act on the rank's state at `point`.
+  void state(StatePoint point, int64_t step, ShardedState& state) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -97,11 +115,25 @@ class FaultHooks {
   std::vector<BackwardWeightHook> backward_;
   std::vector<SaveHook> save_;
   std::vector<RestoreHook> restore_;
+  std::vector<StateHook> state_;
   bool needs_quantized_ = false;
 };
 
 // The hooks of every fault `faults` enables. An unknown optimizer_state_part is an input error
 // when the restore point is asked about an optim/ key (the harness validates it up front).
 FaultHooks make_fault_hooks(const FaultInjection& faults);
+
+// What the generic faults' globs can name, known before a run (the harness rejects a glob that
+// matches none of them): every checkpoint key of a run of `config` with `fsdp` (tensors and
+// scalars; engine/state_keys.h), with whether it is an fp32 tensor (the only ones
+// checkpoint_key_dtype, freeze_state and perturb change).
+struct FaultKey {
+  std::string key;
+  bool fp32_tensor = false;
+};
+std::vector<FaultKey> fault_key_names(const Config& config, bool fp8_params);
+// The quantized linears of `config`'s model, as the recipe and amax groups name them
+// ("layers.0.attn.qkv", ...).
+std::vector<std::string> fault_linear_names(const Config& config);
 
 }  // namespace meshproof::engine

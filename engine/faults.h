@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace meshproof::engine {
 
@@ -35,14 +36,51 @@ struct FaultInjection {
   // rows are treated as real rows of the weight).
   bool uneven_shard_padding_leak = false;
 
+  // ---- user-defined generic faults (docs/design.md section 23): each names what it corrupts
+  // with a glob over checkpoint keys, tensor names or linear names (match_glob below); an empty
+  // glob switches the fault off. The harness checks up front that every glob matches something
+  // (fault_key_names, fault_linear_names).
+  // drop_checkpoint_key: checkpoint keys matching the glob are left out of every save (a load
+  // keeps the live values for them).
+  std::string drop_checkpoint_key;
+  // checkpoint_key_dtype: fp32 checkpoint tensors matching the glob are rounded through
+  // `checkpoint_dtype` ("bf16" or "fp16", round to nearest even) when saved.
+  std::string checkpoint_key_dtype;
+  std::string checkpoint_dtype = "bf16";
+  // freeze_state: fp32 state tensors matching the glob keep the values a checkpoint load gave
+  // them: every later optimizer step's update of them is undone (a run that never loads is
+  // unaffected).
+  std::string freeze_state;
+  // perturb: at the start of step `perturb_step` (0-based) every element of the fp32 state
+  // tensors matching the glob moves by `perturb_ulp` ULPs (towards +inf; negative: -inf) or, with
+  // perturb_ulp == 0, is multiplied by (1 + perturb_rel).
+  std::string perturb_tensor;
+  int64_t perturb_step = 0;
+  int64_t perturb_ulp = 0;
+  double perturb_rel = 0;
+  // amax_group: the amax of linears matching the glob, role `amax_group_role` ("input",
+  // "weight", "grad_output"), is MAX-reduced over `amax_group_dims` ("none" or "dp_shard+tp"
+  // style) instead of the table's group.
+  std::string amax_group_linear;
+  std::string amax_group_role = "weight";
+  std::string amax_group_dims = "none";
+
   int64_t from_step = 0;
 
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
            scale_inv_saved_bf16 || stale_columnwise_copy || data_cursor_not_restored ||
-           optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak;
+           optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak ||
+           !drop_checkpoint_key.empty() || !checkpoint_key_dtype.empty() || !freeze_state.empty() ||
+           !perturb_tensor.empty() || !amax_group_linear.empty();
   }
 };
+
+// Glob matching for the generic faults, as `meshproof ckpt inspect --key` matches (fnmatch
+// without flags): `*` matches any run of characters ('/' and '.' included), `?` any one
+// character, `[...]` one of a set. "optim/*/exp_avg_sq" matches every second moment,
+// "model/layers.0.*" every master weight of layer 0.
+bool match_glob(std::string_view glob, std::string_view text);
 
 }  // namespace meshproof::engine

@@ -159,6 +159,8 @@ struct TrainingSession::Impl {
   void load_scalars() {
     step = state.scalars.at(std::string(keys::kOptimStep));
     cursor = state.scalars.at(std::string(keys::kDataCursor));
+    // A checkpoint was just loaded into the state (the callers load, then call this).
+    faults.state(FaultHooks::StatePoint::kLoaded, step, state);
   }
 
   // FP8 amax reduction (docs/design.md sections 4 and 5): each amax the recipe records is
@@ -183,6 +185,7 @@ struct TrainingSession::Impl {
   // reduces its gradients after its backward in the last micro-batch), the global loss, the
   // sharded optimizer step (clip + AdamW), the FP8 primary weights re-quantized, the counters.
   StepMetrics run_step() {
+    faults.state(FaultHooks::StatePoint::kStepBegin, step, state);
     // Before the step's clock starts: tracing is not the step's time.
     if (options.trace) fp8_trace_before = fp8_state_digests(plan, state, comms, "");
     const TrainingConfig& t = config.training;
@@ -227,6 +230,7 @@ struct TrainingSession::Impl {
     const OptimizerStepResult opt = sharded_optimizer_step(plan, comms, t, step);
     metrics.grad_norm = opt.grad_norm;
     metrics.lr = opt.lr;
+    faults.state(FaultHooks::StatePoint::kAfterUpdate, step, state);
     if (fp8->primary_weights()) fp8->requantize();
     time.optimizer = seconds_since(to) - (all_collective_seconds(comms) - coll_optimizer0);
 

@@ -327,8 +327,10 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
 
 void print_fault_catalog(std::ostream& out) {
   for (const FaultDescriptor& f : fault_table()) {
-    fmt::print(out, "{}\n  bug class: {}\n  caught by: {}\n", f.name, f.bug_class,
-               fmt::join(f.caught_by, ", "));
+    fmt::print(
+        out, "{}\n  kind:      {}\n  bug class: {}\n  caught by: {}\n", f.name,
+        f.generic ? "generic (user-defined: its parameters say what it corrupts)" : "built-in",
+        f.bug_class, fmt::join(f.caught_by, ", "));
     std::vector<std::string_view> needs;
     for (const FaultRequirement& r : f.needs) needs.push_back(r.what);
     fmt::print(out, "  needs:     {}\n",

@@ -74,6 +74,7 @@ json to_canonical_json(const Scenario& s) {
     json params = json::object();
     for (const auto& [k, v] : f.int_params) params[k] = v;
     for (const auto& [k, v] : f.string_params) params[k] = v;
+    for (const auto& [k, v] : f.double_params) params[k] = v;  // none in the built-in faults
     faults.push_back({{"name", f.name}, {"params", params}});
   }
   j["faults"] = faults;

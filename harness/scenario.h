@@ -83,6 +83,7 @@ struct FaultSpec {
   std::string name;
   std::map<std::string, int64_t> int_params;
   std::map<std::string, std::string> string_params;
+  std::map<std::string, double> double_params;  // kDouble parameters (generic faults)
 };
 
 enum class Expect : uint8_t { kPass, kCaught };

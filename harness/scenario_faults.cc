@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <limits>
 
+#include "engine/fault_hooks.h"
 #include "kernels/error.h"
+#include "mesh/device_mesh.h"
 
 namespace meshproof::harness {
 namespace {
@@ -34,6 +36,77 @@ constexpr FaultRequirement kTwoTpRanks{"mesh.tp >= 2",
 constexpr FaultRequirement kUnevenVocabShards{
     "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what leaks)",
     [](const Scenario& s) { return s.model.vocab % s.mesh.dp_shard != 0; }};
+
+// ---- the generic faults' parameter checks: a glob must name something of the scenario's run
+// (its checkpoint keys and linears are known before running, engine/fault_hooks.h).
+
+// The first few names of `names`, for messages.
+std::string some_of(const std::vector<std::string>& names) {
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min<size_t>(names.size(), 4));
+  return fmt::format("{}{}", fmt::join(shown, ", "), names.size() > shown.size() ? ", ..." : "");
+}
+
+std::string glob_over(const std::string& glob, const std::vector<std::string>& names,
+                      std::string_view what) {
+  for (const std::string& n : names)
+    if (engine::match_glob(glob, n)) return "";
+  return fmt::format("'{}' matches no {} of this scenario (e.g. {})", glob, what, some_of(names));
+}
+
+std::vector<std::string> key_names(const Scenario& s, bool fp32_tensors_only) {
+  std::vector<std::string> out;
+  for (const engine::FaultKey& k : engine::fault_key_names(s.config(), s.fsdp.fp8_params))
+    if (k.fp32_tensor || !fp32_tensors_only) out.push_back(k.key);
+  return out;
+}
+
+std::string any_key(const Scenario& s, const std::string& glob) {
+  return glob_over(glob, key_names(s, false), "checkpoint key");
+}
+std::string fp32_key(const Scenario& s, const std::string& glob) {
+  return glob_over(glob, key_names(s, true), "fp32 state tensor (checkpoint key)");
+}
+std::string linear_name(const Scenario& s, const std::string& glob) {
+  return glob_over(glob, engine::fault_linear_names(s.config()), "quantized linear");
+}
+// "none" or mesh dim names joined by '+' ("dp_shard+tp"), each at most once.
+std::string dim_list(const Scenario&, const std::string& dims) {
+  if (dims == "none") return "";
+  unsigned seen = 0;
+  size_t pos = 0;
+  while (pos <= dims.size()) {
+    const size_t plus = dims.find('+', pos);
+    const std::string part = dims.substr(pos, plus == std::string::npos ? plus : plus - pos);
+    int bit = -1;
+    for (mesh::MeshDim d : mesh::kAllMeshDims)
+      if (mesh::mesh_dim_name(d) == part) bit = static_cast<int>(d);
+    if (bit < 0)
+      return fmt::format(
+          "'{}' is no mesh dim (dp_replicate, dp_shard, tp; 'none' for no "
+          "reduction; join with '+')",
+          part);
+    if ((seen >> bit) & 1u) return fmt::format("'{}' is listed twice", part);
+    seen |= 1u << bit;
+    if (plus == std::string::npos) break;
+    pos = plus + 1;
+  }
+  return "";
+}
+
+// perturb moves by ULPs or by a relative amount: exactly one of them, at a step the fault is
+// active at.
+std::string one_perturbation(const Scenario&, const FaultSpec& spec) {
+  const bool ulp = spec.int_params.at("ulp") != 0;
+  const bool rel = spec.double_params.at("rel") != 0;
+  if (ulp == rel) return "give exactly one of ulp (a nonzero integer) and rel (a nonzero number)";
+  if (spec.int_params.at("from_step") > spec.int_params.at("step"))
+    return "from_step is after step: the perturbation would never happen";
+  return "";
+}
+
+const std::string& string_param(const FaultSpec& spec, const char* name) {
+  return spec.string_params.at(name);
+}
 
 const FaultParam kFromStep{"from_step",
                            FaultParam::Type::kInt,
@@ -179,6 +252,139 @@ const std::vector<FaultDescriptor>& rows() {
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.uneven_shard_padding_leak = true; },
       },
+      {
+          .name = "drop_checkpoint_key",
+          .bug_class =
+              "generic: the checkpoint keys matching a glob are not saved (a resumed run keeps "
+              "its fresh values for them), e.g. a state dict that forgets a buffer or an "
+              "optimizer moment",
+          .needs = {},
+          .caught_by = {"resume", "resume_cross_mesh"},
+          .params = {{.name = "key",
+                      .type = FaultParam::Type::kString,
+                      .doc = "glob over checkpoint keys, e.g. \"optim/*/exp_avg_sq\"",
+                      .required = true,
+                      .check = any_key}},
+          .inject =
+              [](const FaultSpec& spec, engine::FaultInjection& f) {
+                f.drop_checkpoint_key = string_param(spec, "key");
+              },
+          .generic = true,
+      },
+      {
+          .name = "checkpoint_key_dtype",
+          .bug_class =
+              "generic: the fp32 checkpoint tensors matching a glob are saved through a narrower "
+              "dtype (bf16 or fp16), e.g. a distributed checkpoint that casts to the template's "
+              "dtype",
+          .needs = {},
+          .caught_by = {"resume"},
+          .params = {{.name = "key",
+                      .type = FaultParam::Type::kString,
+                      .doc = "glob over fp32 checkpoint tensors, e.g. \"fp8/*/scale\"",
+                      .required = true,
+                      .check = fp32_key},
+                     {.name = "dtype",
+                      .type = FaultParam::Type::kChoice,
+                      .choices = {"bf16", "fp16"},
+                      .doc = "the dtype the values are rounded through (nearest even)"}},
+          .inject =
+              [](const FaultSpec& spec, engine::FaultInjection& f) {
+                f.checkpoint_key_dtype = string_param(spec, "key");
+                f.checkpoint_dtype = string_param(spec, "dtype");
+              },
+          .generic = true,
+      },
+      {
+          .name = "freeze_state",
+          .bug_class =
+              "generic: the fp32 state tensors matching a glob stop changing once a checkpoint "
+              "is loaded (updates after the load are lost), e.g. a loaded buffer that is no "
+              "longer the one the optimizer or the recipe writes",
+          .needs = {},
+          .caught_by = {"resume"},
+          .params = {{.name = "key",
+                      .type = FaultParam::Type::kString,
+                      .doc = "glob over fp32 state tensors (checkpoint keys), e.g. "
+                             "\"fp8/*/amax_history\"",
+                      .required = true,
+                      .check = fp32_key}},
+          .inject = [](const FaultSpec& spec,
+                       engine::FaultInjection& f) { f.freeze_state = string_param(spec, "key"); },
+          .generic = true,
+      },
+      {
+          .name = "perturb",
+          .bug_class =
+              "generic: the fp32 state tensors matching a glob move by some ULPs or a relative "
+              "amount at one step, e.g. a non-deterministic or lossy path that touches them; "
+              "says how small a change a check resolves",
+          .needs = {},
+          .caught_by = {"reference"},
+          .params = {{.name = "tensor",
+                      .type = FaultParam::Type::kString,
+                      .doc = "glob over fp32 state tensors (checkpoint keys; model/<param> is the "
+                             "master weight), e.g. \"model/layers.0.*\"",
+                      .required = true,
+                      .check = fp32_key},
+                     {.name = "step",
+                      .type = FaultParam::Type::kInt,
+                      .default_int = 1,
+                      .min = 1,
+                      .max = FaultParam::Max::kLastStep,
+                      .doc = "the step (1-based) at whose start the tensors move"},
+                     {.name = "ulp",
+                      .type = FaultParam::Type::kInt,
+                      .default_int = 0,
+                      .min = -1000000,
+                      .doc = "ULPs every element moves (sign: direction); or give rel"},
+                     {.name = "rel",
+                      .type = FaultParam::Type::kDouble,
+                      .doc = "relative change of every element (x * (1 + rel)); or give ulp",
+                      .default_double = 0,
+                      .min_double = -1,
+                      .max_double = 1}},
+          .inject =
+              [](const FaultSpec& spec, engine::FaultInjection& f) {
+                f.perturb_tensor = string_param(spec, "tensor");
+                f.perturb_step = spec.int_params.at("step") - 1;
+                f.perturb_ulp = spec.int_params.at("ulp");
+                f.perturb_rel = spec.double_params.at("rel");
+              },
+          .generic = true,
+          .check = one_perturbation,
+      },
+      {
+          .name = "amax_group",
+          .bug_class =
+              "generic: the amax of the linears matching a glob, one role, is MAX-reduced over "
+              "other mesh dims than the ranks that hold its tensor, e.g. a TP weight amax that "
+              "skips the TP group or a reduction that forgets dp_shard",
+          .needs = {kPerTensorRecipe},
+          .caught_by = {"allgather_parity", "reference"},
+          .params = {{.name = "linear",
+                      .type = FaultParam::Type::kString,
+                      .doc = "glob over quantized linears, e.g. \"layers.*.attn.qkv\"",
+                      .required = true,
+                      .check = linear_name},
+                     {.name = "role",
+                      .type = FaultParam::Type::kChoice,
+                      .choices = {"weight", "input", "grad_output"},
+                      .doc = "which amax of the linear"},
+                     {.name = "dims",
+                      .type = FaultParam::Type::kString,
+                      .doc = "the mesh dims it is reduced over instead: \"none\" or e.g. "
+                             "\"dp_shard\", \"dp_shard+tp\"",
+                      .required = true,
+                      .check = dim_list}},
+          .inject =
+              [](const FaultSpec& spec, engine::FaultInjection& f) {
+                f.amax_group_linear = string_param(spec, "linear");
+                f.amax_group_role = string_param(spec, "role");
+                f.amax_group_dims = string_param(spec, "dims");
+              },
+          .generic = true,
+      },
   };
   return table;
 }
@@ -201,6 +407,9 @@ std::string FaultParam::describe() const {
   if (type == Type::kChoice) {
     return fmt::format("one of {}; default {}", fmt::join(choices, ", "), choices.front());
   }
+  if (type == Type::kString) return required ? "text, required" : "text";
+  if (type == Type::kDouble)
+    return fmt::format("number in [{}, {}], default {}", min_double, max_double, default_double);
   switch (max) {
     case Max::kLastLayer:
       return fmt::format("int in [{}, model.layers - 1], default {}", min, default_int);

@@ -20,7 +20,9 @@ namespace meshproof::harness {
 
 // One parameter of a fault, as the scenario writes it under the fault's mapping.
 struct FaultParam {
-  enum class Type { kInt, kChoice };
+  // kString: free text (a glob or a dim list), checked by `check`; kDouble: a finite number in
+  // [min_double, max_double].
+  enum class Type { kInt, kChoice, kString, kDouble };
   // The upper bound of an integer parameter, when it depends on the scenario.
   enum class Max { kNone, kLastLayer /* model.layers - 1 */, kLastStep /* train.steps */ };
   std::string_view name;
@@ -28,8 +30,18 @@ struct FaultParam {
   int64_t default_int = 0;  // kInt: default and range [min, max]
   int64_t min = 0;
   Max max = Max::kNone;
-  std::vector<std::string_view> choices;  // kChoice: the allowed values; the first is the default
+  std::vector<std::string_view> choices =
+      {};  // kChoice: the allowed values; the first is the default
   std::string_view doc;
+  // kString: the scenario must give it (there is no default).
+  bool required = false;
+  // kString: "" when `value` is acceptable in `s`, else why not (the loader reports it at the
+  // parameter's file:line, exit 2), e.g. a glob that matches no checkpoint key.
+  std::string (*check)(const Scenario& s, const std::string& value) = nullptr;
+  // kDouble: default and range.
+  double default_double = 0;
+  double min_double = 0;
+  double max_double = 0;
 
   // kInt: the largest value `s` allows (INT64_MAX without a bound).
   int64_t max_for(const Scenario& s) const;
@@ -57,6 +69,13 @@ struct FaultDescriptor {
   // The engine side: switches the fault on in `f` with the resolved parameters of `spec`
   // (from_step is applied by to_fault_injection for every fault).
   void (*inject)(const FaultSpec& spec, engine::FaultInjection& f);
+  // A generic (user-defined) fault: its parameters say what it corrupts (a glob over checkpoint
+  // keys, tensors or linears), so one row expresses many bug classes (docs/design.md section
+  // 23); `meshproof faults` marks it. Built-in rows reproduce one real bug each.
+  bool generic = false;
+  // A rule over several parameters: "" when `spec` is consistent, else why not (reported at the
+  // fault's entry, exit 2).
+  std::string (*check)(const Scenario& s, const FaultSpec& spec) = nullptr;
 };
 
 // The rows, in the order `meshproof faults` lists them.

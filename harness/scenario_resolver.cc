@@ -504,13 +504,40 @@ struct Resolver {
       Section ps(item.kind == Value::kMap ? &item : nullptr, path, item.where, locs, keys);
       for (const FaultParam* p : params) {
         const std::string key(p->name);
-        if (p->type == FaultParam::Type::kInt) {
-          spec.int_params[key] = ps.integer(key, p->default_int, p->min, p->max_for(sc));
-        } else {
-          const std::vector<std::string> choices(p->choices.begin(), p->choices.end());
-          // The first choice is the default (harness/scenario_faults.h).
-          spec.string_params[key] = choices.at(ps.choice(key, 0, choices));
+        switch (p->type) {
+          case FaultParam::Type::kInt:
+            spec.int_params[key] = ps.integer(key, p->default_int, p->min, p->max_for(sc));
+            break;
+          case FaultParam::Type::kChoice: {
+            const std::vector<std::string> choices(p->choices.begin(), p->choices.end());
+            // The first choice is the default (harness/scenario_faults.h).
+            spec.string_params[key] = choices.at(ps.choice(key, 0, choices));
+            break;
+          }
+          case FaultParam::Type::kDouble:
+            spec.double_params[key] =
+                ps.number(key, p->default_double, p->min_double, p->max_double);
+            break;
+          case FaultParam::Type::kString: {
+            const std::string value = ps.string(key, "");
+            const std::string where = path + "." + key;
+            if (value.empty() && p->required) {
+              bad(ps.has(key) ? where : path,
+                  fmt::format("{} needs {}: {}", info->name, key, p->doc));
+              break;
+            }
+            if (p->check != nullptr) {
+              const std::string why = p->check(sc, value);
+              if (!why.empty()) bad(where, fmt::format("{} {}: {}", info->name, key, why));
+            }
+            spec.string_params[key] = value;
+            break;
+          }
         }
+      }
+      if (info->check != nullptr) {
+        const std::string why = info->check(sc, spec);
+        if (!why.empty()) bad(path, fmt::format("{}: {}", info->name, why));
       }
       for (const FaultRequirement& need : info->needs) {
         if (!need.met(sc)) bad(path, fmt::format("{} needs {}", info->name, need.what));

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/fault_hooks.h"
+#include "engine/session.h"
 #include "harness/check_table.h"
 #include "harness/run_verb.h"
 #include "harness/scenario_faults.h"
@@ -37,14 +39,25 @@ class FaultTableRow : public ::testing::TestWithParam<std::string> {
     EXPECT_NE(f, nullptr);
     return *f;
   }
+  // The fault as its library scenario writes it (a generic fault needs its glob parameters;
+  // a built-in one has every parameter at its default there or a valid value).
+  FaultSpec library_spec() const {
+    const fs::path path =
+        fs::path(MESHPROOF_TEST_SOURCE_DIR) / "scenarios" / "faults" / (GetParam() + ".yaml");
+    const std::vector<Scenario> v = load_scenario_file(path.string());
+    EXPECT_EQ(v.size(), 1u);
+    EXPECT_EQ(v.at(0).faults.size(), 1u);
+    return v.at(0).faults.at(0);
+  }
 };
 
 // The row's inject switches the fault on, and from_step (1-based in the scenario) reaches the
 // engine 0-based; without faults nothing is injected.
 TEST_P(FaultTableRow, InjectsItsFaultFromItsFirstStep) {
   EXPECT_FALSE(to_fault_injection({}).any());
-  const engine::FaultInjection f =
-      to_fault_injection({FaultSpec{GetParam(), {{"from_step", 3}}, {}}});
+  FaultSpec spec = library_spec();
+  spec.int_params["from_step"] = 3;
+  const engine::FaultInjection f = to_fault_injection({spec});
   EXPECT_TRUE(f.any());
   EXPECT_EQ(f.from_step, 2);
   EXPECT_FALSE(f.active(1));
@@ -52,28 +65,27 @@ TEST_P(FaultTableRow, InjectsItsFaultFromItsFirstStep) {
 }
 
 // The engine faults a FaultInjection switches on (engine/faults.h), one flag each.
-std::array<bool, 9> switched_on(const engine::FaultInjection& f) {
-  return {f.amax_not_reduced,
-          f.tp_fsdp_left_to_right,
-          f.fp8_state_dropped_from_checkpoint,
-          f.scale_inv_saved_bf16,
-          f.stale_columnwise_copy,
-          f.data_cursor_not_restored,
-          f.optimizer_state_not_restored,
-          f.hsdp_replicas_not_reduced,
-          f.uneven_shard_padding_leak};
+std::array<bool, 14> switched_on(const engine::FaultInjection& f) {
+  return {f.amax_not_reduced, f.tp_fsdp_left_to_right, f.fp8_state_dropped_from_checkpoint,
+          f.scale_inv_saved_bf16, f.stale_columnwise_copy, f.data_cursor_not_restored,
+          f.optimizer_state_not_restored, f.hsdp_replicas_not_reduced, f.uneven_shard_padding_leak,
+          // generic faults (a non-empty glob)
+          !f.drop_checkpoint_key.empty(), !f.checkpoint_key_dtype.empty(), !f.freeze_state.empty(),
+          !f.perturb_tensor.empty(), !f.amax_group_linear.empty()};
 }
 
 // Each row switches on exactly one engine fault, and no other row switches on the same one.
 TEST_P(FaultTableRow, SwitchesOnOneEngineFaultOfItsOwn) {
   engine::FaultInjection mine;
-  row().inject(FaultSpec{GetParam(), {}, {}}, mine);
-  const std::array<bool, 9> flags = switched_on(mine);
+  row().inject(library_spec(), mine);
+  const std::array<bool, 14> flags = switched_on(mine);
   EXPECT_EQ(std::count(flags.begin(), flags.end(), true), 1);
   for (const FaultDescriptor& other : fault_table()) {
     if (other.name == GetParam()) continue;
     engine::FaultInjection theirs;
-    other.inject(FaultSpec{std::string(other.name), {}, {}}, theirs);
+    const fs::path path = fs::path(MESHPROOF_TEST_SOURCE_DIR) / "scenarios" / "faults" /
+                          (std::string(other.name) + ".yaml");
+    other.inject(load_scenario_file(path.string()).at(0).faults.at(0), theirs);
     EXPECT_NE(switched_on(theirs), flags) << other.name;
   }
 }
@@ -99,7 +111,10 @@ TEST_P(FaultTableRow, ListedByMeshproofFaults) {
     if (!claims.empty()) claims += ", ";
     claims += c;
   }
-  const std::string head = GetParam() + "\n  bug class: " + std::string(row().bug_class) +
+  const std::string kind =
+      row().generic ? "generic (user-defined: its parameters say what it corrupts)" : "built-in";
+  const std::string head = GetParam() + "\n  kind:      " + kind +
+                           "\n  bug class: " + std::string(row().bug_class) +
                            "\n  caught by: " + claims + "\n  needs:     ";
   const size_t at = text.find(head);
   ASSERT_NE(at, std::string::npos) << text;
@@ -185,6 +200,54 @@ TEST(FaultTable, ParameterRangesFollowTheScenario) {
   ASSERT_NE(opt, nullptr);
   ASSERT_EQ(opt->params.size(), 1u);
   EXPECT_EQ(opt->params[0].describe(), "one of all, exp_avg, exp_avg_sq, step; default all");
+}
+
+// The generic faults' globs (those of ckpt inspect --key): `*` spans '/' and '.', `?` one
+// character, `[...]` a set, the rest literal.
+TEST(FaultTable, GlobMatching) {
+  EXPECT_TRUE(
+      engine::match_glob("optim/*/exp_avg_sq", "optim/layers.0.attn.qkv.weight/exp_avg_sq"));
+  EXPECT_FALSE(engine::match_glob("optim/*/exp_avg_sq", "optim/embed.tok/exp_avg"));
+  EXPECT_TRUE(engine::match_glob("fp8/*", "fp8/params/x/scale_inv"));
+  EXPECT_TRUE(engine::match_glob("layers.?.attn.qkv", "layers.1.attn.qkv"));
+  EXPECT_FALSE(engine::match_glob("layers.?.attn.qkv", "layers.10.attn.qkv"));
+  EXPECT_TRUE(engine::match_glob("*", ""));
+  EXPECT_FALSE(engine::match_glob("model/embed.tok", "model/embed.tok2"));
+  EXPECT_TRUE(engine::match_glob("*a*b*", "xxaxxbxx"));
+  EXPECT_TRUE(engine::match_glob("layers.[01].mlp.fc1", "layers.1.mlp.fc1"));
+  EXPECT_FALSE(engine::match_glob("layers.[01].mlp.fc1", "layers.2.mlp.fc1"));
+}
+
+// The keys the generic faults' globs are checked against up front are exactly the keys a run's
+// state holds (the engine's sessions build them; here one rank of a delayed FP8-params run and
+// of an mxfp8 one).
+TEST(FaultTable, FaultKeyNamesAreTheStateKeys) {
+  for (const char* recipe : {"delayed", "mxfp8"}) {
+    Scenario s;
+    s.model.vocab = 64;
+    s.model.hidden = 32;
+    s.model.heads = 2;
+    s.model.layers = 1;
+    s.model.ffn = 64;
+    s.recipe = default_recipe(std::string(recipe) == "delayed" ? RecipeKind::kDelayed
+                                                               : RecipeKind::kMxfp8);
+    s.fsdp.fp8_params = true;
+    engine::RunOptions o;
+    o.config = s.config();
+    o.fsdp.fp8_params = true;
+    o.fsdp.fp8_all_gather = true;
+    std::set<std::string> live;
+    o.before_start = [&](engine::ShardedState& st, mesh::RankComms&) {
+      for (const engine::StateEntry& e : st.entries) live.insert(e.key);
+      for (const auto& [k, v] : st.scalars) live.insert(k);
+    };
+    o.config.training.steps = 1;
+    (void)engine::run_training(o);
+    std::set<std::string> listed;
+    for (const engine::FaultKey& k : engine::fault_key_names(s.config(), true))
+      listed.insert(k.key);
+    EXPECT_EQ(listed, live) << recipe;
+  }
 }
 
 }  // namespace

@@ -360,6 +360,57 @@ TEST(ScenarioDefaults, FaultParamsResolvedFromTheCatalog) {
             "x.yaml:4:42: faults[0].layer: must be in [0, 1], got 2");
 }
 
+// Generic faults: their globs must name something of the scenario's run, before it runs (exit 2
+// naming the parameter's file:line); their own parameter rules likewise.
+TEST(ScenarioDefaults, GenericFaultParametersAreCheckedUpFront) {
+  const Scenario s = load_one(
+      "checks: {resume: true}\nfaults:\n"
+      "  - {name: drop_checkpoint_key, key: \"optim/*/exp_avg_sq\"}\nexpect: caught\n");
+  ASSERT_EQ(s.faults.size(), 1u);
+  EXPECT_EQ(s.faults[0].string_params.at("key"), "optim/*/exp_avg_sq");
+  EXPECT_EQ(load_error("checks: {resume: true}\nfaults:\n"
+                       "  - {name: drop_checkpoint_key, key: \"optim/*/exp_avg_cube\"}\n"
+                       "expect: caught\n"),
+            "x.yaml:3:38: faults[0].key: drop_checkpoint_key key: 'optim/*/exp_avg_cube' matches "
+            "no checkpoint key of this scenario (e.g. model/embed.tok, "
+            "optim/embed.tok/exp_avg, optim/embed.tok/exp_avg_sq, model/embed.pos, ...)");
+  // A required glob left out.
+  EXPECT_EQ(
+      load_error("checks: {resume: true}\nfaults:\n  - drop_checkpoint_key\nexpect: caught\n"),
+      "x.yaml:3:5: faults[0]: drop_checkpoint_key needs key: glob over checkpoint keys, e.g. "
+      "\"optim/*/exp_avg_sq\"");
+  // fp8/ keys exist only with an FP8 recipe that keeps state (delayed).
+  EXPECT_NE(load_error("checks: {resume: true}\nfaults:\n"
+                       "  - {name: freeze_state, key: \"fp8/*/amax_history\"}\nexpect: caught\n")
+                .find("faults[0].key: freeze_state key: 'fp8/*/amax_history' matches no fp32 "
+                      "state tensor"),
+            std::string::npos);
+  // Scalars are checkpoint keys but not fp32 tensors: perturb cannot move them.
+  EXPECT_NE(load_error("checks: {reference: {mesh: {dp_shard: 1}}}\nmesh: {dp_shard: 2}\n"
+                       "faults:\n  - {name: perturb, tensor: optim/step, rel: 0.1}\n"
+                       "expect: caught\n")
+                .find("matches no fp32 state tensor"),
+            std::string::npos);
+  EXPECT_NE(load_error("checks: {reference: {mesh: {dp_shard: 1}}}\nmesh: {dp_shard: 2}\n"
+                       "faults:\n  - {name: perturb, tensor: \"model/*\", rel: 0.1, ulp: 2}\n"
+                       "expect: caught\n")
+                .find("faults[0]: perturb: give exactly one of ulp"),
+            std::string::npos);
+  EXPECT_NE(load_error("recipe: current\nmesh: {dp_shard: 2}\nfsdp: {fp8_all_gather: true}\n"
+                       "checks: {allgather_parity: true}\nfaults:\n"
+                       "  - {name: amax_group, linear: \"layers.*.mlp.fc9\", dims: none}\n"
+                       "expect: caught\n")
+                .find("faults[0].linear: amax_group linear: 'layers.*.mlp.fc9' matches no "
+                      "quantized linear"),
+            std::string::npos);
+  EXPECT_NE(load_error("recipe: current\nmesh: {dp_shard: 2}\nfsdp: {fp8_all_gather: true}\n"
+                       "checks: {allgather_parity: true}\nfaults:\n"
+                       "  - {name: amax_group, linear: \"*\", dims: dp_shard+pp}\n"
+                       "expect: caught\n")
+                .find("faults[0].dims: amax_group dims: 'pp' is no mesh dim"),
+            std::string::npos);
+}
+
 // ---- canonical form and hash
 
 TEST(ScenarioHash, StableUnderKeyOrderAndSpelledOutDefaults) {
