@@ -154,6 +154,38 @@ class StaleColumnwise {
   std::map<std::string, Copies> copies_;  // by linear
 };
 
+// stale_fp8_weight_after_update: from faults.from_step on, every gather of an FP8 weight hands
+// the GEMMs the whole gathered copy (rowwise and columnwise data and scales) of the previous
+// step's first gather, the weight as it was before the last optimizer update. Copies are
+// recorded from step 0 on, as StaleColumnwise's; a fresh session (a resumed run) has none, so
+// its first step computes with the current weight.
+class StaleFp8Weight {
+ public:
+  StaleFp8Weight(FaultInjection f) : f_(std::move(f)) {}
+  void operator()(const ParamSpec& p, int64_t step, kernels::QuantizedTensor& w) {
+    Copies& c = copies_[p.linear];
+    if (c.step != step) {
+      if (c.step >= 0) {
+        c.previous = c.current;
+        c.has_previous = true;
+      }
+      c.current = w;
+      c.step = step;
+    }
+    if (f_.active(step) && c.has_previous) w = c.previous;
+  }
+
+ private:
+  struct Copies {
+    int64_t step = -1;  // step of `current`
+    kernels::QuantizedTensor current;
+    kernels::QuantizedTensor previous;
+    bool has_previous = false;
+  };
+  FaultInjection f_;
+  std::map<std::string, Copies> copies_;  // by linear
+};
+
 // Whether optimizer_state_not_restored skips `key` (tensor or scalar).
 bool optimizer_part_skips(const std::string& part, std::string_view key) {
   if (!keys::is_optim(key)) return false;
@@ -344,6 +376,13 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
                        match_glob(f.amax_group_linear, linear);
       return hit ? dims : g;
     });
+  }
+  // ---- built-in catalog faults added with issue #20
+  if (f.stale_fp8_weight_after_update) {
+    auto stale = std::make_shared<StaleFp8Weight>(f);
+    h.on_backward_weight([stale](const ParamSpec& p, int64_t step,
+                                 kernels::QuantizedTensor& w) { (*stale)(p, step, w); },
+                         true);
   }
   return h;
 }

@@ -65,6 +65,12 @@ struct FaultInjection {
   std::string amax_group_role = "weight";
   std::string amax_group_dims = "none";
 
+  // ---- built-in catalog faults added with issue #20 (docs/design.md section 23)
+  // FP8 primary weights: the FP8 all-gather after an optimizer update does not reach the
+  // forward: every GEMM computes (forward and backward) with the gathered FP8 weight of the
+  // previous step, from before the update (Megatron-LM PR #5707).
+  bool stale_fp8_weight_after_update = false;
+
   int64_t from_step = 0;
 
   bool active(int64_t step) const { return step >= from_step; }
@@ -73,7 +79,7 @@ struct FaultInjection {
            scale_inv_saved_bf16 || stale_columnwise_copy || data_cursor_not_restored ||
            optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak ||
            !drop_checkpoint_key.empty() || !checkpoint_key_dtype.empty() || !freeze_state.empty() ||
-           !perturb_tensor.empty() || !amax_group_linear.empty();
+           !perturb_tensor.empty() || !amax_group_linear.empty() || stale_fp8_weight_after_update;
   }
 };
 

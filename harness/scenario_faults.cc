@@ -385,6 +385,23 @@ const std::vector<FaultDescriptor>& rows() {
               },
           .generic = true,
       },
+      {
+          .name = "stale_fp8_weight_after_update",
+          .bug_class =
+              "FP8 primary weights: the FP8 parameter all-gather after an optimizer update does "
+              "not reach the forward, so every GEMM computes with the gathered FP8 weight of the "
+              "step before (Megatron-LM PR #5707, stale FP8 weights after the param all-gather "
+              "overlap)",
+          .needs = {kFp8Params},
+          // Not reference: like stale_columnwise_copy the one-step-old weight moves the loss by
+          // less than the FP8 noise between meshes. The bitwise resume catches it: the resumed
+          // session has no older copy, so its first step computes with the current weight
+          // where the straight run used the stale one.
+          .caught_by = {"resume"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.stale_fp8_weight_after_update = true; },
+      },
   };
   return table;
 }

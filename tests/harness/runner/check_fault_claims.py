@@ -62,6 +62,8 @@ CLAIMS = {
     # current recipe, FSDP 4 vs FSDP 2, as amax_not_reduced's claim: fault-free the FP8 bytes
     # agree across meshes (3.2e-16), the unreduced qkv weight amax moves the loss past 1e-5.
     ("amax_group", "reference"): ("reference", "{mesh: {dp_shard: 2}, rtol: 1.0e-5}"),
+    # Built-in faults added with issue #20.
+    ("stale_fp8_weight_after_update", "resume"): ("resume", "{at_step: 3}"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism")
 
