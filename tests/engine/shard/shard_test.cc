@@ -118,6 +118,68 @@ const std::vector<MeshSpec> kMeshes = {
     MeshSpec{1, 2, 2},      MeshSpec{1, 4, 2}, MeshSpec{2, 2, 2}, MeshSpec{1, 1, 2, true},
     MeshSpec{1, 2, 2, true}};
 
+// Llama-style models (docs/design.md section 24): RMSNorm, SwiGLU, RoPE (theta 500000), no
+// biases, vocabulary-parallel embedding and LM head, grouped-query attention with KV 4 of 8 heads
+// (KV % tp holds on every mesh above, tp 4 included) and a vocabulary (37) no tp size divides.
+Config llama() {
+  Config c = tiny();
+  c.model.vocab = 37;
+  c.model.hidden = 32;
+  c.model.heads = 8;
+  c.model.kv_heads = 4;
+  c.model.ffn = 32;
+  c.model.norm = NormKind::kRmsNorm;
+  c.model.activation = Activation::kSwiGlu;
+  c.model.position = PositionKind::kRope;
+  c.model.rope_theta = 500000.0;
+  c.model.bias = false;
+  c.model.vocab_parallel = true;
+  return c;
+}
+
+// KV 2 of 4 heads, tied embeddings (both gradients into the one vocabulary-parallel embed.tok),
+// learned positions, biases, GELU/LayerNorm. tp 4 breaks KV % tp: an input error naming both.
+Config llama_kv2_tied() {
+  Config c = tiny();
+  c.model.vocab = 37;
+  c.model.kv_heads = 2;
+  c.model.tied_embeddings = true;
+  c.model.vocab_parallel = true;
+  return c;
+}
+
+TEST_P(Fp32Mesh, LlamaMatchesSingleRank) { expect_matches_single_rank(llama(), GetParam()); }
+TEST_P(Fp32Mesh, LlamaKv2TiedMatchesSingleRank) {
+  const MeshSpec& m = GetParam();
+  if (m.tp == 4) {
+    try {
+      run_training(run_options(llama_kv2_tied(), m, 1));
+      FAIL() << "expected an input error for KV 2 over tp 4";
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput) << e.what();
+      EXPECT_NE(std::string(e.what()).find("model.kv_heads = 2 is not divisible by tp = 4"),
+                std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  expect_matches_single_rank(llama_kv2_tied(), m);
+}
+
+// tp 3: vocabulary 37 in torch.chunk rows 13, 13, 11 (and 7 rows per dp_shard piece with FSDP);
+// KV 3 of 6 heads; sequence 9 for the SP mesh.
+TEST(Fp32MeshTp3, LlamaUnevenVocabularyMatchesSingleRank) {
+  Config c = llama();
+  c.model.heads = 6;
+  c.model.kv_heads = 3;
+  c.model.hidden = 24;
+  c.model.ffn = 36;
+  c.model.max_positions = 9;
+  c.training.seq_len = 9;
+  for (const MeshSpec& m : {MeshSpec{1, 1, 3}, MeshSpec{1, 2, 3}, MeshSpec{1, 1, 3, true}})
+    expect_matches_single_rank(c, m);
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh, ::testing::ValuesIn(kMeshes), [](const auto& info) {
   const MeshSpec& m = info.param;
   return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
