@@ -13,9 +13,11 @@
 //   gradient_replicas      HSDP gradient all-reduce      hsdp_replicas_not_reduced
 //   backward_weight        each FP8 weight gather        stale_columnwise_copy
 //   checkpoint_save        each saved key (+ its bytes)  fp8_state_dropped_from_checkpoint,
-//                                                        scale_inv_saved_bf16
+//                                                        scale_inv_saved_bf16,
+//                                                        swiglu_gate_up_swizzled_in_checkpoint
 //   checkpoint_restore     each loaded key and scalar    data_cursor_not_restored,
 //                                                        optimizer_state_not_restored
+//   rope_positions         each micro-batch's RoPE       rope_positions_local_under_sp
 #pragma once
 
 #include <cstdint>
@@ -55,6 +57,8 @@ class FaultHooks {
     std::function<kernels::Tensor(std::string_view key, int64_t step, kernels::Tensor host)> bytes;
   };
   using RestoreHook = std::function<bool(std::string_view key, int64_t step)>;
+  // Whether RoPE uses the global positions under sequence parallelism (true: correct).
+  using RopePositionsHook = std::function<bool(int64_t step, bool global)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -68,6 +72,7 @@ class FaultHooks {
   }
   void on_checkpoint_save(SaveHook h) { save_.push_back(std::move(h)); }
   void on_checkpoint_restore(RestoreHook h) { restore_.push_back(std::move(h)); }
+  void on_rope_positions(RopePositionsHook h) { rope_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -88,6 +93,8 @@ class FaultHooks {
   kernels::Tensor checkpoint_bytes(std::string_view key, int64_t step, kernels::Tensor host) const;
   // Whether a load of a checkpoint of `step` restores `key` (tensor or scalar).
   bool restores(std::string_view key, int64_t step) const;
+  // Whether the model's RoPE uses global positions under sequence parallelism at `step`.
+  bool rope_global_positions(int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -97,6 +104,7 @@ class FaultHooks {
   std::vector<BackwardWeightHook> backward_;
   std::vector<SaveHook> save_;
   std::vector<RestoreHook> restore_;
+  std::vector<RopePositionsHook> rope_;
   bool needs_quantized_ = false;
 };
 

@@ -34,6 +34,13 @@ struct FaultInjection {
   // The zero padding that evens out uneven shards for collectives leaks into the math (padded
   // rows are treated as real rows of the weight).
   bool uneven_shard_padding_leak = false;
+  // RoPE under sequence parallelism rotates q and k by each tp rank's local positions (every
+  // sequence shard restarting at 0) instead of the global ones.
+  bool rope_positions_local_under_sp = false;
+  // SwiGLU's gate and up weights (mlp.fc1_gate / mlp.fc1_up) saved with each rank's shard rows in
+  // TP-swizzled order: the two row halves of the shard exchanged, as when a fused [gate; up]
+  // per tp rank is split back the wrong way.
+  bool swiglu_gate_up_swizzled_in_checkpoint = false;
 
   int64_t from_step = 0;
 
@@ -41,7 +48,8 @@ struct FaultInjection {
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
            scale_inv_saved_bf16 || stale_columnwise_copy || data_cursor_not_restored ||
-           optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak;
+           optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak ||
+           rope_positions_local_under_sp || swiglu_gate_up_swizzled_in_checkpoint;
   }
 };
 

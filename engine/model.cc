@@ -567,8 +567,11 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   // recomputed forward produces the columnwise copies.
   Linear linear{recipe, grads != nullptr && !recompute, &saved, tp, batch, seq, {}};
   if (m.position == PositionKind::kRope) {
+    // The global position of every sequence index; with the fault, each sequence shard's
+    // tokens numbered from 0 (S/tp positions per shard).
+    const int64_t period = tp.sp() && !tp.rope_global_positions ? seq / tp.comm->size() : seq;
     linear.positions.resize(static_cast<size_t>(seq));
-    for (int64_t s = 0; s < seq; ++s) linear.positions[static_cast<size_t>(s)] = s;
+    for (int64_t s = 0; s < seq; ++s) linear.positions[static_cast<size_t>(s)] = s % period;
   }
   // Vocabulary parallelism (docs/design.md section 24): embed.tok and lm_head hold this tp
   // rank's vocabulary rows; a weight handed in with shard padding rows is cut to them here, so
@@ -665,7 +668,8 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   Tensor d_logits = new_tensor({hr, v}, dt);
   double loss_sum = vp_loss;
   if (vp) {
-    kernels::cross_entropy_shard_grad(logits, head_targets, vr.begin, log_z, grad_scale, d_logits);
+    kernels::cross_entropy_shard_grad(logits, head_targets, vr.begin, m.vocab, log_z, grad_scale,
+                                      d_logits);
   } else {
     loss_sum = kernels::cross_entropy_forward_backward(logits, targets, grad_scale, d_logits);
   }

@@ -154,10 +154,10 @@ CrossEntropyShardSums cross_entropy_shard_sums(const Tensor& logits, const Tenso
 }
 
 void cross_entropy_shard_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                              const std::vector<double>& log_z, double grad_scale,
+                              int64_t vocab, const std::vector<double>& log_z, double grad_scale,
                               Tensor& dlogits) {
   constexpr std::string_view op = "cross_entropy_shard_grad";
-  const HostShard h = host_shard(op, logits, targets, vocab_begin, vocab_begin + logits.shape()[1]);
+  const HostShard h = host_shard(op, logits, targets, vocab_begin, vocab);
   MP_CHECK(static_cast<int64_t>(log_z.size()) == h.m, "{}: {} log-partition values for {} rows", op,
            log_z.size(), h.m);
   detail::check_operand(dlogits, op, "dlogits", h.m * h.v);

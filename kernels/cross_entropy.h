@@ -37,6 +37,7 @@ CrossEntropyShardSums cross_entropy_shard_sums(const Tensor& logits, const Tenso
                                                int64_t vocab_begin, int64_t vocab,
                                                const std::vector<double>& row_max);
 void cross_entropy_shard_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                              const std::vector<double>& log_z, double grad_scale, Tensor& dlogits);
+                              int64_t vocab, const std::vector<double>& log_z, double grad_scale,
+                              Tensor& dlogits);
 
 }  // namespace meshproof::kernels

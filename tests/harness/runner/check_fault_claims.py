@@ -49,6 +49,10 @@ CLAIMS = {
     ("hsdp_replicas_not_reduced", "reference"): ("reference", "{mesh: {dp_shard: 4}}"),
     ("uneven_shard_padding_leak", "golden"): ("golden", "{mode: exact}"),
     ("uneven_shard_padding_leak", "reference"): ("reference", "{mesh: {dp_shard: 1}}"),
+    ("rope_positions_local_under_sp", "golden"): ("golden", "{mode: exact}"),
+    ("rope_positions_local_under_sp", "reference"):
+        ("reference", "{mesh: {tp: 1, sequence_parallel: false}}"),
+    ("swiglu_gate_up_swizzled_in_checkpoint", "resume"): ("resume", "{at_step: 3}"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism")
 
