@@ -91,9 +91,12 @@ TEST(Params, LlamaOptionsChangeTheParameterSet) {
   for (const ParamSpec& p : param_specs(m)) {
     EXPECT_FALSE(p.name.ends_with(".bias") && p.name.find("ln") == std::string::npos) << p.name;
     EXPECT_NE(p.name, "embed.pos");
-    if (p.name == "layers.0.attn.qkv.weight")
+    if (p.name == "layers.0.attn.qkv.weight") {
       EXPECT_EQ(p.shape, kernels::Shape({(4 + 2 * 1) * 8, 32}));  // (A + 2KV) d rows
-    if (p.vocab_rows) EXPECT_EQ(p.tp, TpStyle::kColumn) << p.name;
+    }
+    if (p.vocab_rows) {
+      EXPECT_EQ(p.tp, TpStyle::kColumn) << p.name;
+    }
   }
 }
 

@@ -549,7 +549,10 @@ TEST_P(RecipeMesh, LossTracksSingleRank) {
   expect_loss_tracks_single_rank(fp8_model(GetParam().kind), GetParam());
 }
 // The same bound for the Llama-style model (its mxfp8 rejections are the same meshes: hidden 64
-// over tp 4 and 16 tokens per rank on 8 data-parallel ranks).
+// over tp 4 and 16 tokens per rank on 8 data-parallel ranks). Measured worst relative loss
+// deviation over 4 steps (this machine, 2026-11-24): delayed 4.1e-3 (tp 4), 3.1e-3 (tp 2, with or
+// without SP); current 2.6e-3 (tp 4); block 1.9e-3 (tp 4); every other case below 1.7e-3. The
+// worst leaves a factor 2.4 to the bound.
 TEST_P(RecipeMesh, LlamaLossTracksSingleRank) {
   expect_loss_tracks_single_rank(llama_fp8_model(GetParam().kind), GetParam());
 }
