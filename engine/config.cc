@@ -25,6 +25,10 @@ std::string_view activation_name(Activation a) {
   return "?";
 }
 
+std::string_view position_name(PositionKind p) {
+  return p == PositionKind::kLearned ? "learned" : "rope";
+}
+
 std::string_view recipe_name(RecipeKind r) {
   for (const RecipeName& n : kRecipeNames) {
     if (n.kind == r) return n.name;
@@ -51,6 +55,12 @@ Activation parse_activation(std::string_view s, std::string_view field) {
   if (s == "relu") return Activation::kRelu;
   if (s == "swiglu") return Activation::kSwiGlu;
   MP_FAIL_INPUT("{} = '{}': expected gelu, relu or swiglu", field, s);
+}
+
+PositionKind parse_position(std::string_view s, std::string_view field) {
+  if (s == "learned") return PositionKind::kLearned;
+  if (s == "rope") return PositionKind::kRope;
+  MP_FAIL_INPUT("{} = '{}': expected learned or rope", field, s);
 }
 
 RecipeKind parse_recipe(std::string_view s, std::string_view field) {
@@ -110,6 +120,19 @@ std::vector<ConfigIssue> check_config(const Config& c) {
         fmt::format("model.dropout = {} must be in [0, 1)", m.dropout));
   needf("model.norm_eps", m.norm_eps > 0.0,
         fmt::format("model.norm_eps = {} must be > 0", m.norm_eps));
+  needf("model.kv_heads", m.kv_heads >= 0,
+        fmt::format("model.kv_heads = {} must be >= 1 (or 0: model.heads)", m.kv_heads));
+  needf("model.kv_heads", m.kv_heads <= 0 || m.heads < 1 || m.heads % m.kv_heads == 0,
+        fmt::format("model.kv_heads = {} does not divide model.heads = {}", m.kv_heads, m.heads));
+  // RoPE rotates pairs (2i, 2i+1) of each head: the head dim must be even.
+  needf("model.position",
+        m.position != PositionKind::kRope || m.heads < 1 || m.hidden % m.heads != 0 ||
+            (m.hidden / m.heads) % 2 == 0,
+        fmt::format("model.position = rope needs an even head dim, got model.hidden / model.heads "
+                    "= {} / {}",
+                    m.hidden, m.heads));
+  needf("model.rope_theta", std::isfinite(m.rope_theta) && m.rope_theta > 1.0,
+        fmt::format("model.rope_theta = {} must be finite and > 1", m.rope_theta));
 
   needf("training.batch", t.batch >= 1, fmt::format("training.batch = {} must be >= 1", t.batch));
   needf("training.seq_len", t.seq_len >= 1,
@@ -201,6 +224,11 @@ std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {
   add("model.tied_embeddings", c.model.tied_embeddings ? 1 : 0);
   add("model.dropout", c.model.dropout);
   add("model.norm_eps", c.model.norm_eps);
+  add("model.kv_heads", kv_heads_of(c.model));
+  add("model.position", position_name(c.model.position));
+  add("model.rope_theta", c.model.rope_theta);
+  add("model.bias", c.model.bias ? 1 : 0);
+  add("model.vocab_parallel", c.model.vocab_parallel ? 1 : 0);
   add("recipe.name", recipe_name(c.recipe.kind));
   add("recipe.amax_history_len", c.recipe.amax_history_len);
   add("recipe.amax_compute_algo", kernels::amax_algo_name(c.recipe.amax_compute_algo));

@@ -16,6 +16,9 @@ namespace meshproof::engine {
 
 enum class NormKind : uint8_t { kLayerNorm, kRmsNorm };
 enum class Activation : uint8_t { kGelu, kRelu, kSwiGlu };
+// How token positions enter the model (docs/design.md section 24): a learned table embed.pos added
+// to the token embedding, or rotary embeddings applied to q and k in every attention layer.
+enum class PositionKind : uint8_t { kLearned, kRope };
 enum class RecipeKind : uint8_t { kFp32, kBf16, kDelayed, kCurrent, kMxfp8, kBlock };
 enum class LrSchedule : uint8_t { kConstant, kWarmupCosine };
 // TransformerEngine's recipe.Format: HYBRID quantizes forward tensors (inputs, weights) in E4M3
@@ -37,12 +40,14 @@ constexpr bool is_fp8(RecipeKind r) { return r != RecipeKind::kFp32 && r != Reci
 
 std::string_view norm_name(NormKind k);
 std::string_view activation_name(Activation a);
+std::string_view position_name(PositionKind p);
 std::string_view recipe_name(RecipeKind r);
 std::string_view schedule_name(LrSchedule s);
 std::string_view fp8_format_name(Fp8Format f);
 // Parsers throw a kInput error naming `field` and the accepted values.
 NormKind parse_norm(std::string_view s, std::string_view field);
 Activation parse_activation(std::string_view s, std::string_view field);
+PositionKind parse_position(std::string_view s, std::string_view field);
 RecipeKind parse_recipe(std::string_view s, std::string_view field);
 LrSchedule parse_schedule(std::string_view s, std::string_view field);
 
@@ -58,7 +63,18 @@ struct ModelConfig {
   bool tied_embeddings = false;  // lm_head uses embed.tok when set
   double dropout = 0.0;          // hidden dropout after attn.proj and mlp.fc2
   double norm_eps = 1e-5;
+  // Llama-style options (docs/design.md section 24); the defaults are the GPT-2-like model.
+  int64_t kv_heads = 0;  // KV key/value heads (grouped-query attention); 0 means A (MHA)
+  PositionKind position = PositionKind::kLearned;
+  double rope_theta = 10000.0;  // RoPE base: angle p * theta^(-2i/d)
+  bool bias = true;             // false: no bias on any linear layer
+  // embed.tok and lm_head.weight split by rows (vocabulary) over tp, with the masked lookup and
+  // the parallel cross-entropy; no effect with tp = 1.
+  bool vocab_parallel = false;
 };
+
+// The number of key/value heads: model.kv_heads, or A when it is 0.
+inline int64_t kv_heads_of(const ModelConfig& m) { return m.kv_heads > 0 ? m.kv_heads : m.heads; }
 
 // Recipe options (docs/design.md section 4, docs/design.md section 15). Only the fields of the
 // chosen recipe are used. Unset optionals take the recipe's TransformerEngine default (resolved by

@@ -272,6 +272,12 @@ void perturb_state(const FaultInjection& f, int64_t step, ShardedState& state) {
 
 }  // namespace
 
+bool FaultHooks::rope_global_positions(int64_t step) const {
+  bool global = true;
+  for (const auto& h : rope_) global = h(step, global);
+  return global;
+}
+
 FaultHooks make_fault_hooks(const FaultInjection& f) {
   FaultHooks h;
   // uneven_shard_padding_leak: the vocabulary-sized weights (embed.tok, lm_head.weight) keep the
@@ -384,6 +390,25 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
                                  kernels::QuantizedTensor& w) { (*stale)(p, step, w); },
                          true);
   }
+  // rope_positions_local_under_sp: every sequence shard's tokens rotated as if it started at
+  // position 0.
+  if (f.rope_positions_local_under_sp)
+    h.on_rope_positions([f](int64_t step, bool global) { return global && !f.active(step); });
+  // swiglu_gate_up_swizzled_in_checkpoint: the saved shard of every model/...mlp.fc1_gate.weight
+  // and .fc1_up.weight holds its rows' second half first (the shard's two halves exchanged).
+  if (f.swiglu_gate_up_swizzled_in_checkpoint)
+    h.on_checkpoint_save(
+        {.keeps = nullptr, .bytes = [f](std::string_view key, int64_t step, Tensor host) {
+           if (!f.active(step) || !key.starts_with(keys::kModel) ||
+               !(key.ends_with("mlp.fc1_gate.weight") || key.ends_with("mlp.fc1_up.weight")) ||
+               host.shape().rank() < 1 || host.shape()[0] < 2)
+             return host;
+           const int64_t rows = host.shape()[0], half = rows / 2;
+           Tensor t = host.clone();
+           t.slice_rows(0, rows - half).copy_from(host.slice_rows(half, rows));
+           t.slice_rows(rows - half, rows).copy_from(host.slice_rows(0, half));
+           return t;
+         }});
   return h;
 }
 

@@ -13,7 +13,8 @@
 //   gradient_replicas      HSDP gradient all-reduce      hsdp_replicas_not_reduced
 //   backward_weight        each FP8 weight gather        stale_columnwise_copy
 //   checkpoint_save        each saved key (+ its bytes)  fp8_state_dropped_from_checkpoint,
-//                                                        scale_inv_saved_bf16
+//                                                        scale_inv_saved_bf16,
+//                                                        swiglu_gate_up_swizzled_in_checkpoint
 //   checkpoint_restore     each loaded key and scalar    data_cursor_not_restored,
 //                                                        optimizer_state_not_restored
 //   state                  the rank's state after a      freeze_state, perturb
@@ -21,6 +22,7 @@
 //                          after its optimizer update
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
+//   rope_positions         each micro-batch's RoPE       rope_positions_local_under_sp
 #pragma once
 
 #include <cstdint>
@@ -70,6 +72,8 @@ class FaultHooks {
     kAfterUpdate,  // step `step`'s optimizer update is done, before FP8 weights re-quantize
   };
   using StateHook = std::function<void(StatePoint, int64_t step, ShardedState& state)>;
+  // Whether RoPE uses the global positions under sequence parallelism (true: correct).
+  using RopePositionsHook = std::function<bool(int64_t step, bool global)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -84,6 +88,7 @@ class FaultHooks {
   void on_checkpoint_save(SaveHook h) { save_.push_back(std::move(h)); }
   void on_checkpoint_restore(RestoreHook h) { restore_.push_back(std::move(h)); }
   void on_state(StateHook h) { state_.push_back(std::move(h)); }
+  void on_rope_positions(RopePositionsHook h) { rope_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -106,6 +111,8 @@ class FaultHooks {
   bool restores(std::string_view key, int64_t step) const;
   // Lets the state hooks act on the rank's state at `point`.
   void state(StatePoint point, int64_t step, ShardedState& state) const;
+  // Whether the model's RoPE uses global positions under sequence parallelism at `step`.
+  bool rope_global_positions(int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -116,6 +123,7 @@ class FaultHooks {
   std::vector<SaveHook> save_;
   std::vector<RestoreHook> restore_;
   std::vector<StateHook> state_;
+  std::vector<RopePositionsHook> rope_;
   bool needs_quantized_ = false;
 };
 

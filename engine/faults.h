@@ -35,6 +35,13 @@ struct FaultInjection {
   // The zero padding that evens out uneven shards for collectives leaks into the math (padded
   // rows are treated as real rows of the weight).
   bool uneven_shard_padding_leak = false;
+  // RoPE under sequence parallelism rotates q and k by each tp rank's local positions (every
+  // sequence shard restarting at 0) instead of the global ones.
+  bool rope_positions_local_under_sp = false;
+  // SwiGLU's gate and up weights (mlp.fc1_gate / mlp.fc1_up) saved with each rank's shard rows in
+  // TP-swizzled order: the two row halves of the shard exchanged, as when a fused [gate; up]
+  // per tp rank is split back the wrong way.
+  bool swiglu_gate_up_swizzled_in_checkpoint = false;
 
   // ---- user-defined generic faults (docs/design.md section 23): each names what it corrupts
   // with a glob over checkpoint keys, tensor names or linear names (match_glob below); an empty
@@ -79,7 +86,8 @@ struct FaultInjection {
            scale_inv_saved_bf16 || stale_columnwise_copy || data_cursor_not_restored ||
            optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak ||
            !drop_checkpoint_key.empty() || !checkpoint_key_dtype.empty() || !freeze_state.empty() ||
-           !perturb_tensor.empty() || !amax_group_linear.empty() || stale_fp8_weight_after_update;
+           !perturb_tensor.empty() || !amax_group_linear.empty() || stale_fp8_weight_after_update ||
+           rope_positions_local_under_sp || swiglu_gate_up_swizzled_in_checkpoint;
   }
 };
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "kernels/activation.h"
@@ -99,6 +100,72 @@ Tensor seq_reduce_scatter(mesh::Communicator& comm, const Tensor& full, int64_t 
   return full.dtype() == DType::kFloat32 ? out : kernels::cast_to(out, full.dtype());
 }
 
+// The attention shape of this rank's qkv weight rows: whole KV groups of (A/KV + 2) x d rows.
+kernels::AttentionShape local_attention(const ModelConfig& m, const Tensor& qkv_w, int64_t batch,
+                                        int64_t seq) {
+  const int64_t d = m.hidden / m.heads, kv = kv_heads_of(m), r = m.heads / kv;
+  const int64_t groups = qkv_w.shape()[0] / ((r + 2) * d);
+  return {batch, seq, groups * r, d, groups};
+}
+
+// This tp rank's rows [begin, end) of the vocabulary under vocabulary parallelism: torch.chunk
+// rows (ceil(V / tp) each, trailing chunks smaller or empty), the layout's Shard(0) box.
+struct VocabRange {
+  int64_t begin = 0, end = 0;
+  int64_t rows() const { return end - begin; }
+};
+VocabRange vocab_range(int64_t vocab, int tp, int rank) {
+  const int64_t chunk = (vocab + tp - 1) / tp;
+  const int64_t begin = std::min<int64_t>(rank * chunk, vocab);
+  return {begin, std::min<int64_t>(begin + chunk, vocab)};
+}
+
+// Per-row doubles of every tp rank, gathered (bytes) and combined in rank order: max or sum.
+std::vector<double> tp_combine(mesh::Communicator& comm, const std::vector<double>& mine,
+                               bool max) {
+  const int n = comm.size();
+  const int64_t m = static_cast<int64_t>(mine.size());
+  const kernels::Device dev = kernels::current_context().device;
+  Tensor local = Tensor::from_vector<double>({m}, mine);
+  if (!dev.is_cpu()) local = local.to(dev);
+  Tensor all = Tensor::empty({n * m}, DType::kFloat64, dev);
+  comm.all_gather(local, all);
+  const std::vector<double> every = all.to_vector<double>();
+  std::vector<double> out(every.begin(), every.begin() + m);
+  for (int t = 1; t < n; ++t)
+    for (int64_t r = 0; r < m; ++r) {
+      const double v = every[static_cast<size_t>(t * m + r)];
+      double& o = out[static_cast<size_t>(r)];
+      o = max ? std::max(o, v) : o + v;
+    }
+  return out;
+}
+
+// The vocabulary-parallel loss (Megatron's parallel cross-entropy, kernels/cross_entropy.h):
+// row maxima and then sums of exponentials and target logits combined over tp. Returns the sum
+// of the per-row losses (under sequence parallelism, sp_size > 1, only of the rows of this rank's
+// sequence shard: the loss is a partial sum over tp like the single-rank path's) and sets log_z.
+double vocab_parallel_loss(mesh::Communicator& comm, const Tensor& logits, const Tensor& targets,
+                           const VocabRange& vr, int64_t vocab, int64_t seq, int sp_size,
+                           int sp_rank, std::vector<double>& log_z) {
+  const std::vector<double> row_max =
+      tp_combine(comm, kernels::cross_entropy_shard_max(logits), true);
+  const kernels::CrossEntropyShardSums sums =
+      kernels::cross_entropy_shard_sums(logits, targets, vr.begin, vocab, row_max);
+  const std::vector<double> sum_exp = tp_combine(comm, sums.sum_exp, false);
+  const std::vector<double> target = tp_combine(comm, sums.target_logit, false);
+  const int64_t m = static_cast<int64_t>(row_max.size()), sl = seq / sp_size;
+  log_z.assign(static_cast<size_t>(m), 0.0);
+  double total = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    log_z[i] = row_max[i] + std::log(sum_exp[i]);
+    const int64_t s = r % seq;
+    if (sp_size == 1 || s / sl == sp_rank) total += log_z[i] - target[i];
+  }
+  return total;
+}
+
 }  // namespace
 
 // Weights of one layer as handed in (norm biases absent for RMSNorm; fc1_up only for SwiGLU,
@@ -106,8 +173,8 @@ Tensor seq_reduce_scatter(mesh::Communicator& comm, const Tensor& full, int64_t 
 struct GptModel::LayerWeights {
   const Tensor* ln1_w;
   const Tensor* ln1_b;   // [H] or nullptr (RMSNorm)
-  const Tensor* qkv_w;   // [3H, H]
-  const Tensor* qkv_b;   // [3H]
+  const Tensor* qkv_w;   // [(A + 2KV)d, H], rows grouped by KV head (kernels/attention.h)
+  const Tensor* qkv_b;   // [(A + 2KV)d] or nullptr (model.bias = false; every linear bias alike)
   const Tensor* proj_w;  // [H, H]
   const Tensor* proj_b;  // [H]
   const Tensor* ln2_w;
@@ -141,7 +208,7 @@ struct GptModel::LayerGrads {
 struct GptModel::LayerActs {
   Tensor x_in;                         // [M, H] layer input
   Tensor ln1_out, ln1_mean, ln1_rstd;  // [M, H], [M], [M]
-  Tensor qkv;                          // [M, 3H]
+  Tensor qkv;                          // [M, (A + 2KV)d] (q and k rotated under RoPE)
   Tensor probs;                        // [B, A, S, S]
   Tensor attn_out;                     // [M, H]
   Tensor x_mid;                        // [M, H] after the attention residual
@@ -165,13 +232,16 @@ struct GptModel::Linear {
 
   TpContext tp;  // row-parallel outputs and column-parallel input gradients are reduced over it
   int64_t batch = 0, seq = 0;  // of this micro-batch (sequence-parallel layouts)
+  // RoPE: the position of each sequence index (the global one: the attention runs on the whole
+  // sequence, gathered under sequence parallelism).
+  std::vector<int64_t> positions;
 
   bool quantized() const { return recipe != nullptr && recipe->enabled(); }
 
   // y = x·wᵀ + b
   // row_parallel: y holds partial sums over the tp shards of K: all-reduced (or, with sequence
   // parallelism, reduce-scattered along the sequence into y's sequence shard), then the bias.
-  void forward(const std::string& name, const Tensor& x, const Tensor& w, const Tensor& b,
+  void forward(const std::string& name, const Tensor& x, const Tensor& w, const Tensor* b,
                Tensor& y, bool row_parallel = false) {
     if (row_parallel && tp.sp()) {
       Tensor full = new_tensor({batch * seq, y.shape()[1]}, y.dtype());
@@ -181,7 +251,7 @@ struct GptModel::Linear {
       gemm_forward(name, x, w, y);
       if (row_parallel) tp_sum(y);  // partial sums over the K shards; bias once, after
     }
-    kernels::add_bias_(y, b);
+    if (b) kernels::add_bias_(y, *b);  // model.bias = false: no bias
   }
 
   // Sums `t` over the tp group in place (fp32 reduction; bf16 tensors travel as fp32).
@@ -212,8 +282,8 @@ struct GptModel::Linear {
   // column_parallel: dx is a partial sum over the tp shards of W's rows; all-reduce it.
   // With sequence parallelism dx is this rank's sequence shard of the reduced input gradient.
   void backward_pass(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     Tensor& dw, Tensor& db, Tensor& dx, bool column_parallel = false) {
-    kernels::bias_grad(dy, db);
+                     Tensor& dw, Tensor* db, Tensor& dx, bool column_parallel = false) {
+    if (db) kernels::bias_grad(dy, *db);
     if (column_parallel && tp.sp()) {
       Tensor full = new_tensor({batch * seq, dx.shape()[1]}, dx.dtype());
       backward_gemms(name, dy, x, w, dw, full);
@@ -227,8 +297,8 @@ struct GptModel::Linear {
   // Row-parallel backward: with sequence parallelism dy is a sequence shard; its bias gradient is
   // a partial sum (reduced over tp by the caller) and the GEMMs use dy gathered along the sequence.
   void backward_row(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
-                    Tensor& dw, Tensor& db, Tensor& dx) {
-    kernels::bias_grad(dy, db);
+                    Tensor& dw, Tensor* db, Tensor& dx) {
+    if (db) kernels::bias_grad(dy, *db);
     if (tp.sp()) {
       backward_gemms(name, seq_gather(*tp.comm, dy, batch, seq), x, w, dw, dx);
     } else {
@@ -257,42 +327,44 @@ GptModel::LayerWeights GptModel::layer_weights(const TensorMap& w, int64_t i) co
   const std::string p = fmt::format("layers.{}.", i);
   const bool ln = config_.model.norm == NormKind::kLayerNorm;
   const bool glu = config_.model.activation == Activation::kSwiGlu;
+  const bool bias = config_.model.bias;
   const std::string fc1 = fc1_name(config_.model.activation);
   return {&w.at(p + "ln1.weight"),
           ln ? &w.at(p + "ln1.bias") : nullptr,
           &w.at(p + "attn.qkv.weight"),
-          &w.at(p + "attn.qkv.bias"),
+          bias ? &w.at(p + "attn.qkv.bias") : nullptr,
           &w.at(p + "attn.proj.weight"),
-          &w.at(p + "attn.proj.bias"),
+          bias ? &w.at(p + "attn.proj.bias") : nullptr,
           &w.at(p + "ln2.weight"),
           ln ? &w.at(p + "ln2.bias") : nullptr,
           &w.at(p + fc1 + ".weight"),
-          &w.at(p + fc1 + ".bias"),
+          bias ? &w.at(p + fc1 + ".bias") : nullptr,
           glu ? &w.at(p + "mlp.fc1_up.weight") : nullptr,
-          glu ? &w.at(p + "mlp.fc1_up.bias") : nullptr,
+          glu && bias ? &w.at(p + "mlp.fc1_up.bias") : nullptr,
           &w.at(p + "mlp.fc2.weight"),
-          &w.at(p + "mlp.fc2.bias")};
+          bias ? &w.at(p + "mlp.fc2.bias") : nullptr};
 }
 
 GptModel::LayerGrads GptModel::layer_grads(TensorMap& g, int64_t i) const {
   const std::string p = fmt::format("layers.{}.", i);
   const bool ln = config_.model.norm == NormKind::kLayerNorm;
   const bool glu = config_.model.activation == Activation::kSwiGlu;
+  const bool bias = config_.model.bias;
   const std::string fc1 = fc1_name(config_.model.activation);
   return {&g.at(p + "ln1.weight"),
           ln ? &g.at(p + "ln1.bias") : nullptr,
           &g.at(p + "attn.qkv.weight"),
-          &g.at(p + "attn.qkv.bias"),
+          bias ? &g.at(p + "attn.qkv.bias") : nullptr,
           &g.at(p + "attn.proj.weight"),
-          &g.at(p + "attn.proj.bias"),
+          bias ? &g.at(p + "attn.proj.bias") : nullptr,
           &g.at(p + "ln2.weight"),
           ln ? &g.at(p + "ln2.bias") : nullptr,
           &g.at(p + fc1 + ".weight"),
-          &g.at(p + fc1 + ".bias"),
+          bias ? &g.at(p + fc1 + ".bias") : nullptr,
           glu ? &g.at(p + "mlp.fc1_up.weight") : nullptr,
-          glu ? &g.at(p + "mlp.fc1_up.bias") : nullptr,
+          glu && bias ? &g.at(p + "mlp.fc1_up.bias") : nullptr,
           &g.at(p + "mlp.fc2.weight"),
-          &g.at(p + "mlp.fc2.bias")};
+          bias ? &g.at(p + "mlp.fc2.bias") : nullptr};
 }
 
 void GptModel::norm_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y,
@@ -321,10 +393,10 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden;
   const DType dt = a.x_in.dtype();
   // This rank's share of the heads and of F (everything under tensor parallelism; TP-local
-  // weights hold whole heads: QKV rows are interleaved per head).
-  const int64_t d = h / m.heads, heads = w.qkv_w->shape()[0] / (3 * d), hl = heads * d;
+  // weights hold whole KV groups: QKV rows are grouped by KV head).
+  const kernels::AttentionShape attn = local_attention(m, *w.qkv_w, batch, seq);
+  const int64_t heads = attn.heads, hl = heads * attn.head_dim, qkv_w = attn.qkv_width();
   const int64_t f = w.fc1_w->shape()[0];
-  const kernels::AttentionShape attn{batch, seq, heads, d};
   const std::string p = fmt::format("layers.{}.", layer);
   // Rows of the residual stream on this rank (the sequence shard under sequence parallelism).
   const bool sp = linear.tp.sp();
@@ -336,13 +408,15 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   a.ln1_rstd = new_tensor({rl}, dt);
   norm_forward(a.x_in, *w.ln1_w, w.ln1_b, a.ln1_out, a.ln1_mean, a.ln1_rstd);
   if (sp) a.ln1_out = seq_gather(*linear.tp.comm, a.ln1_out, batch, seq);
-  a.qkv = new_tensor({rows, 3 * hl}, dt);
-  linear.forward(p + "attn.qkv", a.ln1_out, *w.qkv_w, *w.qkv_b, a.qkv);
+  a.qkv = new_tensor({rows, qkv_w}, dt);
+  linear.forward(p + "attn.qkv", a.ln1_out, *w.qkv_w, w.qkv_b, a.qkv);
+  if (m.position == PositionKind::kRope)
+    kernels::rope_forward(a.qkv, attn, m.rope_theta, linear.positions);
   a.attn_out = new_tensor({rows, hl}, dt);
   a.probs = new_tensor({batch, heads, seq, seq}, dt);
   kernels::attention_forward(a.qkv, attn, a.attn_out, a.probs);
   Tensor proj_out = new_tensor({rl, h}, dt);
-  linear.forward(p + "attn.proj", a.attn_out, *w.proj_w, *w.proj_b, proj_out, true);
+  linear.forward(p + "attn.proj", a.attn_out, *w.proj_w, w.proj_b, proj_out, true);
   a.x_mid = new_tensor({rl, h}, dt);
   kernels::dropout_forward(proj_out, m.dropout,
                            dropout_key(config_.seed, coords, layer, "attn", seq, h), a.x_mid);
@@ -355,7 +429,7 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   norm_forward(a.x_mid, *w.ln2_w, w.ln2_b, a.ln2_out, a.ln2_mean, a.ln2_rstd);
   if (sp) a.ln2_out = seq_gather(*linear.tp.comm, a.ln2_out, batch, seq);
   a.fc1_out = new_tensor({rows, f}, dt);
-  linear.forward(p + fc1_name(m.activation), a.ln2_out, *w.fc1_w, *w.fc1_b, a.fc1_out);
+  linear.forward(p + fc1_name(m.activation), a.ln2_out, *w.fc1_w, w.fc1_b, a.fc1_out);
   a.act_out = new_tensor({rows, f}, dt);
   switch (m.activation) {
     case Activation::kGelu:
@@ -366,12 +440,12 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
       break;
     case Activation::kSwiGlu:
       a.up_out = new_tensor({rows, f}, dt);
-      linear.forward(p + "mlp.fc1_up", a.ln2_out, *w.up_w, *w.up_b, a.up_out);
+      linear.forward(p + "mlp.fc1_up", a.ln2_out, *w.up_w, w.up_b, a.up_out);
       kernels::swiglu_forward(a.fc1_out, a.up_out, a.act_out);
       break;
   }
   Tensor fc2_out = new_tensor({rl, h}, dt);
-  linear.forward(p + "mlp.fc2", a.act_out, *w.fc2_w, *w.fc2_b, fc2_out, true);
+  linear.forward(p + "mlp.fc2", a.act_out, *w.fc2_w, w.fc2_b, fc2_out, true);
   a.x_out = new_tensor({rl, h}, dt);
   kernels::dropout_forward(fc2_out, m.dropout,
                            dropout_key(config_.seed, coords, layer, "mlp", seq, h), a.x_out);
@@ -385,9 +459,9 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   const ModelConfig& m = config_.model;
   const int64_t seq = config_.training.seq_len, rows = batch * seq, h = m.hidden;
   const DType dt = a.x_in.dtype();
-  const int64_t d = h / m.heads, heads = w.qkv_w->shape()[0] / (3 * d), hl = heads * d;
+  const kernels::AttentionShape attn = local_attention(m, *w.qkv_w, batch, seq);
+  const int64_t hl = attn.heads * attn.head_dim, qkv_w = attn.qkv_width();
   const int64_t f = w.fc1_w->shape()[0];
-  const kernels::AttentionShape attn{batch, seq, heads, d};
   const std::string p = fmt::format("layers.{}.", layer);
   const int64_t rl = linear.tp.sp() ? rows / linear.tp.comm->size() : rows;
 
@@ -396,27 +470,27 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   kernels::dropout_backward(dx, m.dropout, dropout_key(config_.seed, coords, layer, "mlp", seq, h),
                             d_fc2);
   Tensor d_act = new_tensor({rows, f}, dt);
-  linear.backward_row(p + "mlp.fc2", d_fc2, a.act_out, *w.fc2_w, *g.fc2_w, *g.fc2_b, d_act);
+  linear.backward_row(p + "mlp.fc2", d_fc2, a.act_out, *w.fc2_w, *g.fc2_w, g.fc2_b, d_act);
   Tensor d_fc1 = new_tensor({rows, f}, dt);
   Tensor d_ln2 = new_tensor({rl, h}, dt);
   switch (m.activation) {
     case Activation::kGelu:
       kernels::gelu_backward(d_act, a.fc1_out, d_fc1);
-      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2,
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, g.fc1_b, d_ln2,
                            true);
       break;
     case Activation::kRelu:
       kernels::relu_backward(d_act, a.fc1_out, d_fc1);
-      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b, d_ln2,
+      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, g.fc1_b, d_ln2,
                            true);
       break;
     case Activation::kSwiGlu: {
       Tensor d_up = new_tensor({rows, f}, dt);
       kernels::swiglu_backward(d_act, a.fc1_out, a.up_out, d_fc1, d_up);
-      linear.backward_pass(p + "mlp.fc1_gate", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, *g.fc1_b,
-                           d_ln2, true);
+      linear.backward_pass(p + "mlp.fc1_gate", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, g.fc1_b, d_ln2,
+                           true);
       Tensor d_ln2_up = new_tensor({rl, h}, dt);
-      linear.backward_pass(p + "mlp.fc1_up", d_up, a.ln2_out, *w.up_w, *g.up_w, *g.up_b, d_ln2_up,
+      linear.backward_pass(p + "mlp.fc1_up", d_up, a.ln2_out, *w.up_w, *g.up_w, g.up_b, d_ln2_up,
                            true);
       kernels::add_(d_ln2, d_ln2_up);
       break;
@@ -431,11 +505,13 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   kernels::dropout_backward(d_mid, m.dropout,
                             dropout_key(config_.seed, coords, layer, "attn", seq, h), d_proj);
   Tensor d_attn = new_tensor({rows, hl}, dt);
-  linear.backward_row(p + "attn.proj", d_proj, a.attn_out, *w.proj_w, *g.proj_w, *g.proj_b, d_attn);
-  Tensor d_qkv = new_tensor({rows, 3 * hl}, dt);
+  linear.backward_row(p + "attn.proj", d_proj, a.attn_out, *w.proj_w, *g.proj_w, g.proj_b, d_attn);
+  Tensor d_qkv = new_tensor({rows, qkv_w}, dt);
   kernels::attention_backward(d_attn, a.qkv, a.probs, attn, d_qkv);
+  if (m.position == PositionKind::kRope)
+    kernels::rope_backward(d_qkv, attn, m.rope_theta, linear.positions);
   Tensor d_ln1 = new_tensor({rl, h}, dt);
-  linear.backward_pass(p + "attn.qkv", d_qkv, a.ln1_out, *w.qkv_w, *g.qkv_w, *g.qkv_b, d_ln1, true);
+  linear.backward_pass(p + "attn.qkv", d_qkv, a.ln1_out, *w.qkv_w, *g.qkv_w, g.qkv_b, d_ln1, true);
   norm_backward(d_ln1, a.x_in, *w.ln1_w, a.ln1_mean, a.ln1_rstd, dx, *g.ln1_w, g.ln1_b);
   kernels::add_(dx, d_mid);  // residual
 }
@@ -485,18 +561,52 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   }
 
   // Forward.
-  Tensor x = new_tensor({rows, h}, dt);
-  kernels::embedding_forward(ids, tok, w.at("embed.pos"), x);
   const bool recompute = config_.training.recompute && grads != nullptr;
   std::map<std::string, Linear::Saved> saved;  // quantized GEMM operands for the backward
   // With recompute the forward keeps nothing for the backward (rowwise copies only); the
   // recomputed forward produces the columnwise copies.
-  Linear linear{recipe, grads != nullptr && !recompute, &saved, tp, batch, seq};
+  Linear linear{recipe, grads != nullptr && !recompute, &saved, tp, batch, seq, {}};
+  if (m.position == PositionKind::kRope) {
+    // The global position of every sequence index; with the fault, each sequence shard's
+    // tokens numbered from 0 (S/tp positions per shard).
+    const int64_t period = tp.sp() && !tp.rope_global_positions ? seq / tp.comm->size() : seq;
+    linear.positions.resize(static_cast<size_t>(seq));
+    for (int64_t s = 0; s < seq; ++s) linear.positions[static_cast<size_t>(s)] = s % period;
+  }
+  // Vocabulary parallelism (docs/design.md section 24): embed.tok and lm_head hold this tp
+  // rank's vocabulary rows; a weight handed in with shard padding rows is cut to them here, so
+  // the padding never reaches the math.
+  const bool vp = m.vocab_parallel && tp.active();
+  const VocabRange vr =
+      vp ? vocab_range(m.vocab, tp.comm->size(), tp.comm->rank()) : VocabRange{0, tok.shape()[0]};
+  if (vp)
+    MP_CHECK(tok.shape()[0] >= vr.rows(),
+             "GptModel: embed.tok {} holds fewer than its {} vocabulary rows [{}, {})",
+             tok.describe(), vr.rows(), vr.begin, vr.end);
+  const Tensor tok_rows = vp ? tok.slice_rows(0, vr.rows()) : tok;
+  // Token ids are checked against the vocabulary (vocabulary-parallel) or the rows handed in.
+  const int64_t id_range = vp ? m.vocab : tok.shape()[0];
+  const bool learned = m.position == PositionKind::kLearned;
+  Tensor x = new_tensor({rows, h}, dt);
+  if (!vp && learned) {
+    kernels::embedding_forward(ids, tok, w.at("embed.pos"), x);
+  } else {
+    // Masked lookup of the held rows (zeros elsewhere), summed over tp; then the positions.
+    kernels::embedding_forward(ids, tok_rows, nullptr, vr.begin, id_range, x);
+    if (vp) linear.tp_sum(x);
+    if (learned) {
+      const Tensor& pos = w.at("embed.pos");
+      Tensor pos_rows = new_tensor({rows, h}, dt);
+      for (int64_t b = 0; b < batch; ++b) copy_rows(pos_rows, b * seq, pos, 0, seq);
+      kernels::add_(x, pos_rows);
+    }
+  }
   // Sequence parallelism: the residual stream, final norm, lm_head and loss on this rank's
   // sequence shard (rl rows); the loss and TP-replicated gradients become partial sums.
   const bool sp = tp.sp();
   const int tp_size = sp ? tp.comm->size() : 1, tp_rank = sp ? tp.comm->rank() : 0;
   const int64_t rl = rows / tp_size;
+  const Tensor all_targets = targets;  // every row's (the vocabulary-parallel loss under SP)
   if (sp) {
     MP_CHECK_INPUT(seq % tp_size == 0,
                    "sequence parallelism: training.seq_len = {} is not divisible by tp = {}", seq,
@@ -519,35 +629,64 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
     }
   }
   const bool ln = m.norm == NormKind::kLayerNorm;
-  const Tensor& lm_w = m.tied_embeddings ? tok : w.at("lm_head.weight");
+  const Tensor& lm_all = m.tied_embeddings ? tok : w.at("lm_head.weight");
+  if (vp)
+    MP_CHECK(lm_all.shape()[0] >= vr.rows(),
+             "GptModel: output projection {} holds fewer than its {} vocabulary rows [{}, {})",
+             lm_all.describe(), vr.rows(), vr.begin, vr.end);
   // One logit per row of the output projection handed in: V for the real weight (a weight that
-  // still carries shard padding rows, the uneven_shard_padding_leak fault, adds classes).
+  // still carries shard padding rows, the uneven_shard_padding_leak fault, adds classes); under
+  // vocabulary parallelism this rank's vocabulary columns, padding cut.
+  const Tensor lm_w = vp ? lm_all.slice_rows(0, vr.rows()) : lm_all;
   const int64_t v = lm_w.shape()[0];
-  MP_CHECK_INPUT(v >= m.vocab, "GptModel: output projection {} has fewer rows than vocab {}",
+  MP_CHECK_INPUT(vp || v >= m.vocab, "GptModel: output projection {} has fewer rows than vocab {}",
                  lm_w.describe(), m.vocab);
   Tensor xf = new_tensor({rl, h}, dt), f_mean = new_tensor({rl}, dt), f_rstd = new_tensor({rl}, dt);
   norm_forward(x, w.at("final_ln.weight"), ln ? &w.at("final_ln.bias") : nullptr, xf, f_mean,
                f_rstd);
-  Tensor logits = new_tensor({rl, v}, dt);
-  kernels::gemm_fprop(&xf, &lm_w, logits);
+  // Vocabulary-parallel under sequence parallelism: the lm_head input is gathered along the
+  // sequence (every position's logits of the held vocabulary columns), like a column-parallel
+  // layer's input.
+  const bool head_gather = vp && sp;
+  const Tensor head_in = head_gather ? seq_gather(*tp.comm, xf, batch, seq) : xf;
+  const Tensor& head_targets = head_gather ? all_targets : targets;
+  const int64_t hr = head_gather ? rows : rl;  // rows of the logits
+  Tensor logits = new_tensor({hr, v}, dt);
+  kernels::gemm_fprop(&head_in, &lm_w, logits);
   if (recipe) recipe->end_forward();
+  std::vector<double> log_z;  // vocabulary-parallel: per row, over the whole vocabulary
+  const double vp_loss = vp ? vocab_parallel_loss(*tp.comm, logits, head_targets, vr, m.vocab, seq,
+                                                  tp_size, tp_rank, log_z)
+                            : 0.0;
   if (grads == nullptr) {
-    const double loss = kernels::cross_entropy_forward(logits, targets);
+    const double loss = vp ? vp_loss : kernels::cross_entropy_forward(logits, targets);
     after(kRootUnit, Pass::kForward);
     return loss;
   }
 
   // Loss and backward.
-  Tensor d_logits = new_tensor({rl, v}, dt);
-  const double loss_sum =
-      kernels::cross_entropy_forward_backward(logits, targets, grad_scale, d_logits);
+  Tensor d_logits = new_tensor({hr, v}, dt);
+  double loss_sum = vp_loss;
+  if (vp) {
+    kernels::cross_entropy_shard_grad(logits, head_targets, vr.begin, m.vocab, log_z, grad_scale,
+                                      d_logits);
+  } else {
+    loss_sum = kernels::cross_entropy_forward_backward(logits, targets, grad_scale, d_logits);
+  }
   TensorMap& g = *grads;
   before(kRootUnit, Pass::kBackward);
+  Tensor& dlm_all = m.tied_embeddings ? g.at("embed.tok") : g.at("lm_head.weight");
+  Tensor dlm = vp ? dlm_all.slice_rows(0, vr.rows()) : dlm_all;
+  kernels::gemm_wgrad(&d_logits, &head_in, dlm, {.accumulate = true});
   Tensor d_xf = new_tensor({rl, h}, dt);
-  kernels::gemm_wgrad(&d_logits, &xf,
-                      m.tied_embeddings ? g.at("embed.tok") : g.at("lm_head.weight"),
-                      {.accumulate = true});
-  kernels::gemm_dgrad(&d_logits, &lm_w, d_xf);
+  if (head_gather) {  // partial sums over the vocabulary shards, scattered along the sequence
+    Tensor full = new_tensor({rows, h}, dt);
+    kernels::gemm_dgrad(&d_logits, &lm_w, full);
+    d_xf.copy_from(seq_reduce_scatter(*tp.comm, full, batch, seq));
+  } else {
+    kernels::gemm_dgrad(&d_logits, &lm_w, d_xf);
+    if (vp) linear.tp_sum(d_xf);  // partial sums over the vocabulary shards
+  }
   Tensor dx = new_tensor({rl, h}, dt);
   norm_backward(d_xf, x, w.at("final_ln.weight"), f_mean, f_rstd, dx, g.at("final_ln.weight"),
                 ln ? &g.at("final_ln.bias") : nullptr);
@@ -569,8 +708,26 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
       return kv.first.starts_with(prefix);
     });
   }
-  if (sp) dx = seq_place(dx, batch, seq, tp_size, tp_rank);  // zeros at the other positions
-  kernels::embedding_backward(dx, ids, g.at("embed.tok"), g.at("embed.pos"));
+  Tensor& dtok_all = g.at("embed.tok");
+  Tensor dtok = vp ? dtok_all.slice_rows(0, vr.rows()) : dtok_all;
+  Tensor* dpos = learned ? &g.at("embed.pos") : nullptr;
+  if (vp && sp) {
+    // The held vocabulary rows take every position's gradient (gathered along the sequence);
+    // the position table's stays this shard's partial sum, reduced over tp with the other
+    // TP-replicated gradients.
+    kernels::embedding_backward(seq_gather(*tp.comm, dx, batch, seq), ids, vr.begin, m.vocab, &dtok,
+                                nullptr);
+    if (dpos)
+      kernels::embedding_backward(seq_place(dx, batch, seq, tp_size, tp_rank), ids, vr.begin,
+                                  m.vocab, nullptr, dpos);
+  } else {
+    if (sp) dx = seq_place(dx, batch, seq, tp_size, tp_rank);  // zeros at the other positions
+    if (!vp && learned) {
+      kernels::embedding_backward(dx, ids, dtok_all, *dpos);
+    } else {
+      kernels::embedding_backward(dx, ids, vr.begin, id_range, &dtok, dpos);
+    }
+  }
   after(kRootUnit, Pass::kBackward);
   if (recipe) recipe->end_backward();
   return loss_sum;

@@ -39,6 +39,9 @@ namespace meshproof::engine {
 struct TpContext {
   mesh::Communicator* comm = nullptr;  // tp group; nullptr or size 1: no tensor parallelism
   bool sequence_parallel = false;
+  // RoPE positions under sequence parallelism: the global ones (correct), or each sequence
+  // shard's local ones (the rope_positions_local_under_sp fault, engine/fault_hooks.h).
+  bool rope_global_positions = true;
   bool active() const { return comm != nullptr && comm->size() > 1; }
   bool sp() const { return active() && sequence_parallel; }
 };

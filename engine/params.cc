@@ -20,8 +20,7 @@ namespace {
 constexpr LinearLayer kBlockLinears[] = {
     {.name = "attn.qkv",
      .kind = LinearKind::kColumnParallel,
-     .out_mult = 3,
-     .out_dim = ModelDim::kHidden,
+     .out_dim = ModelDim::kQkv,
      .in_dim = ModelDim::kHidden,
      .norm_before = "ln1"},
     {.name = "attn.proj",
@@ -64,11 +63,28 @@ std::vector<LinearLayer> block_linears(Activation activation) {
 }
 
 int64_t model_dim(const ModelConfig& m, ModelDim dim) {
-  return dim == ModelDim::kHidden ? m.hidden : m.ffn;
+  switch (dim) {
+    case ModelDim::kHidden:
+      return m.hidden;
+    case ModelDim::kFfn:
+      return m.ffn;
+    case ModelDim::kQkv:
+      // Rows grouped by KV head: A/KV query heads, then k, then v (d rows each) per group.
+      return (m.heads + 2 * kv_heads_of(m)) * (m.hidden / std::max<int64_t>(m.heads, 1));
+  }
+  return 0;
 }
 
 std::string_view model_dim_name(ModelDim dim) {
-  return dim == ModelDim::kHidden ? "hidden" : "ffn";
+  switch (dim) {
+    case ModelDim::kHidden:
+      return "hidden";
+    case ModelDim::kFfn:
+      return "ffn";
+    case ModelDim::kQkv:
+      return "qkv";
+  }
+  return "?";
 }
 
 std::string_view linear_kind_name(LinearKind k) {
@@ -94,8 +110,13 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
     add(prefix + ".weight", {h}, InitKind::kOnes, 0.0, unit);
     if (layernorm) add(prefix + ".bias", {h}, InitKind::kZeros, 0.0, unit);
   };
-  add("embed.tok", {v, h}, InitKind::kNormal, std_, kRootUnit).vocab_rows = true;
-  add("embed.pos", {m.max_positions, h}, InitKind::kNormal, std_, kRootUnit);
+  // Vocabulary-parallel embedding and LM head: rows split over tp like a column-parallel weight.
+  const TpStyle vocab_tp = m.vocab_parallel ? TpStyle::kColumn : TpStyle::kReplicated;
+  ParamSpec& tok = add("embed.tok", {v, h}, InitKind::kNormal, std_, kRootUnit);
+  tok.vocab_rows = true;
+  tok.tp = vocab_tp;
+  if (m.position == PositionKind::kLearned)
+    add("embed.pos", {m.max_positions, h}, InitKind::kNormal, std_, kRootUnit);
   for (int64_t i = 0; i < l; ++i) {
     const std::string p = fmt::format("layers.{}.", i);
     for (const LinearLayer& lin : block_linears(m.activation)) {
@@ -111,13 +132,17 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
       w.linear_kind = lin.kind;
       // A column-parallel bias splits with the weight's rows; a row-parallel bias is added after
       // the output all-reduce, whole on every tp rank.
+      if (!m.bias) continue;
       add(name + ".bias", {out}, InitKind::kZeros, 0.0, i).tp =
           column ? TpStyle::kColumn : TpStyle::kReplicated;
     }
   }
   norm("final_ln", kRootUnit);
-  if (!m.tied_embeddings)
-    add("lm_head.weight", {v, h}, InitKind::kNormal, std_, kRootUnit).vocab_rows = true;
+  if (!m.tied_embeddings) {
+    ParamSpec& head = add("lm_head.weight", {v, h}, InitKind::kNormal, std_, kRootUnit);
+    head.vocab_rows = true;
+    head.tp = vocab_tp;
+  }
   return s;
 }
 

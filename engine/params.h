@@ -34,12 +34,14 @@ enum class LinearKind : uint8_t { kColumnParallel, kRowParallel };
 // with FSDP the dp_shard placement becomes StridedShard(0, sf=tp)), kRow = Shard(1) over tp (a
 // row-parallel layer's weight), kReplicated = the whole tensor on every tp rank (norms,
 // embeddings, lm_head, row-parallel biases). engine/shard_plan.h turns a style and a mesh into
-// placements. (Vocabulary-parallel embeddings are not implemented: they would be a fourth style
-// and the model's embedding/loss collectives.)
+// placements. With model.vocab_parallel the vocabulary-row parameters (embed.tok, lm_head.weight)
+// take kColumn too: Shard(0) over tp in torch.chunk rows, uneven vocabularies included
+// (docs/design.md section 24).
 enum class TpStyle : uint8_t { kReplicated, kColumn, kRow };
 
 // The model dimension a linear layer's features are counted in.
-enum class ModelDim : uint8_t { kHidden, kFfn };
+// kQkv: the fused q/k/v rows (A + 2 KV) x d (3H without grouped-query attention).
+enum class ModelDim : uint8_t { kHidden, kFfn, kQkv };
 
 // Which activations a linear layer exists for.
 enum class LinearUse : uint8_t { kAlways, kUngated, kGated };
@@ -62,7 +64,7 @@ struct LinearLayer {
 std::vector<LinearLayer> block_linears(Activation activation);
 // The size of `dim` in `model`.
 int64_t model_dim(const ModelConfig& model, ModelDim dim);
-// "hidden" / "ffn" (the config keys).
+// "hidden" / "ffn" (the config keys) / "qkv".
 std::string_view model_dim_name(ModelDim dim);
 // "column_parallel" / "row_parallel".
 std::string_view linear_kind_name(LinearKind k);
@@ -88,7 +90,8 @@ struct ParamSpec {
 
 // All parameters in canonical order: embed.tok, embed.pos, layers.{i}.*, final_ln.*, lm_head.
 // Per block: ln1, then the block_linears() in order (weight, bias each), ln2 before the first MLP
-// linear. RMSNorm drops the norm biases; tied embeddings drop lm_head.weight.
+// linear. RMSNorm drops the norm biases; tied embeddings drop lm_head.weight; model.bias = false
+// drops the linear biases; RoPE drops embed.pos.
 std::vector<ParamSpec> param_specs(const ModelConfig& model);
 
 // Tensors keyed by parameter name, iterated in canonical (insertion) order.

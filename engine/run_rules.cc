@@ -110,6 +110,10 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
   const int64_t tp = ms.tp, dp = int64_t{ms.dp_replicate} * ms.dp_shard;
   need("mesh.tp", m.heads % tp == 0,
        fmt::format("model.heads = {} is not divisible by tp = {}", m.heads, tp));
+  // Grouped-query attention: whole KV groups (their query heads, k and v) per tp rank.
+  need("mesh.tp", kv_heads_of(m) % tp == 0,
+       fmt::format("model.kv_heads = {} is not divisible by tp = {} (KV groups split over tp)",
+                   kv_heads_of(m), tp));
   need("mesh.sequence_parallel", !ms.sequence_parallel || tp > 1,
        "needs tensor parallelism (mesh.tp > 1)");
   need("mesh.sequence_parallel", !ms.sequence_parallel || t.seq_len % tp == 0,
@@ -167,7 +171,8 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
         std::string name;
         int64_t rows, cols, local_rows;  // global shape; rows per tp rank
       };
-      const Weight weights[] = {{"layers.0.attn.qkv", 3 * m.hidden, m.hidden, 3 * m.hidden / tp},
+      const int64_t qkv_rows = (m.heads + 2 * kv_heads_of(m)) * (m.hidden / m.heads);
+      const Weight weights[] = {{"layers.0.attn.qkv", qkv_rows, m.hidden, qkv_rows / tp},
                                 {"layers.0.attn.proj", m.hidden, m.hidden, m.hidden},
                                 {fc1, m.ffn, m.hidden, m.ffn / tp},
                                 {"layers.0.mlp.fc2", m.hidden, m.ffn, m.hidden}};

@@ -213,7 +213,9 @@ struct TrainingSession::Impl {
       const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
       loss_sum += model.forward_backward(
           units->weights(), tokens, {cursor, row0}, grad_scale, units->grads(), &recipe,
-          TpContext{&comms.group(groups::kTp), options.mesh.sequence_parallel}, &*units);
+          TpContext{&comms.group(groups::kTp), options.mesh.sequence_parallel,
+                    faults.rope_global_positions(step)},
+          &*units);
     }
     units->end_step();
     fp8->clear_step();

@@ -159,7 +159,9 @@ void add_export_command(CLI::App& app, std::ostream& out, int& exit_code) {
   struct Options {
     engine::Config config;
     std::string out_path, norm = "layernorm", activation = "gelu", recipe = "fp32",
-                          schedule = "constant";
+                          schedule = "constant", position = "learned";
+    int64_t kv_heads = 0;  // 0: --heads
+    bool no_bias = false;
     int64_t max_positions = 0;  // 0: equal to --seq-len
     std::string scenario, filter;
     std::vector<std::string> sets;
@@ -181,6 +183,12 @@ void add_export_command(CLI::App& app, std::ostream& out, int& exit_code) {
   cmd->add_option("--norm", o->norm, "layernorm or rmsnorm")->capture_default_str();
   cmd->add_option("--activation", o->activation, "gelu, relu or swiglu")->capture_default_str();
   cmd->add_flag("--tied", c.model.tied_embeddings, "Tie lm_head to embed.tok");
+  cmd->add_option("--kv-heads", o->kv_heads, "Key/value heads KV (grouped-query; default --heads)");
+  cmd->add_option("--position", o->position, "learned or rope")->capture_default_str();
+  cmd->add_option("--rope-theta", c.model.rope_theta, "RoPE base theta")->capture_default_str();
+  cmd->add_flag("--no-bias", o->no_bias, "No biases on the linear layers");
+  cmd->add_flag("--vocab-parallel", c.model.vocab_parallel,
+                "Vocabulary-parallel embedding and LM head (recorded; one rank computes whole)");
   cmd->add_option("--dropout", c.model.dropout, "Hidden dropout probability")
       ->capture_default_str();
   cmd->add_option("--recipe", o->recipe, "Precision recipe")->capture_default_str();
@@ -230,6 +238,10 @@ void add_export_command(CLI::App& app, std::ostream& out, int& exit_code) {
     engine::Config cfg = o->config;
     cfg.model.norm = engine::parse_norm(o->norm, "--norm");
     cfg.model.activation = engine::parse_activation(o->activation, "--activation");
+    cfg.model.position = engine::parse_position(o->position, "--position");
+    cfg.model.kv_heads = o->kv_heads > 0 ? o->kv_heads : cfg.model.heads;
+    MP_CHECK_INPUT(o->kv_heads >= 0, "--kv-heads {} must be >= 1", o->kv_heads);
+    cfg.model.bias = !o->no_bias;
     cfg.recipe.kind = engine::parse_recipe(o->recipe, "--recipe");
     cfg.training.schedule = engine::parse_schedule(o->schedule, "--schedule");
     cfg.model.max_positions = o->max_positions > 0 ? o->max_positions : cfg.training.seq_len;

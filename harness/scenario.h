@@ -34,6 +34,10 @@ enum class Backend : uint8_t { kCpu, kCuda, kAuto };
 inline constexpr std::string_view kBackendNames[] = {"cpu", "cuda", "auto"};
 enum class Launcher : uint8_t { kLocal, kMpi };
 inline constexpr std::string_view kLauncherNames[] = {"local", "mpi"};
+// model.preset (docs/design.md section 24): the defaults of the model keys. gpt_small is the
+// GPT-2-like model of the key table; llama3_debug the size of torchtitan's llama3 debug model.
+enum class ModelPreset : uint8_t { kGptSmall, kLlama3Debug };
+inline constexpr std::string_view kModelPresetNames[] = {"gpt_small", "llama3_debug"};
 
 struct CheckpointConfig {
   std::string dir;        // empty: <out>/<scenario>/checkpoints
@@ -106,6 +110,7 @@ struct Scenario {
   // model.max_positions, which is always seq_len), train.global_batch -> train.batch, data.order ->
   // data.markov_order, recipe.name -> recipe.kind, train.seed -> seed.
   engine::ModelConfig model;
+  ModelPreset model_preset = ModelPreset::kGptSmall;  // model.preset: the model keys' defaults
   engine::MeshSpec mesh;
   engine::RecipeConfig recipe;  // fp8_format and power_2_scale always set (default_recipe)
   engine::FsdpOptions fsdp;

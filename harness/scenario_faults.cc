@@ -33,6 +33,16 @@ constexpr FaultRequirement kTwoReplicas{"mesh.dp_replicate >= 2",
                                         [](const Scenario& s) { return s.mesh.dp_replicate >= 2; }};
 constexpr FaultRequirement kTwoTpRanks{"mesh.tp >= 2",
                                        [](const Scenario& s) { return s.mesh.tp >= 2; }};
+constexpr FaultRequirement kRopeUnderSp{
+    "model.position: rope and mesh.sequence_parallel: true with mesh.tp >= 2",
+    [](const Scenario& s) {
+      return s.model.position == engine::PositionKind::kRope && s.mesh.sequence_parallel &&
+             s.mesh.tp >= 2;
+    }};
+constexpr FaultRequirement kSwiGluUnderTp{
+    "model.activation: swiglu and mesh.tp >= 2", [](const Scenario& s) {
+      return s.model.activation == engine::Activation::kSwiGlu && s.mesh.tp >= 2;
+    }};
 constexpr FaultRequirement kUnevenVocabShards{
     "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what leaks)",
     [](const Scenario& s) { return s.model.vocab % s.mesh.dp_shard != 0; }};
@@ -401,6 +411,33 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.stale_fp8_weight_after_update = true; },
+      },
+      {
+          .name = "rope_positions_local_under_sp",
+          .bug_class =
+              "under sequence parallelism each tp rank rotates q and k by its sequence shard's "
+              "local positions (every shard restarting at 0) instead of the global ones, so "
+              "attention sees the wrong relative distances across shards",
+          .needs = {kRopeUnderSp},
+          .caught_by = {"golden", "reference"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.rope_positions_local_under_sp = true; },
+      },
+      {
+          .name = "swiglu_gate_up_swizzled_in_checkpoint",
+          .bug_class =
+              "SwiGLU's gate and up projections are saved in TP-swizzled row order (each tp "
+              "rank's shard with its two halves exchanged, as when a fused [gate; up] per rank "
+              "is split back the wrong way; Megatron-LM PR 5714), so a resumed run computes "
+              "with permuted MLP rows",
+          .needs = {kSwiGluUnderTp},
+          .caught_by = {"resume"},
+          .params = {},
+          .inject =
+              [](const FaultSpec&, engine::FaultInjection& f) {
+                f.swiglu_gate_up_swizzled_in_checkpoint = true;
+              },
       },
   };
   return table;

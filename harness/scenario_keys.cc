@@ -135,6 +135,39 @@ Key<T> with_text(Key<T> k, std::string default_text) {
   return k;
 }
 
+// The values of the llama3_debug preset (docs/design.md section 24), by key path; every other
+// model key keeps its table default.
+const std::vector<std::pair<std::string_view, KeyValue>>& llama3_debug_preset() {
+  static const std::vector<std::pair<std::string_view, KeyValue>> preset = {
+      {"model.vocab", int64_t{2048}},
+      {"model.hidden", int64_t{256}},
+      {"model.heads", int64_t{16}},
+      {"model.kv_heads", int64_t{4}},
+      {"model.layers", int64_t{6}},
+      {"model.ffn", int64_t{768}},
+      {"model.norm", std::string("rmsnorm")},
+      {"model.activation", std::string("swiglu")},
+      {"model.position", std::string("rope")},
+      {"model.rope_theta", 500000.0},
+      {"model.bias", false},
+      {"model.vocab_parallel", true},
+  };
+  return preset;
+}
+
+// Makes the defaults of the model keys follow model.preset (read first in its section).
+void apply_model_presets(std::vector<Key<Scenario>>& keys) {
+  for (Key<Scenario>& k : keys) {
+    for (const auto& [path, value] : llama3_debug_preset()) {
+      if (k.path != path) continue;
+      k.default_of = [value, table = k.default_of, def = k.def](const Scenario& s) {
+        if (s.model_preset == ModelPreset::kLlama3Debug) return value;
+        return table ? table(s) : def;
+      };
+    }
+  }
+}
+
 std::vector<Key<Scenario>> make_scenario_keys() {
   using S = Scenario;
   std::vector<Key<S>> k;
@@ -174,6 +207,12 @@ std::vector<Key<Scenario>> make_scenario_keys() {
   k.push_back(own_key<S>("matrix", KeyType::kMapping, "none", "lists of values to expand"));
 
   // model
+  Key<S> preset = enum_key<S>(
+      "model.preset", ModelPreset::kGptSmall, names_of<ModelPreset>(kModelPresetNames),
+      [](S & s) -> auto& { return s.model_preset; },
+      "the defaults of the model keys below (llama3_debug: see docs/design.md section 24)");
+  preset.hashed = false;  // what it sets is hashed key by key
+  k.push_back(preset);
   k.push_back(int_key<S>(
       "model.vocab", 256, 2, kMaxDim, [](S & s) -> auto& { return s.model.vocab; },
       "vocabulary size V"));
@@ -213,6 +252,38 @@ std::vector<Key<Scenario>> make_scenario_keys() {
   k.push_back(number_key<S>(
       "model.dropout", 0.0, 0.0, 1.0, false, true, [](S & s) -> auto& { return s.model.dropout; },
       "hidden dropout probability"));
+  // Llama-style options (docs/design.md section 24). Each is hashed only where it differs from
+  // the GPT-2-like model, so the hashes of scenarios that never set them stay what they were.
+  Key<S> kv = int_key<S>(
+      "model.kv_heads", 4, 1, 4096, [](S & s) -> auto& { return s.model.kv_heads; },
+      "key/value heads KV (grouped-query attention); divides heads; divisible by mesh.tp");
+  kv.default_text = "heads";
+  kv.default_of = [](const S& s) { return KeyValue{s.model.heads}; };
+  kv.hash_if = [](const S& s) { return engine::kv_heads_of(s.model) != s.model.heads; };
+  k.push_back(kv);
+  Key<S> position = enum_key<S>(
+      "model.position", engine::PositionKind::kLearned,
+      names_of<engine::PositionKind>(engine::position_name, 2),
+      [](S & s) -> auto& { return s.model.position; },
+      "learned (embed.pos) or rope (rotary q/k, no embed.pos)");
+  position.hash_if = [](const S& s) { return s.model.position != engine::PositionKind::kLearned; };
+  k.push_back(position);
+  Key<S> theta = number_key<S>(
+      "model.rope_theta", 10000.0, 1.0, 1e12, true, false,
+      [](S & s) -> auto& { return s.model.rope_theta; }, "RoPE base theta");
+  theta.hash_if = [](const S& s) { return s.model.rope_theta != 10000.0; };
+  k.push_back(theta);
+  Key<S> bias = bool_key<S>(
+      "model.bias", true, [](S & s) -> auto& { return s.model.bias; },
+      "biases on the linear layers (qkv, proj, fc1/fc1_gate/fc1_up, fc2)");
+  bias.hash_if = [](const S& s) { return !s.model.bias; };
+  k.push_back(bias);
+  Key<S> vocab_parallel = bool_key<S>(
+      "model.vocab_parallel", false, [](S & s) -> auto& { return s.model.vocab_parallel; },
+      "embed.tok and lm_head split by vocabulary rows over tp, parallel cross-entropy");
+  vocab_parallel.hash_if = [](const S& s) { return s.model.vocab_parallel; };
+  k.push_back(vocab_parallel);
+  apply_model_presets(k);
 
   // fsdp
   k.push_back(bool_key<S>(

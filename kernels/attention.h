@@ -1,13 +1,24 @@
-// Causal multi-head self-attention core (docs/design.md section 3), no FP8:
-//   qkv:   [B*S, 3H], per-head interleaved columns (the fused QKV linear's output): for head h
-//          (d = H/A) columns [h*3d, h*3d+d) are q, the next d are k, the next d are v.
+// Causal multi-head self-attention core (docs/design.md sections 3 and 24), no FP8:
+//   qkv:   [B*S, (A + 2KV)d], columns grouped by KV head (the fused QKV linear's output): group g
+//          (0 <= g < KV, r = A/KV query heads each) holds columns [g(r+2)d, (g+1)(r+2)d): its r
+//          query heads (d each), then its k (d), then its v (d). Query head h uses group h / r.
+//          With KV = A (the default) this is the per-head [q, k, v] interleave.
 //   out:   [B*S, H], head h in columns [h*d, (h+1)*d).
 //   probs: [B, A, S, S] saved softmax(q·kᵀ/sqrt(d)) with the causal mask (zeros above the
 //          diagonal), computed in double and stored in the compute dtype (fp32 or fp64).
-// Backward writes dqkv [B*S, 3H] (same interleaving).
+// Backward writes dqkv [B*S, (A + 2KV)d] (same layout; a group's dk and dv summed over its query
+// heads in head order).
+//
+// Rotary position embedding (RoPE, docs/design.md section 24) acts on the same fused layout in
+// place: every q head and every k head is rotated over interleaved pairs (2i, 2i+1) by the angle
+// p * theta^(-2i/d), p = positions[s] for the tokens at sequence index s (the global positions,
+// also under sequence parallelism). Angles, sines and cosines and the rotation are computed in
+// double and rounded once to the compute dtype. The backward rotates the gradients by -angle
+// (the rotation's transpose); v columns are untouched.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/tensor.h"
 
@@ -18,10 +29,19 @@ struct AttentionShape {
   int64_t seq = 0;       // S
   int64_t heads = 0;     // A
   int64_t head_dim = 0;  // d
+  int64_t kv_heads = 0;  // KV (grouped-query attention; divides A); 0 means A
+  int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t qkv_width() const { return (heads + 2 * kv()) * head_dim; }
 };
 
 void attention_forward(const Tensor& qkv, const AttentionShape& shape, Tensor& out, Tensor& probs);
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                         const AttentionShape& shape, Tensor& dqkv);
+
+// positions: S host values (the position of sequence index s).
+void rope_forward(Tensor& qkv, const AttentionShape& shape, double theta,
+                  const std::vector<int64_t>& positions);
+void rope_backward(Tensor& dqkv, const AttentionShape& shape, double theta,
+                   const std::vector<int64_t>& positions);
 
 }  // namespace meshproof::kernels

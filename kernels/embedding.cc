@@ -26,20 +26,35 @@ void check_ids(std::string_view op, const Tensor& ids, int64_t vocab, int64_t po
 }  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& tok, const Tensor& pos, Tensor& x) {
+  embedding_forward(ids, tok, &pos, 0, tok.shape()[0], x);
+}
+
+void embedding_backward(const Tensor& dx, const Tensor& ids, Tensor& dtok, Tensor& dpos) {
+  embedding_backward(dx, ids, 0, dtok.shape()[0], &dtok, &dpos);
+}
+
+void embedding_forward(const Tensor& ids, const Tensor& tok, const Tensor* pos, int64_t vocab_begin,
+                       int64_t vocab, Tensor& x) {
   constexpr std::string_view op = "embedding_forward";
   detail::check_operand(tok, op, "tok");
   detail::check_float(tok, op, "tok");
-  detail::check_operand(pos, op, "pos");
-  detail::check_same_dtype(tok, pos, op);
-  const int64_t h = tok.shape().last();
-  MP_CHECK(pos.shape().last() == h, "{}: tok {} and pos {} disagree on H", op, tok.describe(),
-           pos.describe());
-  check_ids(op, ids, tok.shape()[0], pos.shape()[0]);
+  const int64_t h = tok.shape().last(), rows = tok.shape()[0];
+  MP_CHECK(vocab_begin >= 0 && vocab_begin + rows <= vocab,
+           "{}: tok {} holds rows [{}, {}) outside the vocabulary of {}", op, tok.describe(),
+           vocab_begin, vocab_begin + rows, vocab);
+  if (pos) {
+    detail::check_operand(*pos, op, "pos");
+    detail::check_same_dtype(tok, *pos, op);
+    MP_CHECK(pos->shape().last() == h, "{}: tok {} and pos {} disagree on H", op, tok.describe(),
+             pos->describe());
+  }
+  check_ids(op, ids, vocab, pos ? pos->shape()[0] : ids.shape()[1]);
   const int64_t bn = ids.shape()[0], seq = ids.shape()[1];
   detail::check_operand(x, op, "x", bn * seq * h);
   detail::check_same_dtype(tok, x, op);
-  if (detail::on_cuda(op, {&ids, &tok, &pos, &x})) {
-    MP_OP_CUDA(op, launch_embedding_forward(ids.data<int32_t>(), tok.raw_data(), pos.raw_data(),
+  if (pos ? detail::on_cuda(op, {&ids, &tok, pos, &x}) : detail::on_cuda(op, {&ids, &tok, &x})) {
+    MP_OP_CUDA(op, launch_embedding_forward(ids.data<int32_t>(), tok.raw_data(),
+                                            pos ? pos->raw_data() : nullptr, vocab_begin, rows,
                                             tok.dtype() == DType::kBFloat16, bn, seq, h,
                                             x.raw_data(), detail::cuda_stream()));
     return;
@@ -48,74 +63,99 @@ void embedding_forward(const Tensor& ids, const Tensor& tok, const Tensor& pos, 
     using T = decltype(t);
     const int32_t* id = ids.data<int32_t>();
     const T* tp = tok.data<T>();
-    const T* pp = pos.data<T>();
+    const T* pp = pos ? pos->data<T>() : nullptr;
     T* xp = x.data<T>();
     for (int64_t b = 0; b < bn; ++b)
       for (int64_t s = 0; s < seq; ++s) {
-        const T* tr = tp + static_cast<int64_t>(id[b * seq + s]) * h;
+        const int64_t row = static_cast<int64_t>(id[b * seq + s]) - vocab_begin;
         T* xr = xp + (b * seq + s) * h;
-        for (int64_t c = 0; c < h; ++c) xr[c] = tr[c] + pp[s * h + c];
+        if (row < 0 || row >= rows) {  // another shard's id: a zero row (plus the position)
+          for (int64_t c = 0; c < h; ++c) xr[c] = pp ? pp[s * h + c] : T(0);
+          continue;
+        }
+        const T* tr = tp + row * h;
+        if (pp) {
+          for (int64_t c = 0; c < h; ++c) xr[c] = tr[c] + pp[s * h + c];
+        } else {
+          for (int64_t c = 0; c < h; ++c) xr[c] = tr[c];
+        }
       }
   });
 }
 
-void embedding_backward(const Tensor& dx, const Tensor& ids, Tensor& dtok, Tensor& dpos) {
+void embedding_backward(const Tensor& dx, const Tensor& ids, int64_t vocab_begin, int64_t vocab,
+                        Tensor* dtok, Tensor* dpos) {
   constexpr std::string_view op = "embedding_backward";
-  detail::check_grad(dtok, op, "dtok", dtok.numel().value);
-  detail::check_grad(dpos, op, "dpos", dpos.numel().value);
-  detail::check_same_dtype(dtok, dpos, op);
+  MP_CHECK(dtok || dpos, "{}: neither dtok nor dpos asked for", op);
+  if (dtok) detail::check_grad(*dtok, op, "dtok", dtok->numel().value);
+  if (dpos) detail::check_grad(*dpos, op, "dpos", dpos->numel().value);
+  if (dtok && dpos) detail::check_same_dtype(*dtok, *dpos, op);
   detail::check_float(dx, op, "dx");
-  const int64_t h = dtok.shape().last();
-  check_ids(op, ids, dtok.shape()[0], dpos.shape()[0]);
+  const Tensor& any = dtok ? *dtok : *dpos;
+  const int64_t h = any.shape().last(), rows = dtok ? dtok->shape()[0] : 0;
+  if (dtok)
+    MP_CHECK(vocab_begin >= 0 && vocab_begin + rows <= vocab,
+             "{}: dtok {} holds rows [{}, {}) outside the vocabulary of {}", op, dtok->describe(),
+             vocab_begin, vocab_begin + rows, vocab);
+  check_ids(op, ids, vocab, dpos ? dpos->shape()[0] : ids.shape()[1]);
   const int64_t bn = ids.shape()[0], seq = ids.shape()[1];
   detail::check_operand(dx, op, "dx", bn * seq * h);
-  if (detail::on_cuda(op, {&dx, &ids, &dtok, &dpos})) {
+  if (detail::on_cuda(op, {&dx, &ids, &any})) {
+    if (dtok && dpos) detail::on_cuda(op, {&dx, dtok, dpos});
     // Group the flat positions by token row (counting sort, positions increasing within a row) so
-    // the kernel adds each row's gradients in the CPU's order without atomics.
-    const std::vector<int32_t> id = ids.to_vector<int32_t>();
-    const int64_t vocab = dtok.shape()[0];
-    std::vector<int32_t> count(static_cast<size_t>(vocab), 0);
-    for (int32_t t : id) ++count[static_cast<size_t>(t)];
+    // the kernel adds each row's gradients in the CPU's order without atomics. Ids outside this
+    // shard's rows are left out.
+    std::vector<int32_t> id = ids.to_vector<int32_t>();
+    for (int32_t& t : id) {
+      const int64_t row = t - vocab_begin;
+      t = row >= 0 && row < rows ? static_cast<int32_t>(row) : -1;
+    }
+    std::vector<int32_t> count(static_cast<size_t>(rows), 0);
+    for (int32_t t : id)
+      if (t >= 0) ++count[static_cast<size_t>(t)];
     std::vector<int32_t> row_ids, row_start{0};
-    for (int64_t t = 0; t < vocab; ++t) {
+    for (int64_t t = 0; t < rows; ++t) {
       if (count[static_cast<size_t>(t)] == 0) continue;
       row_ids.push_back(static_cast<int32_t>(t));
       row_start.push_back(row_start.back() + count[static_cast<size_t>(t)]);
     }
-    std::vector<int32_t> slot(static_cast<size_t>(vocab), -1);  // t -> index into row_ids
+    std::vector<int32_t> slot(static_cast<size_t>(rows), -1);  // t -> index into row_ids
     for (size_t k = 0; k < row_ids.size(); ++k)
       slot[static_cast<size_t>(row_ids[k])] = static_cast<int32_t>(k);
     std::vector<int32_t> fill(row_start.begin(), row_start.end() - 1);
-    std::vector<int32_t> row_pos(id.size());
-    for (size_t f = 0; f < id.size(); ++f)
+    std::vector<int32_t> row_pos(static_cast<size_t>(row_start.back()));
+    for (size_t f = 0; f < id.size(); ++f) {
+      if (id[f] < 0) continue;
       row_pos[static_cast<size_t>(fill[static_cast<size_t>(slot[static_cast<size_t>(id[f])])]++)] =
           static_cast<int32_t>(f);
+    }
     const auto upload = [&](const std::vector<int32_t>& v) {
       return Tensor::from_vector<int32_t>({static_cast<int64_t>(v.size())}, v).to(dx.device());
     };
     const Tensor d_ids = upload(row_ids), d_start = upload(row_start), d_pos = upload(row_pos);
-    MP_OP_CUDA(op, launch_embedding_backward(dx.raw_data(), dx.dtype() == DType::kBFloat16, bn, seq,
-                                             h, d_ids.data<int32_t>(), d_start.data<int32_t>(),
-                                             d_pos.data<int32_t>(), d_ids.numel().value,
-                                             dtok.data<float>(), dpos.data<float>(),
-                                             detail::cuda_stream()));
+    MP_OP_CUDA(op, launch_embedding_backward(
+                       dx.raw_data(), dx.dtype() == DType::kBFloat16, bn, seq, h,
+                       d_ids.data<int32_t>(), d_start.data<int32_t>(), d_pos.data<int32_t>(),
+                       dtok ? d_ids.numel().value : 0, dtok ? dtok->data<float>() : nullptr,
+                       dpos ? dpos->data<float>() : nullptr, detail::cuda_stream()));
     return;
   }
   detail::dispatch_float(dx.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    detail::dispatch_grad(dtok.dtype(), op, [&](auto g) {
+    detail::dispatch_grad(any.dtype(), op, [&](auto g) {
       using G = decltype(g);
       const int32_t* id = ids.data<int32_t>();
       const T* d = dx.data<T>();
-      G* dt = dtok.data<G>();
-      G* dp = dpos.data<G>();
+      G* dt = dtok ? dtok->data<G>() : nullptr;
+      G* dp = dpos ? dpos->data<G>() : nullptr;
       for (int64_t b = 0; b < bn; ++b)
         for (int64_t s = 0; s < seq; ++s) {
           const T* dr = d + (b * seq + s) * h;
-          G* tr = dt + static_cast<int64_t>(id[b * seq + s]) * h;
+          const int64_t row = static_cast<int64_t>(id[b * seq + s]) - vocab_begin;
+          G* tr = dt && row >= 0 && row < rows ? dt + row * h : nullptr;
           for (int64_t c = 0; c < h; ++c) {
-            tr[c] += static_cast<G>(dr[c]);
-            dp[s * h + c] += static_cast<G>(dr[c]);
+            if (tr) tr[c] += static_cast<G>(dr[c]);
+            if (dp) dp[s * h + c] += static_cast<G>(dr[c]);
           }
         }
     });

@@ -12,12 +12,20 @@ namespace {
 
 template <typename T>
 __global__ void embedding_forward_kernel(const int32_t* ids, const T* tok, const T* pos,
-                                         int64_t seq, int64_t h, int64_t total, T* x) {
+                                         int64_t vocab_begin, int64_t rows, int64_t seq, int64_t h,
+                                         int64_t total, T* x) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t flat = i / h, c = i % h, s = flat % seq;
-    const int64_t id = ids[flat];
-    detail::store(x, i, __fadd_rn(detail::load(tok, id * h + c), detail::load(pos, s * h + c)));
+    const int64_t row = ids[flat] - vocab_begin;
+    const bool held = row >= 0 && row < rows;  // another shard's id: a zero row
+    if (pos == nullptr) {
+      detail::store(x, i, held ? detail::load(tok, row * h + c) : 0.0f);
+    } else if (held) {
+      detail::store(x, i, __fadd_rn(detail::load(tok, row * h + c), detail::load(pos, s * h + c)));
+    } else {
+      detail::store(x, i, detail::load(pos, s * h + c));
+    }
   }
 }
 
@@ -47,14 +55,14 @@ __global__ void embedding_dpos_kernel(const T* dx, int64_t batch, int64_t seq, i
 }
 
 template <typename T>
-cudaError_t forward(const int32_t* ids, const void* tok, const void* pos, int64_t batch,
-                    int64_t seq, int64_t h, void* x, void* stream) {
+cudaError_t forward(const int32_t* ids, const void* tok, const void* pos, int64_t vocab_begin,
+                    int64_t rows, int64_t batch, int64_t seq, int64_t h, void* x, void* stream) {
   const int64_t total = batch * seq * h;
   if (total == 0) return cudaSuccess;
   embedding_forward_kernel<T>
       <<<detail::grid_1d(total), detail::kThreads, 0, detail::as_stream(stream)>>>(
-          ids, static_cast<const T*>(tok), static_cast<const T*>(pos), seq, h, total,
-          static_cast<T*>(x));
+          ids, static_cast<const T*>(tok), static_cast<const T*>(pos), vocab_begin, rows, seq, h,
+          total, static_cast<T*>(x));
   return cudaGetLastError();
 }
 
@@ -70,6 +78,7 @@ cudaError_t backward(const void* dx, int64_t batch, int64_t seq, int64_t h, cons
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
+  if (dpos == nullptr) return cudaSuccess;
   const auto blocks = static_cast<unsigned>((seq * h + detail::kThreads - 1) / detail::kThreads);
   embedding_dpos_kernel<T>
       <<<blocks, detail::kThreads, 0, s>>>(static_cast<const T*>(dx), batch, seq, h, dpos);
@@ -79,10 +88,10 @@ cudaError_t backward(const void* dx, int64_t batch, int64_t seq, int64_t h, cons
 }  // namespace
 
 cudaError_t launch_embedding_forward(const int32_t* ids, const void* tok, const void* pos,
-                                     bool bf16, int64_t batch, int64_t seq, int64_t h, void* x,
-                                     void* stream) {
-  return bf16 ? forward<uint16_t>(ids, tok, pos, batch, seq, h, x, stream)
-              : forward<float>(ids, tok, pos, batch, seq, h, x, stream);
+                                     int64_t vocab_begin, int64_t rows, bool bf16, int64_t batch,
+                                     int64_t seq, int64_t h, void* x, void* stream) {
+  return bf16 ? forward<uint16_t>(ids, tok, pos, vocab_begin, rows, batch, seq, h, x, stream)
+              : forward<float>(ids, tok, pos, vocab_begin, rows, batch, seq, h, x, stream);
 }
 
 cudaError_t launch_embedding_backward(const void* dx, bool bf16, int64_t batch, int64_t seq,

@@ -12,4 +12,15 @@ namespace meshproof::kernels {
 void embedding_forward(const Tensor& ids, const Tensor& tok, const Tensor& pos, Tensor& x);
 void embedding_backward(const Tensor& dx, const Tensor& ids, Tensor& dtok, Tensor& dpos);
 
+// The general form (docs/design.md section 24): tok holds the vocabulary rows
+// [vocab_begin, vocab_begin + rows) of a vocabulary of `vocab` ids (a vocabulary-parallel shard;
+// vocab_begin 0 and rows = vocab for the whole table). Ids outside the rows contribute a zero row
+// (the masked lookup whose all-reduce over tp completes x); pos may be null (RoPE: no position
+// table). Backward adds into the rows of dtok the ids it holds, and into dpos every position;
+// either may be null (not computed).
+void embedding_forward(const Tensor& ids, const Tensor& tok, const Tensor* pos, int64_t vocab_begin,
+                       int64_t vocab, Tensor& x);
+void embedding_backward(const Tensor& dx, const Tensor& ids, int64_t vocab_begin, int64_t vocab,
+                        Tensor* dtok, Tensor* dpos);
+
 }  // namespace meshproof::kernels

@@ -70,15 +70,20 @@ cudaError_t launch_norm_backward(const void* dy, const void* x, const void* weig
                                  const void* mean, const void* rstd, bool bf16, int64_t m,
                                  int64_t h, void* dx, float* dweight, float* dbias, void* stream);
 
-// attention.cu: layouts of kernels/attention.h. `row_scratch` is a device double buffer of
-// batch*heads*seq elements (backward only).
+// attention.cu: layouts of kernels/attention.h (kv_heads KV groups, KV | heads). `row_scratch`
+// is a device double buffer of batch*heads*seq elements, `kv_scratch` of batch*kv_heads*seq*2*d
+// (backward only: a group's dk/dv summed over its heads).
 cudaError_t launch_attention_forward(const void* qkv, bool bf16, int64_t batch, int64_t seq,
-                                     int64_t heads, int64_t head_dim, void* out, void* probs,
-                                     void* stream);
+                                     int64_t heads, int64_t head_dim, int64_t kv_heads, void* out,
+                                     void* probs, void* stream);
 cudaError_t launch_attention_backward(const void* dout, const void* qkv, const void* probs,
                                       bool bf16, int64_t batch, int64_t seq, int64_t heads,
-                                      int64_t head_dim, double* row_scratch, void* dqkv,
-                                      void* stream);
+                                      int64_t head_dim, int64_t kv_heads, double* row_scratch,
+                                      double* kv_scratch, void* dqkv, void* stream);
+// RoPE in place on the q and k heads of a fused qkv (kernels/attention.h); `cos_sin` holds
+// (cos, sign*sin) per (s, pair i) as seq*(d/2)*2 doubles (computed on the host).
+cudaError_t launch_rope(void* qkv, bool bf16, int64_t batch, int64_t seq, int64_t heads,
+                        int64_t head_dim, int64_t kv_heads, const double* cos_sin, void* stream);
 
 // cross_entropy.cu: row_loss[r] = logsumexp(logits[r]) - logits[r, target[r]] (double, device);
 // dlogits (nullptr = forward only) = grad_scale * (softmax - onehot). Targets must be in range
@@ -87,13 +92,15 @@ cudaError_t launch_cross_entropy(const void* logits, const int32_t* targets, boo
                                  int64_t v, double grad_scale, double* row_loss, void* dlogits,
                                  void* stream);
 
-// embedding.cu: x[b*S + s] = tok[ids[b, s]] + pos[s] (ids validated on the host first).
+// embedding.cu: x[b*S + s] = tok[ids[b, s] - vocab_begin] + pos[s] (ids validated on the host
+// first); ids outside the `rows` held give a zero token row; pos may be nullptr (no position).
 cudaError_t launch_embedding_forward(const int32_t* ids, const void* tok, const void* pos,
-                                     bool bf16, int64_t batch, int64_t seq, int64_t h, void* x,
-                                     void* stream);
+                                     int64_t vocab_begin, int64_t rows, bool bf16, int64_t batch,
+                                     int64_t seq, int64_t h, void* x, void* stream);
 // Deterministic backward without atomics. dtok: for each of the `num_rows` distinct token rows
 // row_ids[k], positions row_pos[row_start[k] .. row_start[k+1]) (flat b*S + s, increasing) are
-// added in that order (the CPU's order). dpos: for each s, batches b = 0..B-1 in order.
+// added in that order (the CPU's order). dpos: for each s, batches b = 0..B-1 in order; nullptr:
+// not computed (dtok: num_rows 0).
 cudaError_t launch_embedding_backward(const void* dx, bool bf16, int64_t batch, int64_t seq,
                                       int64_t h, const int32_t* row_ids, const int32_t* row_start,
                                       const int32_t* row_pos, int64_t num_rows, float* dtok,

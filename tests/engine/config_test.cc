@@ -52,6 +52,52 @@ TEST(Config, BadValuesNameTheField) {
   c.training.lr = -1;
   expect_input_error(c, "training.lr");
   EXPECT_THROW(parse_activation("silu", "model.activation"), kernels::Error);
+  // Llama-style options (docs/design.md section 24).
+  c = Config{};
+  c.model.kv_heads = 3;
+  expect_input_error(c, "model.kv_heads = 3 does not divide model.heads = 4");
+  c = Config{};
+  c.model.hidden = 24;
+  c.model.heads = 8;  // head dim 3: RoPE pairs (2i, 2i+1) need an even one
+  c.model.position = PositionKind::kRope;
+  expect_input_error(c,
+                     "model.position = rope needs an even head dim, got model.hidden / "
+                     "model.heads = 24 / 8");
+  c.model.position = PositionKind::kLearned;
+  EXPECT_NO_THROW(validate(c));
+  c = Config{};
+  c.model.rope_theta = 1.0;
+  expect_input_error(c, "model.rope_theta = 1 must be finite and > 1");
+  EXPECT_THROW(parse_position("alibi", "model.position"), kernels::Error);
+}
+
+// Grouped-query attention, RoPE and model.bias change the parameter set (docs/design.md section
+// 24); the defaults keep the section 3 set, shapes and canonical order.
+TEST(Params, LlamaOptionsChangeTheParameterSet) {
+  ModelConfig m;  // V 64, H 32, A 4, F 128, P 16
+  const std::vector<ParamSpec> gpt = param_specs(m);
+  EXPECT_EQ(gpt[1].name, "embed.pos");
+  m.kv_heads = 4;  // == A: the same set
+  const std::vector<ParamSpec> same = param_specs(m);
+  ASSERT_EQ(same.size(), gpt.size());
+  for (size_t i = 0; i < gpt.size(); ++i) {
+    EXPECT_EQ(same[i].name, gpt[i].name);
+    EXPECT_EQ(same[i].shape, gpt[i].shape) << gpt[i].name;
+  }
+  m.kv_heads = 1;
+  m.position = PositionKind::kRope;
+  m.bias = false;
+  m.vocab_parallel = true;
+  for (const ParamSpec& p : param_specs(m)) {
+    EXPECT_FALSE(p.name.ends_with(".bias") && p.name.find("ln") == std::string::npos) << p.name;
+    EXPECT_NE(p.name, "embed.pos");
+    if (p.name == "layers.0.attn.qkv.weight") {
+      EXPECT_EQ(p.shape, kernels::Shape({(4 + 2 * 1) * 8, 32}));  // (A + 2KV) d rows
+    }
+    if (p.vocab_rows) {
+      EXPECT_EQ(p.tp, TpStyle::kColumn) << p.name;
+    }
+  }
 }
 
 TEST(Config, TrainerRejectsBadConfigBeforeWork) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent PyTorch reference of the meshproof GPT model and optimizer (docs/design.md
-section 3).
+sections 3 and 24: the Llama-style options grouped-query attention, RoPE, no biases).
 
 Written from the design text (docs/design.md), not from the C++ code: reads a trace written by
 `meshproof export`, rebuilds the model in float64 from /init, replays the recorded /data/tokens
@@ -281,6 +281,12 @@ class Cfg:
         self.tied = a["model.tied_embeddings"] == "1"
         self.dropout = float(a["model.dropout"])
         self.eps = float(a["model.norm_eps"])
+        # Llama-style options (docs/design.md section 24); traces written before these keys
+        # existed are the GPT-2-like model.
+        self.KV = int(a.get("model.kv_heads", str(self.A)))
+        self.position = a.get("model.position", "learned")
+        self.rope_theta = float(a.get("model.rope_theta", "10000"))
+        self.bias = a.get("model.bias", "1") == "1"
         self.recipe = a["recipe.name"]
         self.amax_history_len = int(a.get("recipe.amax_history_len", "1024"))
         self.amax_compute_algo = a.get("recipe.amax_compute_algo", "max")
@@ -355,23 +361,45 @@ def forward(c, p, tokens, step, fq=None):
     (FakeQuant) the four linear layers of every block run fake-quantized GEMMs."""
 
     def lin(x, layer, gemm, name):
-        w, b = p[name + ".weight"], p[name + ".bias"]
+        w = p[name + ".weight"]
+        b = p[name + ".bias"] if c.bias else 0.0
         if fq is None:
             return x @ w.T + b
         return FakeQuantLinear.apply(x, w, fq, (layer, gemm)) + b
 
+    def rope(t):
+        """Rotary embedding over interleaved pairs (2i, 2i+1) of the last dim of t [B, n, S, d]:
+        angle p * theta^(-2i/d) for position p of the sequence."""
+        dd = t.shape[-1]
+        inv = c.rope_theta ** (-torch.arange(0, dd, 2, dtype=torch.float64) / dd)  # [d/2]
+        ang = torch.arange(t.shape[-2], dtype=torch.float64)[:, None] * inv[None, :]  # [S, d/2]
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        x0, x1 = t[..., 0::2], t[..., 1::2]
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+
     ids, targets = tokens[:, :-1], tokens[:, 1:]
     B, S, H, A = ids.shape[0], c.S, c.H, c.A
     d = H // A
-    x = p["embed.tok"][ids] + p["embed.pos"][:S]
+    x = p["embed.tok"][ids]
+    if c.position == "learned":
+        x = x + p["embed.pos"][:S]
+    KV = c.KV
+    r = A // KV  # query heads per KV group
     causal = torch.ones(S, S, dtype=torch.bool).tril()
     for i in range(c.L):
         pre = f"layers.{i}."
         h = norm(c, x, p, pre + "ln1")
         qkv = lin(h, i, "qkv", pre + "attn.qkv")
-        # Per-head interleaved rows: head a owns rows [a*3d, a*3d+3d) = q | k | v.
-        qkv = qkv.view(B, S, A, 3, d)
-        q, k, v = (qkv[:, :, :, j, :].transpose(1, 2) for j in range(3))  # [B, A, S, d]
+        # Rows grouped by KV head: group g owns rows [g(r+2)d, (g+1)(r+2)d) = r query heads | k
+        # | v (r = 1: today's per-head q | k | v); query head a uses group a // r.
+        qkv = qkv.view(B, S, KV, r + 2, d)
+        q = qkv[:, :, :, :r, :].reshape(B, S, A, d).transpose(1, 2)  # [B, A, S, d]
+        k = qkv[:, :, :, r, :].transpose(1, 2)  # [B, KV, S, d]
+        v = qkv[:, :, :, r + 1, :].transpose(1, 2)
+        if c.position == "rope":
+            q, k = rope(q), rope(k)
+        k = k.repeat_interleave(r, dim=1)  # [B, A, S, d]
+        v = v.repeat_interleave(r, dim=1)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
         scores = scores.masked_fill(~causal, float("-inf"))
         att = torch.softmax(scores, dim=-1) @ v  # [B, A, S, d]
@@ -380,8 +408,11 @@ def forward(c, p, tokens, step, fq=None):
         x = x + dropout(c, proj, step, i, "attn")
         h = norm(c, x, p, pre + "ln2")
         if c.act == "swiglu":
-            gate = h @ p[pre + "mlp.fc1_gate.weight"].T + p[pre + "mlp.fc1_gate.bias"]
-            up = h @ p[pre + "mlp.fc1_up.weight"].T + p[pre + "mlp.fc1_up.bias"]
+            gate = h @ p[pre + "mlp.fc1_gate.weight"].T
+            up = h @ p[pre + "mlp.fc1_up.weight"].T
+            if c.bias:
+                gate = gate + p[pre + "mlp.fc1_gate.bias"]
+                up = up + p[pre + "mlp.fc1_up.bias"]
             a = torch.nn.functional.silu(gate) * up
         else:
             f1 = lin(h, i, "fc1", pre + "mlp.fc1")
@@ -419,24 +450,30 @@ def main(path):
         gnorm_trace = np.array(f["metrics/grad_norm"])
         lr_trace = np.array(f["metrics/lr"])
 
-    # The parameter set of docs/design.md section 3.
-    expected = {"embed.tok": (c.V, c.H), "embed.pos": (c.P, c.H)}
+    # The parameter set of docs/design.md sections 3 and 24.
+    expected = {"embed.tok": (c.V, c.H)}
+    if c.position == "learned":
+        expected["embed.pos"] = (c.P, c.H)
+    qkv_rows = (c.A + 2 * c.KV) * (c.H // c.A)
     for i in range(c.L):
         pre = f"layers.{i}."
         for ln in ("ln1", "ln2"):
             expected[pre + ln + ".weight"] = (c.H,)
             if c.norm == "layernorm":
                 expected[pre + ln + ".bias"] = (c.H,)
-        expected[pre + "attn.qkv.weight"] = (3 * c.H, c.H)
-        expected[pre + "attn.qkv.bias"] = (3 * c.H,)
+        expected[pre + "attn.qkv.weight"] = (qkv_rows, c.H)
         expected[pre + "attn.proj.weight"] = (c.H, c.H)
-        expected[pre + "attn.proj.bias"] = (c.H,)
+        if c.bias:
+            expected[pre + "attn.qkv.bias"] = (qkv_rows,)
+            expected[pre + "attn.proj.bias"] = (c.H,)
         fc1s = ("mlp.fc1_gate", "mlp.fc1_up") if c.act == "swiglu" else ("mlp.fc1",)
         for fc1 in fc1s:
             expected[pre + fc1 + ".weight"] = (c.F, c.H)
-            expected[pre + fc1 + ".bias"] = (c.F,)
+            if c.bias:
+                expected[pre + fc1 + ".bias"] = (c.F,)
         expected[pre + "mlp.fc2.weight"] = (c.H, c.F)
-        expected[pre + "mlp.fc2.bias"] = (c.H,)
+        if c.bias:
+            expected[pre + "mlp.fc2.bias"] = (c.H,)
     expected["final_ln.weight"] = (c.H,)
     if c.norm == "layernorm":
         expected["final_ln.bias"] = (c.H,)

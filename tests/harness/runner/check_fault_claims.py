@@ -64,6 +64,10 @@ CLAIMS = {
     ("amax_group", "reference"): ("reference", "{mesh: {dp_shard: 2}, rtol: 1.0e-5}"),
     # Built-in faults added with issue #20.
     ("stale_fp8_weight_after_update", "resume"): ("resume", "{at_step: 3}"),
+    ("rope_positions_local_under_sp", "golden"): ("golden", "{mode: exact}"),
+    ("rope_positions_local_under_sp", "reference"):
+        ("reference", "{mesh: {tp: 1, sequence_parallel: false}}"),
+    ("swiglu_gate_up_swizzled_in_checkpoint", "resume"): ("resume", "{at_step: 3}"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism")
 

@@ -153,6 +153,36 @@ TEST(ScenarioKeys, ScenarioDefaultsAreTheLoadersDefaults) {
   EXPECT_EQ(d.seed, 1234u);
 }
 
+// model.preset (docs/design.md section 24): llama3_debug sets the defaults of the model keys;
+// keys written next to it override them one by one; the default preset leaves the GPT-2-like
+// model (and its hash) as it was.
+TEST(ScenarioKeys, Llama3DebugPresetSetsDefaultsAndKeysOverrideIt) {
+  const std::vector<Scenario> llama = load_scenario_text(
+      "name: p\nmodel: {preset: llama3_debug, layers: 2, vocab: 2047}\n", "p.yaml");
+  ASSERT_EQ(llama.size(), 1u);
+  const engine::ModelConfig& m = llama[0].model;
+  EXPECT_EQ(m.hidden, 256);
+  EXPECT_EQ(m.heads, 16);
+  EXPECT_EQ(engine::kv_heads_of(m), 4);
+  EXPECT_EQ(m.ffn, 768);
+  EXPECT_EQ(m.layers, 2);    // overridden
+  EXPECT_EQ(m.vocab, 2047);  // overridden
+  EXPECT_EQ(m.norm, engine::NormKind::kRmsNorm);
+  EXPECT_EQ(m.activation, engine::Activation::kSwiGlu);
+  EXPECT_EQ(m.position, engine::PositionKind::kRope);
+  EXPECT_EQ(m.rope_theta, 500000.0);
+  EXPECT_FALSE(m.bias);
+  EXPECT_TRUE(m.vocab_parallel);
+  const std::vector<Scenario> gpt =
+      load_scenario_text("name: stem\nmodel: {preset: gpt_small}\n", "stem.yaml");
+  Scenario d;
+  d.name = "stem";
+  EXPECT_EQ(canonical_text(d), canonical_text(gpt.at(0)));
+  EXPECT_EQ(engine::kv_heads_of(gpt.at(0).model), gpt.at(0).model.heads);
+  EXPECT_EQ(gpt.at(0).model.position, engine::PositionKind::kLearned);
+  EXPECT_TRUE(gpt.at(0).model.bias);
+}
+
 TEST(ScenarioKeys, EveryRecipeNameComesFromTheEngineTable) {
   const Key<engine::RecipeConfig>& name = key_at(recipe_keys(), "name");
   ASSERT_EQ(name.choices.size(), std::size(engine::kRecipeNames));
