@@ -103,8 +103,12 @@ struct TrainingSession::Impl {
         faults(make_fault_hooks(options.faults)),
         model(options.config),
         data(config.model.vocab, config.data, config.training.batch, config.training.seq_len),
-        recipe(config.recipe, [this](const std::string& linear, Fp8Role role, float* amax,
-                                     int64_t n) { reduce_amax(linear, role, amax, n); }),
+        recipe(
+            config.recipe,
+            [this](const std::string& linear, Fp8Role role, float* amax, int64_t n) {
+              reduce_amax(linear, role, amax, n);
+            },
+            config.seed),
         plan(config, c.mesh(), c.rank(), faults) {
     const RecipeKind rk = config.recipe.kind;
     // FP8 primary weights are gathered as FP8 (there is no high-precision compute copy); a fault

@@ -483,7 +483,7 @@ TEST(ShardedFaults, AmaxNotReducedChangesCurrentScalingOnDataParallelRanks) {
 std::vector<RecipeCase> recipe_cases() {
   std::vector<RecipeCase> out;
   for (RecipeKind k : {RecipeKind::kBf16, RecipeKind::kDelayed, RecipeKind::kCurrent,
-                       RecipeKind::kMxfp8, RecipeKind::kBlock})
+                       RecipeKind::kMxfp8, RecipeKind::kBlock, RecipeKind::kNvfp4})
     for (const MeshSpec& m : kMeshes) out.push_back({k, m});
   return out;
 }
