@@ -16,6 +16,8 @@
 //                                                        scale_inv_saved_bf16
 //   checkpoint_restore     each loaded key and scalar    data_cursor_not_restored,
 //                                                        optimizer_state_not_restored
+//   nvfp4_options          each NVFP4 quantization       nvfp4_rht_on_one_operand,
+//                                                        nvfp4_block_scale_pow2
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,7 @@
 #include "engine/faults.h"
 #include "engine/params.h"
 #include "engine/recipe.h"
+#include "kernels/nvfp4.h"
 #include "kernels/quantized_tensor.h"
 #include "kernels/tensor.h"
 #include "mesh/device_mesh.h"
@@ -55,6 +58,9 @@ class FaultHooks {
     std::function<kernels::Tensor(std::string_view key, int64_t step, kernels::Tensor host)> bytes;
   };
   using RestoreHook = std::function<bool(std::string_view key, int64_t step)>;
+  // The options an NVFP4 quantization of (linear, role) uses at `step`, given the recipe's.
+  using Nvfp4OptionsHook = std::function<kernels::Nvfp4Options(
+      std::string_view linear, Fp8Role, int64_t step, kernels::Nvfp4Options)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -68,6 +74,7 @@ class FaultHooks {
   }
   void on_checkpoint_save(SaveHook h) { save_.push_back(std::move(h)); }
   void on_checkpoint_restore(RestoreHook h) { restore_.push_back(std::move(h)); }
+  void on_nvfp4_options(Nvfp4OptionsHook h) { nvfp4_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -88,6 +95,10 @@ class FaultHooks {
   kernels::Tensor checkpoint_bytes(std::string_view key, int64_t step, kernels::Tensor host) const;
   // Whether a load of a checkpoint of `step` restores `key` (tensor or scalar).
   bool restores(std::string_view key, int64_t step) const;
+  // The NVFP4 options of (linear, role) at `step`, given the recipe's `o`.
+  kernels::Nvfp4Options nvfp4_options(std::string_view linear, Fp8Role role, int64_t step,
+                                      kernels::Nvfp4Options o) const;
+  bool has_nvfp4_hooks() const { return !nvfp4_.empty(); }
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -97,6 +108,7 @@ class FaultHooks {
   std::vector<BackwardWeightHook> backward_;
   std::vector<SaveHook> save_;
   std::vector<RestoreHook> restore_;
+  std::vector<Nvfp4OptionsHook> nvfp4_;
   bool needs_quantized_ = false;
 };
 

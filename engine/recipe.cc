@@ -120,6 +120,7 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
                       .col0 = place.col0,
                       .ld = place.ld};
       }
+      if (nvfp4_hook_) o = nvfp4_hook_(linear, role, o);
       // Both global amaxes (rowwise, columnwise after the RHT) MAX-reduced over the amax group
       // before any block is quantized.
       Tensor amax = kernels::nvfp4_global_amax(x, o.rht, key);

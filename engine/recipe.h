@@ -24,6 +24,7 @@
 
 #include "engine/config.h"
 #include "kernels/gemm.h"
+#include "kernels/nvfp4.h"
 #include "kernels/quantize.h"
 
 namespace meshproof::engine {
@@ -75,6 +76,12 @@ class Fp8Recipe {
   void clear_prequantized_weights() { prequantized_.clear(); }
   void clear_prequantized_weight(const std::string& linear) { prequantized_.erase(linear); }
 
+  // Fault injection (engine/fault_hooks.h nvfp4_options): may change the options each NVFP4
+  // quantization of (linear, role) uses. Unset: the recipe's options.
+  using Nvfp4Hook = std::function<kernels::Nvfp4Options(const std::string& linear, Fp8Role role,
+                                                        kernels::Nvfp4Options)>;
+  void set_nvfp4_hook(Nvfp4Hook h) { nvfp4_hook_ = std::move(h); }
+
   void end_forward();   // delayed: reduce + update input/weight states
   void end_backward();  // delayed: reduce + update gradient states
   void set_recompute(bool on) { recompute_ = on; }
@@ -90,6 +97,7 @@ class Fp8Recipe {
   RecipeConfig config_;
   AmaxHook reduce_amax_;
   uint64_t seed_ = 0;
+  Nvfp4Hook nvfp4_hook_;
   bool enabled_ = false;
   bool recompute_ = false;
   std::map<std::string, kernels::DelayedScalingState> states_;

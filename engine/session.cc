@@ -122,6 +122,11 @@ struct TrainingSession::Impl {
           "fsdp.fp8_all_gather has no effect with recipe {}: weights are gathered in high "
           "precision",
           recipe_name(rk)));
+    if (faults.has_nvfp4_hooks())
+      recipe.set_nvfp4_hook(
+          [this](const std::string& linear, Fp8Role role, kernels::Nvfp4Options o) {
+            return faults.nvfp4_options(linear, role, step, o);
+          });
     plan.add_state_entries(state);
     // Delayed-scaling states exist from the start (the recipe would create them at the first
     // quantization) so that the state entries cover them before step 0 and a checkpoint loaded

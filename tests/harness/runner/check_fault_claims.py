@@ -49,6 +49,12 @@ CLAIMS = {
     ("hsdp_replicas_not_reduced", "reference"): ("reference", "{mesh: {dp_shard: 4}}"),
     ("uneven_shard_padding_leak", "golden"): ("golden", "{mode: exact}"),
     ("uneven_shard_padding_leak", "reference"): ("reference", "{mesh: {dp_shard: 1}}"),
+    ("nvfp4_rht_on_one_operand", "golden"): ("golden", "{mode: exact}"),
+    # nvfp4, FSDP 2 x TP 2 vs 1 rank: fault-free max rel diff 1.8e-4, with the fault 1.2e-2
+    # (2026-11-24); 2e-3 sits 11x above the clean run and 6x below the fault.
+    ("nvfp4_rht_on_one_operand", "reference"):
+        ("reference", "{mesh: {dp_shard: 1, tp: 1}, rtol: 2.0e-3}"),
+    ("nvfp4_block_scale_pow2", "golden"): ("golden", "{mode: exact}"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism")
 
