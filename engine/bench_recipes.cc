@@ -322,6 +322,7 @@ std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability) {
     case RecipeKind::kMxfp8:
       return compute_capability >= 100 ? "fp8" : "bf16";
     case RecipeKind::kBlock:
+    case RecipeKind::kNvfp4:  // exact fp32 emulation on every device (kernels/gemm_cublaslt.cc)
       return "fp32";
   }
   return "fp32";

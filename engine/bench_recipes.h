@@ -59,7 +59,8 @@ struct RecipeBenchOptions {
   int iters = 20;  // timed iterations per figure (>= 1)
   int warmup = 3;  // untimed iterations before them (>= 0)
   std::vector<RecipeKind> recipes = {RecipeKind::kFp32,    RecipeKind::kBf16,  RecipeKind::kDelayed,
-                                     RecipeKind::kCurrent, RecipeKind::kMxfp8, RecipeKind::kBlock};
+                                     RecipeKind::kCurrent, RecipeKind::kMxfp8, RecipeKind::kBlock,
+                                     RecipeKind::kNvfp4};
 };
 
 // Median seconds of one measured operation and the work it does.

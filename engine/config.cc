@@ -196,6 +196,19 @@ std::vector<ConfigIssue> check_config(const Config& c) {
                       "training.seq_len % 32 == 0, got {}",
                       rows));
   }
+  if (r.kind == RecipeKind::kNvfp4) {
+    // NVFP4 1x16 blocks / 16x16 tiles / 16-element RHT groups run along both dims of every GEMM
+    // operand of qkv/proj/fc1/fc2 (docs/design.md section 25).
+    needf("model.hidden", m.hidden % 16 == 0,
+          fmt::format("recipe = nvfp4 needs model.hidden % 16 == 0, got {}", m.hidden));
+    needf("model.ffn", m.ffn % 16 == 0,
+          fmt::format("recipe = nvfp4 needs model.ffn % 16 == 0, got {}", m.ffn));
+    const int64_t rows = t.batch / std::max<int64_t>(t.micro_batches, 1) * t.seq_len;
+    needf("training.batch", rows % 16 == 0,
+          fmt::format("recipe = nvfp4 needs (training.batch / training.micro_batches) * "
+                      "training.seq_len % 16 == 0, got {}",
+                      rows));
+  }
   needf("recipe.amax_history_len", r.amax_history_len >= 1,
         fmt::format("recipe.amax_history_len = {} must be >= 1", r.amax_history_len));
   needf("recipe.fp8_format", r.kind != RecipeKind::kMxfp8 || fp8_format_of(r) == Fp8Format::kE4M3,

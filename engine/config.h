@@ -19,7 +19,7 @@ enum class Activation : uint8_t { kGelu, kRelu, kSwiGlu };
 // How token positions enter the model (docs/design.md section 24): a learned table embed.pos added
 // to the token embedding, or rotary embeddings applied to q and k in every attention layer.
 enum class PositionKind : uint8_t { kLearned, kRope };
-enum class RecipeKind : uint8_t { kFp32, kBf16, kDelayed, kCurrent, kMxfp8, kBlock };
+enum class RecipeKind : uint8_t { kFp32, kBf16, kDelayed, kCurrent, kMxfp8, kBlock, kNvfp4 };
 enum class LrSchedule : uint8_t { kConstant, kWarmupCosine };
 // TransformerEngine's recipe.Format: HYBRID quantizes forward tensors (inputs, weights) in E4M3
 // and gradients in E5M2; E4M3 quantizes every tensor in E4M3.
@@ -34,8 +34,10 @@ struct RecipeName {
 inline constexpr RecipeName kRecipeNames[] = {
     {RecipeKind::kFp32, "fp32"},       {RecipeKind::kBf16, "bf16"},
     {RecipeKind::kDelayed, "delayed"}, {RecipeKind::kCurrent, "current"},
-    {RecipeKind::kMxfp8, "mxfp8"},     {RecipeKind::kBlock, "block"}};
-// True for the recipes that quantize GEMM inputs (delayed, current, mxfp8, block).
+    {RecipeKind::kMxfp8, "mxfp8"},     {RecipeKind::kBlock, "block"},
+    {RecipeKind::kNvfp4, "nvfp4"}};
+// True for the recipes that quantize GEMM inputs (delayed, current, mxfp8, block, nvfp4: the
+// "fp8" of the engine's names covers NVFP4's E2M1 elements too).
 constexpr bool is_fp8(RecipeKind r) { return r != RecipeKind::kFp32 && r != RecipeKind::kBf16; }
 
 std::string_view norm_name(NormKind k);

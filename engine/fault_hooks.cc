@@ -115,6 +115,12 @@ std::vector<std::string> fault_linear_names(const Config& config) {
   return out;
 }
 
+kernels::Nvfp4Options FaultHooks::nvfp4_options(std::string_view linear, Fp8Role role, int64_t step,
+                                                kernels::Nvfp4Options o) const {
+  for (const auto& h : nvfp4_) o = h(linear, role, step, o);
+  return o;
+}
+
 namespace {
 
 // stale_columnwise_copy: from faults.from_step on, backward (dgrad) uses the columnwise copy of
@@ -409,6 +415,19 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
            t.slice_rows(rows - half, rows).copy_from(host.slice_rows(0, half));
            return t;
          }});
+  if (f.nvfp4_rht_on_one_operand) {
+    // The input's columnwise copy loses its RHT; the output gradient's keeps it.
+    h.on_nvfp4_options([f](std::string_view, Fp8Role role, int64_t step, kernels::Nvfp4Options o) {
+      if (f.active(step) && role == Fp8Role::kInput) o.rht = false;
+      return o;
+    });
+  }
+  if (f.nvfp4_block_scale_pow2) {
+    h.on_nvfp4_options([f](std::string_view, Fp8Role, int64_t step, kernels::Nvfp4Options o) {
+      if (f.active(step)) o.pow2_block_scales = true;
+      return o;
+    });
+  }
   return h;
 }
 

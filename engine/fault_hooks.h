@@ -23,6 +23,8 @@
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 //   rope_positions         each micro-batch's RoPE       rope_positions_local_under_sp
+//   nvfp4_options          each NVFP4 quantization       nvfp4_rht_on_one_operand,
+//                                                        nvfp4_block_scale_pow2
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,7 @@
 #include "engine/params.h"
 #include "engine/recipe.h"
 #include "engine/sharded_state.h"
+#include "kernels/nvfp4.h"
 #include "kernels/quantized_tensor.h"
 #include "kernels/tensor.h"
 #include "mesh/device_mesh.h"
@@ -74,6 +77,9 @@ class FaultHooks {
   using StateHook = std::function<void(StatePoint, int64_t step, ShardedState& state)>;
   // Whether RoPE uses the global positions under sequence parallelism (true: correct).
   using RopePositionsHook = std::function<bool(int64_t step, bool global)>;
+  // The options an NVFP4 quantization of (linear, role) uses at `step`, given the recipe's.
+  using Nvfp4OptionsHook = std::function<kernels::Nvfp4Options(
+      std::string_view linear, Fp8Role, int64_t step, kernels::Nvfp4Options)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -89,6 +95,7 @@ class FaultHooks {
   void on_checkpoint_restore(RestoreHook h) { restore_.push_back(std::move(h)); }
   void on_state(StateHook h) { state_.push_back(std::move(h)); }
   void on_rope_positions(RopePositionsHook h) { rope_.push_back(std::move(h)); }
+  void on_nvfp4_options(Nvfp4OptionsHook h) { nvfp4_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -113,6 +120,10 @@ class FaultHooks {
   void state(StatePoint point, int64_t step, ShardedState& state) const;
   // Whether the model's RoPE uses global positions under sequence parallelism at `step`.
   bool rope_global_positions(int64_t step) const;
+  // The NVFP4 options of (linear, role) at `step`, given the recipe's `o`.
+  kernels::Nvfp4Options nvfp4_options(std::string_view linear, Fp8Role role, int64_t step,
+                                      kernels::Nvfp4Options o) const;
+  bool has_nvfp4_hooks() const { return !nvfp4_.empty(); }
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -124,6 +135,7 @@ class FaultHooks {
   std::vector<RestoreHook> restore_;
   std::vector<StateHook> state_;
   std::vector<RopePositionsHook> rope_;
+  std::vector<Nvfp4OptionsHook> nvfp4_;
   bool needs_quantized_ = false;
 };
 

@@ -80,6 +80,14 @@ struct FaultInjection {
 
   int64_t from_step = 0;
 
+  // NVFP4 (docs/design.md section 25): the random Hadamard transform applied to only one wgrad
+  // operand (the output gradient's columnwise copy, not the input's), so dW = dY^T T^T X no longer
+  // equals dY^T X. Caught by golden, reference.
+  bool nvfp4_rht_on_one_operand = false;
+  // NVFP4 block scales rounded up to a power of two instead of E4M3 (MXFP4-style scales where
+  // NVFP4 requires E4M3). Caught by golden.
+  bool nvfp4_block_scale_pow2 = false;
+
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
@@ -87,7 +95,9 @@ struct FaultInjection {
            optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak ||
            !drop_checkpoint_key.empty() || !checkpoint_key_dtype.empty() || !freeze_state.empty() ||
            !perturb_tensor.empty() || !amax_group_linear.empty() || stale_fp8_weight_after_update ||
-           rope_positions_local_under_sp || swiglu_gate_up_swizzled_in_checkpoint;
+           rope_positions_local_under_sp || swiglu_gate_up_swizzled_in_checkpoint ||
+
+           nvfp4_rht_on_one_operand || nvfp4_block_scale_pow2;
   }
 };
 

@@ -235,6 +235,7 @@ struct GptModel::Linear {
   // RoPE: the position of each sequence index (the global one: the attention runs on the whole
   // sequence, gathered under sequence parallelism).
   std::vector<int64_t> positions;
+  BatchCoords coords;  // of this micro-batch (NVFP4 stochastic rounding's indices)
 
   bool quantized() const { return recipe != nullptr && recipe->enabled(); }
 
@@ -286,11 +287,11 @@ struct GptModel::Linear {
     if (db) kernels::bias_grad(dy, *db);
     if (column_parallel && tp.sp()) {
       Tensor full = new_tensor({batch * seq, dx.shape()[1]}, dx.dtype());
-      backward_gemms(name, dy, x, w, dw, full);
+      backward_gemms(name, dy, x, w, dw, full, column_parallel);
       dx.copy_from(seq_reduce_scatter(*tp.comm, full, batch, seq));
       return;
     }
-    backward_gemms(name, dy, x, w, dw, dx);
+    backward_gemms(name, dy, x, w, dw, dx, column_parallel);
     if (column_parallel) tp_sum(dx);
   }
 
@@ -300,22 +301,32 @@ struct GptModel::Linear {
                     Tensor& dw, Tensor* db, Tensor& dx) {
     if (db) kernels::bias_grad(dy, *db);
     if (tp.sp()) {
-      backward_gemms(name, seq_gather(*tp.comm, dy, batch, seq), x, w, dw, dx);
+      backward_gemms(name, seq_gather(*tp.comm, dy, batch, seq), x, w, dw, dx, false);
     } else {
-      backward_gemms(name, dy, x, w, dw, dx);
+      backward_gemms(name, dy, x, w, dw, dx, false);
     }
   }
 
+  // dy: [batch * seq, N] full-sequence rows of this micro-batch; N columns sharded over tp when
+  // column_parallel.
   void backward_gemms(const std::string& name, const Tensor& dy, const Tensor& x, const Tensor& w,
-                      Tensor& dw, Tensor& dx) {
+                      Tensor& dw, Tensor& dx, bool column_parallel) {
     if (!quantized()) {
       kernels::gemm_wgrad(&dy, &x, dw, {.accumulate = true});
       kernels::gemm_dgrad(&dy, &w, dx);
       return;
     }
     const Saved& s = saved->at(name);
-    const kernels::QuantizedTensor qdy =
-        recipe->quantize(name, Fp8Role::kGradOutput, dy, {.rowwise = true, .columnwise = true});
+    // dy's place in the global batch's unsharded gradient (row = global token, column = global
+    // output feature).
+    const int64_t n = dy.shape().last();
+    const bool split = column_parallel && tp.active();
+    const TensorPlace place{.step = coords.step,
+                            .row0 = coords.row_begin * seq,
+                            .col0 = split ? tp.comm->rank() * n : 0,
+                            .ld = split ? n * tp.comm->size() : n};
+    const kernels::QuantizedTensor qdy = recipe->quantize(
+        name, Fp8Role::kGradOutput, dy, {.rowwise = true, .columnwise = true}, place);
     kernels::gemm_wgrad(&qdy, &s.x, dw, recipe->options(kernels::GemmRole::kWgrad, true));
     kernels::gemm_dgrad(&qdy, &s.w, dx, recipe->options(kernels::GemmRole::kDgrad));
   }
@@ -565,7 +576,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   std::map<std::string, Linear::Saved> saved;  // quantized GEMM operands for the backward
   // With recompute the forward keeps nothing for the backward (rowwise copies only); the
   // recomputed forward produces the columnwise copies.
-  Linear linear{recipe, grads != nullptr && !recompute, &saved, tp, batch, seq, {}};
+  Linear linear{recipe, grads != nullptr && !recompute, &saved, tp, batch, seq, {}, coords};
   if (m.position == PositionKind::kRope) {
     // The global position of every sequence index; with the fault, each sequence shard's
     // tokens numbered from 0 (S/tp positions per shard).

@@ -1,6 +1,8 @@
 #include "engine/recipe.h"
 
 #include "kernels/error.h"
+#include "kernels/nvfp4.h"
+#include "kernels/philox.h"
 
 namespace meshproof::engine {
 
@@ -32,9 +34,10 @@ void Fp8Recipe::reduce(const std::string& linear, Fp8Role role, Tensor& amax, in
   amax.copy_from(host);
 }
 
-Fp8Recipe::Fp8Recipe(const RecipeConfig& config, AmaxHook reduce_amax)
+Fp8Recipe::Fp8Recipe(const RecipeConfig& config, AmaxHook reduce_amax, uint64_t seed)
     : config_(config),
       reduce_amax_(std::move(reduce_amax)),
+      seed_(seed),
       enabled_(config.kind != RecipeKind::kFp32 && config.kind != RecipeKind::kBf16) {}
 
 DType Fp8Recipe::format(Fp8Role role) const {
@@ -51,7 +54,7 @@ kernels::GemmOptions Fp8Recipe::options(kernels::GemmRole role, bool accumulate)
 }
 
 QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, const Tensor& x,
-                                    kernels::Usage usage) {
+                                    kernels::Usage usage, const TensorPlace& place) {
   MP_CHECK(enabled_, "Fp8Recipe::quantize called for recipe {}", recipe_name(config_.kind));
   const DType fmt = format(role);
   const std::string key = fmt::format("{}/{}", linear, fp8_role_name(role));
@@ -104,6 +107,26 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
                                                               : kernels::ScalingMode::kBlock1x128,
                                      fmt, usage, power_2_scale_of(config_),
                                      static_cast<float>(config_.eps));
+    case RecipeKind::kNvfp4: {
+      kernels::Nvfp4Options o;
+      o.tile16x16 = role == Fp8Role::kWeight;
+      o.rht = role != Fp8Role::kWeight && usage.columnwise;
+      if (role == Fp8Role::kGradOutput) {
+        o.rounding = {.stochastic = true,
+                      .seed = seed_,
+                      .step = static_cast<uint64_t>(place.step),
+                      .tensor_id = static_cast<uint32_t>(kernels::philox_stream(key)),
+                      .row0 = place.row0,
+                      .col0 = place.col0,
+                      .ld = place.ld};
+      }
+      if (nvfp4_hook_) o = nvfp4_hook_(linear, role, o);
+      // Both global amaxes (rowwise, columnwise after the RHT) MAX-reduced over the amax group
+      // before any block is quantized.
+      Tensor amax = kernels::nvfp4_global_amax(x, o.rht, key);
+      reduce(linear, role, amax, 2);
+      return kernels::quantize_nvfp4(x, o, usage, amax, key);
+    }
     case RecipeKind::kFp32:
     case RecipeKind::kBf16:
       break;

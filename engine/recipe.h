@@ -24,11 +24,23 @@
 
 #include "engine/config.h"
 #include "kernels/gemm.h"
+#include "kernels/nvfp4.h"
 #include "kernels/quantize.h"
 
 namespace meshproof::engine {
 
 enum class Fp8Role : uint8_t { kInput, kWeight, kGradOutput };
+
+// Where a quantized tensor sits in the unsharded tensor of the global batch: NVFP4's stochastic
+// rounding of gradients draws element (m, k)'s number from its global index
+// (row0 + m) * ld + col0 + k at `step`, so the draws do not depend on the mesh or micro-batching.
+// ld = 0: the local tensor's width.
+struct TensorPlace {
+  int64_t step = 0;
+  int64_t row0 = 0;
+  int64_t col0 = 0;
+  int64_t ld = 0;
+};
 
 // "input", "weight", "grad_output" (the suffix of the delayed-scaling state keys).
 std::string_view fp8_role_name(Fp8Role r);
@@ -39,13 +51,19 @@ class Fp8Recipe {
   // "layers.0.attn.qkv") in `role`.
   using AmaxHook =
       std::function<void(const std::string& linear, Fp8Role role, float* amax, int64_t n)>;
-  Fp8Recipe(const RecipeConfig& config, AmaxHook reduce_amax);
+  // `seed`: the Philox key of NVFP4's stochastic rounding (the run's Config::seed).
+  Fp8Recipe(const RecipeConfig& config, AmaxHook reduce_amax, uint64_t seed = 0);
 
   // True for delayed, current, mxfp8 and block; false for fp32/bf16 (GEMMs unquantized).
   bool enabled() const { return enabled_; }
   // Quantizes `x` (float32/bf16) for linear `linear` (e.g. "layers.0.attn.qkv") in `role`.
+  // nvfp4 (docs/design.md section 25): weights in 16x16 tiles; inputs and output gradients in
+  // 1x16 blocks with the RHT on their columnwise (wgrad) copies; output gradients stochastically
+  // rounded at `place` with the key (config seed, step, tensor id = low 32 bits of
+  // philox_stream("<linear>/grad_output")). Both global amaxes go through the reduce hook.
   kernels::QuantizedTensor quantize(const std::string& linear, Fp8Role role,
-                                    const kernels::Tensor& x, kernels::Usage usage);
+                                    const kernels::Tensor& x, kernels::Usage usage,
+                                    const TensorPlace& place = {});
   kernels::GemmOptions options(kernels::GemmRole role, bool accumulate = false) const;
   kernels::DType format(Fp8Role role) const;
 
@@ -57,6 +75,12 @@ class Fp8Recipe {
                                kernels::Tensor local_amax);
   void clear_prequantized_weights() { prequantized_.clear(); }
   void clear_prequantized_weight(const std::string& linear) { prequantized_.erase(linear); }
+
+  // Fault injection (engine/fault_hooks.h nvfp4_options): may change the options each NVFP4
+  // quantization of (linear, role) uses. Unset: the recipe's options.
+  using Nvfp4Hook = std::function<kernels::Nvfp4Options(const std::string& linear, Fp8Role role,
+                                                        kernels::Nvfp4Options)>;
+  void set_nvfp4_hook(Nvfp4Hook h) { nvfp4_hook_ = std::move(h); }
 
   void end_forward();   // delayed: reduce + update input/weight states
   void end_backward();  // delayed: reduce + update gradient states
@@ -72,6 +96,8 @@ class Fp8Recipe {
 
   RecipeConfig config_;
   AmaxHook reduce_amax_;
+  uint64_t seed_ = 0;
+  Nvfp4Hook nvfp4_hook_;
   bool enabled_ = false;
   bool recompute_ = false;
   std::map<std::string, kernels::DelayedScalingState> states_;

@@ -140,6 +140,28 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
        "needs recipe delayed, current or mxfp8 (block-scaled weights are not kept as FP8 primary "
        "weights), got block");
 
+  need("fsdp.fp8_params", !o.fsdp.fp8_params || rk != RecipeKind::kNvfp4,
+       "needs recipe delayed, current or mxfp8 (NVFP4 weights are not kept as FP4 primary "
+       "weights), got nvfp4");
+  if (rk == RecipeKind::kNvfp4 && t.batch % split == 0) {
+    // Each data rank's tokens (M) and the TP-local weight boxes (N, K) must hold whole 1x16
+    // blocks, 16x16 tiles and RHT groups, so that the pieces quantize like the whole tensor.
+    const int64_t tokens = t.batch / split * t.seq_len;
+    const std::string on =
+        fmt::format("recipe = nvfp4 on mesh (dp_replicate {}, dp_shard {}, tp {})", ms.dp_replicate,
+                    ms.dp_shard, ms.tp);
+    need("training.batch", tokens % 16 == 0,
+         fmt::format("{}: each data-parallel rank's micro-batch has global_batch / (dp x "
+                     "micro_batches) x seq_len = {} tokens, not a multiple of 16 (1x16 blocks)",
+                     on, tokens));
+    if (tp > 1) {
+      for (const auto& [what, value] : {std::pair{"hidden / tp (proj K)", m.hidden / tp},
+                                        std::pair{"ffn / tp (fc2 K)", m.ffn / tp}}) {
+        need("mesh.tp", value % 16 == 0,
+             fmt::format("{}: {} = {} is not a multiple of 16 (1x16 blocks)", on, what, value));
+      }
+    }
+  }
   if (rk == RecipeKind::kMxfp8 && t.batch % split == 0) {
     // On a mesh the GEMM operands are this data rank's micro-batch tokens (M; a sequence shard
     // before the SP gather) and the TP-local weight boxes (N and K): multiples of 32 for the

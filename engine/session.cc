@@ -103,8 +103,12 @@ struct TrainingSession::Impl {
         faults(make_fault_hooks(options.faults)),
         model(options.config),
         data(config.model.vocab, config.data, config.training.batch, config.training.seq_len),
-        recipe(config.recipe, [this](const std::string& linear, Fp8Role role, float* amax,
-                                     int64_t n) { reduce_amax(linear, role, amax, n); }),
+        recipe(
+            config.recipe,
+            [this](const std::string& linear, Fp8Role role, float* amax, int64_t n) {
+              reduce_amax(linear, role, amax, n);
+            },
+            config.seed),
         plan(config, c.mesh(), c.rank(), faults) {
     const RecipeKind rk = config.recipe.kind;
     // FP8 primary weights are gathered as FP8 (there is no high-precision compute copy); a fault
@@ -118,6 +122,11 @@ struct TrainingSession::Impl {
           "fsdp.fp8_all_gather has no effect with recipe {}: weights are gathered in high "
           "precision",
           recipe_name(rk)));
+    if (faults.has_nvfp4_hooks())
+      recipe.set_nvfp4_hook(
+          [this](const std::string& linear, Fp8Role role, kernels::Nvfp4Options o) {
+            return faults.nvfp4_options(linear, role, step, o);
+          });
     plan.add_state_entries(state);
     // Delayed-scaling states exist from the start (the recipe would create them at the first
     // quantization) so that the state entries cover them before step 0 and a checkpoint loaded

@@ -27,7 +27,7 @@ Trainer::Trainer(const Config& config, Fp8Recipe::AmaxHook observe_amax)
       params_(init_params(config_.model, config_.seed)),
       grads_(zeros_like_params(config_.model)),
       optimizer_(config_.model, config_.training),
-      recipe_(config_.recipe, or_identity(std::move(observe_amax))) {}
+      recipe_(config_.recipe, or_identity(std::move(observe_amax)), config_.seed) {}
 
 StepMetrics Trainer::step(
     const std::function<void(int64_t step, const TensorMap& grads)>& on_grads) {

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/hdf5_check.h"
+#include "kernels/nvfp4.h"
 #include "kernels/quantize.h"
 
 namespace meshproof::harness {
@@ -128,13 +130,90 @@ bool is_per_tensor(kernels::ScalingMode m) {
   return m == kernels::ScalingMode::kCurrentTensor || m == kernels::ScalingMode::kDelayedTensor;
 }
 
+// The packed bytes of an e2m1 tensor [R, C] as uint8 [R, C/2] on the host.
+Tensor packed_bytes(const Tensor& e2m1) {
+  const Tensor h = e2m1.device().is_cpu() ? e2m1 : e2m1.to(kernels::Device::cpu());
+  Tensor b = Tensor::empty({h.shape()[0], h.shape()[1] / 2}, DType::kUInt8, kernels::Device::cpu());
+  std::memcpy(b.raw_data(), h.raw_data(), static_cast<size_t>(h.nbytes().value));
+  return b;
+}
+
+// Runs `write` on a temp file beside `out` and renames it over `out`, so a failure leaves nothing
+// half-written.
+template <typename Write>
+void write_atomically(const std::string& out, Write&& write) {
+  const fs::path target(out);
+  const fs::path tmp =
+      target.parent_path() / fmt::format(".{}.tmp.{}", target.filename().string(), getpid());
+  try {
+    OutputFile f(tmp.string());
+    write(f);
+    f.close();
+    std::error_code ec;
+    fs::rename(tmp, target, ec);
+    MP_CHECK(!ec, "renaming '{}' to '{}': {}", tmp.string(), target.string(), ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
+}
+
+// `quantize --recipe nvfp4` (docs/design.md section 25): both copies in their stored layouts.
+void run_nvfp4(const QuantizeVerbOptions& o, std::ostream& out) {
+  MP_CHECK_INPUT(o.format.empty(),
+                 "--format {} applies to the fp8 recipes; nvfp4 is e2m1 with "
+                 "e4m3 block scales",
+                 o.format);
+  MP_CHECK_INPUT(
+      !o.pow2_scales && !o.no_pow2_scales && o.eps == 0.0f && o.scale == 1.0f && o.block == "1x128",
+      "--pow2-scales, --no-pow2-scales, --eps, --scale and --block do not apply to "
+      "--recipe nvfp4");
+  MP_CHECK_INPUT(!(o.two_d && o.rht),
+                 "--2d with --rht: 16x16 tiles are for weights and the random Hadamard transform "
+                 "for non-weights (activations, gradients); choose one");
+  MP_CHECK_INPUT(!o.out.empty(), "--out is required");
+  const kernels::Device device = kernels::resolve_backend(o.backend);
+  const InputSpec spec = parse_input_spec(o.in);
+  const Tensor x_host = read_input(spec);
+  const int64_t M = x_host.shape()[0];
+  const int64_t K = x_host.shape()[1];
+  kernels::Nvfp4Options opts;
+  opts.tile16x16 = o.two_d;
+  opts.rht = o.rht;
+  const std::string what = fmt::format("dataset {} in '{}'", spec.dataset, spec.file);
+  kernels::check_nvfp4_shape(M, K, opts, what);
+  const Tensor x = device.is_cpu() ? x_host : x_host.to(device);
+  const kernels::QuantizedTensor q = kernels::quantize_nvfp4(x, opts, {true, true}, what);
+  write_atomically(o.out, [&](OutputFile& f) {
+    f.write("/rowwise/data", packed_bytes(q.rowwise_data));
+    f.write("/rowwise/scale_inv", q.rowwise_scale_inv);
+    f.write("/rowwise/global_amax", q.amax);
+    f.write("/rowwise/dequantized", kernels::dequantize_nvfp4(q, true));
+    f.write("/columnwise/data", packed_bytes(q.columnwise_data));
+    f.write("/columnwise/scale_inv", q.columnwise_scale_inv);
+    f.write("/columnwise/global_amax", q.columnwise_amax);
+    f.write("/columnwise/dequantized", kernels::dequantize_nvfp4(q, false));
+    f.attribute("recipe", o.recipe);
+    f.attribute("backend", device.is_cpu() ? "cpu" : "cuda");
+    f.attribute("2d", o.two_d ? "1" : "0");
+    f.attribute("rht", o.rht ? "1" : "0");
+  });
+  fmt::print(out, "quantized {}:{} [{}, {}] with nvfp4 ({}{}) on {} -> {}\n", spec.file,
+             spec.dataset, M, K, o.two_d ? "16x16 tiles" : "1x16 blocks",
+             o.rht ? ", columnwise RHT" : "", device.str(), o.out);
+}
+
 }  // namespace
 
 void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   using kernels::QuantizedCopy;
   using kernels::ScalingMode;
-  MP_CHECK_INPUT(o.format == "e4m3" || o.format == "e5m2", "--format '{}' is not e4m3 or e5m2",
-                 o.format);
+  if (o.recipe == "nvfp4") return run_nvfp4(o, out);
+  MP_CHECK_INPUT(!o.two_d && !o.rht, "--2d and --rht apply to --recipe nvfp4, not {}", o.recipe);
+  const std::string format_name = o.format.empty() ? "e4m3" : o.format;
+  MP_CHECK_INPUT(format_name == "e4m3" || format_name == "e5m2",
+                 "--format '{}' is not e4m3 or e5m2", format_name);
   MP_CHECK_INPUT(o.block == "1x128" || o.block == "128x128", "--block '{}' is not 1x128 or 128x128",
                  o.block);
   MP_CHECK_INPUT(!o.out.empty(), "--out is required");
@@ -155,7 +234,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
                  o.recipe);
   // Power-of-2 scales: off by default for current, on for block (Float8BlockScaling).
   const bool pow2 = kind == engine::RecipeKind::kBlock ? !o.no_pow2_scales : o.pow2_scales;
-  const DType format = o.format == "e5m2" ? DType::kE5M2 : DType::kE4M3;
+  const DType format = format_name == "e5m2" ? DType::kE5M2 : DType::kE4M3;
   const kernels::Device device = kernels::resolve_backend(o.backend);
   const InputSpec spec = parse_input_spec(o.in);
   const Tensor x_host = read_input(spec);
@@ -193,12 +272,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
                                ? kernels::transpose_2d(q.columnwise_scale_inv)
                                : q.columnwise_scale_inv;
 
-  // Write to a temp file beside the target and rename, so a failure leaves nothing half-written.
-  const fs::path target(o.out);
-  const fs::path tmp =
-      target.parent_path() / fmt::format(".{}.tmp.{}", target.filename().string(), getpid());
-  try {
-    OutputFile f(tmp.string());
+  write_atomically(o.out, [&](OutputFile& f) {
     f.write("/rowwise/data", q.rowwise_data);
     f.write("/rowwise/scale_inv", q.rowwise_scale_inv);
     f.write("/columnwise/data", col_data);
@@ -208,7 +282,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
     f.write("/rowwise/dequantized", kernels::dequantize(q, QuantizedCopy::kRowwise));
     f.write("/columnwise/dequantized", kernels::dequantize(q, QuantizedCopy::kColumnwise));
     f.attribute("recipe", o.recipe);
-    f.attribute("format", o.format);
+    f.attribute("format", format_name);
     f.attribute("backend", device.is_cpu() ? "cpu" : "cuda");
     f.attribute("scaling_mode", std::string(kernels::scaling_mode_name(q.mode)));
     if (kind == engine::RecipeKind::kBlock) f.attribute("block", o.block);
@@ -216,24 +290,17 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
       f.attribute("pow2_scales", pow2 ? "1" : "0");
       f.attribute("eps", fmt::format("{}", o.eps));
     }
-    f.close();
-    std::error_code ec;
-    fs::rename(tmp, target, ec);
-    MP_CHECK(!ec, "renaming '{}' to '{}': {}", tmp.string(), target.string(), ec.message());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw;
-  }
+  });
   fmt::print(out, "quantized {}:{} [{}, {}] with {} {} ({}) on {} -> {}\n", spec.file, spec.dataset,
-             M, K, o.recipe, o.format, kernels::scaling_mode_name(q.mode), device.str(), o.out);
+             M, K, o.recipe, format_name, kernels::scaling_mode_name(q.mode), device.str(), o.out);
 }
 
 void add_quantize_command(CLI::App& app, std::ostream& out, int& exit_code) {
   auto opts = std::make_shared<QuantizeVerbOptions>();
   auto* cmd = app.add_subcommand(
       "quantize",
-      "Quantize a 2-D float32 HDF5 dataset with a recipe (current, delayed, mxfp8, block) on any "
+      "Quantize a 2-D float32 HDF5 dataset with a recipe (current, delayed, mxfp8, block, nvfp4) "
+      "on any "
       "backend and write data, scales and dequantized values to HDF5");
   cmd->add_option("--recipe", opts->recipe, fmt::format("{}", fmt::join(fp8_recipe_names(), " | ")))
       ->required()
@@ -250,6 +317,9 @@ void add_quantize_command(CLI::App& app, std::ostream& out, int& exit_code) {
                   "(default 0)");
   cmd->add_option("--block", opts->block, "block: 1x128 (default) | 128x128")
       ->check(CLI::IsMember({"1x128", "128x128"}));
+  cmd->add_flag("--2d", opts->two_d, "nvfp4: 16x16 tiles (weights) instead of 1x16 blocks");
+  cmd->add_flag("--rht", opts->rht,
+                "nvfp4: random Hadamard transform of the columnwise copy (wgrad operands)");
   cmd->add_option("--backend", opts->backend, "cpu | cuda | auto (default)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_option("--in", opts->in, "Input FILE.h5[:/dataset] (dataset defaults to /x)")

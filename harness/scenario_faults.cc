@@ -15,7 +15,7 @@ namespace {
 // ---- what a fault can need of its scenario (the loader's message is "NAME needs WHAT")
 
 constexpr FaultRequirement kFp8Recipe{
-    "an FP8 recipe (delayed, current, mxfp8, block)",
+    "an FP8 recipe (delayed, current, mxfp8, block, nvfp4)",
     [](const Scenario& s) { return engine::is_fp8(s.recipe.kind); }};
 constexpr FaultRequirement kPerTensorRecipe{
     "a per-tensor recipe (delayed or current)", [](const Scenario& s) {
@@ -117,6 +117,8 @@ std::string one_perturbation(const Scenario&, const FaultSpec& spec) {
 const std::string& string_param(const FaultSpec& spec, const char* name) {
   return spec.string_params.at(name);
 }
+constexpr FaultRequirement kNvfp4Recipe{
+    "recipe nvfp4", [](const Scenario& s) { return s.recipe.kind == RecipeKind::kNvfp4; }};
 
 const FaultParam kFromStep{"from_step",
                            FaultParam::Type::kInt,
@@ -438,6 +440,29 @@ const std::vector<FaultDescriptor>& rows() {
               [](const FaultSpec&, engine::FaultInjection& f) {
                 f.swiglu_gate_up_swizzled_in_checkpoint = true;
               },
+      },
+      {
+          .name = "nvfp4_rht_on_one_operand",
+          .bug_class =
+              "NVFP4's random Hadamard transform is applied to the output gradient's columnwise "
+              "copy but not to the input's, so the wgrad GEMM multiplies operands in different "
+              "bases: dY^T T^T X instead of dY^T X",
+          .needs = {kNvfp4Recipe},
+          .caught_by = {"golden", "reference"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.nvfp4_rht_on_one_operand = true; },
+      },
+      {
+          .name = "nvfp4_block_scale_pow2",
+          .bug_class =
+              "NVFP4 block scales rounded up to a power of two (MXFP4-style E8M0 scales) where "
+              "the recipe requires E4M3 scales: every block loses up to a factor 2 of E2M1 range",
+          .needs = {kNvfp4Recipe},
+          .caught_by = {"golden"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.nvfp4_block_scale_pow2 = true; },
       },
   };
   return table;

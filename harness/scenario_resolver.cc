@@ -220,8 +220,9 @@ struct Resolver {
     // the scenario mean something it does not do. (fsdp.fp8_params is the engine's rule.)
     if (sc.fsdp.fp8_all_gather && !engine::is_fp8(sc.recipe.kind)) {
       bad(fs.child("fp8_all_gather"),
-          fmt::format("needs an FP8 recipe (delayed, current, mxfp8 or block), got recipe {}",
-                      to_string(sc.recipe.kind)));
+          fmt::format(
+              "needs an FP8 recipe (delayed, current, mxfp8, block or nvfp4), got recipe {}",
+              to_string(sc.recipe.kind)));
     }
 
     const Section ts = read_section(top, "train", sc);

@@ -27,6 +27,7 @@
 
 #include "kernels/formats.h"
 #include "kernels/gemm_internal.h"
+#include "kernels/nvfp4_rules.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -117,12 +118,11 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 void check_quantized_copy(const QuantizedTensor& q, const GemmSide& side, GemmRole role) {
   const char* name = side.name;
   const std::string copy = side.transposed ? "columnwise copy" : "rowwise copy";
-  MP_CHECK_INPUT(q.mode != ScalingMode::kNvfp4,
-                 "gemm_{}: operand {} ({}) uses NVFP4, which the GEMM does not support yet",
-                 gemm_role_name(role), name, describe_operand(&q));
-  MP_CHECK_INPUT(q.format == DType::kE4M3 || q.format == DType::kE5M2,
-                 "gemm_{}: operand {} has element format {}; expected e4m3 or e5m2",
-                 gemm_role_name(role), name, dtype_name(q.format));
+  const bool nvfp4 = q.mode == ScalingMode::kNvfp4;
+  MP_CHECK_INPUT(
+      nvfp4 ? q.format == DType::kE2M1 : (q.format == DType::kE4M3 || q.format == DType::kE5M2),
+      "gemm_{}: operand {} has element format {}; expected {}", gemm_role_name(role), name,
+      dtype_name(q.format), nvfp4 ? "e2m1 (nvfp4)" : "e4m3 or e5m2");
   MP_CHECK_INPUT(q.logical_shape.rank() >= 1, "gemm_{}: operand {} has an empty logical shape",
                  gemm_role_name(role), name);
   const bool present = side.transposed ? q.has_columnwise() : q.has_rowwise();
@@ -175,8 +175,21 @@ void check_quantized_copy(const QuantizedTensor& q, const GemmSide& side, GemmRo
       check_tensor_shape(sinv, Shape{ceil_div(sr, 128), ceil_div(sc, 128)}, role, name,
                          scale_what.c_str());
       break;
-    case ScalingMode::kNvfp4:
+    case ScalingMode::kNvfp4: {
+      // E4M3 codes per 1x16 block of the stored rows, and the copy's global amax.
+      MP_CHECK_INPUT(sr % 16 == 0 && sc % 16 == 0,
+                     "gemm_{}: NVFP4 operand {} has logical shape {}; both dims must be "
+                     "multiples of 16",
+                     gemm_role_name(role), name, q.logical_shape.str());
+      MP_CHECK_INPUT(sinv.defined() && sinv.dtype() == DType::kE4M3,
+                     "gemm_{}: {} {} must be e4m3 codes", gemm_role_name(role), name, scale_what);
+      check_tensor_shape(sinv, Shape{sr, sc / 16}, role, name, scale_what.c_str());
+      const Tensor& amax = side.transposed ? q.columnwise_amax : q.amax;
+      MP_CHECK_INPUT(amax.defined() && amax.dtype() == DType::kFloat32 && amax.numel().value == 1,
+                     "gemm_{}: NVFP4 operand {} has no {} global amax (float32[1])",
+                     gemm_role_name(role), name, copy);
       break;
+    }
   }
 }
 
@@ -292,7 +305,7 @@ const float* fp8_table(DType format) { return detail::fp8_decode_table(format); 
 
 // One stored matrix (`rows` x `cols`, row-major) of an operand and how to decode it.
 struct StoredView {
-  enum class Kind : uint8_t { kF32, kBf16, kPerTensor, kMxfp8Row, kMxfp8Col, kBlock };
+  enum class Kind : uint8_t { kF32, kBf16, kPerTensor, kMxfp8Row, kMxfp8Col, kBlock, kNvfp4 };
   Kind kind = Kind::kF32;
   const void* data = nullptr;
   int64_t rows = 0;
@@ -303,6 +316,7 @@ struct StoredView {
   const float* block = nullptr;  // block scales
   int64_t scols = 0;             // columns of the scale matrix
   int64_t rdiv = 1;              // block rows (1 or 128)
+  float gds = 0.0f;              // NVFP4 global decode scale (e4m3 block codes in e8)
   bool canonical = true;         // stored = canonical [n, K]; else stored = canonical^T
 };
 
@@ -345,8 +359,17 @@ StoredView stored_view(const GemmSide& side) {
       v.scols = sinv.shape()[1];
       v.rdiv = q.mode == ScalingMode::kBlock1x128 ? 1 : 128;
       break;
-    case ScalingMode::kNvfp4:
-      MP_FAIL("gemm: NVFP4 operands are not supported");
+    case ScalingMode::kNvfp4: {
+      // Both copies are stored K-major (rowwise [M, K], columnwise the transpose), packed two
+      // codes per byte; the block codes sit where MXFP8's e8m0 scales do.
+      namespace nv = rules::nvfp4;
+      const Tensor& amax = side.transposed ? q.columnwise_amax : q.amax;
+      v.kind = StoredView::Kind::kNvfp4;
+      v.e8 = static_cast<const uint8_t*>(sinv.raw_data());
+      v.scols = sinv.shape()[1];
+      v.gds = nv::global_decode_scale(nv::global_encode_scale(*amax.data<float>()));
+      break;
+    }
   }
   return v;
 }
@@ -386,6 +409,17 @@ void decode_stored_row(const StoredView& v, int64_t r, float* out) {
     case StoredView::Kind::kBlock: {
       const float* s = v.block + (r / v.rdiv) * v.scols;
       for (int64_t c = 0; c < n; ++c) out[c] = v.table[codes[c]] * s[c / 128];
+      return;
+    }
+    case StoredView::Kind::kNvfp4: {
+      // The quantizer's decode (kernels/nvfp4_rules.h): fp32(fp32(e2m1 * dec) * gds).
+      const auto* packed = static_cast<const uint8_t*>(v.data) + r * n / 2;
+      const uint8_t* dec = v.e8 + r * v.scols;
+      for (int64_t c = 0; c < n; ++c) {
+        const uint8_t b = packed[c / 2];
+        const auto code = static_cast<uint8_t>((c & 1) ? b >> 4 : b & 0xFu);
+        out[c] = rules::nvfp4::decode(code, dec[c / 16], v.gds);
+      }
       return;
     }
   }

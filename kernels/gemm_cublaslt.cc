@@ -30,6 +30,7 @@
 #include "kernels/device.h"
 #include "kernels/gemm_cuda_kernels.h"
 #include "kernels/gemm_internal.h"
+#include "kernels/nvfp4.h"
 
 namespace meshproof::kernels::detail {
 namespace {
@@ -198,6 +199,13 @@ bool stored_k_major(const GemmSide& s) {
 // Decodes the stored matrix of a quantized side into `scratch` (fp32 or bf16, same orientation).
 LtOperand decode_side(const GemmSide& s, DType to, Tensor& scratch) {
   const QuantizedTensor& q = *std::get<const QuantizedTensor*>(s.op);
+  if (q.mode == ScalingMode::kNvfp4) {
+    // NVFP4: the quantizer's exact decode of the stored (K-major) copy to fp32.
+    MP_CHECK(to == DType::kFloat32, "NVFP4 operands decode to float32 only");
+    scratch = dequantize_nvfp4(q, !s.transposed);
+    return LtOperand{scratch.raw_data(), DType::kFloat32, stored_k_major(s), nullptr,
+                     CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F};
+  }
   const Tensor& data = copy_data(q, s.transposed);
   const Tensor& sinv = copy_scale(q, s.transposed);
   DecodeArgs a{};
@@ -373,8 +381,10 @@ void gemm_cuda(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
 
   // Scratch tensors (decoded copies, transposes, swizzled scales) are freed with cudaFreeAsync on
   // the rank's stream, i.e. after the GEMM queued before them has run.
-  // 5. Everything else (block scaling, per-tensor FP8 before sm_89 or e5m2 x e5m2, mixed operand
-  //    kinds): decode exactly to fp32 (the CPU reference's values) and run an fp32 GEMM.
+  // 5. Everything else (block scaling, NVFP4, per-tensor FP8 before sm_89 or e5m2 x e5m2, mixed
+  //    operand kinds): decode exactly to fp32 (the CPU reference's values) and run an fp32 GEMM.
+  //    NVFP4 is not sent to cuBLASLt's VEC16_UE4M3 mode (sm_100) for the same reason as block
+  //    scaling below.
   //    Block scaling is not sent to cuBLASLt's VEC128/BLK128x128 modes: without a device to
   //    validate their scale layouts here, the exact emulation is the safe choice.
   Tensor sa, sb;

@@ -21,6 +21,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "kernels/nvfp4.h"
 #include "kernels/quantize_cuda.h"
 #include "kernels/quantize_internal.h"
 #include "kernels/quantize_rules.h"
@@ -731,6 +732,11 @@ Tensor dequantize(const QuantizedTensor& q, QuantizedCopy which) {
   MP_CHECK_INPUT(
       data.defined() && scale.defined(), "dequantize: the {} copy of a {} tensor {} is absent",
       rowwise ? "rowwise" : "columnwise", scaling_mode_name(q.mode), q.logical_shape.str());
+  if (q.mode == ScalingMode::kNvfp4) {
+    // Stored [K, M] columnwise: transposed back to the logical layout like the other modes.
+    const Tensor d = dequantize_nvfp4(q, rowwise);
+    return rowwise ? d : transpose_2d(d);
+  }
   const bool e5m2 = is_e5m2(q.format);
   QLayout layout;
   switch (q.mode) {

@@ -16,7 +16,7 @@ enum class ScalingMode : uint8_t {
   kMxfp8,          // 1x32 (rowwise) / 32x1 (columnwise) blocks, E8M0 scales (MXFP8BlockScaling)
   kBlock1x128,     // 1x128 blocks, fp32 power-of-2 scales (Float8BlockScaling activations/grads)
   kBlock128x128,   // 128x128 blocks, fp32 power-of-2 scales (Float8BlockScaling weights)
-  kNvfp4,          // reserved: 1x16 E2M1 blocks with E4M3 scales (later issue)
+  kNvfp4,          // 1x16 blocks or 16x16 tiles of E2M1, E4M3 scales + fp32 global scale (NVFP4)
 };
 
 std::string_view scaling_mode_name(ScalingMode m);
@@ -29,7 +29,7 @@ struct Usage {
 
 struct QuantizedTensor {
   ScalingMode mode = ScalingMode::kCurrentTensor;
-  DType format = DType::kE4M3;  // element format of the data copies (e4m3, e5m2; e2m1 later)
+  DType format = DType::kE4M3;  // element format of the data copies (e4m3, e5m2; e2m1 nvfp4)
   Shape logical_shape;          // [M, K]: leading dims flattened into M
 
   // Rowwise copy, blocks along K (the last dim).
@@ -45,12 +45,19 @@ struct QuantizedTensor {
   //     scale_inv: per-tensor float32 [1]; block1x128 float32 [K, ceil(M/128)] (1x128 blocks of
   //     the transpose); block128x128 float32 [ceil(K/128), ceil(M/128)]
   //   mxfp8: NOT transposed, format [M, K] with 32x1 blocks, scale_inv e8m0 [M/32, K] (compact)
+  //   nvfp4: the transpose, e2m1 [K, M] (bytes [K, M/2]), E4M3 codes [K, M/16]; rowwise e2m1
+  //     [M, K] with codes [M, K/16] (16x16 tiles: each tile's code on each of its 16 rows)
   Tensor columnwise_data;
   Tensor columnwise_scale_inv;
 
   Tensor amax;   // float32 [1]: the (reduced) amax the per-tensor scale came from; undefined for
                  // block modes
   Tensor scale;  // float32 [1]: per-tensor scale used (1/scale_inv); undefined for block modes
+
+  // nvfp4: `amax` is the rowwise copy's global amax and this the columnwise copy's (after the RHT
+  // when columnwise_rht), float32 [1]; the global scales derive from them (kernels/nvfp4.h).
+  Tensor columnwise_amax;
+  bool columnwise_rht = false;  // nvfp4: the columnwise copy holds the RHT of x^T's 16-groups
 
   bool has_rowwise() const { return rowwise_data.defined(); }
   bool has_columnwise() const { return columnwise_data.defined(); }

@@ -183,12 +183,22 @@ TEST_F(ResumeTest, BitwiseParityPerRecipe) {
     bool dropout_micro = false;  // dropout 0.1 (Philox masks keyed by step) and 2 micro-batches
   };
   const std::vector<Case> cases = {
-      {RecipeKind::kFp32, {1, 2, 2}},          {RecipeKind::kBf16, {2, 2, 1}},
-      {RecipeKind::kDelayed, {1, 2, 1}},       {RecipeKind::kDelayed, {1, 1, 2}},
-      {RecipeKind::kCurrent, {1, 2, 1}},       {RecipeKind::kMxfp8, {1, 2, 1}},
-      {RecipeKind::kCurrent, {1, 2, 2}, true}, {RecipeKind::kDelayed, {2, 2, 1}, true},
-      {RecipeKind::kMxfp8, {1, 1, 1}, true},   {RecipeKind::kBlock, {1, 2, 1}},
-      {RecipeKind::kBlock, {1, 1, 2}},         {RecipeKind::kDelayed, {1, 2, 2}, false, true},
+      {RecipeKind::kFp32, {1, 2, 2}},
+      {RecipeKind::kBf16, {2, 2, 1}},
+      {RecipeKind::kDelayed, {1, 2, 1}},
+      {RecipeKind::kDelayed, {1, 1, 2}},
+      {RecipeKind::kCurrent, {1, 2, 1}},
+      {RecipeKind::kMxfp8, {1, 2, 1}},
+      {RecipeKind::kCurrent, {1, 2, 2}, true},
+      {RecipeKind::kDelayed, {2, 2, 1}, true},
+      {RecipeKind::kMxfp8, {1, 1, 1}, true},
+      {RecipeKind::kBlock, {1, 2, 1}},
+      {RecipeKind::kBlock, {1, 1, 2}},
+      {RecipeKind::kDelayed, {1, 2, 2}, false, true},
+      // NVFP4 keeps no recipe state: its stochastic rounding is keyed by the step and the global
+      // batch position, which the resumed run restores, so resume is bitwise with it too.
+      {RecipeKind::kNvfp4, {1, 2, 2}},
+      {RecipeKind::kNvfp4, {1, 2, 1}, false, true},
   };
   for (const Case& c : cases) {
     RunOptions o;

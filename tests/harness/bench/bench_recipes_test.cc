@@ -168,7 +168,7 @@ TEST(BenchRecipes, MeasuresEveryRecipeOnTheCpu) {
   EXPECT_EQ(rep.device_name, "cpu");
   EXPECT_GT(rep.copy.seconds, 0);
   ASSERT_EQ(rep.bf16_gemms.size(), 1u);
-  ASSERT_EQ(rep.recipes.size(), 6u);
+  ASSERT_EQ(rep.recipes.size(), 7u);  // fp32, bf16, delayed, current, mxfp8, block, nvfp4
   for (const auto& r : rep.recipes) {
     SCOPED_TRACE(std::string(engine::recipe_name(r.recipe)));
     EXPECT_EQ(r.gemm_dtype, "fp32");  // the CPU backend multiplies in fp32

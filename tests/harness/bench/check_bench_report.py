@@ -5,7 +5,7 @@ usage: check_bench_report.py OUT_DIR SCHEMA_JSON SHAPES
 
 - report.json validates against reports/schema/report.schema.json;
 - scenario recipes.ceilings has the copy bandwidth and one bf16 GEMM per shape;
-- every recipe (fp32, bf16, delayed, current, mxfp8, block) has a scenario with the GEMM
+- every recipe (fp32, bf16, delayed, current, mxfp8, block, nvfp4) has a scenario with the GEMM
   figures of every role (fprop, dgrad, wgrad) and shape, quantize (cast for bf16) figures of the
   activation and weight operands (none for fp32), the layer step and a performance section;
 - every figure is positive, ratio == value / ceiling, and quantize ceilings are the copy
@@ -50,7 +50,7 @@ def main():
             g = figs.get(("bf16 gemm fprop " + s, "tflops"))
             expect(g is not None and g["value"] > 0, "no bf16 ceiling GEMM for " + s)
 
-    for recipe in ("fp32", "bf16", "delayed", "current", "mxfp8", "block"):
+    for recipe in ("fp32", "bf16", "delayed", "current", "mxfp8", "block", "nvfp4"):
         s = by_name.get("recipes." + recipe)
         expect(s is not None, "no scenario for recipe " + recipe)
         if s is None:

@@ -68,6 +68,12 @@ CLAIMS = {
     ("rope_positions_local_under_sp", "reference"):
         ("reference", "{mesh: {tp: 1, sequence_parallel: false}}"),
     ("swiglu_gate_up_swizzled_in_checkpoint", "resume"): ("resume", "{at_step: 3}"),
+    ("nvfp4_rht_on_one_operand", "golden"): ("golden", "{mode: exact}"),
+    # nvfp4, FSDP 2 x TP 2 vs 1 rank: fault-free max rel diff 1.8e-4, with the fault 1.2e-2
+    # (2026-11-24); 2e-3 sits 11x above the clean run and 6x below the fault.
+    ("nvfp4_rht_on_one_operand", "reference"):
+        ("reference", "{mesh: {dp_shard: 1, tp: 1}, rtol: 2.0e-3}"),
+    ("nvfp4_block_scale_pow2", "golden"): ("golden", "{mode: exact}"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism")
 

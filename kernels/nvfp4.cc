@@ -1,0 +1,206 @@
+// NVFP4 quantizers: CPU reference and the dispatch to the CUDA kernels (nvfp4.cu). Both run the
+// block workers of kernels/nvfp4_rules.h (docs/design.md section 25).
+#include "kernels/nvfp4.h"
+
+#include <vector>
+
+#include "kernels/error.h"
+#include "kernels/nvfp4_cuda.h"
+#include "kernels/nvfp4_rules.h"
+#include "kernels/runtime.h"
+
+namespace meshproof::kernels {
+namespace {
+
+namespace nv = rules::nvfp4;
+
+[[maybe_unused]] void* stream_of_context() { return current_context().stream; }
+
+#if MESHPROOF_HAVE_CUDA
+#define MP_NVFP4_CUDA(call) cuda::call
+#else
+[[noreturn]] void no_cuda() {
+  MP_FAIL("tensor is on a CUDA device but meshproof was built without the CUDA backend");
+}
+#define MP_NVFP4_CUDA(call) no_cuda()
+#endif
+
+bool check_input(const Tensor& x, std::string_view what) {
+  MP_CHECK_INPUT(x.defined(), "{}: input tensor is undefined", what);
+  MP_CHECK_INPUT(x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16,
+                 "{}: input {} must be float32 or bfloat16", what, x.describe());
+  MP_CHECK_INPUT(x.shape().rank() >= 1 && x.numel().value > 0, "{}: input {} must be non-empty",
+                 what, x.describe());
+  return x.dtype() == DType::kBFloat16;
+}
+
+}  // namespace
+
+void check_nvfp4_shape(int64_t M, int64_t K, const Nvfp4Options& o, std::string_view what) {
+  MP_CHECK_INPUT(M % nv::kBlock == 0 && K % nv::kBlock == 0,
+                 "{} has shape [{}, {}]: nvfp4 needs rows and columns that are multiples of 16",
+                 what, M, K);
+  MP_CHECK_INPUT(!(o.tile16x16 && o.rht),
+                 "{}: nvfp4 16x16 tiles (weights) and the random Hadamard transform (non-weights) "
+                 "exclude each other",
+                 what);
+}
+
+Tensor nvfp4_global_amax(const Tensor& x, bool rht, std::string_view what) {
+  const bool bf16 = check_input(x, what);
+  const int64_t M = x.shape().leading();
+  const int64_t K = x.shape().last();
+  check_nvfp4_shape(M, K, Nvfp4Options{}, what);
+  Tensor out = Tensor::empty({2}, DType::kFloat32, x.device());
+  if (x.device().is_cuda()) {
+    MP_NVFP4_CUDA(launch_nvfp4_global_amax(x.raw_data(), bf16, M, K, rht, out.data<float>(),
+                                           stream_of_context()));
+    return out;
+  }
+  const uint32_t row = rules::block_amax_bits(x.raw_data(), bf16, 0, 1, M * K);
+  uint32_t col = row;
+  if (rht) {
+    col = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t g = 0; g < M / nv::kBlock; ++g) {
+        const uint32_t b = nv::rht_group_amax_bits(x.raw_data(), bf16, K, k, g);
+        col = b > col ? b : col;
+      }
+    }
+  }
+  out.data<float>()[0] = fmt8::bits_float(row);
+  out.data<float>()[1] = fmt8::bits_float(col);
+  return out;
+}
+
+QuantizedTensor quantize_nvfp4(const Tensor& x, const Nvfp4Options& o, Usage usage,
+                               const Tensor& global_amax, std::string_view what) {
+  const bool bf16 = check_input(x, what);
+  const int64_t M = x.shape().leading();
+  const int64_t K = x.shape().last();
+  check_nvfp4_shape(M, K, o, what);
+  MP_CHECK_INPUT(usage.rowwise || usage.columnwise, "{}: no nvfp4 copy requested", what);
+  MP_CHECK_INPUT(global_amax.defined() && global_amax.dtype() == DType::kFloat32 &&
+                     global_amax.numel().value == 2 && global_amax.device() == x.device(),
+                 "{}: the nvfp4 global amax must be float32[2] on {}, got {}", what,
+                 x.device().str(), global_amax.defined() ? global_amax.describe() : "undefined");
+  const Device dev = x.device();
+  QuantizedTensor q;
+  q.mode = ScalingMode::kNvfp4;
+  q.format = DType::kE2M1;
+  q.logical_shape = Shape{M, K};
+  q.columnwise_rht = o.rht;
+  uint8_t* row = nullptr;
+  uint8_t* row_s = nullptr;
+  uint8_t* col = nullptr;
+  uint8_t* col_s = nullptr;
+  if (usage.rowwise) {
+    q.rowwise_data = Tensor::empty({M, K}, DType::kE2M1, dev);
+    q.rowwise_scale_inv = Tensor::empty({M, K / nv::kBlock}, DType::kE4M3, dev);
+    row = static_cast<uint8_t*>(q.rowwise_data.raw_data());
+    row_s = static_cast<uint8_t*>(q.rowwise_scale_inv.raw_data());
+  }
+  if (usage.columnwise) {
+    q.columnwise_data = Tensor::empty({K, M}, DType::kE2M1, dev);
+    q.columnwise_scale_inv = Tensor::empty({K, M / nv::kBlock}, DType::kE4M3, dev);
+    col = static_cast<uint8_t*>(q.columnwise_data.raw_data());
+    col_s = static_cast<uint8_t*>(q.columnwise_scale_inv.raw_data());
+  }
+  // The two global amaxes, each as its own float32[1] (what the checkpoint and the GEMM read).
+  const Tensor amax_host = dev.is_cpu() ? global_amax : global_amax.to(Device::cpu());
+  const float amax_row = amax_host.data<float>()[0];
+  const float amax_col = amax_host.data<float>()[1];
+  q.amax = Tensor::from_vector<float>({1}, {amax_row}).to(dev);
+  q.columnwise_amax = Tensor::from_vector<float>({1}, {amax_col}).to(dev);
+
+  nv::SrKey sr;
+  sr.on = o.rounding.stochastic;
+  sr.seed = o.rounding.seed;
+  sr.stream = nv::sr_stream(o.rounding.step, o.rounding.tensor_id);
+  sr.row0 = o.rounding.row0;
+  sr.col0 = o.rounding.col0;
+  sr.ld = o.rounding.ld > 0 ? o.rounding.ld : K;
+  if (dev.is_cuda()) {
+    MP_NVFP4_CUDA(launch_quantize_nvfp4(x.raw_data(), bf16, M, K, o.tile16x16, o.rht,
+                                        o.pow2_block_scales, sr.on, sr.seed, sr.stream, sr.row0,
+                                        sr.col0, sr.ld, global_amax.data<float>(), row, row_s, col,
+                                        col_s, stream_of_context()));
+    return q;
+  }
+  nv::Job j;
+  j.x = x.raw_data();
+  j.bf16 = bf16;
+  j.M = M;
+  j.K = K;
+  j.tile = o.tile16x16;
+  j.rht = o.rht;
+  j.pow2 = o.pow2_block_scales;
+  j.sr = sr;
+  j.s_enc_row = nv::global_encode_scale(amax_row);
+  j.s_enc_col = nv::global_encode_scale(amax_col);
+  if (row) {
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t b = 0; b < K / nv::kBlock; ++b) nv::row_block(j, m, b, row, row_s);
+    }
+  }
+  if (col) {
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t g = 0; g < M / nv::kBlock; ++g) nv::col_group(j, k, g, col, col_s);
+    }
+  }
+  return q;
+}
+
+QuantizedTensor quantize_nvfp4(const Tensor& x, const Nvfp4Options& o, Usage usage,
+                               std::string_view what) {
+  return quantize_nvfp4(x, o, usage, nvfp4_global_amax(x, o.rht && usage.columnwise, what), what);
+}
+
+Tensor dequantize_nvfp4(const QuantizedTensor& q, bool rowwise) {
+  MP_CHECK_INPUT(q.mode == ScalingMode::kNvfp4, "dequantize_nvfp4: a {} tensor is not nvfp4",
+                 scaling_mode_name(q.mode));
+  const Tensor& data = rowwise ? q.rowwise_data : q.columnwise_data;
+  const Tensor& scale = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
+  const Tensor& amax = rowwise ? q.amax : q.columnwise_amax;
+  MP_CHECK_INPUT(data.defined() && scale.defined() && amax.defined(),
+                 "dequantize: the {} copy of an nvfp4 tensor {} is absent",
+                 rowwise ? "rowwise" : "columnwise", q.logical_shape.str());
+  const int64_t R = data.shape()[0];
+  const int64_t C = data.shape()[1];
+  Tensor out = Tensor::empty({R, C}, DType::kFloat32, data.device());
+  const auto* d = static_cast<const uint8_t*>(data.raw_data());
+  const auto* s = static_cast<const uint8_t*>(scale.raw_data());
+  if (data.device().is_cuda()) {
+    MP_NVFP4_CUDA(launch_dequantize_nvfp4(d, s, amax.data<float>(), R, C, out.data<float>(),
+                                          stream_of_context()));
+    return out;
+  }
+  const float gds = nv::global_decode_scale(nv::global_encode_scale(amax.data<float>()[0]));
+  float* o = out.data<float>();
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < C; ++c) {
+      const uint8_t byte = d[(r * C + c) / 2];
+      const uint8_t code = static_cast<uint8_t>((c & 1) ? byte >> 4 : byte & 0xFu);
+      o[r * C + c] = nv::decode(code, s[r * (C / nv::kBlock) + c / nv::kBlock], gds);
+    }
+  }
+  return out;
+}
+
+Tensor nvfp4_rht_transpose(const Tensor& x) {
+  const bool bf16 = check_input(x, "nvfp4_rht_transpose");
+  MP_CHECK_INPUT(x.device().is_cpu(), "nvfp4_rht_transpose: {} must be on the CPU", x.describe());
+  const int64_t M = x.shape().leading();
+  const int64_t K = x.shape().last();
+  check_nvfp4_shape(M, K, Nvfp4Options{}, "nvfp4_rht_transpose input");
+  Tensor out = Tensor::empty({K, M}, DType::kFloat32, Device::cpu());
+  float* o = out.data<float>();
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t g = 0; g < M / nv::kBlock; ++g) {
+      nv::rht16(x.raw_data(), bf16, g * nv::kBlock * K + k, K, o + k * M + g * nv::kBlock);
+    }
+  }
+  return out;
+}
+
+}  // namespace meshproof::kernels

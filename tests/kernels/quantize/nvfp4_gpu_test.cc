@@ -1,0 +1,85 @@
+// NVFP4 CUDA kernels against the CPU reference: identical global amaxes, data bytes, scale codes
+// and decoded values for 1x16 blocks, 16x16 tiles, the RHT and stochastic rounding, fp32 and bf16
+// inputs. Skips without a usable device.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/device.h"
+#include "kernels/formats.h"
+#include "kernels/nvfp4.h"
+
+namespace meshproof::kernels {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                                 \
+  do {                                                                                     \
+    if (!cuda_status().usable) GTEST_SKIP() << "no CUDA device: " << cuda_status().reason; \
+  } while (0)
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  if (!t.defined()) return {};
+  const Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+  const auto* p = static_cast<const uint8_t*>(h.raw_data());
+  return std::vector<uint8_t>(p, p + h.nbytes().value);
+}
+
+// Normal data with zero, huge, subnormal and outlier regions, a NaN and an inf.
+Tensor make_input(int64_t M, int64_t K, bool bf16, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 2.0f);
+  std::vector<float> v(static_cast<size_t>(M * K));
+  for (int64_t i = 0; i < M * K; ++i) {
+    float x = n(rng);
+    const int64_t region = ((i / K / 16) + (i % K / 32)) % 6;
+    if (region == 0) x = 0.0f;
+    if (region == 1) x *= 1e30f;
+    if (region == 2) x *= 1e-41f;
+    if (region == 3 && i % 16 == 5) x = 3e4f;
+    v[static_cast<size_t>(i)] = x;
+  }
+  if (!bf16) return Tensor::from_vector<float>({M, K}, v);
+  Tensor t = Tensor::empty({M, K}, DType::kBFloat16, Device::cpu());
+  auto* p = static_cast<uint16_t*>(t.raw_data());
+  for (size_t i = 0; i < v.size(); ++i) p[i] = fmt8::float_to_bf16(v[i]);
+  return t;
+}
+
+void expect_same(const QuantizedTensor& c, const QuantizedTensor& g, const std::string& what) {
+  EXPECT_EQ(bytes_of(c.rowwise_data), bytes_of(g.rowwise_data)) << what;
+  EXPECT_EQ(bytes_of(c.rowwise_scale_inv), bytes_of(g.rowwise_scale_inv)) << what;
+  EXPECT_EQ(bytes_of(c.columnwise_data), bytes_of(g.columnwise_data)) << what;
+  EXPECT_EQ(bytes_of(c.columnwise_scale_inv), bytes_of(g.columnwise_scale_inv)) << what;
+  EXPECT_EQ(bytes_of(c.amax), bytes_of(g.amax)) << what;
+  EXPECT_EQ(bytes_of(c.columnwise_amax), bytes_of(g.columnwise_amax)) << what;
+  EXPECT_EQ(bytes_of(dequantize_nvfp4(c, true)), bytes_of(dequantize_nvfp4(g, true))) << what;
+  EXPECT_EQ(bytes_of(dequantize_nvfp4(c, false)), bytes_of(dequantize_nvfp4(g, false))) << what;
+}
+
+TEST(Nvfp4Gpu, ByteEqualToCpu) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu = Device::cuda(0);
+  for (const auto& [M, K] : {std::pair<int64_t, int64_t>{16, 16}, {64, 96}, {256, 512}}) {
+    for (bool bf16 : {false, true}) {
+      const Tensor x = make_input(M, K, bf16, static_cast<uint32_t>(M + K));
+      const Tensor xg = x.to(gpu);
+      for (int variant = 0; variant < 4; ++variant) {
+        Nvfp4Options o;
+        o.tile16x16 = variant == 1;
+        o.rht = variant >= 2;
+        if (variant == 3) o.rounding = {true, 99, 5, 1234, 16, 0, 0};
+        const std::string what = fmt::format("[{}, {}] bf16 {} variant {}", M, K, bf16, variant);
+        EXPECT_EQ(bytes_of(nvfp4_global_amax(x, o.rht)), bytes_of(nvfp4_global_amax(xg, o.rht)))
+            << what;
+        expect_same(quantize_nvfp4(x, o, {true, true}), quantize_nvfp4(xg, o, {true, true}), what);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshproof::kernels
