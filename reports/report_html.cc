@@ -345,8 +345,9 @@ std::string scenario_section(const ScenarioRecord& s, size_t index) {
       out += fmt::format(
           R"(<tr><td>{}</td><td>{}</td><td class="num">{:.4g}</td><td>{}</td><td class="num">{}</td><td>{}</td><td class="num">{}</td></tr>)"
           "\n",
-          esc(b.name), esc(b.metric), b.value, esc(b.unit), opt(b.ceiling, "{:.4g}"),
-          esc(b.ceiling_source), opt(b.ratio, "{:.3f}"));
+          esc(b.emulated.empty() ? b.name : b.name + " (emulated: " + b.emulated + ")"),
+          esc(b.metric), b.value, esc(b.unit), opt(b.ceiling, "{:.4g}"), esc(b.ceiling_source),
+          opt(b.ratio, "{:.3f}"));
     }
     out += "</tbody></table>\n";
   }
