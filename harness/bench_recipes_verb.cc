@@ -105,13 +105,21 @@ BenchmarkFigure time_figure(const std::string& name, const std::string& metric,
   return f;
 }
 
-// A speedup over BF16 (engine::gemm_speedup) with its per-repetition values: repetition i of the
-// bf16 GEMM over repetition i of the recipe's GEMM (+ its quantizations' repetition i when
-// `autocast`); the range is theirs.
+// A speedup over BF16 (engine::gemm_speedup, a ratio of medians). Its range combines the
+// operands' ranges (slowest bf16 over fastest recipe and the reverse), which holds the value;
+// its samples are the per-repetition ratios: repetition i of the bf16 GEMM over repetition i of
+// the recipe's GEMM (+ its quantizations' repetition i when `autocast`).
 BenchmarkFigure speedup_figure(const std::string& name, const std::string& metric, double value,
                                const engine::RoleFigure& g, bool autocast) {
   BenchmarkFigure f = figure(name, metric, value, "x", std::nullopt, "");
   std::vector<double> denom = g.time.samples;
+  double q_min = 0, q_max = 0;
+  if (autocast) {
+    for (const engine::QuantizeFigure& q : g.quantize) {
+      q_min += q.m.min_seconds;
+      q_max += q.m.max_seconds;
+    }
+  }
   if (autocast && !g.quantize.empty()) {
     const std::vector<double> q = summed_samples(g.quantize);
     if (q.size() == denom.size()) {
@@ -121,9 +129,9 @@ BenchmarkFigure speedup_figure(const std::string& name, const std::string& metri
     }
   }
   f.samples = paired_ratios(g.bf16.samples, denom);
-  if (!f.samples.empty()) {
-    f.min = *std::min_element(f.samples.begin(), f.samples.end());
-    f.max = *std::max_element(f.samples.begin(), f.samples.end());
+  if (g.bf16.min_seconds > 0 && g.time.min_seconds > 0) {
+    f.min = g.bf16.min_seconds / (g.time.max_seconds + q_max);
+    f.max = g.bf16.max_seconds / (g.time.min_seconds + q_min);
   }
   return f;
 }
@@ -317,9 +325,9 @@ reports::RunRecord bench_recipes_record(const engine::RecipeBenchReport& rep,
         BenchmarkFigure sp =
             figure("layer step", "speedup_vs_bf16", b.seconds / l.m.seconds, "x", std::nullopt, "");
         sp.samples = paired_ratios(b.samples, l.m.samples);
-        if (!sp.samples.empty()) {
-          sp.min = *std::min_element(sp.samples.begin(), sp.samples.end());
-          sp.max = *std::max_element(sp.samples.begin(), sp.samples.end());
+        if (b.min_seconds > 0 && l.m.min_seconds > 0) {
+          sp.min = b.min_seconds / l.m.max_seconds;  // as speedup_figure: holds the value
+          sp.max = b.max_seconds / l.m.min_seconds;
         }
         add(sp, r.emulation);
       }

@@ -9,7 +9,9 @@
 
 namespace meshproof::reports {
 
-// The measured noise of a figure: the least and greatest value over its repetitions.
+// The measured noise of a figure: the least and greatest value over its repetitions; for a bench
+// figure that keeps its repetitions ("samples", at least 5), their range without the fastest and
+// the slowest one (a single repetition another process delayed is not the figure's noise).
 struct NoiseRange {
   double min = 0;
   double max = 0;
