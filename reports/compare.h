@@ -11,7 +11,7 @@ namespace meshproof::reports {
 
 // The measured noise of a figure: the least and greatest value over its repetitions; for a bench
 // figure that keeps its repetitions ("samples", at least 5), their range without the fastest and
-// the slowest one (a single repetition another process delayed is not the figure's noise).
+// the slowest fifth, at least one each (repetitions another process delayed are not its noise).
 struct NoiseRange {
   double min = 0;
   double max = 0;

@@ -166,8 +166,8 @@ TEST(CompareTest, BenchmarkFiguresComparedByNameAndMetric) {
   ASSERT_NE(o, nullptr);
   EXPECT_EQ(o->change, Change::kUnmeasured);
 
-  // With the repetitions kept, the noise is their range without the fastest and slowest one: a
-  // single 20x outlier in A does not hide B's 2x slowdown, which min/max alone would.
+  // With the repetitions kept, the noise is their range without the fastest and slowest fifth (one
+  // each of 7): a single 20x outlier in A does not hide B's 2x slowdown, which min/max would.
   RunRecord sa = a, sb = a;
   BenchmarkFigure& fa = sa.scenarios[0].benchmarks[1];
   fa.samples = {4.0, 3.9, 80.0, 4.1, 4.2, 4.0, 3.95};

@@ -328,6 +328,19 @@ TEST(BenchRecipes, MeasuresEveryRecipeOnTheCpu) {
   }
   // Same init and data: the fp32 recipe's curve is the fp32 reference's.
   EXPECT_EQ(rep.recipes[0].convergence->loss, rep.fp32_curve->loss);
+  // The record keeps the loss curves and the HTML plots them beside the speedups and the sweep.
+  const reports::RunRecord run = bench_recipes_record(rep, o, "cpu", "");
+  const reports::ScenarioRecord& mx = run.scenarios[1 + 4];  // ceilings, fp32, bf16, delayed, ...
+  ASSERT_EQ(mx.name, "recipes.mxfp8");
+  EXPECT_EQ(mx.config.at("convergence").at("loss").size(), 2u);
+  const std::string html = reports::render_html(run);
+  for (const char* plot :
+       {"Speedup over BF16 at the same shape: recipes.mxfp8 (emulated: CPU emulation)",
+        "Small-M sweep (fprop): recipes.mxfp8 (emulated: CPU emulation)",
+        "Loss difference per step: recipes.mxfp8 (emulated: CPU emulation)"}) {
+    EXPECT_NE(html.find(plot), std::string::npos) << plot;
+  }
+  EXPECT_EQ(reports::run_verdict(run), reports::Verdict::kPass);
 }
 
 }  // namespace
