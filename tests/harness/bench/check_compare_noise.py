@@ -3,7 +3,7 @@
 
 Usage: check_compare_noise.py MESHPROOF RUN_A_DIR RUN_B_DIR WORK_DIR ITERS
 
-RUN_A and RUN_B are two CPU runs of the same command (a rerun). Checks:
+RUN_A and RUN_B are two CPU runs of the same command (a rerun) measuring bf16. Checks:
   1. every timed figure keeps its ITERS raw repetitions (`samples`), inside its [min, max];
   2. A vs a copy of A with the bf16 layer step made 2x slower (every repetition doubled, so its
      noise range doubles too): compare flags that row "worse";
