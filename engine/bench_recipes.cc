@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <random>
@@ -10,6 +11,7 @@
 #include "engine/model.h"
 #include "engine/params.h"
 #include "engine/recipe.h"
+#include "engine/session.h"
 #include "kernels/bench_timer.h"
 #include "kernels/cast.h"
 #include "kernels/device.h"
@@ -71,6 +73,7 @@ void time_into(Measurement& m, Device device, int warmup, int iters, F&& body) {
   const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end());
   m.min_seconds = *lo;
   m.max_seconds = *hi;
+  m.samples = samples;
   m.seconds = median_of(std::move(samples));
 }
 
@@ -102,15 +105,44 @@ int64_t quantized_bytes(const QuantizedTensor& q) {
   return b;
 }
 
-bool per_tensor(RecipeKind r) { return r == RecipeKind::kDelayed || r == RecipeKind::kCurrent; }
+// The recipe bench's view of each recipe: a new recipe of engine/config.h kRecipeNames is one row.
+struct BenchRecipeRow {
+  RecipeKind kind;
+  int native_cc;               // lowest compute capability running native_dtype GEMMs
+  const char* native_dtype;    // GEMM dtype from native_cc on
+  const char* emulated_dtype;  // GEMM dtype below it (the dequantized emulation)
+  int64_t m_multiple;          // token multiple its quantizers and GEMMs need
+  const char* emulation;       // why it is emulated below native_cc
+};
 
-std::string gemm_dtype(RecipeKind r, Device device) {
-  if (device.is_cpu()) return recipe_gemm_dtype(r, 0);
-  int cc = 0;
-  for (const kernels::GpuInfo& g : kernels::cuda_status().gpus) {
-    if (g.index == device.index) cc = g.cc_major * 10 + g.cc_minor;
+// native_cc 1000: no native GEMM on any GPU (block scaling dequantizes to fp32 GEMMs everywhere).
+constexpr BenchRecipeRow kBenchRecipes[] = {
+    {RecipeKind::kFp32, 0, "fp32", "fp32", 1, ""},
+    {RecipeKind::kBf16, 0, "bf16", "bf16", 1, ""},
+    {RecipeKind::kDelayed, 89, "fp8", "fp32", 16, "per-tensor FP8 as fp32 GEMMs below sm_89"},
+    {RecipeKind::kCurrent, 89, "fp8", "fp32", 16, "per-tensor FP8 as fp32 GEMMs below sm_89"},
+    {RecipeKind::kMxfp8, 100, "fp8", "bf16", 32, "MXFP8 as bf16 GEMMs below sm_100"},
+    {RecipeKind::kBlock, 1000, "fp8", "fp32", 1, "block scaling as dequantized fp32 GEMMs"},
+    // The sm_100 VEC16_UE4M3 cuBLASLt path is not built (docs/design.md section 25): NVFP4 GEMMs
+    // decode to fp32 on every device. Blocks are 16 wide along K and the 16x16 weight tiles need
+    // M % 16 == 0 for the columnwise copies.
+    {RecipeKind::kNvfp4, 1000, "fp4", "fp32", 16, "NVFP4 as dequantized fp32 GEMMs"},
+};
+
+const BenchRecipeRow& bench_row(RecipeKind r) {
+  for (const BenchRecipeRow& row : kBenchRecipes) {
+    if (row.kind == r) return row;
   }
-  return recipe_gemm_dtype(r, cc);
+  MP_FAIL("recipe '{}' has no row in the recipe bench's table (engine/bench_recipes.cc)",
+          recipe_name(r));
+}
+
+int device_cc(Device device) {
+  if (device.is_cpu()) return 0;
+  for (const kernels::GpuInfo& g : kernels::cuda_status().gpus) {
+    if (g.index == device.index) return g.cc_major * 10 + g.cc_minor;
+  }
+  return 0;
 }
 
 RecipeConfig recipe_config(RecipeKind r) {
@@ -123,41 +155,41 @@ RecipeConfig recipe_config(RecipeKind r) {
 const Fp8Recipe::AmaxHook kSingleRank = [](const std::string&, Fp8Role, float*, int64_t) {
 };  // one rank: no reduction
 
-// Activation-like (X[M,K], Fp8Role::kInput) or weight-like (W[N,K], kWeight) quantization.
-QuantizeFigure measure_quantize(RecipeKind r, const GemmShape& s, bool weight,
-                                const RecipeBenchOptions& o, int64_t cache) {
+// Operand of a linear's GEMMs: x [tokens, in], w [out, in], dy [tokens, out].
+struct OperandSpec {
+  const char* name;
+  Fp8Role role;
+};
+constexpr OperandSpec kX{"x", Fp8Role::kInput};
+constexpr OperandSpec kW{"w", Fp8Role::kWeight};
+constexpr OperandSpec kDy{"dy", Fp8Role::kGradOutput};
+
+// Quantizing one operand of linear shape s into one copy, from bf16, timed over a rotation pool.
+QuantizeFigure measure_quantize(RecipeKind r, const GemmShape& s, const OperandSpec& op,
+                                bool columnwise, const RecipeBenchOptions& o, int64_t cache) {
   QuantizeFigure f;
-  f.operand = weight ? "weight" : "activation";
-  f.shape = s;
-  f.rows = weight ? s.n : s.m;
-  f.cols = s.k;
+  f.operand = op.name;
+  f.columnwise = columnwise;
+  f.rows = op.role == Fp8Role::kWeight ? s.n : s.m;
+  f.cols = op.role == Fp8Role::kGradOutput ? s.n : s.k;
   const int64_t n = f.rows * f.cols;
-  const DType in_dtype = r == RecipeKind::kBf16 ? DType::kFloat32 : DType::kBFloat16;
-  const int64_t in_bytes = n * (in_dtype == DType::kFloat32 ? 4 : 2);
-  // Output size estimate for the rotation count only: two 1-byte copies (bf16 recipe: 2 bytes).
-  const int pool = rotation_count(in_bytes + 2 * n, cache);
+  const int64_t in_bytes = n * 2;
+  // Output size estimate for the rotation count only: one 1-byte copy.
+  const int pool = rotation_count(in_bytes + n, cache);
   std::vector<Tensor> inputs;
   for (int i = 0; i < pool; ++i) {
-    inputs.push_back(random_tensor(f.rows, f.cols, in_dtype, o.device, 100 + i));
-  }
-  if (r == RecipeKind::kBf16) {
-    f.m.bytes = static_cast<double>(in_bytes + 2 * n);
-    time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
-      Tensor y = kernels::cast_to(inputs[static_cast<size_t>(i % pool)], DType::kBFloat16);
-      (void)y;
-    });
-    return f;
+    inputs.push_back(random_tensor(f.rows, f.cols, DType::kBFloat16, o.device, 100 + i));
   }
   Fp8Recipe recipe(recipe_config(r), kSingleRank);
-  const Fp8Role role = weight ? Fp8Role::kWeight : Fp8Role::kInput;
   int64_t out_bytes = 0;
   time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
-    QuantizedTensor q =
-        recipe.quantize("bench", role, inputs[static_cast<size_t>(i % pool)], {true, true});
+    QuantizedTensor q = recipe.quantize("bench", op.role, inputs[static_cast<size_t>(i % pool)],
+                                        {!columnwise, columnwise});
     out_bytes = quantized_bytes(q);
   });
   // Per-tensor recipes pass over the input twice (amax, then the cast); block recipes once.
-  f.m.bytes = static_cast<double>((per_tensor(r) ? 2 : 1) * in_bytes + out_bytes);
+  const bool per_tensor = r == RecipeKind::kDelayed || r == RecipeKind::kCurrent;
+  f.m.bytes = static_cast<double>((per_tensor ? 2 : 1) * in_bytes + out_bytes);
   return f;
 }
 
@@ -168,24 +200,30 @@ struct GemmSet {
   Tensor y, dx, dw;             // outputs [M,N] and [M,K] in the compute dtype, [N,K] fp32
 };
 
-std::vector<GemmFigure> measure_gemms(RecipeKind r, const GemmShape& s,
-                                      const std::vector<GemmRole>& roles,
-                                      const RecipeBenchOptions& o, int64_t cache) {
+// The recipe's GEMM in each of `roles` at linear shape s.
+std::vector<Measurement> measure_gemms(RecipeKind r, const GemmShape& s,
+                                       const std::vector<GemmRole>& roles,
+                                       const RecipeBenchOptions& o, int64_t cache) {
   const DType dt = r == RecipeKind::kFp32 ? DType::kFloat32 : DType::kBFloat16;
   const int64_t es = r == RecipeKind::kFp32 ? 4 : 2;
   const int64_t set_bytes = es * (s.m * s.k + s.n * s.k + s.m * s.n) * 2 + 4 * s.n * s.k;
   const int pool = rotation_count(set_bytes, cache);
   Fp8Recipe recipe(recipe_config(r), kSingleRank);
   std::vector<GemmSet> sets(static_cast<size_t>(pool));
+  // Columnwise copies only when a dgrad or wgrad reads them: an fprop-only set (the M sweep)
+  // quantizes rowwise copies only, as columnwise MXFP8 blocks need M % 32 == 0, which a small M
+  // of the sweep may not meet.
+  const bool need_col = std::any_of(roles.begin(), roles.end(),
+                                    [](GemmRole role) { return role != GemmRole::kFprop; });
   for (int i = 0; i < pool; ++i) {
     GemmSet& g = sets[static_cast<size_t>(i)];
     g.x = random_tensor(s.m, s.k, dt, o.device, 1000 + 3 * i);
     g.w = random_tensor(s.n, s.k, dt, o.device, 1001 + 3 * i);
     g.dy = random_tensor(s.m, s.n, dt, o.device, 1002 + 3 * i);
     if (recipe.enabled()) {
-      g.qx = recipe.quantize("bench", Fp8Role::kInput, g.x, {true, true});
-      g.qw = recipe.quantize("bench", Fp8Role::kWeight, g.w, {true, true});
-      g.qdy = recipe.quantize("bench", Fp8Role::kGradOutput, g.dy, {true, true});
+      g.qx = recipe.quantize("bench", Fp8Role::kInput, g.x, {true, need_col});
+      g.qw = recipe.quantize("bench", Fp8Role::kWeight, g.w, {true, need_col});
+      g.qdy = recipe.quantize("bench", Fp8Role::kGradOutput, g.dy, {true, need_col});
     }
     g.y = Tensor::empty({s.m, s.n}, dt, o.device);
     g.dx = Tensor::empty({s.m, s.k}, dt, o.device);
@@ -195,15 +233,12 @@ std::vector<GemmFigure> measure_gemms(RecipeKind r, const GemmShape& s,
     if (recipe.enabled()) return &q;
     return &t;
   };
-  std::vector<GemmFigure> out;
+  std::vector<Measurement> out;
   for (GemmRole role : roles) {
-    GemmFigure f;
-    f.role = role;
-    f.shape = s;
-    f.m.flops =
-        2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+    Measurement m;
+    m.flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
     const kernels::GemmOptions opts = recipe.options(role);
-    time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
+    time_into(m, o.device, o.warmup, o.iters, [&](int i) {
       GemmSet& g = sets[static_cast<size_t>(i % pool)];
       switch (role) {
         case GemmRole::kFprop:
@@ -217,54 +252,101 @@ std::vector<GemmFigure> measure_gemms(RecipeKind r, const GemmShape& s,
           break;
       }
     });
-    out.push_back(f);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+// The quantizations each role reads (kernels/gemm.h): operand and whether the columnwise copy.
+std::vector<std::pair<OperandSpec, bool>> role_quantizations(GemmRole role) {
+  switch (role) {
+    case GemmRole::kFprop:
+      return {{kX, false}, {kW, false}};
+    case GemmRole::kDgrad:
+      return {{kDy, false}, {kW, true}};
+    case GemmRole::kWgrad:
+      return {{kDy, true}, {kX, true}};
+  }
+  return {};
+}
+
+const std::vector<GemmRole> kAllRoles = {GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWgrad};
+
+// A block linear's name without its "attn."/"mlp." prefix: "qkv", "fc1_gate".
+std::string short_linear(std::string_view name) {
+  const size_t dot = name.rfind('.');
+  return std::string(dot == std::string_view::npos ? name : name.substr(dot + 1));
+}
+
+// Distinct linear shapes (first occurrence order) of a list of GEMMs, with their linear names.
+std::vector<std::pair<std::string, GemmShape>> linear_shapes(const std::vector<LinearGemm>& gs) {
+  std::vector<std::pair<std::string, GemmShape>> out;
+  for (const LinearGemm& g : gs) {
+    if (out.empty() || out.back().first != g.linear || !(out.back().second == g.shape))
+      out.emplace_back(g.linear, g.shape);
   }
   return out;
 }
 
 LayerFigure measure_layer(RecipeKind r, const RecipeBenchOptions& o) {
-  const LayerShape& l = o.layer;
   Config c;
+  c.model = o.model.model_config(1);
   c.model.vocab = 32;
-  c.model.hidden = l.hidden;
-  c.model.heads = l.heads;
-  c.model.layers = 1;
-  c.model.ffn = l.ffn;
-  c.model.max_positions = l.seq;
-  c.training.seq_len = l.seq;
-  c.training.batch = l.batch;
+  c.training.seq_len = o.model.seq;
+  c.training.batch = o.model.micro_batch;
   c.recipe = recipe_config(r);
   validate(c);
   const GptModel model(c);
-  // The model computes on the rank context's device: install o.device for this measurement.
+  // The model computes on the rank context's device: install o.device and a memory tracker for
+  // this measurement (its peak is the step's memory: weights, gradients, activations).
+  kernels::MemoryTracker tracker;
   kernels::RankContext ctx = kernels::current_context();
   ctx.device = o.device;
+  ctx.memory = &tracker;
   const kernels::ScopedRankContext scope(ctx);
-  const TensorMap params = init_params(c.model, c.seed);
-  TensorMap weights, grads;
-  // bf16 compute copies of the fp32 masters for every recipe but fp32, as the trainer does.
-  for (const std::string& n : params.names()) {
-    Tensor w =
-        r == RecipeKind::kFp32 ? params.at(n) : kernels::cast_to(params.at(n), DType::kBFloat16);
-    weights.insert(n, o.device.is_cpu() ? w : w.to(o.device));
-    grads.insert(n, Tensor::zeros(params.at(n).shape(), DType::kFloat32, o.device));
-  }
-  Fp8Recipe recipe(c.recipe, kSingleRank);
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.model.vocab - 1));
-  std::vector<int32_t> ids(static_cast<size_t>(l.batch * (l.seq + 1)));
-  for (int32_t& t : ids) t = tok(rng);
-  const Tensor tokens = Tensor::from_vector<int32_t>({l.batch, l.seq + 1}, ids);
   LayerFigure f;
-  f.tokens = l.batch * l.seq;
-  f.vocab = c.model.vocab;
-  const double grad_scale = 1.0 / static_cast<double>(f.tokens);
-  // Gradients accumulate across iterations (zeroing them is the optimizer step's business, not
-  // the layer's); their values do not change the work done.
-  time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
-    model.forward_backward(weights, tokens, {i, 0}, grad_scale, grads, &recipe);
-  });
+  {
+    const TensorMap params = init_params(c.model, c.seed);
+    TensorMap weights, grads;
+    // bf16 compute copies of the fp32 masters for every recipe but fp32, as the trainer does.
+    for (const std::string& n : params.names()) {
+      Tensor w =
+          r == RecipeKind::kFp32 ? params.at(n) : kernels::cast_to(params.at(n), DType::kBFloat16);
+      weights.insert(n, o.device.is_cpu() ? w : w.to(o.device));
+      grads.insert(n, Tensor::zeros(params.at(n).shape(), DType::kFloat32, o.device));
+    }
+    Fp8Recipe recipe(c.recipe, kSingleRank);
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.model.vocab - 1));
+    std::vector<int32_t> ids(static_cast<size_t>(o.model.micro_batch * (o.model.seq + 1)));
+    for (int32_t& t : ids) t = tok(rng);
+    const Tensor tokens = Tensor::from_vector<int32_t>({o.model.micro_batch, o.model.seq + 1}, ids);
+    f.tokens = o.model.tokens();
+    f.vocab = c.model.vocab;
+    const double grad_scale = 1.0 / static_cast<double>(f.tokens);
+    // Gradients accumulate across repetitions (zeroing them is the optimizer step's business,
+    // not the layer's); their values do not change the work done.
+    time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
+      model.forward_backward(weights, tokens, {i, 0}, grad_scale, grads, &recipe);
+    });
+  }
+  f.peak_bytes = tracker.peak(o.device.type).value;
   return f;
+}
+
+ConvergenceCurve train_curve(RecipeKind r, const RecipeBenchOptions& o) {
+  RunOptions ro;
+  ro.config.model = o.model.model_config(o.train_layers);
+  ro.config.training.seq_len = o.model.seq;
+  ro.config.training.batch = o.model.micro_batch;
+  ro.config.training.steps = o.steps;
+  ro.config.recipe = recipe_config(r);
+  ro.backend = o.device;
+  ro.steps = o.steps;
+  const RunResult res = run_training(ro);
+  ConvergenceCurve c;
+  for (const StepMetrics& m : res.metrics) c.loss.push_back(m.loss);
+  return c;
 }
 
 }  // namespace
@@ -295,45 +377,136 @@ std::vector<GemmShape> parse_gemm_shapes(std::string_view spec) {
   return out;
 }
 
-LayerShape parse_layer_shape(std::string_view spec) {
-  const std::vector<int64_t> d = parse_ints(spec, ',', "--layer");
-  MP_CHECK_INPUT(d.size() == 5, "--layer '{}': expected hidden,ffn,heads,seq,batch (5 integers)",
+std::vector<int64_t> parse_m_sweep(std::string_view spec) {
+  const std::vector<int64_t> ms = parse_ints(spec, ',', "--m-sweep");
+  for (int64_t m : ms) {
+    MP_CHECK_INPUT(m % 16 == 0,
+                   "--m-sweep '{}': {} is not a multiple of 16 (per-tensor FP8 GEMMs need M % 16 "
+                   "== 0)",
+                   spec, m);
+  }
+  return ms;
+}
+
+ModelConfig BenchModel::model_config(int64_t layers) const {
+  ModelConfig m;
+  m.hidden = hidden;
+  m.ffn = ffn;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.layers = layers;
+  m.max_positions = seq;
+  m.activation = activation;
+  return m;
+}
+
+BenchModel model_preset(std::string_view name) {
+  // The model presets (model.preset) are key defaults of the scenario key table, in the harness;
+  // the bench does not take them yet: this is where `--model NAME` will look them up.
+  MP_FAIL_INPUT(
+      "--model '{}': bench recipes takes no model presets yet; give "
+      "hidden,ffn,heads,kv_heads,seq,micro_batch, e.g. 256,1024,4,4,128,4 (llama3_debug's "
+      "layer: 256,768,16,4,128,4 with --activation swiglu)",
+      name);
+}
+
+BenchModel parse_bench_model(std::string_view spec, Activation activation) {
+  MP_CHECK_INPUT(!spec.empty(),
+                 "--model is empty (a preset or hidden,ffn,heads,kv_heads,seq,"
+                 "micro_batch)");
+  if (!std::isdigit(static_cast<unsigned char>(spec.front()))) return model_preset(spec);
+  const std::vector<int64_t> d = parse_ints(spec, ',', "--model");
+  MP_CHECK_INPUT(d.size() == 6,
+                 "--model '{}': expected hidden,ffn,heads,kv_heads,seq,micro_batch (6 integers)",
                  spec);
-  LayerShape l{d[0], d[1], d[2], d[3], d[4]};
-  MP_CHECK_INPUT(l.hidden % l.heads == 0, "--layer '{}': heads {} does not divide hidden {}", spec,
-                 l.heads, l.hidden);
-  MP_CHECK_INPUT(l.hidden % 32 == 0 && l.ffn % 32 == 0 && (l.batch * l.seq) % 32 == 0,
-                 "--layer '{}': hidden ({}), ffn ({}) and batch*seq ({}) must be multiples of 32 "
-                 "(MXFP8 blocks)",
-                 spec, l.hidden, l.ffn, l.batch * l.seq);
-  return l;
+  BenchModel b{d[0], d[1], d[2], d[3], d[4], d[5], activation};
+  MP_CHECK_INPUT(b.hidden % b.heads == 0, "--model '{}': heads {} does not divide hidden {}", spec,
+                 b.heads, b.hidden);
+  MP_CHECK_INPUT(b.heads % b.kv_heads == 0,
+                 "--model '{}': kv_heads {} does not divide heads {} (grouped-query attention)",
+                 spec, b.kv_heads, b.heads);
+  MP_CHECK_INPUT(b.hidden % 32 == 0 && b.ffn % 32 == 0 && b.tokens() % 32 == 0,
+                 "--model '{}': hidden ({}), ffn ({}) and micro_batch*seq ({}) must be multiples "
+                 "of 32 (MXFP8 blocks)",
+                 spec, b.hidden, b.ffn, b.tokens());
+  return b;
+}
+
+GemmShape gemm_dims(const LinearGemm& g) {
+  const GemmShape& s = g.shape;
+  switch (g.role) {
+    case GemmRole::kFprop:
+      return {s.m, s.n, s.k};
+    case GemmRole::kDgrad:
+      return {s.m, s.k, s.n};
+    case GemmRole::kWgrad:
+      return {s.n, s.k, s.m};
+  }
+  return s;
+}
+
+std::vector<LinearGemm> model_gemms(const BenchModel& model, int64_t tokens) {
+  const ModelConfig mc = model.model_config(1);
+  std::vector<LinearGemm> out;
+  for (const LinearLayer& lin : block_linears(mc.activation)) {
+    const GemmShape s{tokens, lin.out_mult * model_dim(mc, lin.out_dim), model_dim(mc, lin.in_dim)};
+    for (GemmRole role : kAllRoles) out.push_back({short_linear(lin.name), role, s});
+  }
+  return out;
+}
+
+Speedup gemm_speedup(double bf16_s, double gemm_s, double quantize_s) {
+  MP_CHECK_INPUT(bf16_s > 0 && gemm_s > 0 && quantize_s >= 0,
+                 "speedup needs bf16 > 0, gemm > 0 and quantize >= 0 seconds (got {}, {}, {})",
+                 bf16_s, gemm_s, quantize_s);
+  return {bf16_s / (gemm_s + quantize_s), bf16_s / gemm_s};
+}
+
+double RoleFigure::quantize_seconds() const {
+  double s = 0;
+  for (const QuantizeFigure& q : quantize) s += q.m.seconds;
+  return s;
+}
+
+Speedup RoleFigure::speedup() const {
+  return gemm_speedup(bf16.seconds, time.seconds, quantize_seconds());
+}
+
+std::vector<RecipeKind> RecipeBenchOptions::all_bench_recipes() {
+  std::vector<RecipeKind> out;
+  for (const RecipeName& n : kRecipeNames) out.push_back(n.kind);
+  return out;
 }
 
 std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability) {
   if (compute_capability == 0) return "fp32";  // the CPU backend dequantizes to fp32
-  switch (recipe) {
-    case RecipeKind::kFp32:
-      return "fp32";
-    case RecipeKind::kBf16:
-      return "bf16";
-    case RecipeKind::kDelayed:
-    case RecipeKind::kCurrent:
-      return compute_capability >= 89 ? "fp8" : "fp32";
-    case RecipeKind::kMxfp8:
-      return compute_capability >= 100 ? "fp8" : "bf16";
-    case RecipeKind::kBlock:
-    case RecipeKind::kNvfp4:  // exact fp32 emulation on every device (kernels/gemm_cublaslt.cc)
-      return "fp32";
-  }
-  return "fp32";
+  const BenchRecipeRow& row = bench_row(recipe);
+  return compute_capability >= row.native_cc ? row.native_dtype : row.emulated_dtype;
+}
+
+std::string recipe_emulation(RecipeKind recipe, int compute_capability) {
+  if (compute_capability == 0) return "CPU emulation";
+  const BenchRecipeRow& row = bench_row(recipe);
+  return compute_capability >= row.native_cc ? "" : row.emulation;
+}
+
+int64_t recipe_m_multiple(RecipeKind recipe) { return bench_row(recipe).m_multiple; }
+
+Measurement measure_bf16_gemm(const RecipeBenchOptions& o, const GemmShape& s, GemmRole role) {
+  MP_CHECK_INPUT(o.iters >= 1 && o.warmup >= 0, "bf16 GEMM timing needs iters >= 1, warmup >= 0");
+  return measure_gemms(RecipeKind::kBf16, s, {role}, o,
+                       kernels::last_level_cache_bytes(o.device).value)[0];
 }
 
 RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
   MP_CHECK_INPUT(o.iters >= 1, "--iters must be at least 1 (got {})", o.iters);
   MP_CHECK_INPUT(o.warmup >= 0, "--warmup must be non-negative (got {})", o.warmup);
-  MP_CHECK_INPUT(!o.shapes.empty(), "no GEMM shapes to measure");
+  MP_CHECK_INPUT(o.steps >= 0, "--steps must be non-negative (got {})", o.steps);
+  MP_CHECK_INPUT(!o.recipes.empty(), "no recipes to measure");
+  for (RecipeKind r : o.recipes) (void)bench_row(r);
   RecipeBenchReport rep;
   rep.device_name = kernels::device_name(o.device);
+  rep.compute_capability = device_cc(o.device);
   rep.cache_bytes = kernels::last_level_cache_bytes(o.device).value;
 
   // Copy ceiling: source and destination together twice the cache (each at least 16 MiB, at most
@@ -345,35 +518,104 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
   rep.copy.bytes = 2.0 * static_cast<double>(src.nbytes().value);
   time_into(rep.copy, o.device, o.warmup, o.iters, [&](int) { dst.copy_from(src); });
 
+  // The GEMMs: the model's, then the --shapes ones as linear "custom".
+  std::vector<LinearGemm> gemms = model_gemms(o.model, o.model.tokens());
   for (const GemmShape& s : o.shapes) {
-    for (GemmFigure& f :
-         measure_gemms(RecipeKind::kBf16, s, {GemmRole::kFprop}, o, rep.cache_bytes)) {
-      rep.bf16_gemms.push_back(f);
+    for (GemmRole role : kAllRoles) gemms.push_back({"custom", role, s});
+  }
+  const std::vector<std::pair<std::string, GemmShape>> shapes = linear_shapes(gemms);
+  // The forward M sweep at each linear's N, K.
+  std::vector<std::pair<std::string, GemmShape>> sweep_shapes;
+  for (int64_t m : o.m_sweep) {
+    for (const auto& [name, s] : linear_shapes(model_gemms(o.model, m))) {
+      sweep_shapes.emplace_back(name, s);
     }
+  }
+
+  // BF16 baselines at every shape, shared by every recipe.
+  std::vector<std::vector<Measurement>> bf16;  // [shape][role]
+  for (const auto& [name, s] : shapes) {
+    bf16.push_back(measure_gemms(RecipeKind::kBf16, s, kAllRoles, o, rep.cache_bytes));
+  }
+  std::vector<Measurement> bf16_sweep;
+  for (const auto& [name, s] : sweep_shapes) {
+    bf16_sweep.push_back(
+        measure_gemms(RecipeKind::kBf16, s, {GemmRole::kFprop}, o, rep.cache_bytes)[0]);
+  }
+
+  if (o.steps > 0) {
+    rep.bf16_curve = train_curve(RecipeKind::kBf16, o);
+    rep.fp32_curve = train_curve(RecipeKind::kFp32, o);
   }
 
   for (RecipeKind r : o.recipes) {
     RecipeBenchResult res;
     res.recipe = r;
-    res.gemm_dtype = gemm_dtype(r, o.device);
-    if (r == RecipeKind::kFp32) {
-      res.notes.push_back("fp32 is the reference: no quantization");
-    } else if (r == RecipeKind::kBf16 && o.device.is_cuda()) {
-      res.notes.push_back(
-          "bf16 cast (fp32 -> bf16) not measured: kernels/cast has no CUDA kernel yet");
-    } else {
-      for (const GemmShape& s : o.shapes) {
-        res.quantize.push_back(measure_quantize(r, s, false, o, rep.cache_bytes));
-        res.quantize.push_back(measure_quantize(r, s, true, o, rep.cache_bytes));
+    res.gemm_dtype = recipe_gemm_dtype(r, rep.compute_capability);
+    res.emulation = recipe_emulation(r, rep.compute_capability);
+    const bool quantized = is_fp8(r);
+    for (size_t si = 0; si < shapes.size(); ++si) {
+      const auto& [name, s] = shapes[si];
+      // The bf16 recipe's GEMMs are the baselines themselves (speedup 1 by definition).
+      const std::vector<Measurement> times =
+          r == RecipeKind::kBf16 ? bf16[si] : measure_gemms(r, s, kAllRoles, o, rep.cache_bytes);
+      // Each (operand, copy) quantization once per shape, shared by the roles that read it.
+      std::vector<QuantizeFigure> quants;
+      auto quant = [&](const OperandSpec& op, bool col) -> const QuantizeFigure& {
+        for (const QuantizeFigure& q : quants) {
+          if (q.operand == op.name && q.columnwise == col) return q;
+        }
+        quants.push_back(measure_quantize(r, s, op, col, o, rep.cache_bytes));
+        return quants.back();
+      };
+      for (size_t ri = 0; ri < kAllRoles.size(); ++ri) {
+        RoleFigure f;
+        f.gemm = {name, kAllRoles[ri], s};
+        f.bf16 = bf16[si][ri];
+        f.time = times[ri];
+        if (quantized) {
+          for (const auto& [op, col] : role_quantizations(kAllRoles[ri])) {
+            f.quantize.push_back(quant(op, col));
+          }
+        }
+        res.roles.push_back(std::move(f));
       }
     }
-    for (const GemmShape& s : o.shapes) {
-      for (GemmFigure& f : measure_gemms(
-               r, s, {GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWgrad}, o, rep.cache_bytes)) {
-        res.gemms.push_back(f);
+    const int64_t mult = bench_row(r).m_multiple;
+    std::vector<int64_t> skipped;
+    for (size_t si = 0; si < sweep_shapes.size(); ++si) {
+      const auto& [name, s] = sweep_shapes[si];
+      if (s.m % mult != 0) {
+        if (std::find(skipped.begin(), skipped.end(), s.m) == skipped.end()) skipped.push_back(s.m);
+        continue;
       }
+      RoleFigure f;
+      f.gemm = {name, GemmRole::kFprop, s};
+      f.bf16 = bf16_sweep[si];
+      f.time = r == RecipeKind::kBf16
+                   ? bf16_sweep[si]
+                   : measure_gemms(r, s, {GemmRole::kFprop}, o, rep.cache_bytes)[0];
+      if (quantized) {
+        for (const auto& [op, col] : role_quantizations(GemmRole::kFprop)) {
+          f.quantize.push_back(measure_quantize(r, s, op, col, o, rep.cache_bytes));
+        }
+      }
+      res.sweep.push_back(std::move(f));
+    }
+    for (int64_t m : skipped) {
+      res.notes.push_back(fmt::format("M sweep: M = {} not measured ({} needs M % {} == 0)", m,
+                                      recipe_name(r), mult));
     }
     res.layer = measure_layer(r, o);
+    if (o.steps > 0) {
+      if (r == RecipeKind::kBf16) {
+        res.convergence = rep.bf16_curve;
+      } else if (r == RecipeKind::kFp32) {
+        res.convergence = rep.fp32_curve;
+      } else {
+        res.convergence = train_curve(r, o);
+      }
+    }
     rep.recipes.push_back(std::move(res));
   }
   return rep;

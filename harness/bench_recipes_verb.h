@@ -1,9 +1,13 @@
-// `meshproof bench recipes`: per recipe (fp32 reference, bf16, delayed, current, mxfp8, block)
-// the quantizer throughput, GEMM TFLOP/s per role and the step time of one transformer layer,
-// each beside its ceiling (measured copy bandwidth; dense GEMM peak from the perf_metrics table,
-// or the measured bf16 GEMM where the device is not in it). Measurement: engine/bench_recipes.h.
+// `meshproof bench recipes`: per recipe (every row of the engine's recipe table) and per GEMM of
+// a model's linear layers (qkv, proj, fc1, fc2 x fprop, dgrad, wgrad): BF16 time at the same
+// shape, the recipe's GEMM time, its quantization time and the autocast and pre-quantized
+// speedups over BF16; a forward M sweep; one layer's step time, tokens/s, MFU (GPU only) and peak
+// memory; optionally the loss after N training steps against BF16 and fp32. Emulated figures
+// (every CPU figure, MXFP8 below sm_100, block scaling) carry their reason in every report.
+// Measurement: engine/bench_recipes.h; the contract: docs/design.md section 26.
 // Writes report.json/.md/junit.xml/.html (one scenario per recipe plus "recipes.ceilings", the
-// figures in each scenario's `benchmarks` table) and prints a table.
+// figures in each scenario's `benchmarks` table, every repetition kept), optionally a results
+// file pair <prefix>.json + <prefix>.md, and prints a table.
 #pragma once
 
 #include <ostream>
@@ -20,16 +24,23 @@ namespace meshproof::harness {
 
 struct BenchRecipesOptions {
   std::string backend = "cpu";  // cpu | cuda | auto
-  std::string shapes = "256x256x256";
-  std::string layer = "256,1024,4,128,4";  // hidden,ffn,heads,seq,batch
+  // A preset name or hidden,ffn,heads,kv_heads,seq,micro_batch (engine::parse_bench_model).
+  std::string model = "256,1024,4,4,128,4";
+  std::string activation = "gelu";  // gelu | relu | swiglu (fc1 or fc1_gate + fc1_up)
+  std::string shapes;               // extra MxNxK GEMMs ("custom"), "" for none
+  std::string m_sweep;              // tokens of the forward M sweep, "" for none
+  std::string recipes;              // comma-separated recipe names, "" for all
   int iters = 20;
   int warmup = 3;
+  int64_t steps = 0;  // convergence: training steps per recipe, 0 for none
   std::string out_dir = "bench-recipes";
+  std::string results;  // path prefix P: also write P.json and P.md ("" for none)
 };
 
 // The run record of a finished measurement: scenario "recipes.ceilings" (copy bandwidth, bf16
 // GEMMs) and "recipes.<recipe>" per recipe, each with one check "measured" that fails when a
-// figure is not a positive finite number. `gpu_name` selects the peak table row ("" on the CPU).
+// figure is not a positive finite number. `gpu_name` selects the peak table row ("" on the CPU:
+// no MFU, every figure labelled "CPU emulation").
 reports::RunRecord bench_recipes_record(const engine::RecipeBenchReport& rep,
                                         const engine::RecipeBenchOptions& options,
                                         const std::string& backend, const std::string& gpu_name);

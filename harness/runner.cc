@@ -215,17 +215,13 @@ std::optional<double> measured_bf16_peak(int device_index) {
   if (const auto it = measured.find(device_index); it != measured.end()) return it->second;
   engine::RecipeBenchOptions o;
   o.device = kernels::Device::cuda(device_index);
-  o.shapes = {{4096, 4096, 4096}};
-  o.recipes = {};  // the copy and bf16 GEMM ceilings only
   o.iters = 10;
   o.warmup = 3;
   kernels::RankContext ctx;
   ctx.device = o.device;
   kernels::ScopedRankContext scoped(ctx);
-  const engine::RecipeBenchReport rep = engine::run_recipe_bench(o);
-  double best = 0;
-  for (const engine::GemmFigure& g : rep.bf16_gemms)
-    if (g.m.seconds > 0) best = std::max(best, g.m.flops / g.m.seconds / 1e12);
+  const engine::Measurement m = engine::measure_bf16_gemm(o, {4096, 4096, 4096});
+  const double best = m.seconds > 0 ? m.flops / m.seconds / 1e12 : 0;
   if (!(best > 0)) return std::nullopt;
   return measured[device_index] = best;
 }

@@ -9,7 +9,9 @@
 
 namespace meshproof::reports {
 
-// The measured noise of a figure: the least and greatest value over its repetitions.
+// The measured noise of a figure: the least and greatest value over its repetitions; for a bench
+// figure that keeps its repetitions ("samples", at least 5), their range without the fastest and
+// the slowest fifth, at least one each (repetitions another process delayed are not its noise).
 struct NoiseRange {
   double min = 0;
   double max = 0;

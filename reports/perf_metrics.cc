@@ -15,27 +15,54 @@ namespace {
   throw ReportError(ReportError::Kind::kInput, message);
 }
 
-bool contains_ci(std::string_view hay, std::string_view needle) {
-  auto lower = [](std::string_view s) {
-    std::string out(s);
-    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return out;
-  };
-  return lower(hay).find(lower(needle)) != std::string::npos;
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
 }
 
+// `needle` in `hay` (case-insensitive) starting a word: not preceded by a letter or digit, so that
+// "B200" does not match "NVIDIA GB200".
+bool contains_word_ci(std::string_view hay, std::string_view needle) {
+  const std::string h = lower(hay), n = lower(needle);
+  for (size_t pos = h.find(n); pos != std::string::npos; pos = h.find(n, pos + 1)) {
+    if (pos == 0 || !std::isalnum(static_cast<unsigned char>(h[pos - 1]))) return true;
+  }
+  return false;
+}
+
+// The one table of dense peaks (TFLOP/s per GPU, without sparsity); 0: the GPU has no such
+// tensor-core format. fp32 is the non-tensor (CUDA core) FP32 rate: the fp32 GEMMs of the fp32
+// and block recipes run without TF32. First match wins, so variants precede their family.
+// Sources (NVIDIA data sheets; sparse figures halved, multi-GPU systems divided per GPU):
+//   H100 SXM / PCIe / NVL: "NVIDIA H100 Tensor Core GPU" datasheet (FP32 67 / 51 / 60; BF16
+//     1979 / 1513 / 1671 sparse; FP8 3958 / 3026 / 3341 sparse).
+//   H200 SXM: "NVIDIA H200 Tensor Core GPU" datasheet (same SM configuration as H100 SXM).
+//   B200, B300: "NVIDIA HGX B200" / "HGX B300" datasheets, 8 GPUs (FP32 600 TF; BF16 36 PF,
+//     FP8 72 PF sparse; FP4 144 PF sparse (B200), 108 PF dense (B300)).
+//   GB200: "NVIDIA GB200 NVL72" datasheet, 72 GPUs (FP32 5760 TF; BF16 360 PF, FP8 720 PF,
+//     FP4 1440 PF sparse).
 struct PeakEntry {
-  const char* gpu;  // substring of the device name
+  const char* gpu;  // word-start substring of the device name ("NVIDIA H100 80GB HBM3")
+  double fp32;
   double bf16;
   double fp8;
+  double fp4;
 };
 
-// Dense tensor-core peaks (TFLOP/s) from NVIDIA's data sheets (SXM parts, without sparsity).
 constexpr PeakEntry kPeaks[] = {
-    {"H100", 989.0, 1979.0},
-    {"H200", 989.0, 1979.0},
-    {"B200", 2250.0, 4500.0},
+    {"H100 PCIe", 51.2, 756.0, 1513.0, 0},  {"H100 NVL", 60.0, 835.0, 1671.0, 0},
+    {"H100", 67.0, 989.0, 1979.0, 0},  // SXM (HBM3)
+    {"H200", 67.0, 989.0, 1979.0, 0},       {"GB200", 80.0, 2500.0, 5000.0, 10000.0},
+    {"B200", 75.0, 2250.0, 4500.0, 9000.0}, {"B300", 75.0, 2250.0, 4500.0, 13500.0},
 };
+
+const PeakEntry* find_peak(std::string_view gpu_name) {
+  for (const PeakEntry& e : kPeaks) {
+    if (contains_word_ci(gpu_name, e.gpu)) return &e;
+  }
+  return nullptr;
+}
 
 }  // namespace
 
@@ -93,21 +120,21 @@ double tflops_per_device(double flops_per_step, double step_time_s, int num_devi
 }
 
 std::optional<double> table_peak_tflops(std::string_view gpu_name, std::string_view gemm_dtype) {
-  for (const PeakEntry& e : kPeaks) {
-    if (!contains_ci(gpu_name, e.gpu)) continue;
-    if (gemm_dtype == "bf16") return e.bf16;
-    if (gemm_dtype == "fp8") return e.fp8;
-    return std::nullopt;
-  }
+  const PeakEntry* e = find_peak(gpu_name);
+  if (e == nullptr) return std::nullopt;
+  double v = 0;
+  if (gemm_dtype == "fp32") v = e->fp32;
+  if (gemm_dtype == "bf16") v = e->bf16;
+  if (gemm_dtype == "fp8") v = e->fp8;
+  if (gemm_dtype == "fp4") v = e->fp4;
+  if (v > 0) return v;
   return std::nullopt;
 }
 
 PeakTflops resolve_peak_tflops(std::string_view gpu_name, std::string_view gemm_dtype,
                                std::optional<double> calibration_tflops) {
   if (auto t = table_peak_tflops(gpu_name, gemm_dtype)) {
-    for (const PeakEntry& e : kPeaks) {
-      if (contains_ci(gpu_name, e.gpu)) return {t, fmt::format("table:{} {}", e.gpu, gemm_dtype)};
-    }
+    return {t, fmt::format("table:{} {}", find_peak(gpu_name)->gpu, gemm_dtype)};
   }
   if (calibration_tflops) {
     if (!(*calibration_tflops > 0)) {

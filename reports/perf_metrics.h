@@ -60,12 +60,13 @@ double tflops_per_device(double flops_per_step, double step_time_s, int num_devi
 
 // ---- MFU --------------------------------------------------------------------------------------
 
-// Dense (no sparsity) tensor-core peak per device, TFLOP/s, from the vendor data sheets:
-//   H100 SXM / H200: 989 bf16, 1979 fp8;  B200: 2250 bf16, 4500 fp8.
-// gemm_dtype is "bf16" or "fp8" (the dtype the recipe's GEMMs run in on that GPU: MXFP8 on
-// Hopper is emulated with bf16 GEMMs, so the harness passes "bf16" there). Matching is by
-// case-insensitive substring of the device name ("NVIDIA H100 80GB HBM3"). Returns nullopt
-// for GPUs or dtypes not in the table.
+// Dense (no sparsity) peak per device, TFLOP/s, from the one table in perf_metrics.cc (vendor
+// data sheets, cited there): H100 SXM / PCIe / NVL, H200, B200, B300 and GB200, each with fp32
+// (non-tensor), bf16, fp8 and fp4 where the GPU has the format. gemm_dtype is "fp32", "bf16",
+// "fp8" or "fp4" (the dtype the recipe's GEMMs run in on that GPU: MXFP8 on Hopper is emulated
+// with bf16 GEMMs, so the harness passes "bf16" there). Matching is by case-insensitive
+// substring starting a word of the device name ("NVIDIA H100 80GB HBM3"; "B200" does not match
+// "GB200"), first table row first. Returns nullopt for GPUs or dtypes not in the table.
 std::optional<double> table_peak_tflops(std::string_view gpu_name, std::string_view gemm_dtype);
 
 struct PeakTflops {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <set>
@@ -46,6 +47,100 @@ const std::string& part_color(const std::string& part) {
 std::string verdict_cell(Verdict v) {
   const std::string_view n = verdict_name(v);
   return fmt::format(R"(<td class="{0}">{0}</td>)", n);
+}
+
+// `bench recipes` plots of one recipe scenario (docs/design.md section 26), from its benchmark
+// figures and config: the speedup over BF16 per GEMM (bars: autocast, ticks: pre-quantized), the
+// forward M sweep's autocast speedup per linear (lines over M), and the loss difference against
+// bf16 and fp32 per training step (config.convergence). Scenarios without them get none.
+std::vector<std::string> bench_plots(const ScenarioRecord& s) {
+  std::vector<std::string> plots;
+  const std::string emulated = [&] {
+    for (const BenchmarkFigure& b : s.benchmarks) {
+      if (!b.emulated.empty()) return " (emulated: " + b.emulated + ")";
+    }
+    return std::string();
+  }();
+  svg::StackedBars bars;
+  bars.title = "Speedup over BF16 at the same shape: " + s.name + emulated;
+  bars.x_label = "GEMM";
+  bars.y_label = "speedup (x)";
+  bars.segment_labels = {"autocast (GEMM + quantization)"};
+  bars.segment_colors = {svg::palette(0)};
+  bars.values.assign(1, {});
+  bars.marker_label = "pre-quantized (GEMM only)";
+  // The sweep: linear -> (M, autocast speedup).
+  std::map<std::string, std::vector<std::pair<double, double>>> sweep;
+  std::vector<std::string> sweep_order;
+  for (const BenchmarkFigure& b : s.benchmarks) {
+    if (b.metric != "speedup_autocast") continue;
+    if (b.name.rfind("sweep ", 0) == 0) {
+      // "sweep qkv fprop 16x768x256"
+      const size_t a = b.name.find(' ', 6);
+      const size_t d = b.name.rfind(' ');
+      if (a == std::string::npos || d == std::string::npos) continue;
+      const std::string linear = b.name.substr(6, a - 6);
+      const double m = std::strtod(b.name.c_str() + d + 1, nullptr);
+      if (!sweep.count(linear)) sweep_order.push_back(linear);
+      sweep[linear].emplace_back(m, b.value);
+      continue;
+    }
+    double pre = std::nan("");
+    for (const BenchmarkFigure& q : s.benchmarks) {
+      if (q.name == b.name && q.metric == "speedup_prequantized") pre = q.value;
+    }
+    bars.categories.push_back(b.name.substr(0, b.name.rfind(' ')));  // "qkv fprop"
+    bars.values[0].push_back(b.value);
+    bars.markers.push_back(pre);
+  }
+  if (!bars.categories.empty()) {
+    bars.width = std::max(660, 40 * static_cast<int>(bars.categories.size()) + 120);
+    plots.push_back(svg::render_stacked_bars(bars));
+  }
+  if (!sweep.empty()) {
+    svg::LinePlot line;
+    line.title = "Small-M sweep (fprop): " + s.name + emulated;
+    line.x_label = "M (tokens)";
+    line.y_label = "autocast speedup over BF16 (x)";
+    for (size_t i = 0; i < sweep_order.size(); ++i) {
+      svg::Series series{sweep_order[i], {}, {}, svg::palette(i), false, true};
+      for (const auto& [m, v] : sweep[sweep_order[i]]) {
+        series.x.push_back(m);
+        series.y.push_back(v);
+      }
+      line.series.push_back(std::move(series));
+    }
+    plots.push_back(svg::render_line_plot(line));
+  }
+  if (s.config.is_object() && s.config.contains("convergence")) {
+    const nlohmann::json& c = s.config.at("convergence");
+    auto values = [&](const char* key) {
+      std::vector<double> v;
+      if (c.contains(key) && c.at(key).is_array()) {
+        for (const nlohmann::json& x : c.at(key)) v.push_back(x.is_number() ? x.get<double>() : 0);
+      }
+      return v;
+    };
+    const std::vector<double> loss = values("loss"), bf16 = values("bf16_loss"),
+                              fp32 = values("fp32_loss");
+    if (!loss.empty() && loss.size() == bf16.size() && loss.size() == fp32.size()) {
+      svg::LinePlot diff;
+      diff.title = "Loss difference per step: " + s.name + emulated;
+      diff.x_label = "step";
+      diff.y_label = "loss difference (nats)";
+      svg::Series vb{"minus bf16", {}, {}, svg::palette(0), false, true};
+      svg::Series vf{"minus fp32", {}, {}, svg::palette(1), true, true};
+      for (size_t i = 0; i < loss.size(); ++i) {
+        vb.x.push_back(static_cast<double>(i + 1));
+        vb.y.push_back(loss[i] - bf16[i]);
+        vf.x.push_back(static_cast<double>(i + 1));
+        vf.y.push_back(loss[i] - fp32[i]);
+      }
+      diff.series = {std::move(vb), std::move(vf)};
+      plots.push_back(svg::render_line_plot(diff));
+    }
+  }
+  return plots;
 }
 
 // Plots of one scenario, in the order documented in docs/report-schema.md.
@@ -225,6 +320,7 @@ std::vector<std::string> scenario_plots(const ScenarioRecord& s) {
     }
     plots.push_back(svg::render_stacked_bars(mem));
   }
+  for (std::string& p : bench_plots(s)) plots.push_back(std::move(p));
   return plots;
 }
 
@@ -345,8 +441,9 @@ std::string scenario_section(const ScenarioRecord& s, size_t index) {
       out += fmt::format(
           R"(<tr><td>{}</td><td>{}</td><td class="num">{:.4g}</td><td>{}</td><td class="num">{}</td><td>{}</td><td class="num">{}</td></tr>)"
           "\n",
-          esc(b.name), esc(b.metric), b.value, esc(b.unit), opt(b.ceiling, "{:.4g}"),
-          esc(b.ceiling_source), opt(b.ratio, "{:.3f}"));
+          esc(b.emulated.empty() ? b.name : b.name + " (emulated: " + b.emulated + ")"),
+          esc(b.metric), b.value, esc(b.unit), opt(b.ceiling, "{:.4g}"), esc(b.ceiling_source),
+          opt(b.ratio, "{:.3f}"));
     }
     out += "</tbody></table>\n";
   }

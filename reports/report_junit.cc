@@ -130,6 +130,16 @@ std::string render_junit(const RunRecord& r) {
                                {"mfu", mfu_percent(s)}}) {
       suites += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", k, xml_escape_attr(v));
     }
+    // Benchmark figures that are an emulation (bench recipes): their reasons, once each.
+    std::string emulated;
+    for (const BenchmarkFigure& b : s.benchmarks) {
+      if (!b.emulated.empty() && emulated.find(b.emulated) == std::string::npos)
+        emulated += (emulated.empty() ? "" : "; ") + b.emulated;
+    }
+    if (!emulated.empty()) {
+      suites += fmt::format("      <property name=\"emulated\" value=\"{}\"/>\n",
+                            xml_escape_attr(emulated));
+    }
     suites += "    </properties>\n";
     suites += cases;
     std::string notes = caught;

@@ -119,9 +119,11 @@ std::string render_markdown(const RunRecord& r) {
       out += "\n| benchmark | metric | value | unit | ceiling | ceiling source | ratio |\n";
       out += "| --- | --- | ---: | --- | ---: | --- | ---: |\n";
       for (const BenchmarkFigure& b : s.benchmarks) {
-        out += fmt::format("| {} | {} | {:.4g} | {} | {} | {} | {} |\n", cell(b.name),
-                           cell(b.metric), b.value, cell(b.unit), fmt_opt(b.ceiling),
-                           cell(b.ceiling_source), fmt_opt(b.ratio, "{:.3f}"));
+        out += fmt::format(
+            "| {} | {} | {:.4g} | {} | {} | {} | {} |\n",
+            cell(b.emulated.empty() ? b.name : b.name + " (emulated: " + b.emulated + ")"),
+            cell(b.metric), b.value, cell(b.unit), fmt_opt(b.ceiling), cell(b.ceiling_source),
+            fmt_opt(b.ratio, "{:.3f}"));
       }
     }
     if (!s.notes.empty()) {

@@ -129,16 +129,23 @@ nlohmann::json to_json(const ScenarioRecord& s) {
   }
   nlohmann::json benchmarks = nlohmann::json::array();
   for (const BenchmarkFigure& b : s.benchmarks) {
-    benchmarks.push_back({{"name", b.name},
-                          {"metric", b.metric},
-                          {"value", num(b.value)},
-                          {"min", opt(b.min)},
-                          {"max", opt(b.max)},
-                          {"unit", b.unit},
-                          {"ceiling", opt(b.ceiling)},
-                          {"ceiling_source", b.ceiling_source},
-                          {"ratio", opt(b.ratio)},
-                          {"higher_is_better", b.higher_is_better}});
+    nlohmann::json& j = benchmarks.emplace_back();
+    j = {{"name", b.name},
+         {"metric", b.metric},
+         {"value", num(b.value)},
+         {"min", opt(b.min)},
+         {"max", opt(b.max)},
+         {"unit", b.unit},
+         {"ceiling", opt(b.ceiling)},
+         {"ceiling_source", b.ceiling_source},
+         {"ratio", opt(b.ratio)},
+         {"higher_is_better", b.higher_is_better}};
+    if (!b.samples.empty()) {
+      nlohmann::json samples = nlohmann::json::array();
+      for (double v : b.samples) samples.push_back(num(v));
+      j["samples"] = samples;
+    }
+    if (!b.emulated.empty()) j["emulated"] = b.emulated;
   }
   return {{"name", s.name},
           {"verdict", verdict_name(scenario_verdict(s))},

@@ -181,6 +181,12 @@ struct BenchmarkFigure {
   std::string ceiling_source;     // "table:H100 fp8", "measured:copy", "measured:bf16 gemm", ""
   std::optional<double> ratio;    // value / ceiling (a time figure: ceiling / value)
   bool higher_is_better = true;   // false for times
+  // Every timed repetition in `unit`, in order (bench recipes keeps them so that `report compare`
+  // and readers see the whole noise); empty when not kept. Written to JSON only when non-empty.
+  std::vector<double> samples;
+  // Why the figure is an emulation ("CPU emulation", "MXFP8 as bf16 GEMMs below sm_100"), ""
+  // when it ran natively. Every writer labels a non-empty one "emulated"; JSON only when set.
+  std::string emulated;
 };
 
 // ---- scenario and run -------------------------------------------------------------------------

@@ -111,6 +111,15 @@ def expected_plots(s):
             n += 1  # relative difference with the tolerance band
     if s["memory"]:
         n += 1
+    # bench recipes (docs/design.md section 26): speedup bars when there are non-sweep speedups,
+    # the M-sweep lines when there are sweep ones, loss differences when config has convergence.
+    speedups = [b["name"] for b in s.get("benchmarks", []) if b["metric"] == "speedup_autocast"]
+    if any(not name.startswith("sweep ") for name in speedups):
+        n += 1
+    if any(name.startswith("sweep ") for name in speedups):
+        n += 1
+    if isinstance(s.get("config"), dict) and "convergence" in s["config"]:
+        n += 1
     return n
 
 

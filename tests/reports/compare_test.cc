@@ -166,6 +166,31 @@ TEST(CompareTest, BenchmarkFiguresComparedByNameAndMetric) {
   ASSERT_NE(o, nullptr);
   EXPECT_EQ(o->change, Change::kUnmeasured);
 
+  // With the repetitions kept, the noise is their range without the fastest and slowest fifth (one
+  // each of 7): a single 20x outlier in A does not hide B's 2x slowdown, which min/max would.
+  RunRecord sa = a, sb = a;
+  BenchmarkFigure& fa = sa.scenarios[0].benchmarks[1];
+  fa.samples = {4.0, 3.9, 80.0, 4.1, 4.2, 4.0, 3.95};
+  fa.min = 3.9;
+  fa.max = 80.0;
+  BenchmarkFigure& fb = sb.scenarios[0].benchmarks[1];
+  fb.samples.clear();
+  for (double v : fa.samples) fb.samples.push_back(2 * v);
+  fb.value = 8;
+  fb.min = 7.8;
+  fb.max = 160;
+  const CompareRow* slow =
+      find(compare_reports(to_json(sa), to_json(sb)), s1, "layer step step_time_ms");
+  ASSERT_NE(slow, nullptr);
+  EXPECT_EQ(slow->change, Change::kWorse);  // 7.9..8.4 lies above 3.95..4.2
+  EXPECT_EQ(slow->a_range->min, 3.95);
+  EXPECT_EQ(slow->a_range->max, 4.2);
+  // Fewer than 5 repetitions: the min/max rule (3.9..80 overlaps 7.8..160).
+  fa.samples.resize(4);
+  fb.samples.resize(4);
+  const CompareTable few = compare_reports(to_json(sa), to_json(sb));
+  EXPECT_EQ(find(few, s1, "layer step step_time_ms")->change, Change::kNone);
+
   // A duplicated (name, metric) is an invalid record.
   RunRecord dup = a;
   dup.scenarios[0].benchmarks.push_back(dup.scenarios[0].benchmarks[0]);

@@ -81,17 +81,40 @@ TEST(PerfMetricsTest, TflopsPerDevice) {
 }
 
 TEST(PerfMetricsTest, PeakTableAndCalibration) {
-  EXPECT_EQ(table_peak_tflops("NVIDIA H100 80GB HBM3", "bf16"), 989.0);
-  EXPECT_EQ(table_peak_tflops("NVIDIA H100 80GB HBM3", "fp8"), 1979.0);
-  EXPECT_EQ(table_peak_tflops("NVIDIA H200", "fp8"), 1979.0);
-  EXPECT_EQ(table_peak_tflops("nvidia b200", "bf16"), 2250.0);
-  EXPECT_EQ(table_peak_tflops("NVIDIA B200", "fp8"), 4500.0);
+  // Every row and dtype of the table against the data-sheet values (dense TFLOP/s), as device
+  // names report them. Table constants: exact comparisons.
+  struct Row {
+    const char* name;
+    double fp32, bf16, fp8, fp4;  // 0: not in the table
+  };
+  const Row rows[] = {
+      {"NVIDIA H100 80GB HBM3", 67, 989, 1979, 0},    {"NVIDIA H100 PCIe", 51.2, 756, 1513, 0},
+      {"NVIDIA H100 NVL", 60, 835, 1671, 0},          {"NVIDIA H200", 67, 989, 1979, 0},
+      {"nvidia b200", 75, 2250, 4500, 9000},          {"NVIDIA GB200", 80, 2500, 5000, 10000},
+      {"NVIDIA B300 SXM6 AC", 75, 2250, 4500, 13500},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(r.name);
+    const std::pair<const char*, double> dts[] = {
+        {"fp32", r.fp32}, {"bf16", r.bf16}, {"fp8", r.fp8}, {"fp4", r.fp4}};
+    for (const auto& [dt, v] : dts) {
+      if (v > 0) {
+        EXPECT_EQ(table_peak_tflops(r.name, dt), v) << dt;
+      } else {
+        EXPECT_FALSE(table_peak_tflops(r.name, dt)) << dt;
+      }
+    }
+  }
   EXPECT_FALSE(table_peak_tflops("NVIDIA A100-SXM4-80GB", "bf16"));
-  EXPECT_FALSE(table_peak_tflops("NVIDIA H100", "fp4"));
+  EXPECT_FALSE(table_peak_tflops("NVIDIA H100", "fp16"));
+  EXPECT_FALSE(table_peak_tflops("cpu", "fp32"));
 
   const PeakTflops t = resolve_peak_tflops("NVIDIA H100 PCIe", "fp8", 123.0);
-  EXPECT_EQ(t.tflops, 1979.0);  // the table wins over a calibration for known GPUs
-  EXPECT_EQ(t.source, "table:H100 fp8");
+  EXPECT_EQ(t.tflops, 1513.0);  // the table wins over a calibration for known GPUs
+  EXPECT_EQ(t.source, "table:H100 PCIe fp8");
+  // "B200" starts no word of "GB200": the GB200 row, not B200's.
+  EXPECT_EQ(resolve_peak_tflops("NVIDIA GB200", "bf16", std::nullopt).source, "table:GB200 bf16");
+  EXPECT_EQ(resolve_peak_tflops("NVIDIA H100 80GB HBM3", "fp8", 1.0).source, "table:H100 fp8");
   const PeakTflops c = resolve_peak_tflops("NVIDIA L40S", "bf16", 362.0);
   EXPECT_EQ(c.tflops, 362.0);
   EXPECT_EQ(c.source, "calibration");

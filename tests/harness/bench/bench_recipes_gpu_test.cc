@@ -1,7 +1,7 @@
-// `bench recipes` on the CUDA backend (skipped without a usable device): every recipe's quantizer
-// and GEMM figures are measured with cudaEvents, the copy ceiling is a device-to-device copy, the
-// layer step (one forward + backward of a one-layer GptModel) runs on the device too, and the
-// record uses the device's table peak when it has one.
+// `bench recipes` on the CUDA backend (skipped without a usable device): every recipe's GEMMs,
+// their BF16 baselines and quantizations are measured with cudaEvents, the copy ceiling is a
+// device-to-device copy, the layer step (one forward + backward of a one-layer GptModel) runs on
+// the device too, and the record uses the device's table peak when it has one.
 #include <gtest/gtest.h>
 
 #include "engine/bench_recipes.h"
@@ -16,7 +16,8 @@ TEST(BenchRecipesGpu, MeasuresEveryRecipeOnTheDevice) {
   if (!kernels::cuda_status().usable) GTEST_SKIP() << kernels::cuda_status().reason;
   engine::RecipeBenchOptions o;
   o.device = kernels::Device::cuda(0);
-  o.shapes = {{256, 512, 128}};
+  o.model = engine::parse_bench_model("128,512,4,4,64,2");
+  o.m_sweep = {16};
   o.iters = 3;
   o.warmup = 1;
   kernels::RankContext ctx;
@@ -25,15 +26,18 @@ TEST(BenchRecipesGpu, MeasuresEveryRecipeOnTheDevice) {
   const engine::RecipeBenchReport rep = engine::run_recipe_bench(o);
   EXPECT_EQ(rep.device_name, kernels::cuda_status().gpus[0].name);
   EXPECT_GT(rep.copy.seconds, 0);
-  ASSERT_EQ(rep.recipes.size(), 6u);
+  ASSERT_EQ(rep.recipes.size(), std::size(engine::kRecipeNames));
   for (const auto& r : rep.recipes) {
     SCOPED_TRACE(std::string(engine::recipe_name(r.recipe)));
     const bool quantized =
         r.recipe != engine::RecipeKind::kFp32 && r.recipe != engine::RecipeKind::kBf16;
-    EXPECT_EQ(r.quantize.size(), quantized ? 2u : 0u);
-    for (const auto& q : r.quantize) EXPECT_GT(q.m.seconds, 0);
-    ASSERT_EQ(r.gemms.size(), 3u);
-    for (const auto& g : r.gemms) EXPECT_GT(g.m.seconds, 0);
+    ASSERT_EQ(r.roles.size(), 12u);
+    for (const auto& g : r.roles) {
+      EXPECT_GT(g.time.seconds, 0);
+      EXPECT_GT(g.bf16.seconds, 0);
+      EXPECT_EQ(g.quantize.size(), quantized ? 2u : 0u);
+      for (const auto& q : g.quantize) EXPECT_GT(q.m.seconds, 0);
+    }
     ASSERT_TRUE(r.layer);
     EXPECT_GT(r.layer->m.seconds, 0);
     EXPECT_GT(r.layer->tokens, 0);
@@ -45,14 +49,14 @@ TEST(BenchRecipesGpu, MeasuresEveryRecipeOnTheDevice) {
 }
 
 // The calibration meshproof run uses for GPUs outside the peak table: a measured bf16 GEMM, a
-// positive rate no faster than the fastest dense bf16 peak in the table (B200, 2250 TFLOP/s),
+// positive rate no faster than the fastest dense bf16 peak in the table (GB200, 2500 TFLOP/s),
 // measured once per device (the second call returns the cached figure).
 TEST(BenchRecipesGpu, MeasuredBf16PeakForTheRunner) {
   if (!kernels::cuda_status().usable) GTEST_SKIP() << kernels::cuda_status().reason;
   const std::optional<double> peak = measured_bf16_peak(0);
   ASSERT_TRUE(peak.has_value());
   EXPECT_GT(*peak, 0.0);
-  EXPECT_LT(*peak, 2250.0);
+  EXPECT_LT(*peak, 2500.0);
   EXPECT_EQ(measured_bf16_peak(0), peak);
 }
 

@@ -1,14 +1,17 @@
-// `bench recipes`: shape parsing, the record built from measurements (ceilings, ratios, peak
-// sources, MFU, the "measured" check) and one real tiny CPU measurement of every recipe.
+// `bench recipes`: parsing, the GEMM shapes derived from a model (every role's M, N, K), the
+// speedup arithmetic, the emulation labels, the record built from measurements (ceilings, peak
+// sources, MFU only on a GPU, labels in every writer) and one real tiny CPU measurement.
 #include "engine/bench_recipes.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "harness/bench_recipes_verb.h"
 #include "kernels/error.h"
 #include "reports/perf_metrics.h"
+#include "reports/report_writers.h"
 
 namespace meshproof::harness {
 namespace {
@@ -39,34 +42,168 @@ TEST(BenchRecipes, ParsesShapes) {
   }
 }
 
-TEST(BenchRecipes, ParsesLayer) {
-  const engine::LayerShape l = engine::parse_layer_shape("128,512,4,64,2");
-  EXPECT_EQ(l.hidden, 128);
-  EXPECT_EQ(l.ffn, 512);
-  EXPECT_EQ(l.heads, 4);
-  EXPECT_EQ(l.seq, 64);
-  EXPECT_EQ(l.batch, 2);
-  for (const char* bad : {"128,512,3,64,2", "128,512,4,64", "100,512,4,64,2", "128,500,4,64,2",
-                          "128,512,4,15,1", "128,512,4,64,2,1", ""}) {
-    EXPECT_TRUE(is_input_error([&] { engine::parse_layer_shape(bad); })) << bad;
+TEST(BenchRecipes, ParsesModel) {
+  const engine::BenchModel m = engine::parse_bench_model("128,512,4,4,64,2");
+  EXPECT_EQ(m.hidden, 128);
+  EXPECT_EQ(m.ffn, 512);
+  EXPECT_EQ(m.heads, 4);
+  EXPECT_EQ(m.kv_heads, 4);
+  EXPECT_EQ(m.seq, 64);
+  EXPECT_EQ(m.micro_batch, 2);
+  EXPECT_EQ(m.tokens(), 128);
+  for (const char* bad : {"128,512,3,3,64,2", "128,512,4,3,64,2", "128,512,4,4,64",
+                          "100,512,4,4,64,2", "128,500,4,4,64,2", "128,512,4,4,15,1",
+                          "128,512,4,4,64,2,1", "", "llama3_debug", "gpt_small"}) {
+    EXPECT_TRUE(is_input_error([&] { engine::parse_bench_model(bad); })) << bad;
+  }
+  // Grouped-query attention: 2 KV heads of 4 make qkv (4 + 2*2) * 32 = 256 rows wide.
+  const engine::BenchModel gqa = engine::parse_bench_model("128,512,4,2,64,2");
+  EXPECT_EQ(gqa.kv_heads, 2);
+  const std::vector<engine::LinearGemm> gemms = engine::model_gemms(gqa, gqa.tokens());
+  ASSERT_FALSE(gemms.empty());
+  EXPECT_EQ(gemms.front().linear, "qkv");
+  EXPECT_EQ(gemms.front().shape.n, 256);
+  EXPECT_EQ(gemms.front().shape.k, 128);
+  for (const char* bad : {"16,a", "15", "0", "16,,32"}) {
+    EXPECT_TRUE(is_input_error([&] { engine::parse_m_sweep(bad); })) << bad;
+  }
+  EXPECT_EQ(engine::parse_m_sweep("16,64,16384"), (std::vector<int64_t>{16, 64, 16384}));
+}
+
+struct ExpectedGemm {
+  const char* linear;
+  GemmRole role;
+  int64_t m, n, k;  // the role's own output rows, output columns, reduction length
+};
+
+void expect_gemms(const std::vector<engine::LinearGemm>& got,
+                  const std::vector<ExpectedGemm>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got[i].linear, want[i].linear);
+    EXPECT_EQ(got[i].role, want[i].role);
+    const GemmShape d = engine::gemm_dims(got[i]);
+    EXPECT_EQ(d, (GemmShape{want[i].m, want[i].n, want[i].k})) << d.str();
+    // The kernels' convention: fprop's (tokens, out, in) for every role; same FLOPs.
+    EXPECT_EQ(d.m * d.n * d.k, got[i].shape.m * got[i].shape.n * got[i].shape.k);
   }
 }
 
+// H=256, F=1024, 4 heads, S=128, micro-batch 4: T = 512 tokens.
+TEST(BenchRecipes, DerivesEveryGemmOfTheModel) {
+  const engine::BenchModel m = engine::parse_bench_model("256,1024,4,4,128,4");
+  using enum GemmRole;
+  expect_gemms(engine::model_gemms(m, m.tokens()), {{"qkv", kFprop, 512, 768, 256},
+                                                    {"qkv", kDgrad, 512, 256, 768},
+                                                    {"qkv", kWgrad, 768, 256, 512},
+                                                    {"proj", kFprop, 512, 256, 256},
+                                                    {"proj", kDgrad, 512, 256, 256},
+                                                    {"proj", kWgrad, 256, 256, 512},
+                                                    {"fc1", kFprop, 512, 1024, 256},
+                                                    {"fc1", kDgrad, 512, 256, 1024},
+                                                    {"fc1", kWgrad, 1024, 256, 512},
+                                                    {"fc2", kFprop, 512, 256, 1024},
+                                                    {"fc2", kDgrad, 512, 1024, 256},
+                                                    {"fc2", kWgrad, 256, 1024, 512}});
+  // SwiGLU: fc1 is the engine's two GEMMs fc1_gate and fc1_up, each N = F (together 2F).
+  const engine::BenchModel g =
+      engine::parse_bench_model("256,1024,4,4,128,4", engine::Activation::kSwiGlu);
+  const std::vector<engine::LinearGemm> gg = engine::model_gemms(g, g.tokens());
+  ASSERT_EQ(gg.size(), 15u);
+  expect_gemms({gg.begin() + 6, gg.begin() + 12}, {{"fc1_gate", kFprop, 512, 1024, 256},
+                                                   {"fc1_gate", kDgrad, 512, 256, 1024},
+                                                   {"fc1_gate", kWgrad, 1024, 256, 512},
+                                                   {"fc1_up", kFprop, 512, 1024, 256},
+                                                   {"fc1_up", kDgrad, 512, 256, 1024},
+                                                   {"fc1_up", kWgrad, 1024, 256, 512}});
+  // The M sweep: M tokens at the model's N, K.
+  const std::vector<engine::LinearGemm> small = engine::model_gemms(m, 16);
+  EXPECT_EQ(engine::gemm_dims(small[0]), (GemmShape{16, 768, 256}));
+  EXPECT_EQ(engine::gemm_dims(small[11]), (GemmShape{256, 1024, 16}));
+}
+
+TEST(BenchRecipes, SpeedupArithmetic) {
+  // bf16 2 ms, GEMM 0.5 ms, quantization 0.5 ms: autocast 2 / 1 = 2, pre-quantized 2 / 0.5 = 4.
+  const engine::Speedup s = engine::gemm_speedup(2e-3, 0.5e-3, 0.5e-3);
+  EXPECT_DOUBLE_EQ(s.autocast, 2.0);
+  EXPECT_DOUBLE_EQ(s.prequantized, 4.0);
+  // No quantization (bf16, fp32): both speedups are the same ratio.
+  const engine::Speedup u = engine::gemm_speedup(1.0, 4.0, 0.0);
+  EXPECT_DOUBLE_EQ(u.autocast, 0.25);
+  EXPECT_DOUBLE_EQ(u.prequantized, 0.25);
+  for (const auto& [b, g, q] :
+       {std::tuple{0.0, 1.0, 0.0}, std::tuple{1.0, 0.0, 0.0}, std::tuple{1.0, 1.0, -1.0}}) {
+    EXPECT_TRUE(is_input_error([&] { engine::gemm_speedup(b, g, q); }));
+  }
+  // A role's quantization time is the sum of its quantizations' medians.
+  engine::RoleFigure r;
+  r.bf16.seconds = 3;
+  r.time.seconds = 1;
+  r.quantize.resize(2);
+  r.quantize[0].m.seconds = 0.25;
+  r.quantize[1].m.seconds = 0.75;
+  EXPECT_DOUBLE_EQ(r.quantize_seconds(), 1.0);
+  EXPECT_DOUBLE_EQ(r.speedup().autocast, 1.5);
+  EXPECT_DOUBLE_EQ(r.speedup().prequantized, 3.0);
+}
+
+TEST(BenchRecipes, LabelsEmulatedRecipes) {
+  using enum RecipeKind;
+  for (RecipeKind r : engine::RecipeBenchOptions::all_bench_recipes()) {
+    EXPECT_EQ(engine::recipe_emulation(r, 0), "CPU emulation");  // every CPU figure
+    EXPECT_EQ(engine::recipe_gemm_dtype(r, 0), "fp32");
+  }
+  EXPECT_EQ(engine::recipe_emulation(kMxfp8, 90), "MXFP8 as bf16 GEMMs below sm_100");
+  EXPECT_EQ(engine::recipe_gemm_dtype(kMxfp8, 90), "bf16");
+  EXPECT_EQ(engine::recipe_emulation(kMxfp8, 100), "");
+  EXPECT_EQ(engine::recipe_gemm_dtype(kMxfp8, 100), "fp8");
+  EXPECT_EQ(engine::recipe_emulation(kCurrent, 90), "");
+  EXPECT_EQ(engine::recipe_emulation(kDelayed, 80), "per-tensor FP8 as fp32 GEMMs below sm_89");
+  EXPECT_EQ(engine::recipe_emulation(kBlock, 100), "block scaling as dequantized fp32 GEMMs");
+  EXPECT_EQ(engine::recipe_emulation(kBf16, 90), "");
+  EXPECT_EQ(engine::recipe_emulation(kFp32, 90), "");
+  EXPECT_EQ(engine::recipe_m_multiple(kMxfp8), 32);
+  EXPECT_EQ(engine::recipe_m_multiple(kCurrent), 16);
+}
+
+engine::Measurement timed(double seconds, double flops = 0) {
+  engine::Measurement m;
+  m.seconds = seconds;
+  m.flops = flops;
+  m.min_seconds = 0.5 * seconds;
+  m.max_seconds = 2 * seconds;
+  m.samples = {seconds, 0.5 * seconds, 2 * seconds};
+  return m;
+}
+
 // A synthetic measurement with round numbers, so that every derived figure is known exactly.
-engine::RecipeBenchReport synthetic(const engine::RecipeBenchOptions& o) {
+engine::RecipeBenchReport synthetic(const engine::RecipeBenchOptions& o, int cc) {
   engine::RecipeBenchReport rep;
-  rep.device_name = "NVIDIA H100 80GB HBM3";
-  rep.copy = {1e-3, 2e9, 0, 0.8e-3, 1.25e-3};  // 2000 GB/s, 1600..2500 over the iterations
-  const GemmShape s = o.shapes[0];
-  const double flops = 2.0 * s.m * s.n * s.k;
-  rep.bf16_gemms.push_back({GemmRole::kFprop, s, {flops / 500e12, 0, flops}});  // 500 TFLOP/s
-  engine::RecipeBenchResult r;
-  r.recipe = RecipeKind::kCurrent;
-  r.gemm_dtype = "fp8";
-  r.quantize.push_back({"activation", s, s.m, s.k, {1e-3, 1e9, 0}});      // 1000 GB/s
-  r.gemms.push_back({GemmRole::kWgrad, s, {flops / 1000e12, 0, flops}});  // 1000 TFLOP/s
-  r.layer = engine::LayerFigure{{2e-3, 0, 0}, 512, 32};
-  rep.recipes.push_back(r);
+  rep.device_name = cc ? "NVIDIA H100 80GB HBM3" : "cpu";
+  rep.compute_capability = cc;
+  rep.copy = {1e-3, 2e9, 0, 0.8e-3, 1.25e-3};  // 2000 GB/s, 1600..2500 over the repetitions
+  const engine::LinearGemm g{"qkv", GemmRole::kFprop, {512, 768, 256}};
+  const double flops = 2.0 * 512 * 768 * 256;
+  for (RecipeKind k : {RecipeKind::kBf16, RecipeKind::kMxfp8}) {
+    engine::RecipeBenchResult r;
+    r.recipe = k;
+    r.gemm_dtype = engine::recipe_gemm_dtype(k, cc);
+    r.emulation = engine::recipe_emulation(k, cc);
+    engine::RoleFigure f;
+    f.gemm = g;
+    f.bf16 = timed(2e-3, flops);
+    f.time = k == RecipeKind::kBf16 ? f.bf16 : timed(1e-3, flops);
+    if (k == RecipeKind::kMxfp8) {
+      f.quantize.push_back({"x", false, 512, 256, timed(0.25e-3)});
+      f.quantize.push_back({"w", false, 768, 256, timed(0.75e-3)});
+      f.quantize[0].m.bytes = 1e6;
+      f.quantize[1].m.bytes = 1e6;
+    }
+    r.roles.push_back(f);
+    r.layer = engine::LayerFigure{timed(k == RecipeKind::kBf16 ? 4e-3 : 2e-3), 512, 32, 1 << 20};
+    rep.recipes.push_back(r);
+  }
   return rep;
 }
 
@@ -78,115 +215,140 @@ const reports::BenchmarkFigure& find(const reports::ScenarioRecord& s, const std
   throw std::runtime_error("no figure " + name + " " + metric);
 }
 
-TEST(BenchRecipes, RecordUsesTablePeakForKnownGpus) {
+TEST(BenchRecipes, RecordOnAKnownGpu) {
   engine::RecipeBenchOptions o;
   o.device = kernels::Device::cuda(0);  // only names the copy figure; nothing runs
-  o.shapes = {{256, 512, 128}};
-  o.layer = {256, 1024, 4, 128, 4};
   const reports::RunRecord run =
-      bench_recipes_record(synthetic(o), o, "cuda:0", "NVIDIA H100 80GB HBM3");
-  ASSERT_EQ(run.scenarios.size(), 2u);
+      bench_recipes_record(synthetic(o, 90), o, "cuda:0", "NVIDIA H100 80GB HBM3");
+  ASSERT_EQ(run.scenarios.size(), 3u);
   const auto& ceil = run.scenarios[0];
   EXPECT_EQ(ceil.name, "recipes.ceilings");
   EXPECT_DOUBLE_EQ(find(ceil, "copy cudaMemcpy d2d", "gbps").value, 2000);
-  // The range from the slowest (1.25 ms) and fastest (0.8 ms) iteration; unmeasured figures
-  // (min/max seconds 0) have none.
   EXPECT_DOUBLE_EQ(*find(ceil, "copy cudaMemcpy d2d", "gbps").min, 1600);
   EXPECT_DOUBLE_EQ(*find(ceil, "copy cudaMemcpy d2d", "gbps").max, 2500);
-  const auto& bf16 = find(ceil, "bf16 gemm fprop 256x512x128", "tflops");
-  // Not exact: the synthetic time flops/500e12 and the figure flops/t/1e12 round three times
-  // (at most ~3 ulp); measured (the same double operations in Python) 500 - 5.7e-14, 0.5 ulp.
-  // EXPECT_DOUBLE_EQ allows 4 ulp (4.5e-13 at 500).
-  EXPECT_DOUBLE_EQ(bf16.value, 500);
-  ASSERT_TRUE(bf16.ceiling);
-  EXPECT_EQ(*bf16.ceiling, 989);  // H100 dense bf16 (docs/design.md section 9): a table constant
-  // value / 989 with the value 0.5 ulp off 500: measured 1.1e-16 (1 ulp) from 500.0 / 989.
-  EXPECT_DOUBLE_EQ(*bf16.ratio, 500.0 / 989);
+  EXPECT_EQ(find(ceil, "copy cudaMemcpy d2d", "gbps").emulated, "");  // native on a GPU
+  EXPECT_EQ(*find(ceil, "bf16 gemm qkv fprop 512x768x256", "tflops").ceiling, 989);
 
-  const auto& s = run.scenarios[1];
-  EXPECT_EQ(s.name, "recipes.current");
-  const auto& q = find(s, "quantize activation 256x128", "gbps");
-  EXPECT_DOUBLE_EQ(q.value, 1000);
-  EXPECT_DOUBLE_EQ(*q.ceiling, 2000);
-  EXPECT_DOUBLE_EQ(*q.ratio, 0.5);
-  EXPECT_EQ(q.ceiling_source, "measured:copy");
-  const auto& g = find(s, "gemm wgrad 256x512x128", "tflops");
-  // Three roundings as for the bf16 figure: measured 1000 - 1.1e-13 (0.5 ulp).
-  EXPECT_DOUBLE_EQ(g.value, 1000);
-  EXPECT_EQ(*g.ceiling, 1979);  // H100 dense fp8, a table constant
-  EXPECT_EQ(g.ceiling_source, "table:H100 fp8");
-  const auto& t = find(s, "layer step", "step_time_ms");
-  EXPECT_DOUBLE_EQ(t.value, 2);
-  EXPECT_FALSE(t.higher_is_better);
-  ASSERT_TRUE(s.performance);
-  const double flops = reports::model_flops_per_step({1, 256, 1024, 32, 128, false}, 512);
-  EXPECT_DOUBLE_EQ(s.performance->model_flops_per_step, flops);
-  // The MFU is flops / 2e-3 / 1 device / 1e12 / 1979: the same divisions as the expected
-  // expression (the one by 1 is exact); measured difference 0. EXPECT_DOUBLE_EQ (4 ulp) rather
-  // than ==, so a compiler reordering the divisions does not fail the test.
-  EXPECT_DOUBLE_EQ(*s.performance->mfu, flops / 2e-3 / 1e12 / 1979);
-  // The layer step's tflops ratio is the MFU by construction (same value over the same peak).
-  EXPECT_DOUBLE_EQ(find(s, "layer step", "tflops").ratio.value(), *s.performance->mfu);
-  EXPECT_EQ(reports::scenario_verdict(s), reports::Verdict::kPass);
-  EXPECT_NO_THROW(reports::to_json(run));
+  const auto& mx = run.scenarios[2];
+  EXPECT_EQ(mx.name, "recipes.mxfp8");
+  const std::string n = "qkv fprop 512x768x256";
+  EXPECT_DOUBLE_EQ(find(mx, n, "bf16_ms").value, 2);
+  EXPECT_DOUBLE_EQ(find(mx, n, "gemm_ms").value, 1);
+  EXPECT_DOUBLE_EQ(find(mx, n, "quantize_ms").value, 1);
+  // 2 / (1 + 1) and 2 / 1; per repetition: 2/(1+1), 1/(0.5+0.5), 4/(2+2) = 1 each.
+  const auto& ac = find(mx, n, "speedup_autocast");
+  EXPECT_DOUBLE_EQ(ac.value, 1.0);
+  EXPECT_EQ(ac.samples, (std::vector<double>{1.0, 1.0, 1.0}));
+  EXPECT_DOUBLE_EQ(find(mx, n, "speedup_prequantized").value, 2.0);
+  // MXFP8 on sm_90 is an emulation: its figures say so, the bf16 baseline beside them does not.
+  EXPECT_EQ(find(mx, n, "gemm_ms").emulated, "MXFP8 as bf16 GEMMs below sm_100");
+  EXPECT_EQ(find(mx, n, "speedup_autocast").emulated, "MXFP8 as bf16 GEMMs below sm_100");
+  EXPECT_EQ(find(mx, n, "bf16_ms").emulated, "");
+  // Its GEMMs run in bf16 there: the bf16 peak of the table.
+  EXPECT_EQ(*find(mx, n, "gemm_tflops").ceiling, 989);
+  EXPECT_EQ(find(mx, n, "gemm_tflops").ceiling_source, "table:H100 bf16");
+  ASSERT_TRUE(mx.performance && mx.performance->mfu);
+  EXPECT_DOUBLE_EQ(find(mx, "layer step", "speedup_vs_bf16").value, 2.0);
+  EXPECT_DOUBLE_EQ(find(mx, "layer step", "peak_memory_mib").value, 1.0);
+  const auto& bf = run.scenarios[1];
+  EXPECT_EQ(find(bf, n, "gemm_ms").emulated, "");  // bf16 on a GPU is native
+  EXPECT_DOUBLE_EQ(find(bf, n, "speedup_autocast").value, 1.0);
+
+  // The labels reach every writer.
+  const std::string json = reports::render_json(run);
+  EXPECT_NE(json.find("\"emulated\": \"MXFP8 as bf16 GEMMs below sm_100\""), std::string::npos);
+  EXPECT_NE(json.find("\"samples\""), std::string::npos);
+  EXPECT_NE(reports::render_markdown(run).find(
+                "qkv fprop 512x768x256 (emulated: MXFP8 as bf16 GEMMs below sm_100)"),
+            std::string::npos);
+  EXPECT_NE(reports::render_html(run).find(
+                "qkv fprop 512x768x256 (emulated: MXFP8 as bf16 GEMMs below sm_100)"),
+            std::string::npos);
+  EXPECT_NE(reports::render_junit(run).find(
+                "<property name=\"emulated\" value=\"MXFP8 as bf16 GEMMs below sm_100\"/>"),
+            std::string::npos);
+  EXPECT_EQ(reports::run_verdict(run), reports::Verdict::kPass);
 }
 
-TEST(BenchRecipes, RecordCalibratesUnknownDevicesWithTheMeasuredBf16Gemm) {
+TEST(BenchRecipes, RecordOnTheCpuHasNoMfuAndIsLabelledEmulated) {
   engine::RecipeBenchOptions o;
-  o.shapes = {{256, 512, 128}};
-  o.layer = {256, 1024, 4, 128, 4};
-  engine::RecipeBenchReport rep = synthetic(o);
-  rep.recipes[0].gemm_dtype = "fp32";
-  const reports::RunRecord run = bench_recipes_record(rep, o, "cpu", "");
-  const auto& g = find(run.scenarios[1], "gemm wgrad 256x512x128", "tflops");
-  // The ceiling is the measured bf16 figure (500 - 5.7e-14, see above); the ratio of two
-  // figures with the same rounding pattern came out exactly 2 (measured), within 4 ulp anyway.
-  EXPECT_DOUBLE_EQ(*g.ceiling, 500);
-  EXPECT_DOUBLE_EQ(*g.ratio, 2.0);
-  EXPECT_EQ(g.ceiling_source, "calibration:measured bf16 gemm");
-  EXPECT_FALSE(find(run.scenarios[0], "bf16 gemm fprop 256x512x128", "tflops").ceiling);
+  const reports::RunRecord run = bench_recipes_record(synthetic(o, 0), o, "cpu", "");
+  for (const auto& s : run.scenarios) {
+    SCOPED_TRACE(s.name);
+    for (const auto& b : s.benchmarks) {
+      EXPECT_EQ(b.emulated, "CPU emulation") << b.name << " " << b.metric;
+      EXPECT_FALSE(b.ceiling && b.ceiling_source.rfind("table", 0) == 0);
+      EXPECT_NE(b.ceiling_source.rfind("calibration", 0), 0u);
+    }
+    if (s.performance) {
+      EXPECT_FALSE(s.performance->mfu);
+      EXPECT_FALSE(s.performance->peak_tflops);
+    }
+  }
+  EXPECT_NE(
+      reports::render_junit(run).find("<property name=\"emulated\" value=\"CPU emulation\"/>"),
+      std::string::npos);
 }
 
 TEST(BenchRecipes, MeasuredCheckFailsOnAZeroFigure) {
   engine::RecipeBenchOptions o;
-  o.shapes = {{256, 512, 128}};
-  engine::RecipeBenchReport rep = synthetic(o);
-  rep.recipes[0].quantize[0].m.bytes = 0;  // a quantizer that moved nothing
+  engine::RecipeBenchReport rep = synthetic(o, 0);
+  rep.recipes[1].roles[0].quantize[0].m.bytes = 0;  // a quantizer that moved nothing
   const reports::RunRecord run = bench_recipes_record(rep, o, "cpu", "");
-  EXPECT_EQ(reports::scenario_verdict(run.scenarios[1]), reports::Verdict::kFail);
+  EXPECT_EQ(reports::scenario_verdict(run.scenarios[2]), reports::Verdict::kFail);
   EXPECT_EQ(reports::run_verdict(run), reports::Verdict::kFail);
 }
 
-// One real measurement of every recipe on a tiny problem: every figure is there and positive.
+// One real measurement of every recipe on a tiny model: every figure is there and positive.
 TEST(BenchRecipes, MeasuresEveryRecipeOnTheCpu) {
   engine::RecipeBenchOptions o;
-  o.shapes = {{32, 64, 96}};
-  o.layer = {32, 64, 2, 16, 2};
+  o.model = engine::parse_bench_model("32,64,2,2,16,2");
+  o.m_sweep = {16, 32};
   o.iters = 2;
   o.warmup = 1;
+  o.steps = 2;
   const engine::RecipeBenchReport rep = engine::run_recipe_bench(o);
   EXPECT_EQ(rep.device_name, "cpu");
   EXPECT_GT(rep.copy.seconds, 0);
-  ASSERT_EQ(rep.bf16_gemms.size(), 1u);
-  ASSERT_EQ(rep.recipes.size(), 7u);  // fp32, bf16, delayed, current, mxfp8, block, nvfp4
+  ASSERT_TRUE(rep.bf16_curve && rep.fp32_curve);
+  EXPECT_EQ(rep.bf16_curve->loss.size(), 2u);
+  ASSERT_EQ(rep.recipes.size(), std::size(engine::kRecipeNames));
   for (const auto& r : rep.recipes) {
     SCOPED_TRACE(std::string(engine::recipe_name(r.recipe)));
     EXPECT_EQ(r.gemm_dtype, "fp32");  // the CPU backend multiplies in fp32
-    EXPECT_EQ(r.quantize.size(), r.recipe == RecipeKind::kFp32 ? 0u : 2u);
-    for (const auto& q : r.quantize) {
-      EXPECT_GT(q.m.seconds, 0);
-      // At least the input read once plus one byte per element written.
-      EXPECT_GE(q.m.bytes, q.rows * q.cols * 3.0);
+    EXPECT_EQ(r.emulation, "CPU emulation");
+    ASSERT_EQ(r.roles.size(), 12u);  // 4 linears x 3 roles
+    for (const auto& g : r.roles) {
+      EXPECT_GT(g.time.seconds, 0);
+      EXPECT_GT(g.bf16.seconds, 0);
+      EXPECT_EQ(g.time.samples.size(), 2u);
+      EXPECT_EQ(g.quantize.size(), engine::is_fp8(r.recipe) ? 2u : 0u);
+      for (const auto& q : g.quantize) EXPECT_GT(q.m.seconds, 0);
     }
-    ASSERT_EQ(r.gemms.size(), 3u);
-    for (const auto& g : r.gemms) {
-      EXPECT_GT(g.m.seconds, 0);
-      EXPECT_DOUBLE_EQ(g.m.flops, 2.0 * 32 * 64 * 96);
-    }
+    // 4 linears x 2 Ms, except where the recipe cannot take M = 16 (MXFP8 blocks of 32).
+    EXPECT_EQ(r.sweep.size(), r.recipe == RecipeKind::kMxfp8 ? 4u : 8u);
     ASSERT_TRUE(r.layer);
     EXPECT_GT(r.layer->m.seconds, 0);
     EXPECT_EQ(r.layer->tokens, 32);
+    EXPECT_GT(r.layer->peak_bytes, 0);
+    ASSERT_TRUE(r.convergence);
+    EXPECT_EQ(r.convergence->loss.size(), 2u);
   }
+  // Same init and data: the fp32 recipe's curve is the fp32 reference's.
+  EXPECT_EQ(rep.recipes[0].convergence->loss, rep.fp32_curve->loss);
+  // The record keeps the loss curves and the HTML plots them beside the speedups and the sweep.
+  const reports::RunRecord run = bench_recipes_record(rep, o, "cpu", "");
+  const reports::ScenarioRecord& mx = run.scenarios[1 + 4];  // ceilings, fp32, bf16, delayed, ...
+  ASSERT_EQ(mx.name, "recipes.mxfp8");
+  EXPECT_EQ(mx.config.at("convergence").at("loss").size(), 2u);
+  const std::string html = reports::render_html(run);
+  for (const char* plot :
+       {"Speedup over BF16 at the same shape: recipes.mxfp8 (emulated: CPU emulation)",
+        "Small-M sweep (fprop): recipes.mxfp8 (emulated: CPU emulation)",
+        "Loss difference per step: recipes.mxfp8 (emulated: CPU emulation)"}) {
+    EXPECT_NE(html.find(plot), std::string::npos) << plot;
+  }
+  EXPECT_EQ(reports::run_verdict(run), reports::Verdict::kPass);
 }
 
 }  // namespace

@@ -1,16 +1,20 @@
 #!/usr/bin/python3
-"""Checks a report written by `meshproof bench recipes` (tests/harness/bench/CMakeLists.txt).
+"""Checks a report written by `meshproof bench recipes` on the CPU (tests/harness/bench/CMakeLists.txt).
 
-usage: check_bench_report.py OUT_DIR SCHEMA_JSON SHAPES
+usage: check_bench_report.py OUT_DIR SCHEMA_JSON SHAPES MODEL M_SWEEP
 
+MODEL is hidden,ffn,heads,kv_heads,seq,micro_batch (GELU); SHAPES the extra MxNxK GEMMs
+("custom"); M_SWEEP the swept token counts.
 - report.json validates against reports/schema/report.schema.json;
-- scenario recipes.ceilings has the copy bandwidth and one bf16 GEMM per shape;
-- every recipe (fp32, bf16, delayed, current, mxfp8, block, nvfp4) has a scenario with the GEMM
-  figures of every role (fprop, dgrad, wgrad) and shape, quantize (cast for bf16) figures of the
-  activation and weight operands (none for fp32), the layer step and a performance section;
-- every figure is positive, ratio == value / ceiling, and quantize ceilings are the copy
-  bandwidth;
-- report.md lists every figure.
+- the GEMM shapes are derived here independently of the C++: per linear (qkv 3H x H, proj H x H,
+  fc1 F x H, fc2 H x F, then the custom shapes) and role, fprop (T, out, in), dgrad (T, in, out),
+  wgrad (out, in, T) with T = seq * micro_batch; recipes.ceilings has a bf16 GEMM for each;
+- every recipe (fp32, bf16, delayed, current, mxfp8, block) has per GEMM bf16_ms, gemm_ms,
+  gemm_tflops, speedup_autocast, speedup_prequantized (and quantize_ms for the FP8 recipes), with
+  autocast == bf16 / (gemm + quantize) and pre-quantized == bf16 / gemm; the sweep's fprop
+  figures for every M the recipe can take (MXFP8: M % 32 == 0); the layer step figures;
+- every figure is positive, within its range, labelled "CPU emulation" (JSON and report.md),
+  and there is no MFU and no table or calibration peak (CPU backend).
 Exits 1 with a list of problems.
 """
 import json
@@ -27,28 +31,47 @@ def expect(cond, what):
         problems.append(what)
 
 
+def gemms(h, f, t, custom):
+    linears = [("qkv", 3 * h, h), ("proj", h, h), ("fc1", f, h), ("fc2", h, f)]
+    out = []
+    for name, n, k in linears:
+        out.append((name, t, n, k))
+    for s in custom:
+        m, n, k = map(int, s.split("x"))
+        out.append(("custom", m, n, k))
+    names = []
+    for name, m, n, k in out:
+        for role, dims in (("fprop", (m, n, k)), ("dgrad", (m, k, n)), ("wgrad", (n, k, m))):
+            names.append("%s %s %dx%dx%d" % ((name, role) + dims))
+    return names
+
+
 def main():
-    out_dir, schema_path, shapes = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
-    with open(schema_path, encoding="utf-8") as f:
-        schema = json.load(f)
-    with open(out_dir + "/report.json", encoding="utf-8") as f:
-        report = json.load(f)
+    out_dir, schema_path = sys.argv[1], sys.argv[2]
+    custom = sys.argv[3].split(",")
+    h, f, _, _, seq, mb = map(int, sys.argv[4].split(","))
+    sweep = [int(m) for m in sys.argv[5].split(",")]
+    with open(schema_path, encoding="utf-8") as fh:
+        schema = json.load(fh)
+    with open(out_dir + "/report.json", encoding="utf-8") as fh:
+        report = json.load(fh)
     for e in jsonschema.Draft202012Validator(schema).iter_errors(report):
         problems.append("schema: %s at %s" % (e.message, "/".join(map(str, e.path))))
     by_name = {s["name"]: s for s in report["scenarios"]}
-    with open(out_dir + "/report.md", encoding="utf-8") as f:
-        md = f.read()
+    with open(out_dir + "/report.md", encoding="utf-8") as fh:
+        md = fh.read()
+    names = gemms(h, f, seq * mb, custom)
 
     ceil = by_name.get("recipes.ceilings")
     expect(ceil is not None, "no recipes.ceilings scenario")
-    copy = None
     if ceil:
         figs = {(b["name"], b["metric"]): b for b in ceil["benchmarks"]}
         copy = figs.get(("copy host memcpy", "gbps"))
         expect(copy is not None and copy["value"] > 0, "no positive copy bandwidth")
-        for s in shapes:
-            g = figs.get(("bf16 gemm fprop " + s, "tflops"))
-            expect(g is not None and g["value"] > 0, "no bf16 ceiling GEMM for " + s)
+        for n in names:
+            g = figs.get(("bf16 gemm " + n, "tflops"))
+            expect(g is not None and g["value"] > 0, "no bf16 ceiling GEMM for " + n)
+        expect(len(figs) == len(names) + 1, "ceilings: %d figures, want %d" % (len(figs), len(names) + 1))
 
     for recipe in ("fp32", "bf16", "delayed", "current", "mxfp8", "block", "nvfp4"):
         s = by_name.get("recipes." + recipe)
@@ -56,48 +79,46 @@ def main():
         if s is None:
             continue
         expect(s["recipe"] == recipe and s["verdict"] == "pass", "%s: recipe/verdict" % recipe)
+        fp8 = recipe not in ("fp32", "bf16")
         figs = {(b["name"], b["metric"]): b for b in s["benchmarks"]}
         want = []
-        for shape in shapes:
-            m, n, k = shape.split("x")
-            for role in ("fprop", "dgrad", "wgrad"):
-                want.append(("gemm %s %s" % (role, shape), "tflops"))
-            if recipe != "fp32":
-                verb = "cast" if recipe == "bf16" else "quantize"
-                want.append(("%s activation %sx%s" % (verb, m, k), "gbps"))
-                want.append(("%s weight %sx%s" % (verb, n, k), "gbps"))
-        want += [("layer step", "step_time_ms"), ("layer step", "tokens_per_s"),
-                 ("layer step", "tflops")]
+        role_names = list(names)
+        for m in sweep:
+            if recipe == "mxfp8" and m % 32:
+                continue
+            for name, n, k in (("qkv", 3 * h, h), ("proj", h, h), ("fc1", f, h), ("fc2", h, f)):
+                role_names.append("sweep %s fprop %dx%dx%d" % (name, m, n, k))
+        for n in role_names:
+            metrics = ["bf16_ms", "gemm_ms", "gemm_tflops", "speedup_autocast", "speedup_prequantized"]
+            if fp8:
+                metrics.append("quantize_ms")
+            want += [(n, x) for x in metrics]
+            if all((n, x) in figs for x in metrics):
+                b, g = figs[(n, "bf16_ms")]["value"], figs[(n, "gemm_ms")]["value"]
+                q = figs[(n, "quantize_ms")]["value"] if fp8 else 0.0
+                # The printed figures round-trip as doubles; the C++ divides the same medians.
+                expect(math.isclose(figs[(n, "speedup_autocast")]["value"], b / (g + q), rel_tol=1e-9),
+                       "%s %s: autocast speedup != bf16 / (gemm + quantize)" % (recipe, n))
+                expect(math.isclose(figs[(n, "speedup_prequantized")]["value"], b / g, rel_tol=1e-9),
+                       "%s %s: pre-quantized speedup != bf16 / gemm" % (recipe, n))
+        want += [("layer step", m) for m in ("step_time_ms", "tokens_per_s", "tflops",
+                                             "speedup_vs_bf16", "peak_memory_mib")]
         for key in want:
             b = figs.get(key)
             expect(b is not None, "%s: missing figure %s" % (recipe, key))
-            if b is None:
-                continue
+        for key, b in figs.items():
             expect(b["value"] > 0, "%s %s: value %r" % (recipe, key, b["value"]))
-            # The median lies within the measured range of the timed iterations.
-            expect(b["min"] is not None and b["max"] is not None
-                   and b["min"] <= b["value"] * (1 + 1e-12) and b["value"] <= b["max"] * (1 + 1e-12),
-                   "%s %s: value %r outside its range %r..%r" % (recipe, key, b["value"], b["min"],
-                                                                b["max"]))
-            expect(("| %s | %s |" % key) in md, "report.md lacks %s %s" % (recipe, key))
-            if b["ceiling"] is not None:
-                expect(math.isclose(b["ratio"], b["value"] / b["ceiling"], rel_tol=1e-9),
-                       "%s %s: ratio %r != value/ceiling" % (recipe, key, b["ratio"]))
-            if key[1] == "gbps" and copy is not None:
-                expect(b["ceiling"] == copy["value"] and b["ceiling_source"] == "measured:copy",
-                       "%s %s: quantize ceiling is not the copy bandwidth" % (recipe, key))
-            if key[1] == "tflops":
-                # CPU: no table entry, so the measured bf16 GEMM is the calibration peak.
-                expect(b["ceiling_source"] == "calibration:measured bf16 gemm",
-                       "%s %s: ceiling source %r" % (recipe, key, b["ceiling_source"]))
-        expect(len(figs) == len(want), "%s: %d figures, expected %d" % (recipe, len(figs), len(want)))
+            if b["min"] is not None:
+                expect(b["min"] <= b["value"] * (1 + 1e-12) and b["value"] <= b["max"] * (1 + 1e-12),
+                       "%s %s: value outside its range" % (recipe, key))
+            expect(b.get("emulated") == "CPU emulation", "%s %s: not labelled CPU emulation" % (recipe, key))
+            expect(("| %s (emulated: CPU emulation) | %s |" % key) in md,
+                   "report.md lacks the labelled row %s %s" % (recipe, key))
+            expect(b["ceiling_source"] in ("", "measured:copy"),
+                   "%s %s: ceiling source %r on the CPU" % (recipe, key, b["ceiling_source"]))
         p = s["performance"]
-        expect(p is not None and p["median_step_time_s"] > 0 and p["mfu"] is not None,
-               "%s: performance section" % recipe)
-        if p is not None and ("layer step", "step_time_ms") in figs:
-            expect(math.isclose(p["median_step_time_s"] * 1e3,
-                                figs[("layer step", "step_time_ms")]["value"], rel_tol=1e-12),
-                   "%s: performance step time != layer step figure" % recipe)
+        expect(p is not None and p["median_step_time_s"] > 0 and p["mfu"] is None
+               and p["peak_tflops"] is None, "%s: performance section (no MFU on the CPU)" % recipe)
 
     if problems:
         print("\n".join(problems))
