@@ -177,6 +177,50 @@ reports::CheckResult run_determinism(CheckContext& c) {
       RunView{&c.main.steps, &c.main.final_params, &c.main.trace}, "rerun", c.opts.trace);
 }
 
+// ---- state: save, load into a fresh engine (on the state mesh), save again; bitwise by key
+
+std::optional<std::string> skip_state(const CheckContext& c) {
+  const StateCheck& st = c.scenario.checks.state;
+  if (c.start + st.at_step <= c.scenario.train.steps) return std::nullopt;
+  return fmt::format("the run starts from step {}: saving {} steps later is past the last step",
+                     c.start, st.at_step);
+}
+
+reports::CheckResult run_state(CheckContext& c) {
+  const Scenario& s = c.scenario;
+  StateRequest req;
+  req.at_step = c.start + s.checks.state.at_step;
+  req.mesh = s.checks.state.mesh;
+  req.faults = c.faults;
+  req.scenario_hash = c.hash;
+  req.from_checkpoint = c.opts.from_checkpoint;
+  req.checkpoint_root = checkpoint_root(s, c.opts.out_dir);
+  req.on_step = c.phase("state");
+  StateOutcome o = state_roundtrip(c.run, req);
+  c.done();
+  c.record.notes.insert(c.record.notes.end(), o.notes.begin(), o.notes.end());
+  const engine::MeshSpec& other = s.checks.state.mesh.value_or(s.mesh);
+  const std::string what =
+      fmt::format("state after step {} saved on {}, loaded and saved again on {}", req.at_step,
+                  describe_mesh(s.mesh), describe_mesh(other));
+  reports::CheckResult result = compare_checkpoint_state(o.after, o.before, o.params, what);
+  // Its folder is removed on a pass and kept for `ckpt diff` on a failure (rank 0 alone).
+  if (mesh::launched_rank() == 0) {
+    if (result.verdict != reports::Verdict::kPass) {
+      c.record.notes.push_back(fmt::format("state: kept {} for inspection (ckpt diff {} {})",
+                                           o.folder.string(), o.before.string(), o.after.string()));
+    } else {
+      std::error_code ec;
+      fs::remove_all(o.folder, ec);
+      if (ec) {
+        c.record.notes.push_back(
+            fmt::format("state: could not remove {}: {}", o.folder.string(), ec.message()));
+      }
+    }
+  }
+  return result;
+}
+
 const std::vector<CheckDescriptor>& rows() {
   static const std::vector<CheckDescriptor> table = {
       {
@@ -239,6 +283,19 @@ const std::vector<CheckDescriptor>& rows() {
           .prepare_main = nullptr,
           .skip = nullptr,
           .run = run_determinism,
+          .judges_main_run = false,
+      },
+      {
+          .id = CheckId::kState,
+          .name = "state",
+          .doc =
+              "save after checks.state.at_step, load into a fresh engine (on checks.state.mesh), "
+              "save again at once: every checkpoint key and scalar bitwise equal",
+          .enabled = [](const Scenario& s) { return s.checks.state.enabled; },
+          .claim = [](const Scenario&) -> std::string_view { return "state"; },
+          .prepare_main = nullptr,
+          .skip = skip_state,
+          .run = run_state,
           .judges_main_run = false,
       },
   };

@@ -68,6 +68,14 @@ json to_canonical_json(const Scenario& s) {
   }
   checks["allgather_parity"] = s.checks.allgather_parity;
   checks["determinism"] = s.checks.determinism;
+  // The checks added after the library's goldens were recorded appear only when enabled, so
+  // that a scenario without them keeps its hash.
+  const StateCheck& st = s.checks.state;
+  if (st.enabled) {
+    checks["state"] = {{"at_step", st.at_step}};
+    if (st.mesh) checks["state"]["mesh"] = mesh_json(*st.mesh);
+  }
+  if (s.checks.collectives) checks["collectives"] = true;
   j["checks"] = checks;
   json faults = json::array();  // order is meaningful (injection order): kept as written
   for (const FaultSpec& f : s.faults) {

@@ -69,12 +69,25 @@ struct ReferenceCheck {
   std::map<Metric, double> rtol;  // per metric; loss always present when enabled
 };
 
+// checks.state (docs/design.md section 22): save after at_step on the scenario's mesh, load into
+// a fresh engine on `mesh` (the scenario's by default), save again at once; both checkpoints
+// reassembled to global tensors must be bitwise equal key by key.
+struct StateCheck {
+  bool enabled = false;
+  int64_t at_step = 0;                   // save after this step; in [1, steps]; default steps / 2
+  std::optional<engine::MeshSpec> mesh;  // load on this mesh; unset: the scenario's
+};
+
 struct ChecksConfig {
   GoldenCheck golden;
   ResumeCheck resume;
   ReferenceCheck reference;
   bool allgather_parity = false;  // needs fsdp.fp8_all_gather
   bool determinism = false;
+  StateCheck state;
+  // checks.collectives: the collectives each step ran, per mesh group, against the list the
+  // sharding plan expects (docs/design.md section 22).
+  bool collectives = false;
   // The enabled checks in run order: harness/check_table.h enabled_checks().
 };
 

@@ -65,7 +65,7 @@ const std::vector<FaultDescriptor>& rows() {
               "instead of StridedShard(0, sf=tp), so checkpoint chunks carry the wrong global "
               "offsets and a load on another mesh scrambles rows",
           .needs = {kTwoShards, kTwoTpRanks},
-          .caught_by = {"resume_cross_mesh"},
+          .caught_by = {"resume_cross_mesh", "state"},
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.tp_fsdp_left_to_right = true; },
@@ -80,7 +80,7 @@ const std::vector<FaultDescriptor>& rows() {
           // rtol 1e-2) misses it (rel 9.4e-3): the scales re-converge within the amax history
           // while the other mesh's reduction order already moves the loss by the same order. Only
           // the bitwise same-mesh resume catches it (runner.fault_claim.* tests every claim here).
-          .caught_by = {"resume"},
+          .caught_by = {"resume", "state"},
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.fp8_state_dropped_from_checkpoint = true; },
@@ -91,7 +91,7 @@ const std::vector<FaultDescriptor>& rows() {
               "the scale_inv of FP8 primary weights is saved through bf16 (8 mantissa bits), so "
               "the loaded FP8 weights decode to different values",
           .needs = {kPerTensorRecipe, kFp8Params},
-          .caught_by = {"resume", "resume_cross_mesh"},
+          .caught_by = {"resume", "resume_cross_mesh", "state"},
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.scale_inv_saved_bf16 = true; },
@@ -128,7 +128,7 @@ const std::vector<FaultDescriptor>& rows() {
               "the data loader's cursor is not saved/restored, so a resumed run replays the "
               "batches of the first steps",
           .needs = {},
-          .caught_by = {"resume", "resume_cross_mesh"},
+          .caught_by = {"resume", "resume_cross_mesh", "state"},
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.data_cursor_not_restored = true; },
@@ -139,7 +139,7 @@ const std::vector<FaultDescriptor>& rows() {
               "AdamW state (moments or step count) is not restored on resume, so bias correction "
               "and update sizes differ from the straight run",
           .needs = {},
-          .caught_by = {"resume", "resume_cross_mesh"},
+          .caught_by = {"resume", "resume_cross_mesh", "state"},
           .params = {{"state",
                       FaultParam::Type::kChoice,
                       0,

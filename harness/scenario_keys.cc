@@ -364,6 +364,17 @@ std::vector<Key<Scenario>> make_scenario_keys() {
                          "differs from the scenario's own mesh+recipe"));
   k.push_back(own_key<S>("checks.reference.rtol", KeyType::kRtol, "loss: see tolerances",
                          "a number (loss) or a mapping {loss, grad_norm}"));
+  // The state and collectives checks (docs/design.md section 22).
+  k.push_back(own_key<S>("checks.state", KeyType::kCheck, "false",
+                         "true, false or a mapping (a mapping enables it)"));
+  k.push_back(own_key<S>("checks.state.at_step", KeyType::kInt, "steps / 2", "in [1, steps]"));
+  k.push_back(own_key<S>("checks.state.mesh", KeyType::kMapping, "the scenario's",
+                         "load and save again on this mesh"));
+  Key<S> collectives = bool_key<S>(
+      "checks.collectives", false, [](S & s) -> auto& { return s.checks.collectives; },
+      "the collectives that ran against the sharding plan's");
+  collectives.hashed = false;
+  k.push_back(collectives);
   return k;
 }
 

@@ -294,6 +294,19 @@ struct Resolver {
       }
       check_fits(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model, sc.train);
     }
+    if (c.state.enabled && c.state.mesh) {
+      Scenario r = sc;
+      r.mesh = *c.state.mesh;
+      for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(r))) {
+        if (main_issues.count({i.key_path, i.message}) > 0) continue;
+        if (i.key_path.rfind("mesh", 0) == 0) {
+          emit("checks.state." + i.key_path, scenario_text(i.message));
+        } else {
+          emit(scenario_key(i.key_path), scenario_text(i.message) + " (on checks.state.mesh)");
+        }
+      }
+      check_fits(*c.state.mesh, "checks.state.mesh", sc.recipe, sc.model, sc.train);
+    }
     if (c.reference.enabled) {
       Scenario r = sc;
       if (c.reference.mesh) r.mesh = *c.reference.mesh;
@@ -460,6 +473,28 @@ struct Resolver {
       bad("checks.allgather_parity", "needs fsdp.fp8_all_gather: true");
     }
     read_one(cs, "checks.determinism", sc);
+
+    if ((c.state.enabled = check_enabled(cs.get("state"), "checks.state"))) {
+      const Value* sv = cs.get("state");
+      Section st(sv->kind == Value::kMap ? sv : nullptr, "checks.state", sv->where, locs,
+                 section_keys(scenario_keys(), "checks.state"));
+      if (st.has("at_step")) {
+        const int64_t k = st.integer("at_step", 0, INT64_MIN, INT64_MAX);
+        if (k < 1 || k > t.steps) {
+          bad("checks.state.at_step",
+              fmt::format("must be in [1, {}] (a step of train.steps = {}), got {}", t.steps,
+                          t.steps, k));
+        }
+        c.state.at_step = k;
+      } else {
+        c.state.at_step = std::max<int64_t>(1, t.steps / 2);
+      }
+      if (st.has("mesh")) {
+        c.state.mesh = read_mesh(st.get("mesh"), "checks.state.mesh", st.where("mesh"));
+        same_world_under_mpi(sc, *c.state.mesh, "checks.state.mesh", "state");
+      }
+    }
+    read_one(cs, "checks.collectives", sc);
   }
 
   void read_faults(const Value* v, Scenario& sc) {

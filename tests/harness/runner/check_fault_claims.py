@@ -49,8 +49,28 @@ CLAIMS = {
     ("hsdp_replicas_not_reduced", "reference"): ("reference", "{mesh: {dp_shard: 4}}"),
     ("uneven_shard_padding_leak", "golden"): ("golden", "{mode: exact}"),
     ("uneven_shard_padding_leak", "reference"): ("reference", "{mesh: {dp_shard: 1}}"),
+    # The state check (bitwise, no tolerance): each checkpoint fault names its key. The FP8
+    # state one on a cross-mesh FP8 resume (delayed, FSDP 2 x TP 2 -> FSDP 4), where the
+    # cross-mesh resume's measured rtol misses it; tp_fsdp_left_to_right on the same mesh (the
+    # saved masters against the run's own gathered ones).
+    ("fp8_state_dropped_from_checkpoint", "state"): ("state", "{at_step: 3, mesh: {dp_shard: 4}}"),
+    ("scale_inv_saved_bf16", "state"): ("state", "{at_step: 3}"),
+    ("data_cursor_not_restored", "state"): ("state", "{at_step: 3, mesh: {dp_shard: 2, tp: 2}}"),
+    ("optimizer_state_not_restored", "state"): ("state", "{at_step: 3}"),
+    ("tp_fsdp_left_to_right", "state"): ("state", "{at_step: 3}"),
 }
-ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism")
+ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism", "state")
+# The key a failing state check must name for each fault (its evidence's tensor): the first key
+# in the comparison's order (scalars, then the saved masters against the run's, then keys by
+# name) that the fault corrupts.
+STATE_KEYS = {
+    "fp8_state_dropped_from_checkpoint": r"fp8/layers\.0\.[a-z_.]+/(input|weight|grad_output)/"
+                                         r"(amax_history|scale)",
+    "scale_inv_saved_bf16": r"fp8/layers\.0\.[a-z_.]+/(input|weight|grad_output)/scale",
+    "data_cursor_not_restored": r"data/cursor",
+    "optimizer_state_not_restored": r"optim/step",
+    "tp_fsdp_left_to_right": r"model/layers\.0\.attn\.qkv\.weight",
+}
 
 
 def checks_mapping(key, value):
@@ -106,6 +126,11 @@ def run(meshproof, scenarios, golden, out, fault, check):
                                                                     for c in s["checks"]]))
     if check == "resume_cross_mesh" and failing and "run resumed on" not in failing[0]["message"]:
         problems.append("the failing resume was not cross-mesh: " + failing[0]["message"])
+    if check == "state" and failing:
+        named = (failing[0].get("evidence") or {}).get("tensor", "")
+        if not re.fullmatch(STATE_KEYS[fault], named) or named not in failing[0]["message"]:
+            problems.append("the state check names %r, expected a key matching %s: %s" %
+                            (named, STATE_KEYS[fault], failing[0]["message"]))
     if s["verdict"] != "pass" or s["caught_by"] != [kind]:
         problems.append("verdict %s, caught_by %s (expected pass, [%s])" %
                         (s["verdict"], s["caught_by"], kind))
