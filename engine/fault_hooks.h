@@ -15,7 +15,10 @@
 //   checkpoint_save        each saved key (+ its bytes)  fp8_state_dropped_from_checkpoint,
 //                                                        scale_inv_saved_bf16
 //   checkpoint_restore     each loaded key and scalar    data_cursor_not_restored,
-//                                                        optimizer_state_not_restored
+//                                                        optimizer_state_not_restored,
+//                                                        amax_history_restored_from_init
+//   restored_scalar        each restored scalar's value  optimizer_step_advanced_before_load
+//   gradient_accumulation  each micro-batch's gradients  grad_accum_last_micro_batch_only
 #pragma once
 
 #include <cstdint>
@@ -55,6 +58,10 @@ class FaultHooks {
     std::function<kernels::Tensor(std::string_view key, int64_t step, kernels::Tensor host)> bytes;
   };
   using RestoreHook = std::function<bool(std::string_view key, int64_t step)>;
+  // The value a load of a checkpoint of `step` restores for scalar `key`, given `value`.
+  using ScalarRestoreHook =
+      std::function<int64_t(std::string_view key, int64_t step, int64_t value)>;
+  using GradientAccumulationHook = std::function<bool(int64_t step, bool accumulate)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -68,6 +75,10 @@ class FaultHooks {
   }
   void on_checkpoint_save(SaveHook h) { save_.push_back(std::move(h)); }
   void on_checkpoint_restore(RestoreHook h) { restore_.push_back(std::move(h)); }
+  void on_restored_scalar(ScalarRestoreHook h) { restored_scalar_.push_back(std::move(h)); }
+  void on_gradient_accumulation(GradientAccumulationHook h) {
+    accumulation_.push_back(std::move(h));
+  }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -88,6 +99,11 @@ class FaultHooks {
   kernels::Tensor checkpoint_bytes(std::string_view key, int64_t step, kernels::Tensor host) const;
   // Whether a load of a checkpoint of `step` restores `key` (tensor or scalar).
   bool restores(std::string_view key, int64_t step) const;
+  // The value a load of a checkpoint of `step` restores for scalar `key` (saved: `value`).
+  int64_t restored_scalar(std::string_view key, int64_t step, int64_t value) const;
+  // Whether a micro-batch after the first adds its gradients to the accumulated ones at `step`
+  // (false: it replaces them).
+  bool accumulates_gradients(int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -97,6 +113,8 @@ class FaultHooks {
   std::vector<BackwardWeightHook> backward_;
   std::vector<SaveHook> save_;
   std::vector<RestoreHook> restore_;
+  std::vector<ScalarRestoreHook> restored_scalar_;
+  std::vector<GradientAccumulationHook> accumulation_;
   bool needs_quantized_ = false;
 };
 

@@ -35,13 +35,26 @@ struct FaultInjection {
   // rows are treated as real rows of the weight).
   bool uneven_shard_padding_leak = false;
 
+  // Loading into an FP8-parameter model restores the delayed-scaling amax histories from their
+  // init values instead of the checkpoint's (TE PR #567). Caught by state.
+  bool amax_history_restored_from_init = false;
+  // The optimizer step counter advanced by a synthetic step before the load, which keeps the
+  // advance: the resumed optim/step is one past the saved one (Megatron-LM #5974). Caught by
+  // state.
+  bool optimizer_step_advanced_before_load = false;
+  // Gradient accumulation over micro-batches keeps only the last micro-batch's gradient (each
+  // micro-batch's backward overwrites the accumulator; Megatron-LM PR #7186). Caught by
+  // reference with a train.micro_batches override.
+  bool grad_accum_last_micro_batch_only = false;
+
   int64_t from_step = 0;
 
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
            scale_inv_saved_bf16 || stale_columnwise_copy || data_cursor_not_restored ||
-           optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak;
+           optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak ||
+           amax_history_restored_from_init || optimizer_step_advanced_before_load;
   }
 };
 

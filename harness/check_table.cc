@@ -129,6 +129,14 @@ std::optional<std::string> skip_reference(const CheckContext& c) {
   // A reference with another recipe has other FP8 state than the checkpoint holds: it cannot
   // start from it, and a reference from scratch compares other steps.
   const Scenario& s = c.scenario;
+  // Likewise another fsdp.fp8_params: the FP8 primary weights are checkpoint keys of their own.
+  const std::optional<engine::FsdpOptions>& fsdp = s.checks.reference.fsdp;
+  if (c.start > 0 && fsdp && fsdp->fp8_params != s.fsdp.fp8_params) {
+    return fmt::format(
+        "a reference with fsdp.fp8_params {} cannot start from the checkpoint {} "
+        "(saved with fp8_params {})",
+        fsdp->fp8_params, c.opts.from_checkpoint.string(), s.fsdp.fp8_params);
+  }
   if (c.start == 0 || !s.checks.reference.recipe ||
       s.checks.reference.recipe->kind == s.recipe.kind) {
     return std::nullopt;
@@ -144,8 +152,19 @@ reports::CheckResult run_reference(CheckContext& c) {
   ref.faults.clear();  // the reference is the clean run the faulty one must agree with
   if (cfg.mesh) ref.mesh = *cfg.mesh;
   if (cfg.recipe) ref.recipe = *cfg.recipe;
-  const std::string what = fmt::format("run vs reference ({}, recipe {})", describe_mesh(ref.mesh),
-                                       to_string(ref.recipe.kind));
+  if (cfg.fsdp) ref.fsdp = *cfg.fsdp;
+  if (cfg.micro_batches) ref.train.micro_batches = *cfg.micro_batches;
+  std::string what = fmt::format("run vs reference ({}, recipe {}", describe_mesh(ref.mesh),
+                                 to_string(ref.recipe.kind));
+  if (cfg.fsdp) {
+    what += fmt::format(
+        ", fsdp reshard_after_forward={} fp8_all_gather={} fp8_params={} "
+        "sync_each_micro_batch={}",
+        ref.fsdp.reshard_after_forward, ref.fsdp.fp8_all_gather, ref.fsdp.fp8_params,
+        ref.fsdp.sync_each_micro_batch);
+  }
+  if (cfg.micro_batches) what += fmt::format(", micro_batches {}", ref.train.micro_batches);
+  what += ")";
   TrainRequest req;
   req.trace = c.opts.trace;
   req.from_checkpoint = c.opts.from_checkpoint;  // the same start (resharded onto its mesh)

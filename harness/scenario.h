@@ -64,9 +64,13 @@ struct ResumeCheck {
 
 struct ReferenceCheck {
   bool enabled = false;
-  std::optional<engine::MeshSpec> mesh;  // at least one of mesh / recipe is set when enabled
+  // At least one override is set when enabled, and together they differ from the scenario.
+  std::optional<engine::MeshSpec> mesh;
   std::optional<engine::RecipeConfig> recipe;
-  std::map<Metric, double> rtol;  // per metric; loss always present when enabled
+  // The scenario's fsdp options with the keys checks.reference.fsdp names replaced.
+  std::optional<engine::FsdpOptions> fsdp;
+  std::optional<int64_t> micro_batches;  // checks.reference.train.micro_batches
+  std::map<Metric, double> rtol;         // per metric; loss always present when enabled
 };
 
 // checks.state (docs/design.md section 22): save after at_step on the scenario's mesh, load into
@@ -85,9 +89,6 @@ struct ChecksConfig {
   bool allgather_parity = false;  // needs fsdp.fp8_all_gather
   bool determinism = false;
   StateCheck state;
-  // checks.collectives: the collectives each step ran, per mesh group, against the list the
-  // sharding plan expects (docs/design.md section 22).
-  bool collectives = false;
   // The enabled checks in run order: harness/check_table.h enabled_checks().
 };
 

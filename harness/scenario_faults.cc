@@ -31,6 +31,8 @@ constexpr FaultRequirement kTwoReplicas{"mesh.dp_replicate >= 2",
                                         [](const Scenario& s) { return s.mesh.dp_replicate >= 2; }};
 constexpr FaultRequirement kTwoTpRanks{"mesh.tp >= 2",
                                        [](const Scenario& s) { return s.mesh.tp >= 2; }};
+constexpr FaultRequirement kTwoMicroBatches{
+    "train.micro_batches >= 2", [](const Scenario& s) { return s.train.micro_batches >= 2; }};
 constexpr FaultRequirement kUnevenVocabShards{
     "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what leaks)",
     [](const Scenario& s) { return s.model.vocab % s.mesh.dp_shard != 0; }};
@@ -178,6 +180,41 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.uneven_shard_padding_leak = true; },
+      },
+      {
+          .name = "amax_history_restored_from_init",
+          .bug_class = "loading a checkpoint into a model with FP8 primary weights restores the "
+                       "delayed-scaling amax histories from their init values instead of the "
+                       "checkpoint's, so the resumed scales forget the history (TE PR #567)",
+          .needs = {kDelayedRecipe, kFp8Params},
+          .caught_by = {"state"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.amax_history_restored_from_init = true; },
+      },
+      {
+          .name = "optimizer_step_advanced_before_load",
+          .bug_class =
+              "a synthetic optimizer step before the load advances the step counter and the "
+              "load keeps the advance, so AdamW's bias correction and the LR schedule run one "
+              "step ahead after a resume (Megatron-LM #5974)",
+          .needs = {},
+          .caught_by = {"state"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.optimizer_step_advanced_before_load = true; },
+      },
+      {
+          .name = "grad_accum_last_micro_batch_only",
+          .bug_class =
+              "gradient accumulation over micro-batches keeps only the last micro-batch's "
+              "gradient: each micro-batch's backward overwrites the accumulator instead of "
+              "adding to it (Megatron-LM PR #7186)",
+          .needs = {kTwoMicroBatches},
+          .caught_by = {"reference"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.grad_accum_last_micro_batch_only = true; },
       },
   };
   return table;

@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
-"""The state (and collectives) checks pass on every library scenario (issue #20).
+"""The state check passes on every library scenario with a resume check (issue #20).
 
 For every scenarios/*.yaml whose `checks` hold a `resume` check, the scenario runs (every matrix
 entry) with its other checks switched off and `state` enabled at the resume's `at_step` on the
 resume's mesh (the scenario's own when the resume has none): same-mesh and cross-mesh, every
-recipe of the library. With `--collectives` every library scenario also runs `collectives: true`.
-Each scenario must pass (a requires_gpu scenario on a machine without a GPU: skipped), and its
-report must hold a passing state check (and collectives check).
+recipe of the library. Each scenario must pass (a requires_gpu scenario on a machine without a
+GPU: skipped), and its report must hold a passing state check.
 
-  check_library_state.py MESHPROOF SCENARIOS OUT [--collectives] [STEM...]
+  check_library_state.py MESHPROOF SCENARIOS OUT [STEM...]
 """
 import json
 import os
@@ -52,23 +51,17 @@ def main(argv):
         print(__doc__)
         return 2
     meshproof, scenarios, out = argv[1:4]
-    rest = argv[4:]
-    collectives = "--collectives" in rest
-    stems = [s for s in rest if s != "--collectives"]
+    stems = argv[4:]
     problems = []
     ran = 0
     for name in sorted(os.listdir(scenarios)):
         if not name.endswith(".yaml") or (stems and name[:-5] not in stems):
             continue
         r = resume_of(os.path.join(scenarios, name))
-        checks = ["%s: false" % c for c in OFF]
-        if r is not None:
-            state = "{at_step: %d%s}" % (r[0], ", mesh: " + r[1] if r[1] else "")
-            checks.append("state: " + state)
-        elif not collectives:
+        if r is None:
             continue
-        if collectives:
-            checks.append("collectives: true")
+        checks = ["%s: false" % c for c in OFF]
+        checks.append("state: {at_step: %d%s}" % (r[0], ", mesh: " + r[1] if r[1] else ""))
         dest = os.path.join(out, name[:-5])
         cmd = [meshproof, "run", os.path.join(scenarios, name), "--backend", "cpu", "--out", dest,
                "--quiet", "--set", "checks={" + ", ".join(checks) + "}"]
@@ -85,12 +78,9 @@ def main(argv):
             ran += 1
             if s["verdict"] == "skipped" and s.get("config", {}).get("requires_gpu"):
                 continue
-            kinds = {c["kind"]: c for c in s["checks"]}
-            wanted = (["state"] if r is not None else []) + (["collectives"] if collectives else [])
-            for k in wanted:
-                c = kinds.get(k)
-                if c is None or c["verdict"] != "pass":
-                    problems.append("%s: %s %s" % (s["name"], k, c and (c["verdict"], c["message"])))
+            c = {c["kind"]: c for c in s["checks"]}.get("state")
+            if c is None or c["verdict"] != "pass":
+                problems.append("%s: state %s" % (s["name"], c and (c["verdict"], c["message"])))
             if s["verdict"] != "pass":
                 problems.append("%s: verdict %s" % (s["name"], s["verdict"]))
         if p.returncode != 0:

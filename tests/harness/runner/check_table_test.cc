@@ -168,6 +168,23 @@ TEST(CheckTable, ReferenceWithAnotherRecipeIsSkippedFromACheckpoint) {
             "ck/step_0000002");
 }
 
+// A reference with another fsdp.fp8_params cannot start from the run's checkpoint either (the
+// FP8 primary weights are keys of their own); other fsdp overrides can.
+TEST(CheckTable, ReferenceWithAnotherFp8ParamsIsSkippedFromACheckpoint) {
+  Fixture f;
+  f.s.recipe = default_recipe(RecipeKind::kDelayed);
+  f.s.checks.reference.enabled = true;
+  f.opts.from_checkpoint = "ck/step_0000002";
+  f.s.checks.reference.fsdp = engine::FsdpOptions{.reshard_after_forward = false};
+  const CheckDescriptor& reference = *find_check("reference");
+  EXPECT_EQ(reference.skip(f.context(2)), std::nullopt);
+  f.s.checks.reference.fsdp->fp8_params = true;
+  EXPECT_EQ(reference.skip(f.context(0)), std::nullopt);
+  EXPECT_EQ(reference.skip(f.context(2)),
+            "a reference with fsdp.fp8_params true cannot start from the checkpoint "
+            "ck/step_0000002 (saved with fp8_params false)");
+}
+
 // The state check is enabled by its switch and claimed by its own name, with or without a mesh.
 TEST(CheckTable, StateIsClaimedByItsName) {
   Scenario s;
@@ -193,21 +210,27 @@ TEST(CheckTable, StateIsSkippedWhenTheSaveIsPastTheLastStep) {
             "the run starts from step 5: saving 2 steps later is past the last step");
 }
 
-// A scenario without the state and collectives checks keeps the canonical form (and hash) it had
-// before they existed; enabling them changes it.
-TEST(CheckTable, StateAndCollectivesAppearInTheCanonicalFormOnlyWhenEnabled) {
+// A scenario without the state check or the reference's later overrides keeps the canonical form
+// (and hash) it had before they existed; enabling them changes it.
+TEST(CheckTable, StateAndReferenceOverridesAppearInTheCanonicalFormOnlyWhenEnabled) {
   Scenario s;
   s.name = "x";
   const std::string before = canonical_text(s);
   EXPECT_EQ(before.find("\"state\""), std::string::npos);
-  EXPECT_EQ(before.find("\"collectives\""), std::string::npos);
   Scenario t = s;
   t.checks.state.enabled = true;
   t.checks.state.at_step = 2;
   EXPECT_NE(canonical_text(t), before);
-  Scenario u = s;
-  u.checks.collectives = true;
-  EXPECT_NE(canonical_text(u), before);
+  Scenario r = s;
+  r.checks.reference.enabled = true;
+  r.checks.reference.mesh = engine::MeshSpec{.dp_replicate = 1, .dp_shard = 2, .tp = 1};
+  const std::string with_mesh = canonical_text(r);
+  EXPECT_EQ(with_mesh.find("\"fsdp\":{\"fp8"), with_mesh.rfind("\"fsdp\":{\"fp8"));  // once
+  r.checks.reference.micro_batches = 4;
+  EXPECT_NE(canonical_text(r), with_mesh);
+  r.checks.reference.micro_batches.reset();
+  r.checks.reference.fsdp = engine::FsdpOptions{};
+  EXPECT_NE(canonical_text(r), with_mesh);
 }
 
 }  // namespace
