@@ -54,7 +54,8 @@ struct FaultInjection {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
            scale_inv_saved_bf16 || stale_columnwise_copy || data_cursor_not_restored ||
            optimizer_state_not_restored || hsdp_replicas_not_reduced || uneven_shard_padding_leak ||
-           amax_history_restored_from_init || optimizer_step_advanced_before_load;
+           amax_history_restored_from_init || optimizer_step_advanced_before_load ||
+           grad_accum_last_micro_batch_only;
   }
 };
 

@@ -530,7 +530,6 @@ struct Resolver {
         same_world_under_mpi(sc, *c.state.mesh, "checks.state.mesh", "state");
       }
     }
-    read_one(cs, "checks.collectives", sc);
   }
 
   void read_faults(const Value* v, Scenario& sc) {

@@ -52,7 +52,7 @@ TEST_P(FaultTableRow, InjectsItsFaultFromItsFirstStep) {
 }
 
 // The engine faults a FaultInjection switches on (engine/faults.h), one flag each.
-std::array<bool, 9> switched_on(const engine::FaultInjection& f) {
+std::array<bool, 12> switched_on(const engine::FaultInjection& f) {
   return {f.amax_not_reduced,
           f.tp_fsdp_left_to_right,
           f.fp8_state_dropped_from_checkpoint,
@@ -61,14 +61,17 @@ std::array<bool, 9> switched_on(const engine::FaultInjection& f) {
           f.data_cursor_not_restored,
           f.optimizer_state_not_restored,
           f.hsdp_replicas_not_reduced,
-          f.uneven_shard_padding_leak};
+          f.uneven_shard_padding_leak,
+          f.amax_history_restored_from_init,
+          f.optimizer_step_advanced_before_load,
+          f.grad_accum_last_micro_batch_only};
 }
 
 // Each row switches on exactly one engine fault, and no other row switches on the same one.
 TEST_P(FaultTableRow, SwitchesOnOneEngineFaultOfItsOwn) {
   engine::FaultInjection mine;
   row().inject(FaultSpec{GetParam(), {}, {}}, mine);
-  const std::array<bool, 9> flags = switched_on(mine);
+  const std::array<bool, 12> flags = switched_on(mine);
   EXPECT_EQ(std::count(flags.begin(), flags.end(), true), 1);
   for (const FaultDescriptor& other : fault_table()) {
     if (other.name == GetParam()) continue;

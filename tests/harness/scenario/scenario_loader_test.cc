@@ -167,9 +167,15 @@ TEST(ScenarioErrors, ConsistencyRules) {
             "train.micro_batches equal the scenario's own");
   EXPECT_EQ(load_error("checks: {reference: {fsdp: {reshard: false}}}\n"),
             "x.yaml:1:29: checks.reference.fsdp.reshard: unknown key (allowed: "
-            "reshard_after_forward, fp8_all_gather, fp8_params, sync_each_micro_batch)");
+            "reshard_after_forward, fp8_all_gather, fp8_params, sync_each_micro_batch)\n"
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
+            "train.micro_batches equal the scenario's own");
   EXPECT_EQ(load_error("checks: {reference: {train: {steps: 2}}}\n"),
-            "x.yaml:1:30: checks.reference.train.steps: unknown key (allowed: micro_batches)");
+            "x.yaml:1:30: checks.reference.train.steps: unknown key (allowed: micro_batches)\n"
+            "x.yaml:1:29: checks.reference.train: needs micro_batches (the one train key it "
+            "overrides)\n"
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
+            "train.micro_batches equal the scenario's own");
   EXPECT_EQ(load_error("train: {global_batch: 8}\n"
                        "checks: {reference: {train: {micro_batches: 3}}}\n"),
             "x.yaml:2:29: checks.reference.train: train.micro_batches: train.micro_batches = 3 "
