@@ -502,7 +502,8 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
       MP_CHECK_INPUT(it != index.scalars.end(),
                      "checkpoint {}: scalar '{}' of the live state is missing from the checkpoint",
                      dir.string(), name);
-      if (faults.restores(name, index.step)) staged_scalars[name] = it->second;
+      if (faults.restores(name, index.step))
+        staged_scalars[name] = faults.restored_scalar(name, index.step, it->second);
     }
     for (const auto& [name, v] : index.scalars) {
       MP_CHECK_INPUT(state.scalars.count(name) > 0,

@@ -121,6 +121,17 @@ kernels::Nvfp4Options FaultHooks::nvfp4_options(std::string_view linear, Fp8Role
   return o;
 }
 
+int64_t FaultHooks::restored_scalar(std::string_view key, int64_t step, int64_t value) const {
+  for (const auto& h : restored_scalar_) value = h(key, step, value);
+  return value;
+}
+
+bool FaultHooks::accumulates_gradients(int64_t step) const {
+  bool accumulate = true;
+  for (const auto& h : accumulation_) accumulate = h(step, accumulate);
+  return accumulate;
+}
+
 namespace {
 
 // stale_columnwise_copy: from faults.from_step on, backward (dgrad) uses the columnwise copy of
@@ -428,6 +439,22 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
       return o;
     });
   }
+  // amax_history_restored_from_init: the delayed-scaling amax histories keep the fresh engine's
+  // init values (zeros) on load; the scales are restored.
+  if (f.amax_history_restored_from_init)
+    h.on_checkpoint_restore([f](std::string_view key, int64_t step) {
+      return !(f.active(step) && keys::is_fp8(key) && key.ends_with("/amax_history"));
+    });
+  // optimizer_step_advanced_before_load: a synthetic step before the load advanced the step
+  // counter, and the load keeps the advance.
+  if (f.optimizer_step_advanced_before_load)
+    h.on_restored_scalar([f](std::string_view key, int64_t step, int64_t value) {
+      return f.active(step) && key == keys::kOptimStep ? value + 1 : value;
+    });
+  // grad_accum_last_micro_batch_only: each micro-batch's gradients replace the accumulated ones.
+  if (f.grad_accum_last_micro_batch_only)
+    h.on_gradient_accumulation(
+        [f](int64_t step, bool accumulate) { return accumulate && !f.active(step); });
   return h;
 }
 

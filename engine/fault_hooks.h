@@ -16,15 +16,18 @@
 //                                                        scale_inv_saved_bf16,
 //                                                        swiglu_gate_up_swizzled_in_checkpoint
 //   checkpoint_restore     each loaded key and scalar    data_cursor_not_restored,
-//                                                        optimizer_state_not_restored
+//                                                        optimizer_state_not_restored,
+//                                                        amax_history_restored_from_init
 //   state                  the rank's state after a      freeze_state, perturb
 //                          load, at a step's start and
 //                          after its optimizer update
-// The generic (user-defined) faults register on these points too: drop_checkpoint_key and
-// checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 //   rope_positions         each micro-batch's RoPE       rope_positions_local_under_sp
 //   nvfp4_options          each NVFP4 quantization       nvfp4_rht_on_one_operand,
 //                                                        nvfp4_block_scale_pow2
+//   restored_scalar        each restored scalar's value  optimizer_step_advanced_before_load
+//   gradient_accumulation  each micro-batch's gradients  grad_accum_last_micro_batch_only
+// The generic (user-defined) faults register on these points too: drop_checkpoint_key and
+// checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 #pragma once
 
 #include <cstdint>
@@ -80,6 +83,10 @@ class FaultHooks {
   // The options an NVFP4 quantization of (linear, role) uses at `step`, given the recipe's.
   using Nvfp4OptionsHook = std::function<kernels::Nvfp4Options(
       std::string_view linear, Fp8Role, int64_t step, kernels::Nvfp4Options)>;
+  // The value a load of a checkpoint of `step` restores for scalar `key`, given `value`.
+  using ScalarRestoreHook =
+      std::function<int64_t(std::string_view key, int64_t step, int64_t value)>;
+  using GradientAccumulationHook = std::function<bool(int64_t step, bool accumulate)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -96,6 +103,10 @@ class FaultHooks {
   void on_state(StateHook h) { state_.push_back(std::move(h)); }
   void on_rope_positions(RopePositionsHook h) { rope_.push_back(std::move(h)); }
   void on_nvfp4_options(Nvfp4OptionsHook h) { nvfp4_.push_back(std::move(h)); }
+  void on_restored_scalar(ScalarRestoreHook h) { restored_scalar_.push_back(std::move(h)); }
+  void on_gradient_accumulation(GradientAccumulationHook h) {
+    accumulation_.push_back(std::move(h));
+  }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -124,6 +135,11 @@ class FaultHooks {
   kernels::Nvfp4Options nvfp4_options(std::string_view linear, Fp8Role role, int64_t step,
                                       kernels::Nvfp4Options o) const;
   bool has_nvfp4_hooks() const { return !nvfp4_.empty(); }
+  // The value a load of a checkpoint of `step` restores for scalar `key` (saved: `value`).
+  int64_t restored_scalar(std::string_view key, int64_t step, int64_t value) const;
+  // Whether a micro-batch after the first adds its gradients to the accumulated ones at `step`
+  // (false: it replaces them).
+  bool accumulates_gradients(int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -136,6 +152,8 @@ class FaultHooks {
   std::vector<StateHook> state_;
   std::vector<RopePositionsHook> rope_;
   std::vector<Nvfp4OptionsHook> nvfp4_;
+  std::vector<ScalarRestoreHook> restored_scalar_;
+  std::vector<GradientAccumulationHook> accumulation_;
   bool needs_quantized_ = false;
 };
 

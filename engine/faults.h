@@ -78,6 +78,18 @@ struct FaultInjection {
   // previous step, from before the update (Megatron-LM PR #5707).
   bool stale_fp8_weight_after_update = false;
 
+  // Loading into an FP8-parameter model restores the delayed-scaling amax histories from their
+  // init values instead of the checkpoint's (TE PR #567). Caught by state.
+  bool amax_history_restored_from_init = false;
+  // The optimizer step counter advanced by a synthetic step before the load, which keeps the
+  // advance: the resumed optim/step is one past the saved one (Megatron-LM #5974). Caught by
+  // state.
+  bool optimizer_step_advanced_before_load = false;
+  // Gradient accumulation over micro-batches keeps only the last micro-batch's gradient (each
+  // micro-batch's backward overwrites the accumulator; Megatron-LM PR #7186). Caught by
+  // reference with a train.micro_batches override.
+  bool grad_accum_last_micro_batch_only = false;
+
   int64_t from_step = 0;
 
   // NVFP4 (docs/design.md section 25): the random Hadamard transform applied to only one wgrad
@@ -97,7 +109,10 @@ struct FaultInjection {
            !perturb_tensor.empty() || !amax_group_linear.empty() || stale_fp8_weight_after_update ||
            rope_positions_local_under_sp || swiglu_gate_up_swizzled_in_checkpoint ||
 
-           nvfp4_rht_on_one_operand || nvfp4_block_scale_pow2;
+           nvfp4_rht_on_one_operand || nvfp4_block_scale_pow2 ||
+
+           amax_history_restored_from_init || optimizer_step_advanced_before_load ||
+           grad_accum_last_micro_batch_only;
   }
 };
 

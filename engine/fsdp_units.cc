@@ -90,8 +90,13 @@ void FsdpUnitExecutor::before(int64_t unit, Pass pass) {
     if (!weights_.contains(name)) gather_weight(i);
     // The gradient has the gathered weight's shape (a weight gathered with its padding has the
     // padding's rows too, dropped before the reduce-scatter).
-    if (pass == Pass::kBackward && !grads_.contains(name))
+    if (pass == Pass::kBackward && !grads_.contains(name)) {
       grads_.insert(name, Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_));
+    } else if (pass == Pass::kBackward && !first_micro_batch_ &&
+               !faults_.accumulates_gradients(step_)) {
+      // Deferred sync, the accumulator not kept (a fault): this micro-batch starts from zero.
+      grads_.at(name) = Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_);
+    }
   }
 }
 
@@ -162,7 +167,8 @@ void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
                                         p.compute, mesh::ReduceOp::kAvg);
     if (replicate.size() > 1 && over_replicas && reduced.numel().value > 0)
       replicate.all_reduce(reduced, mesh::ReduceOp::kAvg);
-    if (!options_.fsdp.sync_each_micro_batch || first_micro_batch_ || reduced.numel().value == 0) {
+    if (!options_.fsdp.sync_each_micro_batch || first_micro_batch_ || reduced.numel().value == 0 ||
+        !faults_.accumulates_gradients(step_)) {
       p.grad = std::move(reduced);
     } else {
       kernels::add_(p.grad, reduced);

@@ -129,6 +129,14 @@ std::optional<std::string> skip_reference(const CheckContext& c) {
   // A reference with another recipe has other FP8 state than the checkpoint holds: it cannot
   // start from it, and a reference from scratch compares other steps.
   const Scenario& s = c.scenario;
+  // Likewise another fsdp.fp8_params: the FP8 primary weights are checkpoint keys of their own.
+  const std::optional<engine::FsdpOptions>& fsdp = s.checks.reference.fsdp;
+  if (c.start > 0 && fsdp && fsdp->fp8_params != s.fsdp.fp8_params) {
+    return fmt::format(
+        "a reference with fsdp.fp8_params {} cannot start from the checkpoint {} "
+        "(saved with fp8_params {})",
+        fsdp->fp8_params, c.opts.from_checkpoint.string(), s.fsdp.fp8_params);
+  }
   if (c.start == 0 || !s.checks.reference.recipe ||
       s.checks.reference.recipe->kind == s.recipe.kind) {
     return std::nullopt;
@@ -144,8 +152,19 @@ reports::CheckResult run_reference(CheckContext& c) {
   ref.faults.clear();  // the reference is the clean run the faulty one must agree with
   if (cfg.mesh) ref.mesh = *cfg.mesh;
   if (cfg.recipe) ref.recipe = *cfg.recipe;
-  const std::string what = fmt::format("run vs reference ({}, recipe {})", describe_mesh(ref.mesh),
-                                       to_string(ref.recipe.kind));
+  if (cfg.fsdp) ref.fsdp = *cfg.fsdp;
+  if (cfg.micro_batches) ref.train.micro_batches = *cfg.micro_batches;
+  std::string what = fmt::format("run vs reference ({}, recipe {}", describe_mesh(ref.mesh),
+                                 to_string(ref.recipe.kind));
+  if (cfg.fsdp) {
+    what += fmt::format(
+        ", fsdp reshard_after_forward={} fp8_all_gather={} fp8_params={} "
+        "sync_each_micro_batch={}",
+        ref.fsdp.reshard_after_forward, ref.fsdp.fp8_all_gather, ref.fsdp.fp8_params,
+        ref.fsdp.sync_each_micro_batch);
+  }
+  if (cfg.micro_batches) what += fmt::format(", micro_batches {}", ref.train.micro_batches);
+  what += ")";
   TrainRequest req;
   req.trace = c.opts.trace;
   req.from_checkpoint = c.opts.from_checkpoint;  // the same start (resharded onto its mesh)
@@ -175,6 +194,50 @@ reports::CheckResult run_determinism(CheckContext& c) {
   return compare_bitwise(
       "determinism", "determinism", RunView{&again.steps, &again.final_params, &again.trace},
       RunView{&c.main.steps, &c.main.final_params, &c.main.trace}, "rerun", c.opts.trace);
+}
+
+// ---- state: save, load into a fresh engine (on the state mesh), save again; bitwise by key
+
+std::optional<std::string> skip_state(const CheckContext& c) {
+  const StateCheck& st = c.scenario.checks.state;
+  if (c.start + st.at_step <= c.scenario.train.steps) return std::nullopt;
+  return fmt::format("the run starts from step {}: saving {} steps later is past the last step",
+                     c.start, st.at_step);
+}
+
+reports::CheckResult run_state(CheckContext& c) {
+  const Scenario& s = c.scenario;
+  StateRequest req;
+  req.at_step = c.start + s.checks.state.at_step;
+  req.mesh = s.checks.state.mesh;
+  req.faults = c.faults;
+  req.scenario_hash = c.hash;
+  req.from_checkpoint = c.opts.from_checkpoint;
+  req.checkpoint_root = checkpoint_root(s, c.opts.out_dir);
+  req.on_step = c.phase("state");
+  StateOutcome o = state_roundtrip(c.run, req);
+  c.done();
+  c.record.notes.insert(c.record.notes.end(), o.notes.begin(), o.notes.end());
+  const engine::MeshSpec& other = s.checks.state.mesh.value_or(s.mesh);
+  const std::string what =
+      fmt::format("state after step {} saved on {}, loaded and saved again on {}", req.at_step,
+                  describe_mesh(s.mesh), describe_mesh(other));
+  reports::CheckResult result = compare_checkpoint_state(o.after, o.before, o.params, what);
+  // Its folder is removed on a pass and kept for `ckpt diff` on a failure (rank 0 alone).
+  if (mesh::launched_rank() == 0) {
+    if (result.verdict != reports::Verdict::kPass) {
+      c.record.notes.push_back(fmt::format("state: kept {} for inspection (ckpt diff {} {})",
+                                           o.folder.string(), o.before.string(), o.after.string()));
+    } else {
+      std::error_code ec;
+      fs::remove_all(o.folder, ec);
+      if (ec) {
+        c.record.notes.push_back(
+            fmt::format("state: could not remove {}: {}", o.folder.string(), ec.message()));
+      }
+    }
+  }
+  return result;
 }
 
 const std::vector<CheckDescriptor>& rows() {
@@ -239,6 +302,19 @@ const std::vector<CheckDescriptor>& rows() {
           .prepare_main = nullptr,
           .skip = nullptr,
           .run = run_determinism,
+          .judges_main_run = false,
+      },
+      {
+          .id = CheckId::kState,
+          .name = "state",
+          .doc =
+              "save after checks.state.at_step, load into a fresh engine (on checks.state.mesh), "
+              "save again at once: every checkpoint key and scalar bitwise equal",
+          .enabled = [](const Scenario& s) { return s.checks.state.enabled; },
+          .claim = [](const Scenario&) -> std::string_view { return "state"; },
+          .prepare_main = nullptr,
+          .skip = skip_state,
+          .run = run_state,
           .judges_main_run = false,
       },
   };

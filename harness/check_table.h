@@ -25,7 +25,7 @@ namespace meshproof::harness {
 struct RunnerOptions;
 
 // The rows' ids, in table order (check(id) is row `id`).
-enum class CheckId { kGolden, kResume, kReference, kAllgatherParity, kDeterminism };
+enum class CheckId { kGolden, kResume, kReference, kAllgatherParity, kDeterminism, kState };
 
 // What a check sees of the scenario being run: the scenario, the main run it judges, and the
 // runner's services for its own training runs.
@@ -68,7 +68,8 @@ struct CheckDescriptor {
   bool judges_main_run = false;
 };
 
-// The rows, in run and report order: golden, resume, reference, allgather_parity, determinism.
+// The rows, in run and report order: golden, resume, reference, allgather_parity, determinism,
+// state.
 std::span<const CheckDescriptor> check_table();
 const CheckDescriptor* find_check(std::string_view name);  // nullptr when unknown
 const CheckDescriptor& check(CheckId id);

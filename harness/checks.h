@@ -4,6 +4,7 @@
 // error and ULP distance). The runner (harness/runner.h) produces the runs they compare.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -123,5 +124,21 @@ reports::CheckResult compare_tolerance(const std::string& name, const std::strin
 // error of the dequantized values, and counts the mismatching records; the evidence carries the
 // same (metric "scale_inv": actual = gathered, expected = reference).
 reports::CheckResult check_allgather_parity(const std::vector<engine::AllGatherParity>& records);
+
+// state (docs/design.md section 22): checkpoint `after` (the state a fresh engine holds right
+// after loading) against `before` (the state the run held when it saved), reassembled to global
+// tensors: every scalar equal, the same keys, and per key the same dtype, global shape and bytes.
+// A failure names the first differing key (scalars first, then keys in name order) and, for a
+// tensor, its first differing element (global index and both values) and how many differ; the
+// evidence carries the same (tensor = key, actual = after, expected = before). The message of a
+// pass counts the keys and scalars compared and lists the state groups the checkpoint holds
+// (model/, optim/, fp8/, fp8/params/, scalars).
+// First, the model/ keys of `before` reassembled must equal `params`, the masters the saving
+// run's engine gathers (global fp32): a checkpoint whose layouts put shards at the wrong global
+// offsets fails there even when a load on the same mesh undoes it.
+reports::CheckResult compare_checkpoint_state(const std::filesystem::path& after,
+                                              const std::filesystem::path& before,
+                                              const engine::TensorMap& params,
+                                              const std::string& what);
 
 }  // namespace meshproof::harness

@@ -65,9 +65,23 @@ json to_canonical_json(const Scenario& s) {
     checks["reference"] = {{"rtol", rtol}};
     if (ref.mesh) checks["reference"]["mesh"] = mesh_json(*ref.mesh);
     if (ref.recipe) checks["reference"]["recipe"] = recipe_json(*ref.recipe);
+    // The later overrides appear only when set (older scenarios keep their hash).
+    if (ref.fsdp) {
+      Scenario with = s;
+      with.fsdp = *ref.fsdp;
+      checks["reference"]["fsdp"] = keys_json(scenario_keys(), "fsdp", with);
+    }
+    if (ref.micro_batches) checks["reference"]["train"] = {{"micro_batches", *ref.micro_batches}};
   }
   checks["allgather_parity"] = s.checks.allgather_parity;
   checks["determinism"] = s.checks.determinism;
+  // The state check (added after the library's goldens were recorded) appears only when
+  // enabled, so that a scenario without it keeps its hash.
+  const StateCheck& st = s.checks.state;
+  if (st.enabled) {
+    checks["state"] = {{"at_step", st.at_step}};
+    if (st.mesh) checks["state"]["mesh"] = mesh_json(*st.mesh);
+  }
   j["checks"] = checks;
   json faults = json::array();  // order is meaningful (injection order): kept as written
   for (const FaultSpec& f : s.faults) {

@@ -68,9 +68,22 @@ struct ResumeCheck {
 
 struct ReferenceCheck {
   bool enabled = false;
-  std::optional<engine::MeshSpec> mesh;  // at least one of mesh / recipe is set when enabled
+  // At least one override is set when enabled, and together they differ from the scenario.
+  std::optional<engine::MeshSpec> mesh;
   std::optional<engine::RecipeConfig> recipe;
-  std::map<Metric, double> rtol;  // per metric; loss always present when enabled
+  // The scenario's fsdp options with the keys checks.reference.fsdp names replaced.
+  std::optional<engine::FsdpOptions> fsdp;
+  std::optional<int64_t> micro_batches;  // checks.reference.train.micro_batches
+  std::map<Metric, double> rtol;         // per metric; loss always present when enabled
+};
+
+// checks.state (docs/design.md section 22): save after at_step on the scenario's mesh, load into
+// a fresh engine on `mesh` (the scenario's by default), save again at once; both checkpoints
+// reassembled to global tensors must be bitwise equal key by key.
+struct StateCheck {
+  bool enabled = false;
+  int64_t at_step = 0;                   // save after this step; in [1, steps]; default steps / 2
+  std::optional<engine::MeshSpec> mesh;  // load on this mesh; unset: the scenario's
 };
 
 struct ChecksConfig {
@@ -79,6 +92,7 @@ struct ChecksConfig {
   ReferenceCheck reference;
   bool allgather_parity = false;  // needs fsdp.fp8_all_gather
   bool determinism = false;
+  StateCheck state;
   // The enabled checks in run order: harness/check_table.h enabled_checks().
 };
 

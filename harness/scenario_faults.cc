@@ -43,6 +43,8 @@ constexpr FaultRequirement kSwiGluUnderTp{
     "model.activation: swiglu and mesh.tp >= 2", [](const Scenario& s) {
       return s.model.activation == engine::Activation::kSwiGlu && s.mesh.tp >= 2;
     }};
+constexpr FaultRequirement kTwoMicroBatches{
+    "train.micro_batches >= 2", [](const Scenario& s) { return s.train.micro_batches >= 2; }};
 constexpr FaultRequirement kUnevenVocabShards{
     "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what leaks)",
     [](const Scenario& s) { return s.model.vocab % s.mesh.dp_shard != 0; }};
@@ -150,7 +152,7 @@ const std::vector<FaultDescriptor>& rows() {
               "instead of StridedShard(0, sf=tp), so checkpoint chunks carry the wrong global "
               "offsets and a load on another mesh scrambles rows",
           .needs = {kTwoShards, kTwoTpRanks},
-          .caught_by = {"resume_cross_mesh"},
+          .caught_by = {"resume_cross_mesh", "state"},
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.tp_fsdp_left_to_right = true; },
@@ -165,7 +167,7 @@ const std::vector<FaultDescriptor>& rows() {
           // rtol 1e-2) misses it (rel 9.4e-3): the scales re-converge within the amax history
           // while the other mesh's reduction order already moves the loss by the same order. Only
           // the bitwise same-mesh resume catches it (runner.fault_claim.* tests every claim here).
-          .caught_by = {"resume"},
+          .caught_by = {"resume", "state"},
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.fp8_state_dropped_from_checkpoint = true; },
@@ -176,7 +178,7 @@ const std::vector<FaultDescriptor>& rows() {
               "the scale_inv of FP8 primary weights is saved through bf16 (8 mantissa bits), so "
               "the loaded FP8 weights decode to different values",
           .needs = {kPerTensorRecipe, kFp8Params},
-          .caught_by = {"resume", "resume_cross_mesh"},
+          .caught_by = {"resume", "resume_cross_mesh", "state"},
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.scale_inv_saved_bf16 = true; },
@@ -213,7 +215,7 @@ const std::vector<FaultDescriptor>& rows() {
               "the data loader's cursor is not saved/restored, so a resumed run replays the "
               "batches of the first steps",
           .needs = {},
-          .caught_by = {"resume", "resume_cross_mesh"},
+          .caught_by = {"resume", "resume_cross_mesh", "state"},
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.data_cursor_not_restored = true; },
@@ -224,7 +226,7 @@ const std::vector<FaultDescriptor>& rows() {
               "AdamW state (moments or step count) is not restored on resume, so bias correction "
               "and update sizes differ from the straight run",
           .needs = {},
-          .caught_by = {"resume", "resume_cross_mesh"},
+          .caught_by = {"resume", "resume_cross_mesh", "state"},
           .params = {{"state",
                       FaultParam::Type::kChoice,
                       0,
@@ -463,6 +465,41 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.nvfp4_block_scale_pow2 = true; },
+      },
+      {
+          .name = "amax_history_restored_from_init",
+          .bug_class = "loading a checkpoint into a model with FP8 primary weights restores the "
+                       "delayed-scaling amax histories from their init values instead of the "
+                       "checkpoint's, so the resumed scales forget the history (TE PR #567)",
+          .needs = {kDelayedRecipe, kFp8Params},
+          .caught_by = {"state"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.amax_history_restored_from_init = true; },
+      },
+      {
+          .name = "optimizer_step_advanced_before_load",
+          .bug_class =
+              "a synthetic optimizer step before the load advances the step counter and the "
+              "load keeps the advance, so AdamW's bias correction and the LR schedule run one "
+              "step ahead after a resume (Megatron-LM #5974)",
+          .needs = {},
+          .caught_by = {"state"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.optimizer_step_advanced_before_load = true; },
+      },
+      {
+          .name = "grad_accum_last_micro_batch_only",
+          .bug_class =
+              "gradient accumulation over micro-batches keeps only the last micro-batch's "
+              "gradient: each micro-batch's backward overwrites the accumulator instead of "
+              "adding to it (Megatron-LM PR #7186)",
+          .needs = {kTwoMicroBatches},
+          .caught_by = {"reference"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.grad_accum_last_micro_batch_only = true; },
       },
   };
   return table;

@@ -430,11 +430,22 @@ std::vector<Key<Scenario>> make_scenario_keys() {
   k.push_back(own_key<S>("checks.resume.rtol", KeyType::kRtol, "see tolerances",
                          "only with mesh (a same-mesh resume is bitwise)"));
   k.push_back(own_key<S>("checks.reference.mesh", KeyType::kMapping, "the scenario's",
-                         "at least one of mesh/recipe"));
+                         "at least one of mesh/recipe/fsdp/train"));
   k.push_back(own_key<S>("checks.reference.recipe", KeyType::kMapping, "the scenario's",
                          "differs from the scenario's own mesh+recipe"));
   k.push_back(own_key<S>("checks.reference.rtol", KeyType::kRtol, "loss: see tolerances",
                          "a number (loss) or a mapping {loss, grad_norm}"));
+  // The reference's later overrides (docs/design.md section 22).
+  k.push_back(own_key<S>("checks.reference.fsdp", KeyType::kMapping, "the scenario's",
+                         "fsdp keys replaced in the reference run"));
+  k.push_back(own_key<S>("checks.reference.train", KeyType::kMapping, "the scenario's",
+                         "{micro_batches: N} in the reference run"));
+  // The state check (docs/design.md section 22).
+  k.push_back(own_key<S>("checks.state", KeyType::kCheck, "false",
+                         "true, false or a mapping (a mapping enables it)"));
+  k.push_back(own_key<S>("checks.state.at_step", KeyType::kInt, "steps / 2", "in [1, steps]"));
+  k.push_back(own_key<S>("checks.state.mesh", KeyType::kMapping, "the scenario's",
+                         "load and save again on this mesh"));
   return k;
 }
 

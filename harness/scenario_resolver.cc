@@ -43,6 +43,12 @@ const std::pair<std::string_view, std::string_view> kEngineNames[] = {
     {"model.max_positions", "model.seq_len"}, {"data.markov_order", "data.order"},
     {"recipe.kind", "recipe.name"},           {"training.", "train."}};
 
+bool reference_fsdp_equal(const engine::FsdpOptions& a, const engine::FsdpOptions& b) {
+  return a.reshard_after_forward == b.reshard_after_forward &&
+         a.fp8_all_gather == b.fp8_all_gather && a.fp8_params == b.fp8_params &&
+         a.sync_each_micro_batch == b.sync_each_micro_batch;
+}
+
 std::string scenario_key(const std::string& key) {
   for (const auto& [engine_name, name] : kEngineNames) {
     if (key.rfind(engine_name, 0) == 0) return std::string(name) + key.substr(engine_name.size());
@@ -295,12 +301,29 @@ struct Resolver {
       }
       check_fits(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model, sc.train);
     }
+    if (c.state.enabled && c.state.mesh) {
+      Scenario r = sc;
+      r.mesh = *c.state.mesh;
+      for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(r))) {
+        if (main_issues.count({i.key_path, i.message}) > 0) continue;
+        if (i.key_path.rfind("mesh", 0) == 0) {
+          emit("checks.state." + i.key_path, scenario_text(i.message));
+        } else {
+          emit(scenario_key(i.key_path), scenario_text(i.message) + " (on checks.state.mesh)");
+        }
+      }
+      check_fits(*c.state.mesh, "checks.state.mesh", sc.recipe, sc.model, sc.train);
+    }
     if (c.reference.enabled) {
       Scenario r = sc;
       if (c.reference.mesh) r.mesh = *c.reference.mesh;
       if (c.reference.recipe) r.recipe = *c.reference.recipe;
-      const std::string owner =
-          c.reference.recipe ? "checks.reference.recipe" : "checks.reference.mesh";
+      if (c.reference.fsdp) r.fsdp = *c.reference.fsdp;
+      if (c.reference.micro_batches) r.train.micro_batches = *c.reference.micro_batches;
+      const std::string owner = c.reference.recipe ? "checks.reference.recipe"
+                                : c.reference.mesh ? "checks.reference.mesh"
+                                : c.reference.fsdp ? "checks.reference.fsdp"
+                                                   : "checks.reference.train";
       for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(r))) {
         if (main_issues.count({i.key_path, i.message}) > 0) continue;
         if (c.reference.mesh && i.key_path.rfind("mesh", 0) == 0) {
@@ -315,7 +338,7 @@ struct Resolver {
         }
       }
       check_fits(r.mesh, c.reference.mesh ? "checks.reference.mesh" : "mesh", r.recipe, sc.model,
-                 sc.train);
+                 r.train);
     }
   }
 
@@ -419,8 +442,30 @@ struct Resolver {
       const Value* rv = cs.get("reference");
       Section r(rv->kind == Value::kMap ? rv : nullptr, "checks.reference", rv->where, locs,
                 section_keys(scenario_keys(), "checks.reference"));
-      if (!r.has("mesh") && !r.has("recipe")) {
-        bad("checks.reference", "needs a mesh and/or recipe override to compare against");
+      if (!r.has("mesh") && !r.has("recipe") && !r.has("fsdp") && !r.has("train")) {
+        bad("checks.reference",
+            "needs a mesh, recipe, fsdp and/or train override to compare against");
+      }
+      if (const Value* fv = r.get("fsdp")) {
+        // Keys it names replace the scenario's; the others stay the scenario's.
+        Section f(fv, "checks.reference.fsdp", fv->where, locs,
+                  section_keys(scenario_keys(), "fsdp"));
+        Scenario with = sc;
+        for (const Key<Scenario>& k : scenario_keys()) {
+          if (k.section() == "fsdp" && f.has(k.name())) k.set(with, read_key(f, k, with));
+        }
+        c.reference.fsdp = with.fsdp;
+      }
+      if (const Value* tv = r.get("train")) {
+        Section tr(tv, "checks.reference.train", tv->where, locs, {"micro_batches"});
+        if (!tr.has("micro_batches")) {
+          bad("checks.reference.train", "needs micro_batches (the one train key it overrides)");
+        } else {
+          Scenario with = sc;
+          const Key<Scenario>& k = key_at(scenario_keys(), "train.micro_batches");
+          k.set(with, read_key(tr, k, with));
+          c.reference.micro_batches = with.train.micro_batches;
+        }
       }
       if (r.has("mesh")) {
         c.reference.mesh = read_mesh(r.get("mesh"), "checks.reference.mesh", r.where("mesh"));
@@ -432,8 +477,12 @@ struct Resolver {
       }
       const engine::MeshSpec ref_mesh = c.reference.mesh.value_or(sc.mesh);
       const engine::RecipeConfig ref_recipe = c.reference.recipe.value_or(sc.recipe);
-      if (ref_mesh == sc.mesh && ref_recipe == sc.recipe) {
-        bad("checks.reference", "the reference mesh and recipe equal the scenario's own");
+      const bool same_fsdp = !c.reference.fsdp || reference_fsdp_equal(*c.reference.fsdp, sc.fsdp);
+      const bool same_micro =
+          !c.reference.micro_batches || *c.reference.micro_batches == sc.train.micro_batches;
+      if (ref_mesh == sc.mesh && ref_recipe == sc.recipe && same_fsdp && same_micro) {
+        bad("checks.reference",
+            "the reference mesh, recipe, fsdp and train.micro_batches equal the scenario's own");
       }
       const Value* tol = r.get("rtol");
       if (tol != nullptr && tol->kind == Value::kMap) {
@@ -461,6 +510,27 @@ struct Resolver {
       bad("checks.allgather_parity", "needs fsdp.fp8_all_gather: true");
     }
     read_one(cs, "checks.determinism", sc);
+
+    if ((c.state.enabled = check_enabled(cs.get("state"), "checks.state"))) {
+      const Value* sv = cs.get("state");
+      Section st(sv->kind == Value::kMap ? sv : nullptr, "checks.state", sv->where, locs,
+                 section_keys(scenario_keys(), "checks.state"));
+      if (st.has("at_step")) {
+        const int64_t k = st.integer("at_step", 0, INT64_MIN, INT64_MAX);
+        if (k < 1 || k > t.steps) {
+          bad("checks.state.at_step",
+              fmt::format("must be in [1, {}] (a step of train.steps = {}), got {}", t.steps,
+                          t.steps, k));
+        }
+        c.state.at_step = k;
+      } else {
+        c.state.at_step = std::max<int64_t>(1, t.steps / 2);
+      }
+      if (st.has("mesh")) {
+        c.state.mesh = read_mesh(st.get("mesh"), "checks.state.mesh", st.where("mesh"));
+        same_world_under_mpi(sc, *c.state.mesh, "checks.state.mesh", "state");
+      }
+    }
   }
 
   void read_faults(const Value* v, Scenario& sc) {

@@ -135,6 +135,29 @@ void rethrow_load_failure(const std::atomic<bool>& failed, Fn&& fn) {
   }
 }
 
+// A fresh folder `base` (or base.<k>, the smallest k >= 2 free) under `root` for a check's
+// checkpoints. Rank 0 alone creates it (create_directory fails on an existing one, so the suffix
+// search never reuses a folder), every rank learns its suffix from the agreement.
+fs::path create_check_folder(mesh::RankComms& comms, const fs::path& root, const std::string& base,
+                             std::string_view check) {
+  const int64_t suffix = on_rank0_agreed(
+      comms,
+      [&]() -> int64_t {
+        std::error_code ec;
+        fs::create_directories(root, ec);
+        MP_CHECK(!ec, "cannot create checkpoint root {}: {}", root.string(), ec.message());
+        for (int64_t k = 1; k < 10000; ++k) {
+          const fs::path p = root / (k == 1 ? base : fmt::format("{}.{}", base, k));
+          if (fs::create_directory(p, ec)) return k;
+          MP_CHECK(!ec || ec == std::errc::file_exists, "cannot create {}: {}", p.string(),
+                   ec.message());
+        }
+        MP_FAIL("{}: 9999 folders {}.* exist already; remove old ones", root.string(), base);
+      },
+      fmt::format("creating the {} check's folder", check));
+  return root / (suffix == 1 ? base : fmt::format("{}.{}", base, suffix));
+}
+
 }  // namespace
 
 fs::path checkpoint_root(const Scenario& s, const fs::path& out_dir) {
@@ -392,28 +415,7 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
         trace_step(session, comms);
         if (lead(comms)) record(m);
       }
-      // Rank 0 alone creates the folder (create_directory fails on an existing one, so the suffix
-      // search never reuses a folder), every rank learns its suffix from the agreement.
-      const int64_t suffix = on_rank0_agreed(
-          comms,
-          [&]() -> int64_t {
-            std::error_code ec;
-            fs::create_directories(request.checkpoint_root, ec);
-            MP_CHECK(!ec, "cannot create checkpoint root {}: {}", request.checkpoint_root.string(),
-                     ec.message());
-            for (int64_t k = 1; k < 10000; ++k) {
-              const fs::path p =
-                  request.checkpoint_root / (k == 1 ? base : fmt::format("{}.{}", base, k));
-              if (fs::create_directory(p, ec)) return k;
-              MP_CHECK(!ec || ec == std::errc::file_exists, "cannot create {}: {}", p.string(),
-                       ec.message());
-            }
-            MP_FAIL("{}: 9999 folders {}.* exist already; remove old ones",
-                    request.checkpoint_root.string(), base);
-          },
-          "creating the resume check's folder");
-      const fs::path root =
-          request.checkpoint_root / (suffix == 1 ? base : fmt::format("{}.{}", base, suffix));
+      const fs::path root = create_check_folder(comms, request.checkpoint_root, base, "resume");
       const std::filesystem::path dir =
           engine::save_checkpoint(root, request.at_step, session.state(), comms, co);
       if (lead(comms)) saved = dir;
@@ -456,6 +458,102 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   out.checkpoints.push_back(saved.parent_path());
   out.notes.push_back(fmt::format("resume: saved {} after step {}, resumed on {}", saved.string(),
                                   request.at_step, describe_mesh(resumed.mesh)));
+  return out;
+}
+
+}  // namespace meshproof::harness
+
+namespace meshproof::harness {
+
+StateOutcome state_roundtrip(const Scenario& s, const StateRequest& request) {
+  const int64_t start =
+      request.from_checkpoint.empty() ? 0 : check_start_checkpoint(s, request.from_checkpoint);
+  MP_CHECK(request.at_step > start && request.at_step <= s.train.steps,
+           "{}: state check at step {} outside ({}, {}]", s.name, request.at_step, start,
+           s.train.steps);
+  TrainRequest tr;
+  tr.faults = request.faults;
+  const engine::RunOptions first = make_run_options(s, tr);
+  Scenario other = s;
+  if (request.mesh) other.mesh = *request.mesh;
+  const engine::RunOptions second = make_run_options(other, tr);
+  // The checkpoint under test carries the faults (save and load side); `before` and `after` are
+  // faithful dumps of the live state (no checkpoint faults), so that a save-side fault that
+  // drops or rounds a key shows as the difference between what the run held and what the
+  // resumed engine holds, not as two equally wrong files.
+  const engine::CheckpointOptions co = checkpoint_options(s, request.scenario_hash, request.faults);
+  engine::CheckpointOptions faithful = co;
+  faithful.faults = {};
+  const bool save_faults =
+      request.faults.fp8_state_dropped_from_checkpoint || request.faults.scale_inv_saved_bf16;
+  const int64_t tokens = s.train.batch * s.train.seq_len;
+  const bool mpi = s.launcher == Launcher::kMpi;
+  auto lead = [&](const mesh::RankComms& comms) { return mpi || comms.rank() == 0; };
+  StateOutcome out;
+  const std::string base = fmt::format("state_check_step{}", request.at_step);
+  std::atomic<bool> load_failed{false};
+  std::map<std::string, kernels::Tensor> gathered;
+  rethrow_load_failure(load_failed, [&] {
+    engine::run_on_ranks(
+        first,
+        [&](mesh::RankComms& comms) {
+          engine::TrainingSession session(first, comms);
+          if (!request.from_checkpoint.empty()) {
+            load_start(request.from_checkpoint, session.state(), comms, co, load_failed);
+            session.load_scalars();
+          }
+          while (session.steps_done() < request.at_step) {
+            const engine::StepMetrics m = session.step();
+            if (!lead(comms)) continue;
+            reports::StepMetrics r;
+            r.step = m.step + 1;
+            r.loss = m.loss;
+            r.grad_norm = m.grad_norm;
+            r.lr = m.lr;
+            r.tokens = tokens;
+            out.steps.push_back(r);
+            if (request.on_step) request.on_step(r, s.train.steps);
+          }
+          const fs::path folder =
+              create_check_folder(comms, request.checkpoint_root, base, "state");
+          const fs::path before = engine::save_checkpoint(folder / "before", request.at_step,
+                                                          session.state(), comms, faithful);
+          const fs::path saved = save_faults
+                                     ? engine::save_checkpoint(folder / "saved", request.at_step,
+                                                               session.state(), comms, co)
+                                     : before;
+          std::map<std::string, kernels::Tensor> p = session.gather_params();
+          if (lead(comms)) {
+            out.folder = folder;
+            out.before = before;
+            out.saved = saved;
+            for (auto& [name, t] : p) gathered[name] = t;
+          }
+        },
+        [&] {
+          // Tensors made on a rank thread are accounted to that rank's tracker, which dies with the
+          // world: copy them into this thread's context while the world is still alive.
+          for (const engine::ParamSpec& spec : engine::param_specs(first.config.model)) {
+            auto it = gathered.find(spec.name);
+            MP_CHECK(it != gathered.end(), "{}: the engine returned no {}", s.name, spec.name);
+            out.params.insert(spec.name, it->second.clone());
+          }
+          gathered.clear();
+        });
+  });
+  // A fresh engine on the state mesh: load the checkpoint under test, save again at once.
+  engine::run_on_ranks(second, [&](mesh::RankComms& comms) {
+    engine::TrainingSession session(second, comms);
+    engine::load_checkpoint(out.saved, session.state(), comms, co);
+    session.load_scalars();
+    const fs::path after = engine::save_checkpoint(out.folder / "after", request.at_step,
+                                                   session.state(), comms, faithful);
+    if (lead(comms)) out.after = after;
+  });
+  out.notes.push_back(fmt::format(
+      "state: saved {} after step {} on {}, loaded and saved again "
+      "on {}",
+      out.saved.string(), request.at_step, describe_mesh(s.mesh), describe_mesh(other.mesh)));
   return out;
 }
 

@@ -130,4 +130,40 @@ struct ResumeRequest {
 // global parameters.
 TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request);
 
+struct StateRequest {
+  int64_t at_step = 1;  // save after this step (1-based, absolute)
+  std::optional<engine::MeshSpec>
+      mesh;                       // load and save again on this mesh (default: the scenario's)
+  engine::FaultInjection faults;  // engine and checkpoint faults (save/load side)
+  // The check's folder: state_check_step<N>[.<k>] under this root, as ResumeRequest's.
+  std::filesystem::path checkpoint_root;
+  std::string scenario_hash;              // as TrainRequest::scenario_hash
+  std::filesystem::path from_checkpoint;  // the first half starts there (TrainRequest)
+  std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
+};
+
+// The three checkpoints of the state check (docs/design.md section 22), each a step_N folder:
+struct StateOutcome {
+  std::filesystem::path folder;  // the check's own folder (holds the three below)
+  // The live state after at_step on the scenario's mesh, saved without the faults' save side
+  // (what the run holds: the expected state).
+  std::filesystem::path before;
+  // The checkpoint under test: the same state saved with the faults (equal to `before` without
+  // save-side faults; then the same folder).
+  std::filesystem::path saved;
+  // `saved` loaded (with the faults' load side) into a fresh engine on the state mesh and saved
+  // again at once without the faults' save side: what the resumed engine holds.
+  std::filesystem::path after;
+  // The run's masters after at_step as its engine gathers them (global fp32, canonical order):
+  // what the model/ keys of `before` must hold.
+  engine::TensorMap params;
+  std::vector<reports::StepMetrics> steps;  // the steps the first half ran
+  std::vector<std::string> notes;
+};
+
+// Trains to at_step on the scenario's mesh (from from_checkpoint when given), saves `before` and
+// `saved`, constructs a fresh engine on the state mesh, loads `saved` and saves `after` without
+// running a step. Collective over the ranks of each half; rank 0 creates the folder.
+StateOutcome state_roundtrip(const Scenario& s, const StateRequest& request);
+
 }  // namespace meshproof::harness

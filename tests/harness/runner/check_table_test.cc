@@ -27,7 +27,7 @@ TEST(CheckTable, RowsInRunOrderEachComplete) {
     EXPECT_EQ(find_check(c.name), &c);
   }
   EXPECT_EQ(names, (std::vector<std::string>{"golden", "resume", "reference", "allgather_parity",
-                                             "determinism"}));
+                                             "determinism", "state"}));
   EXPECT_EQ(find_check("nope"), nullptr);
   // The checks that judge the main run itself count its training in their duration.
   EXPECT_TRUE(find_check("golden")->judges_main_run);
@@ -35,6 +35,7 @@ TEST(CheckTable, RowsInRunOrderEachComplete) {
   EXPECT_FALSE(find_check("resume")->judges_main_run);
   EXPECT_FALSE(find_check("reference")->judges_main_run);
   EXPECT_FALSE(find_check("determinism")->judges_main_run);
+  EXPECT_FALSE(find_check("state")->judges_main_run);
 }
 
 // golden, resume, reference, allgather_parity, determinism switched on or off.
@@ -165,6 +166,71 @@ TEST(CheckTable, ReferenceWithAnotherRecipeIsSkippedFromACheckpoint) {
   EXPECT_EQ(reference.skip(f.context(2)),
             "a reference with recipe bf16 cannot start from the delayed checkpoint "
             "ck/step_0000002");
+}
+
+// A reference with another fsdp.fp8_params cannot start from the run's checkpoint either (the
+// FP8 primary weights are keys of their own); other fsdp overrides can.
+TEST(CheckTable, ReferenceWithAnotherFp8ParamsIsSkippedFromACheckpoint) {
+  Fixture f;
+  f.s.recipe = default_recipe(RecipeKind::kDelayed);
+  f.s.checks.reference.enabled = true;
+  f.opts.from_checkpoint = "ck/step_0000002";
+  f.s.checks.reference.fsdp = engine::FsdpOptions{.reshard_after_forward = false};
+  const CheckDescriptor& reference = *find_check("reference");
+  EXPECT_EQ(reference.skip(f.context(2)), std::nullopt);
+  f.s.checks.reference.fsdp->fp8_params = true;
+  EXPECT_EQ(reference.skip(f.context(0)), std::nullopt);
+  EXPECT_EQ(reference.skip(f.context(2)),
+            "a reference with fsdp.fp8_params true cannot start from the checkpoint "
+            "ck/step_0000002 (saved with fp8_params false)");
+}
+
+// The state check is enabled by its switch and claimed by its own name, with or without a mesh.
+TEST(CheckTable, StateIsClaimedByItsName) {
+  Scenario s;
+  EXPECT_EQ(enabled_checks(s), std::vector<std::string>{});
+  s.checks.state.enabled = true;
+  EXPECT_EQ(enabled_checks(s), (std::vector<std::string>{"state"}));
+  s.checks.state.mesh = engine::MeshSpec{};
+  EXPECT_EQ(enabled_claims(s), (std::vector<std::string>{"state"}));
+  EXPECT_EQ(check_of_claim("state"), find_check("state"));
+}
+
+// The state check saves at_step steps after the start, at most at the last step.
+TEST(CheckTable, StateIsSkippedWhenTheSaveIsPastTheLastStep) {
+  Fixture f;
+  f.s.train.steps = 6;
+  f.s.checks.state.enabled = true;
+  f.s.checks.state.at_step = 2;
+  const CheckDescriptor& state = *find_check("state");
+  ASSERT_NE(state.skip, nullptr);
+  EXPECT_EQ(state.skip(f.context(0)), std::nullopt);
+  EXPECT_EQ(state.skip(f.context(4)), std::nullopt);  // saves after the last step
+  EXPECT_EQ(state.skip(f.context(5)),
+            "the run starts from step 5: saving 2 steps later is past the last step");
+}
+
+// A scenario without the state check or the reference's later overrides keeps the canonical form
+// (and hash) it had before they existed; enabling them changes it.
+TEST(CheckTable, StateAndReferenceOverridesAppearInTheCanonicalFormOnlyWhenEnabled) {
+  Scenario s;
+  s.name = "x";
+  const std::string before = canonical_text(s);
+  EXPECT_EQ(before.find("\"state\""), std::string::npos);
+  Scenario t = s;
+  t.checks.state.enabled = true;
+  t.checks.state.at_step = 2;
+  EXPECT_NE(canonical_text(t), before);
+  Scenario r = s;
+  r.checks.reference.enabled = true;
+  r.checks.reference.mesh = engine::MeshSpec{.dp_replicate = 1, .dp_shard = 2, .tp = 1};
+  const std::string with_mesh = canonical_text(r);
+  EXPECT_EQ(with_mesh.find("\"fsdp\":{\"fp8"), with_mesh.rfind("\"fsdp\":{\"fp8"));  // once
+  r.checks.reference.micro_batches = 4;
+  EXPECT_NE(canonical_text(r), with_mesh);
+  r.checks.reference.micro_batches.reset();
+  r.checks.reference.fsdp = engine::FsdpOptions{};
+  EXPECT_NE(canonical_text(r), with_mesh);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "engine/config.h"
+#include "harness/checks.h"
 #include "runner_test_builders.h"
 
 namespace meshproof::harness {
@@ -41,6 +42,58 @@ TEST(ScenarioToEngine, RecipeOptionsAreMapped) {
   const engine::Config b = to_engine_config(s);
   EXPECT_FALSE(engine::power_2_scale_of(b.recipe));
   EXPECT_EQ(engine::fp8_format_of(b.recipe), engine::Fp8Format::kE4M3);  // block's default
+}
+
+// A small 2-rank scenario for the state round trip (a tiny model: the test trains 2 steps).
+Scenario tiny_state_scenario() {
+  Scenario s;
+  s.name = "state_roundtrip_test";
+  s.model.vocab = 64;
+  s.model.hidden = 32;
+  s.model.heads = 2;
+  s.model.layers = 1;
+  s.model.ffn = 64;
+  s.train.seq_len = 16;
+  s.model.max_positions = 16;
+  s.train.steps = 3;
+  s.train.batch = 4;
+  s.mesh.dp_shard = 2;
+  s.backend = Backend::kCpu;
+  return s;
+}
+
+// The state check's round trip (save, load into a fresh engine, save again) of a correct engine
+// is bitwise; with the AdamW first moment not restored the comparison names that key and its
+// first element (global index, both values).
+TEST(StateRoundtrip, CleanIsBitwiseAndAnUnrestoredMomentIsNamed) {
+  const fs::path root = fs::temp_directory_path() / "meshproof_state_roundtrip_test";
+  fs::remove_all(root);
+  const Scenario s = tiny_state_scenario();
+  StateRequest req;
+  req.at_step = 2;
+  req.checkpoint_root = root;
+  req.mesh = engine::MeshSpec{.dp_replicate = 1, .dp_shard = 1, .tp = 1};
+  StateOutcome clean = state_roundtrip(s, req);
+  EXPECT_EQ(clean.steps.size(), 2u);
+  EXPECT_EQ(clean.before, clean.saved);  // no save-side fault: one checkpoint under test
+  reports::CheckResult r = compare_checkpoint_state(clean.after, clean.before, clean.params, "x");
+  EXPECT_EQ(r.verdict, Verdict::kPass) << r.message;
+  EXPECT_NE(r.message.find("scalars data/cursor,lr/step,optim/step,rng/offset"), std::string::npos)
+      << r.message;
+
+  req.faults.optimizer_state_not_restored = true;
+  req.faults.optimizer_state_part = "exp_avg";
+  StateOutcome bad = state_roundtrip(s, req);
+  EXPECT_NE(bad.folder, clean.folder);  // a fresh folder: state_check_step2.2
+  r = compare_checkpoint_state(bad.after, bad.before, bad.params, "x");
+  ASSERT_EQ(r.verdict, Verdict::kFail);
+  ASSERT_TRUE(r.evidence.has_value());
+  EXPECT_TRUE(r.evidence->tensor.starts_with("optim/") && r.evidence->tensor.ends_with("/exp_avg"))
+      << r.message;
+  EXPECT_NE(r.message.find("element [0"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("after the load"), std::string::npos) << r.message;
+  EXPECT_EQ(r.evidence->actual, 0.0);  // the fresh engine's zero moment
+  fs::remove_all(root);
 }
 
 }  // namespace

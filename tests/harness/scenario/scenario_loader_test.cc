@@ -157,9 +157,29 @@ TEST(ScenarioErrors, ConsistencyRules) {
   EXPECT_EQ(load_error("checks: {resume: {rtol: 0.1}}\n"),
             "x.yaml:1:25: checks.resume.rtol: only applies with a mesh override (a same-mesh "
             "resume is bitwise)");
-  EXPECT_EQ(
-      load_error("checks: {reference: {}}\n"),
-      "x.yaml:1:21: checks.reference: needs a mesh and/or recipe override to compare against");
+  EXPECT_EQ(load_error("checks: {reference: {}}\n"),
+            "x.yaml:1:21: checks.reference: needs a mesh, recipe, fsdp and/or train override to "
+            "compare against");
+  // The fsdp and train overrides (issue #20): a key of their own sections only, a value that
+  // differs from the scenario's, micro_batches present.
+  EXPECT_EQ(load_error("checks: {reference: {fsdp: {reshard_after_forward: true}}}\n"),
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
+            "train.micro_batches equal the scenario's own");
+  EXPECT_EQ(load_error("checks: {reference: {fsdp: {reshard: false}}}\n"),
+            "x.yaml:1:29: checks.reference.fsdp.reshard: unknown key (allowed: "
+            "reshard_after_forward, fp8_all_gather, fp8_params, sync_each_micro_batch)\n"
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
+            "train.micro_batches equal the scenario's own");
+  EXPECT_EQ(load_error("checks: {reference: {train: {steps: 2}}}\n"),
+            "x.yaml:1:30: checks.reference.train.steps: unknown key (allowed: micro_batches)\n"
+            "x.yaml:1:29: checks.reference.train: needs micro_batches (the one train key it "
+            "overrides)\n"
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
+            "train.micro_batches equal the scenario's own");
+  EXPECT_EQ(load_error("train: {global_batch: 8}\n"
+                       "checks: {reference: {train: {micro_batches: 3}}}\n"),
+            "x.yaml:2:29: checks.reference.train: train.micro_batches: train.micro_batches = 3 "
+            "must be >= 1 and divide train.global_batch = 8 (in the reference run)");
   EXPECT_EQ(load_error("checks: {allgather_parity: true}\n"),
             "x.yaml:1:28: checks.allgather_parity: needs fsdp.fp8_all_gather: true");
   // The engine's rule (engine::check_config), in the scenario's key names.

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""The state check passes on every library scenario with a resume check (issue #20).
+
+For every scenarios/*.yaml whose `checks` hold a `resume` check, the scenario runs (every matrix
+entry) with its other checks switched off and `state` enabled at the resume's `at_step` on the
+resume's mesh (the scenario's own when the resume has none): same-mesh and cross-mesh, every
+recipe of the library. Each scenario must pass (a requires_gpu scenario on a machine without a
+GPU: skipped), and its report must hold a passing state check.
+
+  check_library_state.py MESHPROOF SCENARIOS OUT [STEM...]
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+OFF = ("golden", "resume", "reference", "allgather_parity", "determinism")
+
+
+def resume_of(path):
+    """(at_step, mesh flow mapping or None) of the file's checks.resume, or None without one."""
+    lines = open(path).read().splitlines()
+    in_checks = in_resume = False
+    at_step, mesh = None, None
+    for line in lines:
+        if re.match(r"^checks:", line):
+            in_checks = True
+            continue
+        if in_checks and re.match(r"^\S", line):
+            in_checks = in_resume = False
+        if in_checks and re.match(r"^  resume:", line):
+            in_resume = True
+            continue
+        if in_resume and re.match(r"^  \S", line):
+            in_resume = False
+        if in_resume:
+            m = re.match(r"^    at_step:\s*(\d+)", line)
+            if m:
+                at_step = int(m.group(1))
+            m = re.match(r"^    mesh:\s*(\{.*\})", line)
+            if m:
+                mesh = m.group(1)
+    if at_step is None:
+        return None
+    return at_step, mesh
+
+
+def main(argv):
+    if len(argv) < 4:
+        print(__doc__)
+        return 2
+    meshproof, scenarios, out = argv[1:4]
+    stems = argv[4:]
+    problems = []
+    ran = 0
+    for name in sorted(os.listdir(scenarios)):
+        if not name.endswith(".yaml") or (stems and name[:-5] not in stems):
+            continue
+        r = resume_of(os.path.join(scenarios, name))
+        if r is None:
+            continue
+        checks = ["%s: false" % c for c in OFF]
+        checks.append("state: {at_step: %d%s}" % (r[0], ", mesh: " + r[1] if r[1] else ""))
+        dest = os.path.join(out, name[:-5])
+        cmd = [meshproof, "run", os.path.join(scenarios, name), "--backend", "cpu", "--out", dest,
+               "--quiet", "--set", "checks={" + ", ".join(checks) + "}"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        print(" ".join(cmd))
+        print(p.stdout + p.stderr)
+        try:
+            with open(os.path.join(dest, "report.json")) as f:
+                report = json.load(f)
+        except OSError as e:
+            problems.append("%s: no report (%s), exit %d" % (name, e, p.returncode))
+            continue
+        for s in report["scenarios"]:
+            ran += 1
+            if s["verdict"] == "skipped" and s.get("config", {}).get("requires_gpu"):
+                continue
+            c = {c["kind"]: c for c in s["checks"]}.get("state")
+            if c is None or c["verdict"] != "pass":
+                problems.append("%s: state %s" % (s["name"], c and (c["verdict"], c["message"])))
+            if s["verdict"] != "pass":
+                problems.append("%s: verdict %s" % (s["name"], s["verdict"]))
+        if p.returncode != 0:
+            problems.append("%s: exit %d" % (name, p.returncode))
+    for m in problems:
+        print("FAIL: " + m)
+    print("%d scenario(s), %d problem(s)" % (ran, len(problems)))
+    return 1 if problems or ran == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
