@@ -10,10 +10,11 @@
 
 namespace meshproof::harness {
 
-void report_compare(const std::string& a_path, const std::string& b_path, std::ostream& out) {
+void report_compare(const std::string& a_path, const std::string& b_path, double min_change,
+                    std::ostream& out) {
   try {
-    const reports::CompareTable t =
-        reports::compare_reports(reports::load_report(a_path), reports::load_report(b_path));
+    const reports::CompareTable t = reports::compare_reports(
+        reports::load_report(a_path), reports::load_report(b_path), min_change);
     out << reports::format_compare_table(t, a_path, b_path);
   } catch (const reports::ReportError& e) {
     // reports/ cannot throw kernels::Error (it depends on nothing of ours): map its kinds here.
@@ -34,8 +35,14 @@ void add_report_command(CLI::App& app, std::ostream& out, int& exit_code) {
   auto b = std::make_shared<std::string>();
   compare->add_option("A", *a, "Baseline report.json")->required();
   compare->add_option("B", *b, "Report to compare with the baseline")->required();
-  compare->callback([&out, &exit_code, a, b] {
-    report_compare(*a, *b, out);
+  auto min_change = std::make_shared<double>(reports::kDefaultMinChange);
+  compare
+      ->add_option("--min-change", *min_change,
+                   "Smallest relative change |B/A - 1| flagged better/worse, beside disjoint "
+                   "noise ranges (default 0.05: run-to-run drift, reports/compare.h)")
+      ->check(CLI::Range(0.0, 10.0));
+  compare->callback([&out, &exit_code, a, b, min_change] {
+    report_compare(*a, *b, *min_change, out);
     exit_code = kExitOk;
   });
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -183,12 +184,14 @@ std::vector<Figure> figures(const nlohmann::json& s, const std::string& path) {
   return out;
 }
 
-// B against A beyond the noise: B's range wholly above or below A's.
-Change judge(const CompareRow& r) {
+// B against A beyond the noise: B's range wholly above or below A's, and B at least
+// `min_change` away from A (compare.h says why).
+Change judge(const CompareRow& r, double min_change) {
   if (!r.a || !r.b || !r.a_range || !r.b_range) return Change::kUnmeasured;
   const bool up = r.b_range->min > r.a_range->max;
   const bool down = r.b_range->max < r.a_range->min;
   if (!up && !down) return Change::kNone;
+  if (r.ratio && std::abs(*r.ratio - 1.0) < min_change) return Change::kNone;
   return up == r.higher_is_better ? Change::kBetter : Change::kWorse;
 }
 
@@ -244,7 +247,7 @@ ReportKind report_kind(const nlohmann::json& report, const std::string& which) {
       bench, list.size() - bench));
 }
 
-CompareTable compare_reports(const nlohmann::json& a, const nlohmann::json& b) {
+CompareTable compare_reports(const nlohmann::json& a, const nlohmann::json& b, double min_change) {
   const ReportKind ka = report_kind(a, "A");
   const ReportKind kb = report_kind(b, "B");
   auto kind_name = [](ReportKind k) {
@@ -259,6 +262,7 @@ CompareTable compare_reports(const nlohmann::json& a, const nlohmann::json& b) {
   const nlohmann::json& sa = scenarios(a, "A");
   const nlohmann::json& sb = scenarios(b, "B");
   CompareTable t;
+  t.min_change = min_change;
   t.kind = ka;
   std::set<std::string> names_a;
   for (size_t i = 0; i < sa.size(); ++i) {
@@ -306,7 +310,7 @@ CompareTable compare_reports(const nlohmann::json& a, const nlohmann::json& b) {
         row.b_range = y->range;
       }
       if (row.a && row.b && *row.a != 0) row.ratio = *row.b / *row.a;
-      row.change = judge(row);
+      row.change = judge(row, min_change);
       t.rows.push_back(row);
     }
   }
@@ -340,9 +344,11 @@ std::string format_compare_table(const CompareTable& t, const std::string& a_nam
                        ws, r.metric, wm, num(r.a), range(r.a_range), wr, num(r.b), range(r.b_range),
                        wr, ratio, change);
   }
-  out +=
-      "\nchange: better/worse only when the two noise ranges (min..max over the repetitions; a "
-      "run's steady-state steps) do not overlap\n";
+  out += fmt::format(
+      "\nchange: better/worse only when the two noise ranges (min..max over the "
+      "repetitions; a run's steady-state steps) do not overlap and B/A is at least "
+      "{:g}% away from 1\n",
+      t.min_change * 100);
   for (const std::string& n : t.only_in_a) out += fmt::format("only in A: {}\n", n);
   for (const std::string& n : t.only_in_b) out += fmt::format("only in B: {}\n", n);
   // Names come from files: no control characters (terminal escapes) reach the terminal.

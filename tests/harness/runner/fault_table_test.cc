@@ -236,6 +236,7 @@ TEST(FaultTable, FaultKeyNamesAreTheStateKeys) {
     s.model.vocab = 64;
     s.model.hidden = 32;
     s.model.heads = 2;
+    s.model.kv_heads = 2;  // Scenario() set it from the default heads (4)
     s.model.layers = 1;
     s.model.ffn = 64;
     s.recipe = default_recipe(std::string(recipe) == "delayed" ? RecipeKind::kDelayed

@@ -51,6 +51,7 @@ Scenario tiny_state_scenario() {
   s.model.vocab = 64;
   s.model.hidden = 32;
   s.model.heads = 2;
+  s.model.kv_heads = 2;  // Scenario() set it from the default heads (4)
   s.model.layers = 1;
   s.model.ffn = 64;
   s.train.seq_len = 16;
