@@ -555,7 +555,10 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
     res.emulation = recipe_emulation(r, rep.compute_capability);
     const bool quantized = is_fp8(r);
     for (size_t si = 0; si < shapes.size(); ++si) {
-      const auto& [name, s] = shapes[si];
+      // Named references, not a structured binding: the lambda below captures the shape, which
+      // clang (the sanitizer build) does not allow for a binding before C++20's P1091 lands there.
+      const std::string& name = shapes[si].first;
+      const GemmShape& s = shapes[si].second;
       // The bf16 recipe's GEMMs are the baselines themselves (speedup 1 by definition).
       const std::vector<Measurement> times =
           r == RecipeKind::kBf16 ? bf16[si] : measure_gemms(r, s, kAllRoles, o, rep.cache_bytes);
