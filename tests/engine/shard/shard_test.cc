@@ -124,19 +124,25 @@ const std::vector<MeshSpec> kMeshes = {
 // Llama-style models (docs/design.md section 24): RMSNorm, SwiGLU, RoPE (theta 500000), no
 // biases, vocabulary-parallel embedding and LM head, grouped-query attention with KV 4 of 8 heads
 // (KV % tp holds on every mesh above, tp 4 included) and a vocabulary (37) no tp size divides.
+// The Llama-3 layer options both Llama test models share: 8 heads over 4 KV groups, RMSNorm,
+// SwiGLU, RoPE (theta 500000), no biases, vocabulary-parallel embedding and LM head.
+void llama_layers(ModelConfig& m) {
+  m.heads = 8;
+  m.kv_heads = 4;
+  m.norm = NormKind::kRmsNorm;
+  m.activation = Activation::kSwiGlu;
+  m.position = PositionKind::kRope;
+  m.rope_theta = 500000.0;
+  m.bias = false;
+  m.vocab_parallel = true;
+}
+
 Config llama() {
   Config c = tiny();
   c.model.vocab = 37;
   c.model.hidden = 32;
-  c.model.heads = 8;
-  c.model.kv_heads = 4;
   c.model.ffn = 32;
-  c.model.norm = NormKind::kRmsNorm;
-  c.model.activation = Activation::kSwiGlu;
-  c.model.position = PositionKind::kRope;
-  c.model.rope_theta = 500000.0;
-  c.model.bias = false;
-  c.model.vocab_parallel = true;
+  llama_layers(c.model);
   return c;
 }
 
@@ -490,15 +496,8 @@ bool mxfp8_rejects(const MeshSpec& m) { return m.dp_replicate * m.dp_shard == 8 
 // up to tp 4), RoPE, SwiGLU, RMSNorm, no biases, an odd vocabulary (67) split by rows over tp.
 Config llama_fp8_model(RecipeKind kind) {
   Config c = fp8_model(kind);
-  c.model.heads = 8;
-  c.model.kv_heads = 4;
   c.model.vocab = 67;
-  c.model.norm = NormKind::kRmsNorm;
-  c.model.activation = Activation::kSwiGlu;
-  c.model.position = PositionKind::kRope;
-  c.model.rope_theta = 500000.0;
-  c.model.bias = false;
-  c.model.vocab_parallel = true;
+  llama_layers(c.model);
   return c;
 }
 
