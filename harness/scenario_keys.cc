@@ -160,7 +160,7 @@ void apply_model_presets(std::vector<Key<Scenario>>& keys) {
   for (Key<Scenario>& k : keys) {
     for (const auto& [path, value] : llama3_debug_preset()) {
       if (k.path != path) continue;
-      k.default_of = [value, table = k.default_of, def = k.def](const Scenario& s) {
+      k.default_of = [value = value, table = k.default_of, def = k.def](const Scenario& s) {
         if (s.model_preset == ModelPreset::kLlama3Debug) return value;
         return table ? table(s) : def;
       };
