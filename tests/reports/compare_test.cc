@@ -180,8 +180,9 @@ TEST(CompareTest, BenchmarkFiguresComparedByNameAndMetric) {
   fb.value = 8;
   fb.min = 7.8;
   fb.max = 160;
-  const CompareRow* slow =
-      find(compare_reports(to_json(sa), to_json(sb)), s1, "layer step step_time_ms");
+  // The table outlives the row pointer into it (a temporary here was a use after free).
+  const CompareTable slow_t = compare_reports(to_json(sa), to_json(sb));
+  const CompareRow* slow = find(slow_t, s1, "layer step step_time_ms");
   ASSERT_NE(slow, nullptr);
   EXPECT_EQ(slow->change, Change::kWorse);  // 7.9..8.4 lies above 3.95..4.2
   EXPECT_EQ(slow->a_range->min, 3.95);
