@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu_bytes.h"
 #include "kernels/device.h"
 #include "kernels/formats.h"
 #include "kernels/nvfp4.h"
@@ -16,17 +17,7 @@
 namespace meshproof::kernels {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                                 \
-  do {                                                                                     \
-    if (!cuda_status().usable) GTEST_SKIP() << "no CUDA device: " << cuda_status().reason; \
-  } while (0)
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  if (!t.defined()) return {};
-  const Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
-  const auto* p = static_cast<const uint8_t*>(h.raw_data());
-  return std::vector<uint8_t>(p, p + h.nbytes().value);
-}
+using testing::bytes_of;
 
 // Normal data with zero, huge, subnormal and outlier regions, a NaN and an inf.
 Tensor make_input(int64_t M, int64_t K, bool bf16, uint32_t seed) {
