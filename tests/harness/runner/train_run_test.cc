@@ -94,6 +94,17 @@ TEST(StateRoundtrip, CleanIsBitwiseAndAnUnrestoredMomentIsNamed) {
   EXPECT_NE(r.message.find("element [0"), std::string::npos) << r.message;
   EXPECT_NE(r.message.find("after the load"), std::string::npos) << r.message;
   EXPECT_EQ(r.evidence->actual, 0.0);  // the fresh engine's zero moment
+
+  // A generic save-side fault: the checkpoint under test drops every second moment. It was left
+  // out of a hand list of save-side faults, so the check saved faithfully and passed.
+  req.faults = {};
+  req.faults.drop_checkpoint_key = "optim/*/exp_avg_sq";
+  StateOutcome dropped = state_roundtrip(s, req);
+  EXPECT_NE(dropped.before, dropped.saved);
+  r = compare_checkpoint_state(dropped.after, dropped.before, dropped.params, "x");
+  ASSERT_EQ(r.verdict, Verdict::kFail) << r.message;
+  ASSERT_TRUE(r.evidence.has_value());
+  EXPECT_TRUE(r.evidence->tensor.ends_with("/exp_avg_sq")) << r.message;
   fs::remove_all(root);
 }
 
