@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """`report compare` on two real bench recipes runs judges changes against the measured noise.
 
-Usage: check_compare_noise.py MESHPROOF RUN_A_DIR RUN_B_DIR WORK_DIR ITERS
+Usage: check_compare_noise.py MESHPROOF RUN_A_DIR WORK_DIR ITERS
 
-RUN_A and RUN_B are two CPU runs of the same command (a rerun) measuring bf16. Checks:
+RUN_A is a real CPU run measuring bf16. Checks:
   1. every timed figure keeps its ITERS raw repetitions (`samples`), inside its [min, max];
   2. A vs a copy of A with the bf16 layer step made 2x slower (every repetition doubled, so its
      noise range doubles too): compare flags that row "worse";
-  3. A vs B (the rerun): compare does not flag that row.
+  3. A vs a synthetic rerun of A (the same repetitions in another order, each 3% slower: a
+     drift under the default 5% floor whose range is disjoint from A's whenever A's spread is
+     under 3%): compare does not flag that row.
+The rerun is synthetic on purpose: a real second run on a shared CI machine can be slower by
+any amount (an earlier version compared two real runs and failed in CI when other jobs
+loaded the 2 cores during one of them), so whether a real rerun is "within noise" is a
+property of the machine, not of `report compare`, and is not asserted here.
 Exit status 0 when all hold, 1 otherwise (the reason on stderr).
 """
 import copy
@@ -36,7 +42,7 @@ def compare_row(meshproof, a, b):
 
 
 def main():
-    meshproof, dir_a, dir_b, work, iters = sys.argv[1:6]
+    meshproof, dir_a, work, iters = sys.argv[1:5]
     iters = int(iters)
     path_a = os.path.join(dir_a, "report.json")
     with open(path_a) as f:
@@ -56,31 +62,39 @@ def main():
     if timed == 0:
         fail("no timed figures in " + path_a)
 
-    slowed = copy.deepcopy(a)
-    hit = False
-    for s in slowed["scenarios"]:
-        if s["name"] != ROW[0]:
-            continue
-        for b in s["benchmarks"]:
-            if b["name"] == "layer step" and b["metric"] == "step_time_ms":
-                for k in ("value", "min", "max"):
-                    b[k] *= 2
-                b["samples"] = [v * 2 for v in b["samples"]]
-                hit = True
-    if not hit:
-        fail("no bf16 layer step time to slow down")
     os.makedirs(work, exist_ok=True)
-    path_slow = os.path.join(work, "slowed.json")
-    with open(path_slow, "w") as f:
-        json.dump(slowed, f)
 
-    line = compare_row(meshproof, path_a, path_slow)
+    def variant(name, factor, reorder):
+        """A copy of A with the bf16 layer step's repetitions scaled by `factor` (and reversed
+        when `reorder`); value, min and max recomputed from them as the writer does."""
+        out = copy.deepcopy(a)
+        hit = False
+        for s in out["scenarios"]:
+            if s["name"] != ROW[0]:
+                continue
+            for b in s["benchmarks"]:
+                if b["name"] == "layer step" and b["metric"] == "step_time_ms":
+                    for k in ("value", "min", "max"):
+                        b[k] *= factor
+                    b["samples"] = [v * factor for v in b["samples"]]
+                    if reorder:
+                        b["samples"].reverse()
+                    hit = True
+        if not hit:
+            fail("no bf16 layer step time in " + path_a)
+        path = os.path.join(work, name + ".json")
+        with open(path, "w") as f:
+            json.dump(out, f)
+        return path
+
+    line = compare_row(meshproof, path_a, variant("slowed", 2.0, False))
     if not line.rstrip().endswith("worse"):
         fail("an injected 2x slowdown was not flagged worse: " + line)
-    line = compare_row(meshproof, path_a, os.path.join(dir_b, "report.json"))
+    line = compare_row(meshproof, path_a, variant("rerun", 1.03, True))
     if not line.rstrip().endswith("within noise"):
-        fail("a rerun was flagged: " + line)
-    print(f"ok: {timed} timed figures keep {iters} samples; 2x slowdown flagged; rerun within noise")
+        fail("a 3% drift (under the 5% floor) was flagged: " + line)
+    print(f"ok: {timed} timed figures keep {iters} samples; 2x slowdown flagged; "
+          "3% drift within noise")
 
 
 if __name__ == "__main__":
