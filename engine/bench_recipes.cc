@@ -397,38 +397,42 @@ ModelConfig BenchModel::model_config(int64_t layers) const {
   m.layers = layers;
   m.max_positions = seq;
   m.activation = activation;
+  m.norm = norm;
+  m.position = position;
+  m.rope_theta = rope_theta;
+  m.bias = bias;
   return m;
 }
 
-BenchModel model_preset(std::string_view name) {
-  // The model presets (model.preset) are key defaults of the scenario key table, in the harness;
-  // the bench does not take them yet: this is where `--model NAME` will look them up.
-  MP_FAIL_INPUT(
-      "--model '{}': bench recipes takes no model presets yet; give "
-      "hidden,ffn,heads,kv_heads,seq,micro_batch, e.g. 256,1024,4,4,128,4 (llama3_debug's "
-      "layer: 256,768,16,4,128,4 with --activation swiglu)",
-      name);
+void check_bench_model(const BenchModel& b, std::string_view what) {
+  MP_CHECK_INPUT(
+      b.hidden > 0 && b.ffn > 0 && b.heads > 0 && b.kv_heads > 0 && b.seq > 0 && b.micro_batch > 0,
+      "--model '{}': every dimension must be positive", what);
+  MP_CHECK_INPUT(b.hidden % b.heads == 0, "--model '{}': heads {} does not divide hidden {}", what,
+                 b.heads, b.hidden);
+  MP_CHECK_INPUT(b.heads % b.kv_heads == 0,
+                 "--model '{}': kv_heads {} does not divide heads {} (grouped-query attention)",
+                 what, b.kv_heads, b.heads);
+  MP_CHECK_INPUT(b.hidden % 32 == 0 && b.ffn % 32 == 0 && b.tokens() % 32 == 0,
+                 "--model '{}': hidden ({}), ffn ({}) and micro_batch*seq ({}) must be multiples "
+                 "of 32 (MXFP8 blocks)",
+                 what, b.hidden, b.ffn, b.tokens());
 }
 
 BenchModel parse_bench_model(std::string_view spec, Activation activation) {
   MP_CHECK_INPUT(!spec.empty(),
                  "--model is empty (a preset or hidden,ffn,heads,kv_heads,seq,"
                  "micro_batch)");
-  if (!std::isdigit(static_cast<unsigned char>(spec.front()))) return model_preset(spec);
+  MP_CHECK_INPUT(std::isdigit(static_cast<unsigned char>(spec.front())),
+                 "--model '{}': expected hidden,ffn,heads,kv_heads,seq,micro_batch (model "
+                 "presets are resolved by the bench verb)",
+                 spec);
   const std::vector<int64_t> d = parse_ints(spec, ',', "--model");
   MP_CHECK_INPUT(d.size() == 6,
                  "--model '{}': expected hidden,ffn,heads,kv_heads,seq,micro_batch (6 integers)",
                  spec);
   BenchModel b{d[0], d[1], d[2], d[3], d[4], d[5], activation};
-  MP_CHECK_INPUT(b.hidden % b.heads == 0, "--model '{}': heads {} does not divide hidden {}", spec,
-                 b.heads, b.hidden);
-  MP_CHECK_INPUT(b.heads % b.kv_heads == 0,
-                 "--model '{}': kv_heads {} does not divide heads {} (grouped-query attention)",
-                 spec, b.kv_heads, b.heads);
-  MP_CHECK_INPUT(b.hidden % 32 == 0 && b.ffn % 32 == 0 && b.tokens() % 32 == 0,
-                 "--model '{}': hidden ({}), ffn ({}) and micro_batch*seq ({}) must be multiples "
-                 "of 32 (MXFP8 blocks)",
-                 spec, b.hidden, b.ffn, b.tokens());
+  check_bench_model(b, spec);
   return b;
 }
 

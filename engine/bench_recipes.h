@@ -57,20 +57,26 @@ struct BenchModel {
   int64_t seq = 128;     // S
   int64_t micro_batch = 4;
   Activation activation = Activation::kGelu;  // SwiGLU: fc1 is fc1_gate + fc1_up (engine table)
+  // The block's architecture beside its sizes (a model preset sets them; the explicit form
+  // keeps the GPT-2-like defaults). They shape the layer step, not the GEMM list.
+  NormKind norm = NormKind::kLayerNorm;
+  PositionKind position = PositionKind::kLearned;
+  double rope_theta = 10000.0;
+  bool bias = true;
   int64_t tokens() const { return seq * micro_batch; }
   // The engine model of `layers` blocks (vocab 64, the engine's default) with these dimensions.
   ModelConfig model_config(int64_t layers) const;
 };
 
-// The named model presets `--model NAME` accepts: the one lookup the preset table plugs into.
-// The scenario presets (model.preset) are harness key defaults and not taken here yet, so every
-// name is an input error that says to give the explicit form (docs/design.md section 26).
-BenchModel model_preset(std::string_view name);
+// Input error naming `what` (the --model value) unless every dimension is positive, heads
+// divides hidden, kv_heads divides heads, and hidden, ffn and micro_batch*seq are multiples of
+// 32 (so that every recipe can quantize every linear).
+void check_bench_model(const BenchModel& b, std::string_view what);
 
-// "--model" value: a preset name, or "hidden,ffn,heads,kv_heads,seq,micro_batch" (e.g.
-// "256,1024,4,4,128,4"). Input error unless six positive integers with heads dividing hidden,
-// kv_heads dividing heads, hidden and ffn multiples of
-// 32 and micro_batch*seq a multiple of 32 (so that every recipe can quantize every linear).
+// The explicit "--model" form "hidden,ffn,heads,kv_heads,seq,micro_batch" (e.g.
+// "256,1024,4,4,128,4"), checked by check_bench_model. Model presets by name are scenario key
+// defaults (model.preset), which the harness resolves before calling this (docs/design.md
+// section 26); a name here is an input error.
 BenchModel parse_bench_model(std::string_view spec, Activation activation = Activation::kGelu);
 
 // One GEMM of a linear layer of the block: the linear's shape in the kernels' convention

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "harness/env_verb.h"
 #include "harness/exit_codes.h"
+#include "harness/scenario_loader.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "reports/atomic_file.h"
@@ -169,7 +171,10 @@ reports::RunRecord bench_recipes_record(const engine::RecipeBenchReport& rep,
                              {"kv_heads", o.model.kv_heads},
                              {"seq", o.model.seq},
                              {"micro_batch", o.model.micro_batch},
-                             {"activation", engine::activation_name(o.model.activation)}}},
+                             {"activation", engine::activation_name(o.model.activation)},
+                             {"norm", engine::norm_name(o.model.norm)},
+                             {"position", engine::position_name(o.model.position)},
+                             {"bias", o.model.bias}}},
                            {"shapes", nlohmann::json::array()},
                            {"m_sweep", o.m_sweep},
                            {"iters", o.iters},
@@ -362,11 +367,49 @@ reports::RunRecord bench_recipes_record(const engine::RecipeBenchReport& rep,
   return run;
 }
 
+engine::BenchModel resolve_bench_model(const std::string& model, const std::string& activation) {
+  const bool named = !model.empty() && !std::isdigit(static_cast<unsigned char>(model.front()));
+  if (!named) {
+    return engine::parse_bench_model(
+        model, activation.empty() ? engine::Activation::kGelu
+                                  : engine::parse_activation(activation, "--activation"));
+  }
+  const auto& names = kModelPresetNames;
+  MP_CHECK_INPUT(std::find(std::begin(names), std::end(names), model) != std::end(names),
+                 "--model '{}': not a model preset ({}) nor hidden,ffn,heads,kv_heads,seq,"
+                 "micro_batch",
+                 model, fmt::join(names, ", "));
+  // The preset's values are key defaults of the scenario key table: load a scenario that names
+  // only the preset, so the bench gets exactly what a scenario with `model.preset` gets.
+  const std::vector<Scenario> loaded = load_scenario_text(
+      fmt::format("name: bench_model\nmodel: {{preset: {}}}\n", model), "--model " + model);
+  MP_CHECK(loaded.size() == 1, "model preset {} loaded {} scenarios", model, loaded.size());
+  const engine::ModelConfig& m = loaded.front().model;
+  engine::BenchModel b;  // seq and micro_batch: the bench's defaults
+  b.hidden = m.hidden;
+  b.ffn = m.ffn;
+  b.heads = m.heads;
+  b.kv_heads = engine::kv_heads_of(m);
+  b.activation = m.activation;
+  b.norm = m.norm;
+  b.position = m.position;
+  b.rope_theta = m.rope_theta;
+  b.bias = m.bias;
+  if (!activation.empty()) {
+    const engine::Activation a = engine::parse_activation(activation, "--activation");
+    MP_CHECK_INPUT(a == b.activation,
+                   "--activation {} contradicts --model {}, whose activation is {} (leave "
+                   "--activation out, or give the explicit form)",
+                   activation, model, engine::activation_name(b.activation));
+  }
+  engine::check_bench_model(b, model);
+  return b;
+}
+
 int bench_recipes(const BenchRecipesOptions& options, std::ostream& out) {
   const auto t0 = std::chrono::steady_clock::now();
   engine::RecipeBenchOptions o;
-  o.model = engine::parse_bench_model(options.model,
-                                      engine::parse_activation(options.activation, "--activation"));
+  o.model = resolve_bench_model(options.model, options.activation);
   if (!options.shapes.empty()) o.shapes = engine::parse_gemm_shapes(options.shapes);
   if (!options.m_sweep.empty()) o.m_sweep = engine::parse_m_sweep(options.m_sweep);
   if (!options.recipes.empty()) {
@@ -414,9 +457,10 @@ int bench_recipes(const BenchRecipesOptions& options, std::ostream& out) {
   run.start_time = reports::format_utc(std::chrono::duration_cast<std::chrono::seconds>(
                                            std::chrono::system_clock::now().time_since_epoch())
                                            .count());
-  run.command_line = {"meshproof",   "bench",         "recipes",
-                      "--backend",   options.backend, "--model",
-                      options.model, "--activation",  options.activation};
+  run.command_line = {
+      "meshproof",   "bench",         "recipes",
+      "--backend",   options.backend, "--model",
+      options.model, "--activation",  std::string(engine::activation_name(o.model.activation))};
   for (const auto& [flag, value] : {std::pair<const char*, std::string>{"--shapes", options.shapes},
                                     {"--m-sweep", options.m_sweep},
                                     {"--recipes", options.recipes}}) {
@@ -494,10 +538,12 @@ void add_bench_recipes_command(CLI::App& app, std::ostream& out, int& exit_code)
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   cmd->add_option("--model", opts->model,
-                  "model preset or hidden,ffn,heads,kv_heads,seq,micro_batch (kv_heads == heads)")
+                  fmt::format("model preset ({}: its sizes and architecture at seq 128, "
+                              "micro-batch 4) or hidden,ffn,heads,kv_heads,seq,micro_batch",
+                              fmt::join(kModelPresetNames, ", ")))
       ->capture_default_str();
-  cmd->add_option("--activation", opts->activation, "gelu, relu or swiglu (fc1_gate + fc1_up)")
-      ->capture_default_str();
+  cmd->add_option("--activation", opts->activation,
+                  "gelu, relu or swiglu (fc1_gate + fc1_up); default: the preset's, else gelu");
   cmd->add_option("--shapes", opts->shapes, "extra GEMM shapes MxNxK,... (multiples of 32)");
   cmd->add_option("--m-sweep", opts->m_sweep,
                   "tokens M for the forward sweep at the model's N, K (multiples of 16)");

@@ -24,12 +24,14 @@ namespace meshproof::harness {
 
 struct BenchRecipesOptions {
   std::string backend = "cpu";  // cpu | cuda | auto
-  // A preset name or hidden,ffn,heads,kv_heads,seq,micro_batch (engine::parse_bench_model).
+  // A model preset (model.preset's names) or hidden,ffn,heads,kv_heads,seq,micro_batch.
   std::string model = "256,1024,4,4,128,4";
-  std::string activation = "gelu";  // gelu | relu | swiglu (fc1 or fc1_gate + fc1_up)
-  std::string shapes;               // extra MxNxK GEMMs ("custom"), "" for none
-  std::string m_sweep;              // tokens of the forward M sweep, "" for none
-  std::string recipes;              // comma-separated recipe names, "" for all
+  // gelu | relu | swiglu (fc1 or fc1_gate + fc1_up); "" for the preset's, gelu for the explicit
+  // form. With a preset, a different activation is an input error.
+  std::string activation;
+  std::string shapes;   // extra MxNxK GEMMs ("custom"), "" for none
+  std::string m_sweep;  // tokens of the forward M sweep, "" for none
+  std::string recipes;  // comma-separated recipe names, "" for all
   int iters = 20;
   int warmup = 3;
   int64_t steps = 0;  // convergence: training steps per recipe, 0 for none
@@ -44,6 +46,12 @@ struct BenchRecipesOptions {
 reports::RunRecord bench_recipes_record(const engine::RecipeBenchReport& rep,
                                         const engine::RecipeBenchOptions& options,
                                         const std::string& backend, const std::string& gpu_name);
+
+// The block `--model` names: a model preset is the scenario key table's defaults under
+// model.preset = NAME (the same sizes and architecture a scenario gets), measured at the bench's
+// default seq and micro-batch (BenchModel{}); else the explicit form. Input error for an unknown
+// name, a bad explicit form, or an --activation that contradicts the preset.
+engine::BenchModel resolve_bench_model(const std::string& model, const std::string& activation);
 
 // Parses the options, measures, writes the reports into out_dir and prints the table. Returns 0
 // when every figure was measured (run verdict pass), 1 otherwise.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -68,6 +69,52 @@ TEST(BenchRecipes, ParsesModel) {
     EXPECT_TRUE(is_input_error([&] { engine::parse_m_sweep(bad); })) << bad;
   }
   EXPECT_EQ(engine::parse_m_sweep("16,64,16384"), (std::vector<int64_t>{16, 64, 16384}));
+}
+
+TEST(BenchRecipes, ResolvesModelPresets) {
+  // llama3_debug (docs/design.md section 24: torchtitan's debug model): H 256, F 768, 16 heads,
+  // 4 KV heads, SwiGLU, RMSNorm, RoPE theta 500000, no biases; the bench's seq 128 x 4.
+  const engine::BenchModel l = harness::resolve_bench_model("llama3_debug", "");
+  EXPECT_EQ(l.hidden, 256);
+  EXPECT_EQ(l.ffn, 768);
+  EXPECT_EQ(l.heads, 16);
+  EXPECT_EQ(l.kv_heads, 4);
+  EXPECT_EQ(l.seq, 128);
+  EXPECT_EQ(l.micro_batch, 4);
+  EXPECT_EQ(l.activation, engine::Activation::kSwiGlu);
+  EXPECT_EQ(l.norm, engine::NormKind::kRmsNorm);
+  EXPECT_EQ(l.position, engine::PositionKind::kRope);
+  EXPECT_EQ(l.rope_theta, 500000.0);
+  EXPECT_FALSE(l.bias);
+  // The layer step trains the preset's architecture, not the GPT-2-like default.
+  const engine::ModelConfig mc = l.model_config(1);
+  EXPECT_EQ(mc.norm, engine::NormKind::kRmsNorm);
+  EXPECT_EQ(mc.position, engine::PositionKind::kRope);
+  EXPECT_FALSE(mc.bias);
+  EXPECT_EQ(engine::kv_heads_of(mc), 4);
+  // qkv is (16 + 2 * 4) * 16 = 384 rows wide; SwiGLU splits fc1 into gate and up.
+  const std::vector<engine::LinearGemm> gemms = engine::model_gemms(l, l.tokens());
+  ASSERT_FALSE(gemms.empty());
+  EXPECT_EQ(gemms.front().shape, (engine::GemmShape{512, 384, 256}));
+  EXPECT_TRUE(std::any_of(gemms.begin(), gemms.end(),
+                          [](const engine::LinearGemm& g) { return g.linear == "fc1_gate"; }));
+  // --activation may repeat the preset's, not contradict it.
+  EXPECT_EQ(harness::resolve_bench_model("llama3_debug", "swiglu").activation,
+            engine::Activation::kSwiGlu);
+  EXPECT_TRUE(is_input_error([] { harness::resolve_bench_model("llama3_debug", "gelu"); }));
+  // gpt_small: the key table's GPT-2-like defaults (GELU, LayerNorm, learned positions, biases).
+  const engine::BenchModel g = harness::resolve_bench_model("gpt_small", "");
+  EXPECT_EQ(g.activation, engine::Activation::kGelu);
+  EXPECT_EQ(g.norm, engine::NormKind::kLayerNorm);
+  EXPECT_EQ(g.position, engine::PositionKind::kLearned);
+  EXPECT_TRUE(g.bias);
+  EXPECT_EQ(g.kv_heads, g.heads);
+  // The explicit form keeps working through the same entry point; unknown names are refused.
+  EXPECT_EQ(harness::resolve_bench_model("128,512,4,2,64,2", "relu").activation,
+            engine::Activation::kRelu);
+  for (const char* bad : {"llama3", "no_such_preset", "Llama3_debug"}) {
+    EXPECT_TRUE(is_input_error([&] { harness::resolve_bench_model(bad, ""); })) << bad;
+  }
 }
 
 struct ExpectedGemm {
