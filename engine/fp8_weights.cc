@@ -116,6 +116,7 @@ int64_t Fp8WeightStore::gather(size_t i, int64_t step) {
   const Fp8Shard& local = local_shard(i);
   Fp8GatherResult g =
       gather_shard(comms_.group(groups::kDpShard), p.layout, local, p.compute, config_.recipe.kind);
+  faults_.gathered_weight(p.spec, step, g.weight);
   // The shard's high-precision values: the fp32 master of an FP8 primary weight, else the bf16
   // compute copy that was quantized.
   const Tensor& hp = fp8_params_                     ? p.master
