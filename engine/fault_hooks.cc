@@ -144,6 +144,12 @@ mesh::Box FaultHooks::load_box(std::string_view key, const Layout& layout, int r
   return box;
 }
 
+ScalePadding FaultHooks::block_scale_padding(const ParamSpec& p, int64_t step) const {
+  ScalePadding padding;
+  for (const auto& h : block_scale_padding_) padding = h(p, step, padding);
+  return padding;
+}
+
 namespace {
 
 // stale_columnwise_copy: from faults.from_step on, backward (dgrad) uses the columnwise copy of
@@ -526,6 +532,12 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
                       mesh::Box box) {
       return f.active(step) && vocab_row_key(key) ? floor_offset_box(layout, rank, std::move(box))
                                                   : box;
+    });
+  // block_scale_padding_reshard: every member's MXFP8 block scales keep TransformerEngine's
+  // swizzle padding (rowwise rows to 128, columnwise rows to 4) through the all-gather.
+  if (f.block_scale_padding_reshard)
+    h.on_block_scale_padding([f](const ParamSpec&, int64_t step, ScalePadding padding) {
+      return f.active(step) ? ScalePadding{.rowwise_rows = 128, .columnwise_rows = 4} : padding;
     });
   return h;
 }

@@ -29,6 +29,8 @@
 //   gathered_weight        each FP8 all-gathered weight  scale_inv_gathered_bf16
 //                          as the gather returns it
 //   load_box               each loaded key's target box  vocab_uneven_resume_rows
+//   block_scale_padding    each MXFP8 FP8 all-gather's   block_scale_padding_reshard
+//                          block scales
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 #pragma once
@@ -44,6 +46,7 @@
 #include "engine/faults.h"
 #include "engine/params.h"
 #include "engine/recipe.h"
+#include "engine/scale_padding.h"
 #include "engine/sharded_state.h"
 #include "kernels/nvfp4.h"
 #include "kernels/quantized_tensor.h"
@@ -97,6 +100,10 @@ class FaultHooks {
       std::function<void(const ParamSpec&, int64_t step, kernels::QuantizedTensor& gathered)>;
   // The global box a load of a checkpoint of `step` reads into `rank`'s local tensor of `key`
   // (same shape as `box`, the layout's), given `box`.
+  // How the MXFP8 all-gather of `p` at `step` lays out each member's block scales (ScalePadding;
+  // the default, no padding, is correct).
+  using BlockScalePaddingHook =
+      std::function<ScalePadding(const ParamSpec&, int64_t step, ScalePadding)>;
   using LoadBoxHook = std::function<mesh::Box(std::string_view key, const mesh::Layout&, int rank,
                                               int64_t step, mesh::Box box)>;
 
@@ -121,6 +128,9 @@ class FaultHooks {
   }
   void on_gathered_weight(GatheredWeightHook h) { gathered_.push_back(std::move(h)); }
   void on_load_box(LoadBoxHook h) { load_box_.push_back(std::move(h)); }
+  void on_block_scale_padding(BlockScalePaddingHook h) {
+    block_scale_padding_.push_back(std::move(h));
+  }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -159,6 +169,8 @@ class FaultHooks {
   // The global box a load of a checkpoint of `step` reads into `rank`'s tensor of `key`.
   mesh::Box load_box(std::string_view key, const mesh::Layout& layout, int rank,
                      int64_t step) const;
+  // The layout of the block scales the MXFP8 all-gather of `p` gathers at `step`.
+  ScalePadding block_scale_padding(const ParamSpec& p, int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -175,6 +187,7 @@ class FaultHooks {
   std::vector<GradientAccumulationHook> accumulation_;
   std::vector<GatheredWeightHook> gathered_;
   std::vector<LoadBoxHook> load_box_;
+  std::vector<BlockScalePaddingHook> block_scale_padding_;
   bool needs_quantized_ = false;
 };
 

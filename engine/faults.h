@@ -110,6 +110,12 @@ struct FaultInjection {
   // ceil(V/n) when n does not divide V: rows are duplicated and the last ones lost (torchtitan
   // #1136). Caught by state.
   bool vocab_uneven_resume_rows = false;
+  // MXFP8 FP8 all-gather: each shard's block scales keep TransformerEngine's swizzle padding
+  // (rowwise rows to a multiple of 128, columnwise to 4) and the padded blocks are gathered back
+  // to back, so the gathered scales shift by shard whenever a shard's rows are not a multiple of
+  // 128: right on DP2 of a 256-row weight, wrong on DP4 (TE's xfails). Caught by
+  // allgather_parity.
+  bool block_scale_padding_reshard = false;
 
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
@@ -125,7 +131,7 @@ struct FaultInjection {
            amax_history_restored_from_init || optimizer_step_advanced_before_load ||
            grad_accum_last_micro_batch_only ||
            // catalog entries (issue #20)
-           scale_inv_gathered_bf16 || vocab_uneven_resume_rows;
+           scale_inv_gathered_bf16 || vocab_uneven_resume_rows || block_scale_padding_reshard;
   }
 };
 

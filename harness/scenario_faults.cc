@@ -144,6 +144,9 @@ constexpr FaultRequirement kUnevenVocabOnLoad{
       return s.model.vocab % m.dp_shard != 0 && !(s.model.vocab_parallel && m.tp > 1);
     }};
 
+constexpr FaultRequirement kMxfp8Recipe{
+    "recipe mxfp8", [](const Scenario& s) { return s.recipe.kind == RecipeKind::kMxfp8; }};
+
 const FaultParam kFromStep{"from_step",
                            FaultParam::Type::kInt,
                            1,
@@ -548,6 +551,20 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.vocab_uneven_resume_rows = true; },
+      },
+      {
+          .name = "block_scale_padding_reshard",
+          .bug_class =
+              "MXFP8 FP8 all-gather: each shard's block scales keep their swizzle padding (rowwise "
+              "rows to a multiple of 128, columnwise to 4, as TransformerEngine stores scale_inv) "
+              "and the padded blocks are gathered back to back, so the gathered scales shift by "
+              "shard wherever a shard's rows are not a multiple of 128: a 256-row weight is right "
+              "on DP2 and wrong on DP4 (TE xfails for block scaling under FSDP2)",
+          .needs = {kMxfp8Recipe, kFp8AllGather, kTwoShards},
+          .caught_by = {"allgather_parity"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.block_scale_padding_reshard = true; },
       },
   };
   return table;

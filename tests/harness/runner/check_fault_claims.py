@@ -94,6 +94,7 @@ CLAIMS = {
     # exactly; the state check loads on FSDP 3, where 256 vocabulary rows do not divide.
     ("scale_inv_gathered_bf16", "allgather_parity"): ("allgather_parity", "true"),
     ("vocab_uneven_resume_rows", "state"): ("state", "{at_step: 3, mesh: {dp_shard: 3}}"),
+    ("block_scale_padding_reshard", "allgather_parity"): ("allgather_parity", "true"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism", "state")
 # The key a failing state check must name for each fault (its evidence's tensor): the first key
