@@ -559,7 +559,8 @@ const std::vector<FaultDescriptor>& rows() {
               "rows to a multiple of 128, columnwise to 4, as TransformerEngine stores scale_inv) "
               "and the padded blocks are gathered back to back, so the gathered scales shift by "
               "shard wherever a shard's rows are not a multiple of 128: a 256-row weight is right "
-              "on DP2 and wrong on DP4 (TE xfails for block scaling under FSDP2)",
+              "on DP2 and wrong on DP4 (TE PR #1455, scale-inv padding not removed in the MXFP8 "
+              "all-gather; TE xfails)",
           .needs = {kMxfp8Recipe, kFp8AllGather, kTwoShards},
           .caught_by = {"allgather_parity"},
           .params = {},
