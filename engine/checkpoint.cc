@@ -473,7 +473,8 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
       MP_CHECK_INPUT(k.dtype == e.local.dtype(),
                      "checkpoint {}: key '{}' has dtype {}, the live state {}", dir.string(), e.key,
                      kernels::dtype_name(k.dtype), kernels::dtype_name(e.local.dtype()));
-      const mesh::Box target = e.layout.box(rank);
+      // The layout's box (the load_box fault point may move it, engine/fault_hooks.h).
+      const mesh::Box target = faults.load_box(e.key, e.layout, rank, index.step);
       Tensor buf = Tensor::empty(target.shape(), k.dtype, kernels::Device::cpu());
       int64_t covered = 0;
       for (const ChunkRecord& c : k.chunks) {

@@ -132,6 +132,24 @@ bool FaultHooks::accumulates_gradients(int64_t step) const {
   return accumulate;
 }
 
+void FaultHooks::gathered_weight(const ParamSpec& p, int64_t step,
+                                 kernels::QuantizedTensor& w) const {
+  for (const auto& h : gathered_) h(p, step, w);
+}
+
+mesh::Box FaultHooks::load_box(std::string_view key, const Layout& layout, int rank,
+                               int64_t step) const {
+  mesh::Box box = layout.box(rank);
+  for (const auto& h : load_box_) box = h(key, layout, rank, step, std::move(box));
+  return box;
+}
+
+ScalePadding FaultHooks::block_scale_padding(const ParamSpec& p, int64_t step) const {
+  ScalePadding padding;
+  for (const auto& h : block_scale_padding_) padding = h(p, step, padding);
+  return padding;
+}
+
 namespace {
 
 // stale_columnwise_copy: from faults.from_step on, backward (dgrad) uses the columnwise copy of
@@ -285,6 +303,47 @@ void perturb_state(const FaultInjection& f, int64_t step, ShardedState& state) {
       edit_fp32(e.local, [&](float x) { return static_cast<float>(x * factor); });
     }
   }
+}
+
+// scale_inv_gathered_bf16: a float32 scale_inv buffer rounded through bf16 (RNE), as a copy.
+Tensor scale_inv_through_bf16(const Tensor& s) {
+  if (!s.defined() || s.dtype() != kernels::DType::kFloat32) return s;
+  Tensor t = s.to(kernels::Device::cpu()).clone();
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel().value; ++i)
+    p[i] = kernels::fmt8::bf16_to_float(kernels::fmt8::float_to_bf16(p[i]));
+  return s.device().is_cpu() ? t : t.to(s.device());
+}
+
+// vocab_uneven_resume_rows: the checkpoint keys of the vocabulary-row parameters (their masters
+// and AdamW moments).
+bool vocab_row_key(std::string_view key) {
+  for (const char* p : {"embed.tok", "lm_head.weight"})
+    if (key == keys::model(p) || key == keys::exp_avg(p) || key == keys::exp_avg_sq(p)) return true;
+  return false;
+}
+
+// The box the buggy loader reads for `rank`: where exactly one mesh dim shards the rows with a
+// plain Shard(0) (FSDP's dp_shard chunks of the vocabulary) over n ranks and n does not divide
+// the V rows, the rank's first row is k * floor(V / n) (k: its coordinate on that dim) instead
+// of torch.chunk's k * ceil(V / n); the extent stays the rank's own. Rows of the next chunk are
+// read twice and the last (n - 1) * (ceil - floor) rows of V never.
+mesh::Box floor_offset_box(const Layout& layout, int rank, mesh::Box box) {
+  int dims = 0;
+  MeshDim row_dim = MeshDim::kDpShard;
+  for (MeshDim d : mesh::kAllMeshDims) {
+    const Placement& pl = layout.placement(d);
+    if (pl.is_shard() && pl.dim == 0 && layout.mesh().size(d) > 1) {
+      ++dims;
+      row_dim = d;
+    }
+  }
+  if (dims != 1 || layout.placement(row_dim).kind != Placement::Kind::kShard || box.empty())
+    return box;
+  const int64_t rows = layout.global_shape()[0], n = layout.mesh().size(row_dim);
+  if (rows % n == 0) return box;
+  box.offset[0] = kernels::Elements(layout.mesh().coord(rank, row_dim) * (rows / n));
+  return box;
 }
 
 }  // namespace
@@ -455,6 +514,31 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
   if (f.grad_accum_last_micro_batch_only)
     h.on_gradient_accumulation(
         [f](int64_t step, bool accumulate) { return accumulate && !f.active(step); });
+  // ---- catalog entries (issue #20)
+  // scale_inv_gathered_bf16: the per-tensor scale_inv of every FP8 all-gathered weight arrives
+  // rounded through bf16; the FP8 bytes are the correctly scaled ones.
+  if (f.scale_inv_gathered_bf16)
+    h.on_gathered_weight([f](const ParamSpec&, int64_t step, kernels::QuantizedTensor& w) {
+      const bool per_tensor = w.mode == kernels::ScalingMode::kCurrentTensor ||
+                              w.mode == kernels::ScalingMode::kDelayedTensor;
+      if (!f.active(step) || !per_tensor) return;
+      w.rowwise_scale_inv = scale_inv_through_bf16(w.rowwise_scale_inv);
+      w.columnwise_scale_inv = scale_inv_through_bf16(w.columnwise_scale_inv);
+    });
+  // vocab_uneven_resume_rows: the loader reads the vocabulary-row tensors at floor-sized chunk
+  // offsets.
+  if (f.vocab_uneven_resume_rows)
+    h.on_load_box([f](std::string_view key, const Layout& layout, int rank, int64_t step,
+                      mesh::Box box) {
+      return f.active(step) && vocab_row_key(key) ? floor_offset_box(layout, rank, std::move(box))
+                                                  : box;
+    });
+  // block_scale_padding_reshard: every member's MXFP8 block scales keep TransformerEngine's
+  // swizzle padding (rowwise rows to 128, columnwise rows to 4) through the all-gather.
+  if (f.block_scale_padding_reshard)
+    h.on_block_scale_padding([f](const ParamSpec&, int64_t step, ScalePadding padding) {
+      return f.active(step) ? ScalePadding{.rowwise_rows = 128, .columnwise_rows = 4} : padding;
+    });
   return h;
 }
 

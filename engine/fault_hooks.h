@@ -26,6 +26,11 @@
 //                                                        nvfp4_block_scale_pow2
 //   restored_scalar        each restored scalar's value  optimizer_step_advanced_before_load
 //   gradient_accumulation  each micro-batch's gradients  grad_accum_last_micro_batch_only
+//   gathered_weight        each FP8 all-gathered weight  scale_inv_gathered_bf16
+//                          as the gather returns it
+//   load_box               each loaded key's target box  vocab_uneven_resume_rows
+//   block_scale_padding    each MXFP8 FP8 all-gather's   block_scale_padding_reshard
+//                          block scales
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 #pragma once
@@ -41,6 +46,7 @@
 #include "engine/faults.h"
 #include "engine/params.h"
 #include "engine/recipe.h"
+#include "engine/scale_padding.h"
 #include "engine/sharded_state.h"
 #include "kernels/nvfp4.h"
 #include "kernels/quantized_tensor.h"
@@ -87,6 +93,19 @@ class FaultHooks {
   using ScalarRestoreHook =
       std::function<int64_t(std::string_view key, int64_t step, int64_t value)>;
   using GradientAccumulationHook = std::function<bool(int64_t step, bool accumulate)>;
+  // Called with each FP8 all-gathered weight as the gather returns it, before anything reads
+  // it (allgather_parity, the GEMMs); may replace buffers (never edit one in place: the
+  // scale_inv is shared with the local shard).
+  using GatheredWeightHook =
+      std::function<void(const ParamSpec&, int64_t step, kernels::QuantizedTensor& gathered)>;
+  // The global box a load of a checkpoint of `step` reads into `rank`'s local tensor of `key`
+  // (same shape as `box`, the layout's), given `box`.
+  // How the MXFP8 all-gather of `p` at `step` lays out each member's block scales (ScalePadding;
+  // the default, no padding, is correct).
+  using BlockScalePaddingHook =
+      std::function<ScalePadding(const ParamSpec&, int64_t step, ScalePadding)>;
+  using LoadBoxHook = std::function<mesh::Box(std::string_view key, const mesh::Layout&, int rank,
+                                              int64_t step, mesh::Box box)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -106,6 +125,11 @@ class FaultHooks {
   void on_restored_scalar(ScalarRestoreHook h) { restored_scalar_.push_back(std::move(h)); }
   void on_gradient_accumulation(GradientAccumulationHook h) {
     accumulation_.push_back(std::move(h));
+  }
+  void on_gathered_weight(GatheredWeightHook h) { gathered_.push_back(std::move(h)); }
+  void on_load_box(LoadBoxHook h) { load_box_.push_back(std::move(h)); }
+  void on_block_scale_padding(BlockScalePaddingHook h) {
+    block_scale_padding_.push_back(std::move(h));
   }
 
   // --- the points ---
@@ -140,6 +164,13 @@ class FaultHooks {
   // Whether a micro-batch after the first adds its gradients to the accumulated ones at `step`
   // (false: it replaces them).
   bool accumulates_gradients(int64_t step) const;
+  // The FP8 all-gathered weight of `p` as the gather hands it on.
+  void gathered_weight(const ParamSpec& p, int64_t step, kernels::QuantizedTensor& w) const;
+  // The global box a load of a checkpoint of `step` reads into `rank`'s tensor of `key`.
+  mesh::Box load_box(std::string_view key, const mesh::Layout& layout, int rank,
+                     int64_t step) const;
+  // The layout of the block scales the MXFP8 all-gather of `p` gathers at `step`.
+  ScalePadding block_scale_padding(const ParamSpec& p, int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -154,6 +185,9 @@ class FaultHooks {
   std::vector<Nvfp4OptionsHook> nvfp4_;
   std::vector<ScalarRestoreHook> restored_scalar_;
   std::vector<GradientAccumulationHook> accumulation_;
+  std::vector<GatheredWeightHook> gathered_;
+  std::vector<LoadBoxHook> load_box_;
+  std::vector<BlockScalePaddingHook> block_scale_padding_;
   bool needs_quantized_ = false;
 };
 

@@ -100,6 +100,23 @@ struct FaultInjection {
   // NVFP4 requires E4M3). Caught by golden.
   bool nvfp4_block_scale_pow2 = false;
 
+  // ---- built-in catalog faults (issue #20, catalog entries; docs/design.md section 23)
+  // Current/delayed scaling FP8 all-gather: the gathered weight's scale_inv travels through bf16
+  // (8 mantissa bits), so the GEMMs decode the FP8 bytes with a rounded scale. Caught by
+  // allgather_parity.
+  bool scale_inv_gathered_bf16 = false;
+  // A checkpoint load computes each rank's box of the vocabulary-row tensors (embed.tok,
+  // lm_head.weight and their AdamW moments) at rank x floor(V/n) instead of torch.chunk's rank x
+  // ceil(V/n) when n does not divide V: rows are duplicated and the last ones lost (torchtitan
+  // #1136). Caught by state.
+  bool vocab_uneven_resume_rows = false;
+  // MXFP8 FP8 all-gather: each shard's block scales keep TransformerEngine's swizzle padding
+  // (rowwise rows to a multiple of 128, columnwise to 4) and the padded blocks are gathered back
+  // to back, so the gathered scales shift by shard whenever a shard's rows are not a multiple of
+  // 128: right on DP2 of a 256-row weight, wrong on DP4 (TE's xfails). Caught by
+  // allgather_parity.
+  bool block_scale_padding_reshard = false;
+
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
@@ -112,7 +129,9 @@ struct FaultInjection {
            nvfp4_rht_on_one_operand || nvfp4_block_scale_pow2 ||
 
            amax_history_restored_from_init || optimizer_step_advanced_before_load ||
-           grad_accum_last_micro_batch_only;
+           grad_accum_last_micro_batch_only ||
+           // catalog entries (issue #20)
+           scale_inv_gathered_bf16 || vocab_uneven_resume_rows || block_scale_padding_reshard;
   }
 };
 

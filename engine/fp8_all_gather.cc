@@ -40,6 +40,28 @@ Tensor gather_rows(mesh::Communicator& comm, const Tensor& local,
   return mesh::gather_padded(comm, boxes, local, row_box(0, total_rows, cols));
 }
 
+// The block_scale_padding_reshard fault's gather of block scales: each member's [rows, cols]
+// scales padded with zero rows to a multiple of `multiple`, the padded blocks gathered back to
+// back, and the first `total_rows` rows of the result kept: from the first member whose rows are
+// not a multiple of `multiple`, every later member's scales land `padding` rows too low and the
+// rows between get the zero padding (e8m0 code 0, 2^-127).
+Tensor gather_rows_keeping_scale_padding(mesh::Communicator& comm, const Tensor& local,
+                                         const std::vector<RowPiece>& pieces, int64_t total_rows,
+                                         int64_t cols, int64_t multiple) {
+  const auto round_up = [multiple](int64_t n) { return (n + multiple - 1) / multiple * multiple; };
+  std::vector<RowPiece> padded;
+  int64_t rows = 0;
+  for (const RowPiece& p : pieces) {
+    padded.push_back({rows, round_up(p.rows)});
+    rows += round_up(p.rows);
+  }
+  Tensor mine = Tensor::zeros(kernels::Shape{round_up(local.shape()[0]), cols}, local.dtype(),
+                              kernels::Device::cpu());
+  if (local.shape()[0] > 0) mine.slice_rows(0, local.shape()[0]).copy_from(local);
+  const Tensor all = gather_rows(comm, mine, padded, rows, cols);
+  return all.slice_rows(0, total_rows).clone();
+}
+
 // Each member's row range inside `target` (the members' boxes must be full-column row ranges);
 // `aligned32` tells whether every member's row count is a multiple of 32.
 std::vector<RowPiece> row_pieces(mesh::Communicator& gather, const mesh::Layout& layout,
@@ -163,7 +185,8 @@ Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_gro
 }
 
 Fp8GatherResult gather_shard(mesh::Communicator& gather, const mesh::Layout& layout,
-                             const Fp8Shard& shard, const Box& target, RecipeKind kind) {
+                             const Fp8Shard& shard, const Box& target, RecipeKind kind,
+                             ScalePadding scale_padding) {
   bool aligned32 = true;
   const std::vector<RowPiece> pieces = row_pieces(gather, layout, target, aligned32);
   const int64_t total = target.extent[0].value, cols = target.extent[1].value;
@@ -194,9 +217,17 @@ Fp8GatherResult gather_shard(mesh::Communicator& gather, const mesh::Layout& lay
   }
   std::vector<RowPiece> blocks;
   for (const RowPiece& p : pieces) blocks.push_back({p.offset / 32, p.rows / 32});
-  g.rowwise_scale_inv = gather_rows(gather, q.rowwise_scale_inv, pieces, total, cols / 32);
+  g.rowwise_scale_inv =
+      scale_padding.rowwise_rows > 0
+          ? gather_rows_keeping_scale_padding(gather, q.rowwise_scale_inv, pieces, total, cols / 32,
+                                              scale_padding.rowwise_rows)
+          : gather_rows(gather, q.rowwise_scale_inv, pieces, total, cols / 32);
   g.columnwise_data = gather_rows(gather, q.columnwise_data, pieces, total, cols);
-  g.columnwise_scale_inv = gather_rows(gather, q.columnwise_scale_inv, blocks, total / 32, cols);
+  g.columnwise_scale_inv =
+      scale_padding.columnwise_rows > 0
+          ? gather_rows_keeping_scale_padding(gather, q.columnwise_scale_inv, blocks, total / 32,
+                                              cols, scale_padding.columnwise_rows)
+          : gather_rows(gather, q.columnwise_scale_inv, blocks, total / 32, cols);
   return out;
 }
 

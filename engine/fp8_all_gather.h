@@ -14,6 +14,7 @@
 #include <string>
 
 #include "engine/config.h"
+#include "engine/scale_padding.h"
 #include "engine/session.h"
 #include "kernels/quantized_tensor.h"
 #include "kernels/tensor.h"
@@ -63,8 +64,10 @@ Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_gro
                         CurrentScaleOptions current = {});
 
 // Gathers the members' quantized shards over `gather` into the weight of `target` (collective).
+// `scale_padding` (mxfp8 only): see ScalePadding; the default is the correct gather.
 Fp8GatherResult gather_shard(mesh::Communicator& gather, const mesh::Layout& layout,
-                             const Fp8Shard& shard, const mesh::Box& target, RecipeKind kind);
+                             const Fp8Shard& shard, const mesh::Box& target, RecipeKind kind,
+                             ScalePadding scale_padding = {});
 
 // quantize_shard then gather_shard.
 Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& amax_group,

@@ -114,8 +114,9 @@ const Fp8Shard& Fp8WeightStore::local_shard(size_t i) {
 int64_t Fp8WeightStore::gather(size_t i, int64_t step) {
   const ShardedParam& p = plan_.params()[i];
   const Fp8Shard& local = local_shard(i);
-  Fp8GatherResult g =
-      gather_shard(comms_.group(groups::kDpShard), p.layout, local, p.compute, config_.recipe.kind);
+  Fp8GatherResult g = gather_shard(comms_.group(groups::kDpShard), p.layout, local, p.compute,
+                                   config_.recipe.kind, faults_.block_scale_padding(p.spec, step));
+  faults_.gathered_weight(p.spec, step, g.weight);
   // The shard's high-precision values: the fp32 master of an FP8 primary weight, else the bf16
   // compute copy that was quantized.
   const Tensor& hp = fp8_params_                     ? p.master

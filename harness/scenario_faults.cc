@@ -122,6 +122,31 @@ const std::string& string_param(const FaultSpec& spec, const char* name) {
 constexpr FaultRequirement kNvfp4Recipe{
     "recipe nvfp4", [](const Scenario& s) { return s.recipe.kind == RecipeKind::kNvfp4; }};
 
+// ---- requirements of the catalog entries added with issue #20 (scale_inv_gathered_bf16,
+// vocab_uneven_resume_rows)
+constexpr FaultRequirement kCurrentRecipeNotPow2{
+    "recipe current without power_2_scale (a power-of-2 scale_inv is exact in bf16)",
+    [](const Scenario& s) {
+      return s.recipe.kind == RecipeKind::kCurrent && !engine::power_2_scale_of(s.recipe);
+    }};
+// The mesh a checkpoint of the scenario is loaded on: the state check's, else the resume
+// check's, else the scenario's.
+const engine::MeshSpec& load_mesh(const Scenario& s) {
+  if (s.checks.state.enabled && s.checks.state.mesh) return *s.checks.state.mesh;
+  if (s.checks.resume.enabled && s.checks.resume.mesh) return *s.checks.resume.mesh;
+  return s.mesh;
+}
+constexpr FaultRequirement kUnevenVocabOnLoad{
+    "model.vocab not divisible by the dp_shard of the mesh the checkpoint is loaded on "
+    "(checks.state.mesh, else checks.resume.mesh, else mesh), without vocabulary parallelism",
+    [](const Scenario& s) {
+      const engine::MeshSpec& m = load_mesh(s);
+      return s.model.vocab % m.dp_shard != 0 && !(s.model.vocab_parallel && m.tp > 1);
+    }};
+
+constexpr FaultRequirement kMxfp8Recipe{
+    "recipe mxfp8", [](const Scenario& s) { return s.recipe.kind == RecipeKind::kMxfp8; }};
+
 const FaultParam kFromStep{"from_step",
                            FaultParam::Type::kInt,
                            1,
@@ -500,6 +525,47 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.grad_accum_last_micro_batch_only = true; },
+      },
+      {
+          .name = "scale_inv_gathered_bf16",
+          .bug_class =
+              "current scaling with the FP8 all-gather: the gathered weight's scale_inv travels "
+              "through bf16 (the all-gather metadata in the parameter dtype), so every GEMM "
+              "decodes correctly scaled FP8 bytes with a scale_inv rounded to 8 mantissa bits "
+              "(TE test comment; the saved-through-bf16 variant is scale_inv_saved_bf16)",
+          .needs = {kCurrentRecipeNotPow2, kFp8AllGather, kTwoShards},
+          .caught_by = {"allgather_parity"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.scale_inv_gathered_bf16 = true; },
+      },
+      {
+          .name = "vocab_uneven_resume_rows",
+          .bug_class =
+              "resume with a vocabulary the world size does not divide: the loader computes "
+              "each rank's rows of embed.tok / lm_head.weight (and their AdamW moments) at rank "
+              "x floor(V/n) instead of torch.chunk's rank x ceil(V/n), so rows are duplicated "
+              "and the last ones lost (torchtitan #1136)",
+          .needs = {kUnevenVocabOnLoad},
+          .caught_by = {"state"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.vocab_uneven_resume_rows = true; },
+      },
+      {
+          .name = "block_scale_padding_reshard",
+          .bug_class =
+              "MXFP8 FP8 all-gather: each shard's block scales keep their swizzle padding (rowwise "
+              "rows to a multiple of 128, columnwise to 4, as TransformerEngine stores scale_inv) "
+              "and the padded blocks are gathered back to back, so the gathered scales shift by "
+              "shard wherever a shard's rows are not a multiple of 128: a 256-row weight is right "
+              "on DP2 and wrong on DP4 (TE PR #1455, scale-inv padding not removed in the MXFP8 "
+              "all-gather; TE xfails)",
+          .needs = {kMxfp8Recipe, kFp8AllGather, kTwoShards},
+          .caught_by = {"allgather_parity"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.block_scale_padding_reshard = true; },
       },
   };
   return table;

@@ -47,7 +47,7 @@ struct Outcome {
 };
 
 Outcome gather_on(int n, const Tensor& full, RecipeKind kind, const Tensor* scale,
-                  bool reduce = true) {
+                  bool reduce = true, ScalePadding scale_padding = {}) {
   const mesh::DeviceMesh dm(1, n, 1);
   const mesh::Layout layout(
       dm, full.shape(),
@@ -59,8 +59,10 @@ Outcome gather_on(int n, const Tensor& full, RecipeKind kind, const Tensor* scal
   world.run([&](mesh::RankComms& comms) {
     const Tensor local = mesh::shard(full, layout, comms.rank());
     mesh::Communicator& g = comms.group({MeshDim::kDpShard});
+    const mesh::Box whole = mesh::Box::whole(full.shape());
     const Fp8GatherResult r =
-        fp8_all_gather(g, g, layout, local, mesh::Box::whole(full.shape()), kind, scale, reduce);
+        gather_shard(g, layout, quantize_shard(g, g, layout, local, whole, kind, scale, reduce),
+                     whole, kind, scale_padding);
     Gathered out{bytes(r.weight.rowwise_data),    bytes(r.weight.rowwise_scale_inv),
                  bytes(r.weight.columnwise_data), bytes(r.weight.columnwise_scale_inv),
                  r.high_precision_fallback,       r.note};
@@ -168,6 +170,36 @@ std::vector<AllGatherParity> parity_on(int n, const Tensor& full, RecipeKind kin
 // Bytes of the rowwise + columnwise data and scale_inv buffers of an [m, k] weight.
 int64_t per_tensor_bytes(int64_t m, int64_t k) { return 2 * m * k + 2 * 4; }
 int64_t mxfp8_bytes(int64_t m, int64_t k) { return 2 * m * k + m * (k / 32) + (m / 32) * k; }
+
+// The block_scale_padding_reshard fault's gather (TransformerEngine's swizzle padding kept per
+// shard: rowwise scale rows to 128, columnwise to 4): a 256-row weight gathers bitwise on DP2
+// (128 rows, 4 columnwise scale rows per shard: no padding), while on DP4 (64 rows per shard)
+// shard 1's scales land at rows 128.. (columnwise 4..) and the rows between are the zero padding.
+TEST(Fp8AllGather, Mxfp8ScalePaddingShiftsScalesOnlyWhereShardRowsNeedIt) {
+  const Tensor full = weight(256, 64);
+  const kernels::QuantizedTensor want =
+      kernels::quantize_mxfp8(full, kernels::DType::kE4M3, {.rowwise = true, .columnwise = true});
+  const ScalePadding padded{.rowwise_rows = 128, .columnwise_rows = 4};
+  for (const Gathered& g : gather_on(2, full, RecipeKind::kMxfp8, nullptr, true, padded).per_rank)
+    expect_bitwise(g, want, "DP2 with padded scales");
+  const std::vector<uint8_t> row = bytes(want.rowwise_scale_inv);     // [256, 2]
+  const std::vector<uint8_t> col = bytes(want.columnwise_scale_inv);  // [8, 64]
+  for (const Gathered& g : gather_on(4, full, RecipeKind::kMxfp8, nullptr, true, padded).per_rank) {
+    EXPECT_EQ(g.row, bytes(want.rowwise_data));
+    EXPECT_EQ(g.col, bytes(want.columnwise_data));
+    ASSERT_EQ(g.row_sinv.size(), row.size());
+    ASSERT_EQ(g.col_sinv.size(), col.size());
+    const auto rows = [](const std::vector<uint8_t>& v, int64_t begin, int64_t end, int64_t w) {
+      return std::vector<uint8_t>(v.begin() + begin * w, v.begin() + end * w);
+    };
+    EXPECT_EQ(rows(g.row_sinv, 0, 64, 2), rows(row, 0, 64, 2));
+    EXPECT_EQ(rows(g.row_sinv, 64, 128, 2), std::vector<uint8_t>(128, 0));
+    EXPECT_EQ(rows(g.row_sinv, 128, 192, 2), rows(row, 64, 128, 2));
+    EXPECT_EQ(rows(g.col_sinv, 0, 2, 64), rows(col, 0, 2, 64));
+    EXPECT_EQ(rows(g.col_sinv, 2, 4, 64), std::vector<uint8_t>(128, 0));
+    EXPECT_EQ(rows(g.col_sinv, 4, 6, 64), rows(col, 2, 4, 64));
+  }
+}
 
 TEST(AllGatherParity, HoldsForCurrentDelayedAndMxfp8) {
   const Tensor full = weight(128, 64);  // 32-row shards over 4 ranks, 64 over 2
