@@ -1,8 +1,12 @@
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <vector>
 
+#include "kernels/gemm_internal.h"
 #include "kernels/op_util.h"
 
 namespace meshproof::kernels {
@@ -37,13 +41,410 @@ HeadCols head_cols(const AttentionShape& s, int64_t a) {
   return {base + (a % r) * d, base + r * d, base + (r + 1) * d};
 }
 
+// ---- CPU: the attention's sums as tiled row products (docs/design.md section 21) ----
+//
+// Every sum of the attention is a row of a small matrix product in double: scores q·k over the
+// head dimension, outputs p·v over keys, and in the backward dp = do·v, dv += pᵀ·do, dq = ds·k,
+// dk += dsᵀ·q. Each output element is summed term by term in the order of the element-wise loops
+// (tests/kernels/ops/attention_oracle.h), each product rounded to double and then added (never
+// fused: the kernels library is compiled with -ffp-contract=off and the avx2 target has no FMA);
+// the tiles only decide which elements are computed side by side, so the bits are the oracle's.
+
+using V4d = double __attribute__((vector_size(32)));
+constexpr int64_t kTileRows = 4;  // rows of C per tile
+constexpr int64_t kTileCols = 8;  // columns of C per tile: two 4-lane vectors
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Which inner terms t row r of C sums: all of [0, terms), its causal prefix [0, r + 1) or its
+// suffix [r, terms).
+enum class Terms : uint8_t { kAll, kPrefix, kSuffix };
+
+// C[r][c] (r < rows, c < n) = (accumulate ? C[r][c] : +0.0) + sum over row r's terms t, in
+// increasing t, of A(r, t) * B[t][c]. A(r, t) is a[r * lda + t], or a[t * lda + r] when
+// a_transposed. B and C rows hold at least round_up(n, kTileCols) doubles (B's padding finite,
+// C's overwritten). causal_cols: row r needs only its columns c <= r (a tile computes up to its
+// last row's).
+struct RowProduct {
+  const double* a = nullptr;
+  int64_t lda = 0;
+  bool a_transposed = false;
+  const double* b = nullptr;
+  int64_t ldb = 0;
+  double* c = nullptr;
+  int64_t ldc = 0;
+  int64_t rows = 0, terms = 0, n = 0;
+  Terms which = Terms::kAll;
+  bool causal_cols = false;
+  bool accumulate = false;
+};
+
+#define MP_INLINE __attribute__((always_inline)) inline
+
+// Vectors pass by reference: a 32-byte vector argument or return value has a different ABI with and
+// without AVX (-Wpsabi).
+MP_INLINE void load4d(V4d& v, const double* p) { std::memcpy(&v, p, sizeof(v)); }
+MP_INLINE void store4d(double* p, const V4d& v) { std::memcpy(p, &v, sizeof(v)); }
+
+// One tile: rows r0 .. r0 + R - 1, columns c0 .. c0 + 7. Each row takes its own terms in order:
+// the ones before the rows' common range alone, the common range with the whole tile (one B load
+// for R rows), the ones after alone.
+template <int R, bool kAT>
+MP_INLINE void row_product_tile(const RowProduct& p, int64_t r0, int64_t c0) {
+  V4d acc[R][2];
+  for (int i = 0; i < R; ++i) {
+    if (p.accumulate) {
+      load4d(acc[i][0], p.c + (r0 + i) * p.ldc + c0);
+      load4d(acc[i][1], p.c + (r0 + i) * p.ldc + c0 + 4);
+    } else {
+      acc[i][0] = V4d{};
+      acc[i][1] = V4d{};
+    }
+  }
+  int64_t tb[R], te[R];
+  int64_t common_b = 0, common_e = p.terms;
+  for (int i = 0; i < R; ++i) {
+    const int64_t r = r0 + i;
+    tb[i] = p.which == Terms::kSuffix ? r : 0;
+    te[i] = p.which == Terms::kPrefix ? std::min(r + 1, p.terms) : p.terms;
+    common_b = std::max(common_b, tb[i]);
+    common_e = std::min(common_e, te[i]);
+  }
+  if (common_b >= common_e) common_b = common_e = 0;  // no common range: each row alone
+  const double* b = p.b + c0;
+  const int64_t lda = p.lda, ldb = p.ldb;
+  for (int i = 0; i < R; ++i) {  // row i's terms before the common range
+    const int64_t r = r0 + i, end = common_e > common_b ? common_b : te[i];
+    for (int64_t t = tb[i]; t < end; ++t) {
+      const double x = kAT ? p.a[t * lda + r] : p.a[r * lda + t];
+      const V4d av = {x, x, x, x};
+      V4d b0, b1;
+      load4d(b0, b + t * ldb);
+      load4d(b1, b + t * ldb + 4);
+      acc[i][0] = acc[i][0] + av * b0;
+      acc[i][1] = acc[i][1] + av * b1;
+    }
+  }
+  for (int64_t t = common_b; t < common_e; ++t) {
+    V4d b0, b1;
+    load4d(b0, b + t * ldb);
+    load4d(b1, b + t * ldb + 4);
+    for (int i = 0; i < R; ++i) {
+      const int64_t r = r0 + i;
+      const double x = kAT ? p.a[t * lda + r] : p.a[r * lda + t];
+      const V4d av = {x, x, x, x};
+      acc[i][0] = acc[i][0] + av * b0;
+      acc[i][1] = acc[i][1] + av * b1;
+    }
+  }
+  if (common_e > common_b) {
+    for (int i = 0; i < R; ++i) {  // row i's terms after the common range
+      const int64_t r = r0 + i;
+      for (int64_t t = common_e; t < te[i]; ++t) {
+        const double x = kAT ? p.a[t * lda + r] : p.a[r * lda + t];
+        const V4d av = {x, x, x, x};
+        V4d b0, b1;
+        load4d(b0, b + t * ldb);
+        load4d(b1, b + t * ldb + 4);
+        acc[i][0] = acc[i][0] + av * b0;
+        acc[i][1] = acc[i][1] + av * b1;
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    store4d(p.c + (r0 + i) * p.ldc + c0, acc[i][0]);
+    store4d(p.c + (r0 + i) * p.ldc + c0 + 4, acc[i][1]);
+  }
+}
+
+template <bool kAT>
+MP_INLINE void row_product_body(const RowProduct& p) {
+  for (int64_t r0 = 0; r0 < p.rows; r0 += kTileRows) {
+    const int64_t nr = std::min(kTileRows, p.rows - r0);
+    const int64_t n = p.causal_cols ? std::min(p.n, r0 + nr) : p.n;
+    for (int64_t c0 = 0; c0 < n; c0 += kTileCols) {
+      switch (nr) {
+        case 4:
+          row_product_tile<4, kAT>(p, r0, c0);
+          break;
+        case 3:
+          row_product_tile<3, kAT>(p, r0, c0);
+          break;
+        case 2:
+          row_product_tile<2, kAT>(p, r0, c0);
+          break;
+        default:
+          row_product_tile<1, kAT>(p, r0, c0);
+          break;
+      }
+    }
+  }
+}
+
+// The same source compiled twice: for AVX2 (one ymm register per 4-lane vector) when the CPU has
+// it, else for the base ISA (SSE2 on x86-64: two xmm operations per vector). The choice follows
+// the GEMM's (detail::set_cpu_gemm_kernel), so the tests run both.
+void row_product_portable(const RowProduct& p) {
+  p.a_transposed ? row_product_body<true>(p) : row_product_body<false>(p);
+}
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) void row_product_avx2(const RowProduct& p) {
+  p.a_transposed ? row_product_body<true>(p) : row_product_body<false>(p);
+}
+#endif
+#undef MP_INLINE
+
+void row_product(const RowProduct& p) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (detail::cpu_gemm_kernel() == detail::CpuGemmKernel::kAvx2) return row_product_avx2(p);
+#endif
+  row_product_portable(p);
+}
+
+// Per-thread scratch (virtual ranks are threads): doubles kept across calls, so a step allocates,
+// zeroes and frees nothing; a buffer above 32 MiB is released when the call ends.
+class Scratch {
+ public:
+  double* get(size_t n) {
+    if (n > cap_) {
+      buf_ = std::make_unique<double[]>(n);
+      cap_ = n;
+    }
+    return buf_.get();
+  }
+  void trim() {
+    if (cap_ > kKeepDoubles) {
+      buf_.reset();
+      cap_ = 0;
+    }
+  }
+
+ private:
+  static constexpr size_t kKeepDoubles = size_t{4} << 20;  // 32 MiB
+  std::unique_ptr<double[]> buf_;
+  size_t cap_ = 0;
+};
+
+struct AttentionScratch {
+  Scratch buf[9];
+  void trim() {
+    for (Scratch& s : buf) s.trim();
+  }
+};
+
+AttentionScratch& attention_scratch() {
+  thread_local AttentionScratch s;
+  return s;
+}
+
+// dst[t * ld + c] = src row t's `d` columns (row stride w) as double, columns [d, ld) zero.
+template <typename T>
+void pack_rows(const T* src, int64_t w, int64_t rows, int64_t d, double* dst, int64_t ld) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const T* s = src + t * w;
+    double* o = dst + t * ld;
+    for (int64_t c = 0; c < d; ++c) o[c] = static_cast<double>(s[c]);
+    for (int64_t c = d; c < ld; ++c) o[c] = 0.0;
+  }
+}
+
+// dst[c * ld + t] = src row t's column c as double (t < rows), columns [rows, ld) zero.
+template <typename T>
+void pack_transposed(const T* src, int64_t w, int64_t rows, int64_t d, double* dst, int64_t ld) {
+  for (int64_t c = 0; c < d; ++c) {
+    double* o = dst + c * ld;
+    for (int64_t t = 0; t < rows; ++t) o[t] = static_cast<double>(src[t * w + c]);
+    for (int64_t t = rows; t < ld; ++t) o[t] = 0.0;
+  }
+}
+
+template <typename T>
+void attention_forward_cpu(const T* in, const AttentionShape& s, T* o, T* p) {
+  const int64_t b_n = s.batch, seq = s.seq, a_n = s.heads, d = s.head_dim, h = a_n * d;
+  const int64_t w = s.qkv_width(), kv = s.kv(), r = a_n / kv;
+  const int64_t seqp = round_up(seq, kTileCols), dp = round_up(d, kTileCols);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  AttentionScratch& sc = attention_scratch();
+  double* kt = sc.buf[0].get(d * seqp);     // k transposed [d, seqp]
+  double* vd = sc.buf[1].get(seq * dp);     // v [seq, dp]
+  double* qd = sc.buf[2].get(seq * d);      // q [seq, d]
+  double* row = sc.buf[3].get(seq * seqp);  // scores, then the rounded probabilities [seq, seqp]
+  double* od = sc.buf[4].get(seq * dp);     // out [seq, dp]
+  for (int64_t b = 0; b < b_n; ++b) {
+    const T* x = in + b * seq * w;
+    for (int64_t g = 0; g < kv; ++g) {
+      const HeadCols group = head_cols(s, g * r);
+      pack_transposed(x + group.k, w, seq, d, kt, seqp);
+      pack_rows(x + group.v, w, seq, d, vd, dp);
+      for (int64_t a = g * r; a < (g + 1) * r; ++a) {
+        pack_rows(x + head_cols(s, a).q, w, seq, d, qd, d);
+        // scores: row[i][j] = sum_c q[i][c] k[j][c] (c in order), j <= i.
+        row_product({.a = qd,
+                     .lda = d,
+                     .b = kt,
+                     .ldb = seqp,
+                     .c = row,
+                     .ldc = seqp,
+                     .rows = seq,
+                     .terms = d,
+                     .n = seq,
+                     .which = Terms::kAll,
+                     .causal_cols = true});
+        for (int64_t i = 0; i < seq; ++i) {
+          double* ri = row + i * seqp;
+          double mx = -INFINITY;
+          for (int64_t j = 0; j <= i; ++j) {
+            ri[j] = ri[j] * scale;
+            mx = std::max(mx, ri[j]);
+          }
+          double sum = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            ri[j] = std::exp(ri[j] - mx);
+            sum += ri[j];
+          }
+          T* pr = p + ((b * a_n + a) * seq + i) * seq;
+          for (int64_t j = 0; j <= i; ++j) {
+            pr[j] = static_cast<T>(ri[j] / sum);
+            ri[j] = static_cast<double>(pr[j]);  // the stored (rounded) probability
+          }
+          for (int64_t j = i + 1; j < seq; ++j) pr[j] = T(0);
+        }
+        // out[i][c] = sum_{j <= i} p[i][j] v[j][c] (j in order).
+        row_product({.a = row,
+                     .lda = seqp,
+                     .b = vd,
+                     .ldb = dp,
+                     .c = od,
+                     .ldc = dp,
+                     .rows = seq,
+                     .terms = seq,
+                     .n = d,
+                     .which = Terms::kPrefix});
+        for (int64_t i = 0; i < seq; ++i) {
+          T* orow = o + (b * seq + i) * h + a * d;
+          for (int64_t c = 0; c < d; ++c) orow[c] = static_cast<T>(od[i * dp + c]);
+        }
+      }
+    }
+  }
+  sc.trim();
+}
+
+// With P the probabilities and dO the output gradient, per (b, head): dP = dO·Vᵀ, then per query
+// row dS = P ∘ (dP - rowsum(P ∘ dP)) · scale, dV += Pᵀ·dO, dQ = dS·K, dK += dSᵀ·Q. A group's dv and
+// dk sum over its heads in head order, then over query rows: the accumulating products add one
+// head's terms (rows in order) to the sums of the heads before it.
+template <typename T>
+void attention_backward_cpu(const T* dop, const T* in, const T* p, const AttentionShape& s, T* dg) {
+  const int64_t b_n = s.batch, seq = s.seq, a_n = s.heads, d = s.head_dim, h = a_n * d;
+  const int64_t w = s.qkv_width(), kv = s.kv(), r = a_n / kv;
+  const int64_t seqp = round_up(seq, kTileCols), dp = round_up(d, kTileCols);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  AttentionScratch& sc = attention_scratch();
+  double* kd = sc.buf[0].get(seq * dp);    // k [seq, dp]
+  double* vt = sc.buf[1].get(d * seqp);    // v transposed [d, seqp]
+  double* qd = sc.buf[2].get(seq * dp);    // q [seq, dp]
+  double* dod = sc.buf[3].get(seq * dp);   // dout [seq, dp]
+  double* pd = sc.buf[4].get(seq * seqp);  // probabilities [seq, seqp]
+  double* ds = sc.buf[5].get(seq * seqp);  // dP, then dS [seq, seqp]
+  double* dq = sc.buf[6].get(seq * dp);    // [seq, dp]
+  double* dk = sc.buf[7].get(seq * dp);    // [seq, dp]
+  double* dv = sc.buf[8].get(seq * dp);    // [seq, dp]
+  for (int64_t b = 0; b < b_n; ++b) {
+    const T* x = in + b * seq * w;
+    for (int64_t g = 0; g < kv; ++g) {
+      const HeadCols group = head_cols(s, g * r);
+      pack_rows(x + group.k, w, seq, d, kd, dp);
+      pack_transposed(x + group.v, w, seq, d, vt, seqp);
+      std::fill_n(dk, seq * dp, 0.0);
+      std::fill_n(dv, seq * dp, 0.0);
+      for (int64_t a = g * r; a < (g + 1) * r; ++a) {
+        const int64_t q_col = head_cols(s, a).q;
+        pack_rows(x + q_col, w, seq, d, qd, dp);
+        pack_rows(dop + b * seq * h + a * d, h, seq, d, dod, dp);
+        // dP[i][j] = sum_c do[i][c] v[j][c] (c in order), j <= i.
+        row_product({.a = dod,
+                     .lda = dp,
+                     .b = vt,
+                     .ldb = seqp,
+                     .c = ds,
+                     .ldc = seqp,
+                     .rows = seq,
+                     .terms = d,
+                     .n = seq,
+                     .which = Terms::kAll,
+                     .causal_cols = true});
+        for (int64_t i = 0; i < seq; ++i) {
+          const T* pr = p + ((b * a_n + a) * seq + i) * seq;
+          double* di = ds + i * seqp;
+          double* pi = pd + i * seqp;
+          double dot_pdp = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            pi[j] = static_cast<double>(pr[j]);
+            dot_pdp += pi[j] * di[j];
+          }
+          for (int64_t j = 0; j <= i; ++j) di[j] = pi[j] * (di[j] - dot_pdp) * scale;
+        }
+        // dv[j][c] += sum_{i >= j} p[i][j] do[i][c] (i in order).
+        row_product({.a = pd,
+                     .lda = seqp,
+                     .a_transposed = true,
+                     .b = dod,
+                     .ldb = dp,
+                     .c = dv,
+                     .ldc = dp,
+                     .rows = seq,
+                     .terms = seq,
+                     .n = d,
+                     .which = Terms::kSuffix,
+                     .accumulate = true});
+        // dq[i][c] = sum_{j <= i} ds[i][j] k[j][c] (j in order).
+        row_product({.a = ds,
+                     .lda = seqp,
+                     .b = kd,
+                     .ldb = dp,
+                     .c = dq,
+                     .ldc = dp,
+                     .rows = seq,
+                     .terms = seq,
+                     .n = d,
+                     .which = Terms::kPrefix});
+        // dk[j][c] += sum_{i >= j} ds[i][j] q[i][c] (i in order).
+        row_product({.a = ds,
+                     .lda = seqp,
+                     .a_transposed = true,
+                     .b = qd,
+                     .ldb = dp,
+                     .c = dk,
+                     .ldc = dp,
+                     .rows = seq,
+                     .terms = seq,
+                     .n = d,
+                     .which = Terms::kSuffix,
+                     .accumulate = true});
+        for (int64_t i = 0; i < seq; ++i) {
+          T* row = dg + (b * seq + i) * w;
+          for (int64_t c = 0; c < d; ++c) row[q_col + c] = static_cast<T>(dq[i * dp + c]);
+        }
+      }
+      for (int64_t i = 0; i < seq; ++i) {
+        T* row = dg + (b * seq + i) * w;
+        for (int64_t c = 0; c < d; ++c) {
+          row[group.k + c] = static_cast<T>(dk[i * dp + c]);
+          row[group.v + c] = static_cast<T>(dv[i * dp + c]);
+        }
+      }
+    }
+  }
+  sc.trim();
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& qkv, const AttentionShape& s, Tensor& out, Tensor& probs) {
   constexpr std::string_view op = "attention_forward";
   check_shapes(op, qkv, s);
-  const int64_t b_n = s.batch, seq = s.seq, a_n = s.heads, d = s.head_dim, h = a_n * d;
-  const int64_t w = s.qkv_width();  // qkv row stride
+  const int64_t b_n = s.batch, seq = s.seq, a_n = s.heads, h = a_n * s.head_dim;
   detail::check_operand(out, op, "out", b_n * seq * h);
   detail::check_operand(probs, op, "probs", b_n * a_n * seq * seq);
   detail::check_same_dtype(qkv, out, op);
@@ -56,43 +457,9 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, Tensor& out, 
                                         probs.raw_data(), detail::cuda_stream()));
     return;
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   detail::dispatch_float(qkv.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    const T* in = qkv.data<T>();
-    T* o = out.data<T>();
-    T* p = probs.data<T>();
-    std::vector<double> row(seq);
-    for (int64_t b = 0; b < b_n; ++b) {
-      for (int64_t a = 0; a < a_n; ++a) {
-        const auto [q_col, k_col, v_col] = head_cols(s, a);
-        for (int64_t i = 0; i < seq; ++i) {
-          const T* q = in + (b * seq + i) * w + q_col;
-          double mx = -INFINITY;
-          for (int64_t j = 0; j <= i; ++j) {
-            const T* k = in + (b * seq + j) * w + k_col;
-            double dot = 0;
-            for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
-            row[j] = dot * scale;
-            mx = std::max(mx, row[j]);
-          }
-          double sum = 0;
-          for (int64_t j = 0; j <= i; ++j) {
-            row[j] = std::exp(row[j] - mx);
-            sum += row[j];
-          }
-          T* pr = p + ((b * a_n + a) * seq + i) * seq;
-          for (int64_t j = 0; j < seq; ++j) pr[j] = j <= i ? static_cast<T>(row[j] / sum) : T(0);
-          T* orow = o + (b * seq + i) * h + a * d;
-          for (int64_t c = 0; c < d; ++c) {
-            double acc = 0;
-            for (int64_t j = 0; j <= i; ++j)
-              acc += static_cast<double>(pr[j]) * in[(b * seq + j) * w + v_col + c];
-            orow[c] = static_cast<T>(acc);
-          }
-        }
-      }
-    }
+    attention_forward_cpu<T>(qkv.data<T>(), s, out.data<T>(), probs.data<T>());
   });
 }
 
@@ -103,7 +470,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& pro
   constexpr std::string_view op = "attention_backward";
   check_shapes(op, qkv, s);
   const int64_t b_n = s.batch, seq = s.seq, a_n = s.heads, d = s.head_dim, h = a_n * d;
-  const int64_t w = s.qkv_width(), kv = s.kv(), r = a_n / kv;
+  const int64_t w = s.qkv_width(), kv = s.kv();
   detail::check_operand(dout, op, "dout", b_n * seq * h);
   detail::check_operand(probs, op, "probs", b_n * a_n * seq * seq);
   detail::check_operand(dqkv, op, "dqkv", b_n * seq * w);
@@ -122,62 +489,9 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& pro
                                              detail::cuda_stream()));
     return;
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   detail::dispatch_float(qkv.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    const T* in = qkv.data<T>();
-    const T* dop = dout.data<T>();
-    const T* p = probs.data<T>();
-    T* dg = dqkv.data<T>();
-    std::vector<double> dq(seq * d), dk(seq * d), dv(seq * d), ds(seq);
-    for (int64_t b = 0; b < b_n; ++b) {
-      for (int64_t g = 0; g < kv; ++g) {
-        // dk and dv of the group sum over its query heads (head order, then query rows).
-        std::fill(dk.begin(), dk.end(), 0.0);
-        std::fill(dv.begin(), dv.end(), 0.0);
-        const HeadCols group = head_cols(s, g * r);
-        const int64_t k_col = group.k, v_col = group.v;
-        for (int64_t a = g * r; a < (g + 1) * r; ++a) {
-          const int64_t q_col = head_cols(s, a).q;
-          std::fill(dq.begin(), dq.end(), 0.0);
-          for (int64_t i = 0; i < seq; ++i) {
-            const T* pr = p + ((b * a_n + a) * seq + i) * seq;
-            const T* dorow = dop + (b * seq + i) * h + a * d;
-            const T* q = in + (b * seq + i) * w + q_col;
-            double dot_pdp = 0;
-            for (int64_t j = 0; j <= i; ++j) {
-              const T* v = in + (b * seq + j) * w + v_col;
-              double dp = 0;
-              for (int64_t c = 0; c < d; ++c) {
-                dp += static_cast<double>(dorow[c]) * v[c];
-                dv[j * d + c] += static_cast<double>(pr[j]) * dorow[c];
-              }
-              ds[j] = dp;
-              dot_pdp += static_cast<double>(pr[j]) * dp;
-            }
-            for (int64_t j = 0; j <= i; ++j) {
-              const double dsc = pr[j] * (ds[j] - dot_pdp) * scale;
-              const T* k = in + (b * seq + j) * w + k_col;
-              for (int64_t c = 0; c < d; ++c) {
-                dq[i * d + c] += dsc * k[c];
-                dk[j * d + c] += dsc * q[c];
-              }
-            }
-          }
-          for (int64_t i = 0; i < seq; ++i) {
-            T* row = dg + (b * seq + i) * w;
-            for (int64_t c = 0; c < d; ++c) row[q_col + c] = static_cast<T>(dq[i * d + c]);
-          }
-        }
-        for (int64_t i = 0; i < seq; ++i) {
-          T* row = dg + (b * seq + i) * w;
-          for (int64_t c = 0; c < d; ++c) {
-            row[k_col + c] = static_cast<T>(dk[i * d + c]);
-            row[v_col + c] = static_cast<T>(dv[i * d + c]);
-          }
-        }
-      }
-    }
+    attention_backward_cpu<T>(dout.data<T>(), qkv.data<T>(), probs.data<T>(), s, dqkv.data<T>());
   });
 }
 

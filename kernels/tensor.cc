@@ -5,10 +5,99 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
+#include <vector>
 
 #include "kernels/cuda_check.h"
 
 namespace meshproof::kernels {
+
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MESHPROOF_HOST_BLOCK_CACHE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MESHPROOF_HOST_BLOCK_CACHE 0
+#endif
+#endif
+#ifndef MESHPROOF_HOST_BLOCK_CACHE
+#define MESHPROOF_HOST_BLOCK_CACHE 1
+#endif
+
+// Per-thread cache of freed host blocks by exact (64-byte rounded) size (docs/design.md section
+// 21). A training step allocates and frees the same activation and gradient shapes every step and
+// every virtual rank is a thread: reusing the thread's own freed blocks takes malloc's arena locks,
+// chunk consolidation, heap trimming and the page faults of re-mapped memory out of the step. It
+// caches blocks up to kMaxBlock bytes and at most kMaxCached bytes per thread (the rest go back to
+// malloc); the memory tracker counts tensors, not the cache, so every reported figure is
+// unchanged. Off under AddressSanitizer, which must see every free to catch a use after it.
+class HostBlockCache {
+ public:
+  static constexpr size_t kMaxBlock = size_t{8} << 20;    // 8 MiB
+  static constexpr size_t kMaxCached = size_t{32} << 20;  // 32 MiB per thread
+
+  ~HostBlockCache() {
+    alive_ = false;
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) std::free(p);
+  }
+
+  // A block of `bytes` (a multiple of 64), from the cache when it holds one of that size.
+  static void* take(size_t bytes) {
+    if (MESHPROOF_HOST_BLOCK_CACHE && alive_ && bytes <= kMaxBlock) {
+      HostBlockCache& c = instance();
+      const auto it = c.free_.find(bytes);
+      if (it != c.free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        c.cached_ -= bytes;
+        ++c.hits_;
+        return p;
+      }
+    }
+    return std::aligned_alloc(64, bytes);
+  }
+
+  static void give(void* p, size_t bytes) {
+    if (MESHPROOF_HOST_BLOCK_CACHE && alive_ && bytes <= kMaxBlock) {
+      HostBlockCache& c = instance();
+      if (c.cached_ + bytes <= kMaxCached) {
+        c.free_[bytes].push_back(p);
+        c.cached_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  static HostBlockCache& instance() {
+    thread_local HostBlockCache c;
+    return c;
+  }
+
+  size_t cached() const { return cached_; }
+  int64_t hits() const { return hits_; }
+
+ private:
+  // False once this thread's cache is destroyed (thread exit): later frees go to malloc.
+  static thread_local bool alive_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t cached_ = 0;
+  int64_t hits_ = 0;
+};
+thread_local bool HostBlockCache::alive_ = true;
+
+}  // namespace
+
+namespace detail {
+HostBlockCacheStats host_block_cache_stats() {
+  const HostBlockCache& c = HostBlockCache::instance();
+  return {MESHPROOF_HOST_BLOCK_CACHE != 0, static_cast<int64_t>(c.cached()), c.hits(),
+          static_cast<int64_t>(HostBlockCache::kMaxBlock),
+          static_cast<int64_t>(HostBlockCache::kMaxCached)};
+}
+}  // namespace detail
 
 Elements Shape::numel() const {
   int64_t n = 1;
@@ -33,7 +122,7 @@ class Storage {
     const size_t n = static_cast<size_t>(std::max<int64_t>(size.value, 1));
     if (device.is_cpu()) {
       // 64-byte alignment: vector loads and HDF5/MPI transfers never straddle a cache line start.
-      ptr_ = std::aligned_alloc(64, (n + 63) / 64 * 64);
+      ptr_ = HostBlockCache::take((n + 63) / 64 * 64);
       MP_CHECK(ptr_ != nullptr, "host allocation of {} bytes failed", n);
     } else {
 #if MESHPROOF_HAVE_CUDA
@@ -49,7 +138,8 @@ class Storage {
   ~Storage() {
     if (tracker_ != nullptr) tracker_->on_free(device_, size_);
     if (device_.is_cpu()) {
-      std::free(ptr_);
+      const size_t n = static_cast<size_t>(std::max<int64_t>(size_.value, 1));
+      HostBlockCache::give(ptr_, (n + 63) / 64 * 64);
     } else {
 #if MESHPROOF_HAVE_CUDA
       // Stream-ordered free on the allocating rank's stream; errors here cannot be thrown.

@@ -106,6 +106,20 @@ class Tensor {
 // synchronised before return.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, Bytes n);
 
+namespace detail {
+// The calling thread's cache of freed host blocks (tensor.cc, docs/design.md section 21), for the
+// tests: whether it is compiled in (not under AddressSanitizer), the bytes it holds, how many
+// allocations it served, and its limits.
+struct HostBlockCacheStats {
+  bool enabled = false;
+  int64_t cached_bytes = 0;
+  int64_t hits = 0;
+  int64_t max_block = 0;
+  int64_t max_cached = 0;
+};
+HostBlockCacheStats host_block_cache_stats();
+}  // namespace detail
+
 template <typename T>
 Tensor Tensor::from_vector(const Shape& shape, const std::vector<T>& values) {
   MP_CHECK(static_cast<int64_t>(values.size()) == shape.numel().value,

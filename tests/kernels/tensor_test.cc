@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 namespace meshproof::kernels {
 namespace {
 
@@ -50,6 +52,55 @@ TEST(TensorTest, ViewRejectsWrongElementCount) {
   Tensor t = Tensor::zeros(Shape{2, 3}, DType::kFloat32, Device::cpu());
   EXPECT_EQ(t.view(Shape{3, 2}).shape(), (Shape{3, 2}));
   EXPECT_THROW(t.view(Shape{4, 2}), Error);
+}
+
+// The per-thread host block cache (docs/design.md section 21): a freed block comes back for the
+// next tensor of the same (64-byte rounded) size on the same thread, zeros() still zeroes it, the
+// tracker counts tensors (not cached blocks), a block above the size limit and blocks beyond the
+// per-thread byte limit go back to malloc, and another thread has its own cache.
+TEST(TensorTest, HostBlockCacheReusesFreedBlocksPerThread) {
+  const detail::HostBlockCacheStats s0 = detail::host_block_cache_stats();
+  if (!s0.enabled) GTEST_SKIP() << "host block cache compiled out (AddressSanitizer build)";
+  MemoryTracker tracker;
+  ScopedRankContext ctx(RankContext{1, Device::cpu(), nullptr, &tracker});
+  void* first = nullptr;
+  {
+    Tensor a = Tensor::empty(Shape{1000}, DType::kFloat32);  // 4000 bytes -> a 4032-byte block
+    first = a.raw_data();
+    a.data<float>()[7] = 3.0f;
+  }
+  EXPECT_EQ(tracker.current(DeviceType::kCpu).value, 0);
+  const int64_t cached = detail::host_block_cache_stats().cached_bytes;
+  EXPECT_GE(cached, 4032);
+  {
+    Tensor b = Tensor::zeros(Shape{1007}, DType::kFloat32);  // 4028 bytes: the same block size
+    EXPECT_EQ(b.raw_data(), first);
+    EXPECT_EQ(b.data<float>()[7], 0.0f);
+    EXPECT_EQ(tracker.current(DeviceType::kCpu).value, 4028);
+    EXPECT_EQ(detail::host_block_cache_stats().cached_bytes, cached - 4032);
+    Tensor c = Tensor::empty(Shape{2000}, DType::kFloat32);  // another size: a new block
+    EXPECT_NE(c.raw_data(), first);
+  }
+  EXPECT_EQ(tracker.peak(DeviceType::kCpu).value, 4028 + 8000);
+  // Above the block limit: never cached.
+  const int64_t before_big = detail::host_block_cache_stats().cached_bytes;
+  { Tensor big = Tensor::empty(Shape{s0.max_block + 64}, DType::kUInt8); }
+  EXPECT_EQ(detail::host_block_cache_stats().cached_bytes, before_big);
+  // Many blocks freed at once: the cache keeps at most max_cached bytes.
+  {
+    std::vector<Tensor> many;
+    for (int i = 0; i < 3 * s0.max_cached / s0.max_block + 1; ++i)
+      many.push_back(Tensor::empty(Shape{s0.max_block}, DType::kUInt8));
+  }
+  EXPECT_LE(detail::host_block_cache_stats().cached_bytes, s0.max_cached);
+  EXPECT_EQ(tracker.current(DeviceType::kCpu).value, 0);
+  // Another thread (another virtual rank) does not take this thread's cached block: it gets a
+  // fresh one while `first` stays cached here.
+  void* other = nullptr;
+  std::thread([&] { other = Tensor::empty(Shape{1000}, DType::kFloat32).raw_data(); }).join();
+  EXPECT_NE(other, first);
+  Tensor again = Tensor::empty(Shape{1000}, DType::kFloat32);
+  EXPECT_EQ(again.raw_data(), first);
 }
 
 }  // namespace
