@@ -584,12 +584,13 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
   const DType dt = a.ln2_out.dtype();
   const int64_t rows = a.ln2_out.shape()[0];
   const std::string q = fmt::format("layers.{}.moe.", layer);
-  MP_CHECK(w.router_w->dtype() == DType::kFloat32,
-           "GptModel: {}router.weight must be handed in as float32 (the router runs in fp32), "
-           "got {}",
-           q, w.router_w->describe());
-  a.router_in = dt == DType::kFloat32 ? a.ln2_out : kernels::cast_to(a.ln2_out, DType::kFloat32);
-  Tensor logits = new_tensor({rows, mc.experts}, DType::kFloat32);
+  // fp32 router (float64 only in the CPU backend's float64 mode).
+  const DType rdt = dt == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  MP_CHECK(w.router_w->dtype() == rdt,
+           "GptModel: {}router.weight must be handed in as {} (the router runs in fp32), got {}", q,
+           kernels::dtype_name(rdt), w.router_w->describe());
+  a.router_in = dt == rdt ? a.ln2_out : kernels::cast_to(a.ln2_out, rdt);
+  Tensor logits = new_tensor({rows, mc.experts}, rdt);
   kernels::gemm_fprop(&a.router_in, w.router_w, logits);
   a.routing = moe::route(logits, mc.top_k, mc.router);
   a.dispatch = moe::dispatch(a.routing, moe::row_alignment(config_.recipe.kind));
@@ -662,12 +663,13 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
   const std::vector<double> aux =
       mc.aux_loss_coef > 0 ? moe::aux_d_prob(a.load, mc.top_k, mc.aux_loss_coef, linear.grad_scale)
                            : std::vector<double>(static_cast<size_t>(mc.experts), 0.0);
-  Tensor d_logits = moe::route_backward(a.routing, d_weight, aux, mc.router);
+  Tensor d_logits =
+      moe::route_backward(a.routing, d_weight, aux, mc.router, a.router_in.dtype());
   if (!a.router_in.device().is_cpu()) d_logits = d_logits.to(a.router_in.device());
   kernels::gemm_wgrad(&d_logits, &a.router_in, *g.router_w, {.accumulate = true});
-  Tensor d_router_in = new_tensor({rows, h}, DType::kFloat32);
+  Tensor d_router_in = new_tensor({rows, h}, a.router_in.dtype());
   kernels::gemm_dgrad(&d_logits, w.router_w, d_router_in);
-  kernels::add_(d_ln2, dt == DType::kFloat32 ? d_router_in : kernels::cast_to(d_router_in, dt));
+  kernels::add_(d_ln2, dt == d_router_in.dtype() ? d_router_in : kernels::cast_to(d_router_in, dt));
 }
 
 // x_out = x_mid + dropout(fc2(act(fc1(ln2(x_mid))))),  x_mid = x_in +

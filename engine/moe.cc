@@ -33,32 +33,34 @@ int64_t width(const Tensor& t) { return t.shape().rank() == 2 ? t.shape()[1] : 0
 }  // namespace
 
 Routing route(const Tensor& logits, int64_t top_k, MoeRouter router) {
-  MP_CHECK(logits.dtype() == DType::kFloat32 && logits.shape().rank() == 2,
-           "moe::route: logits must be float32 [T, E], got {}", logits.describe());
+  const bool f64 = logits.dtype() == DType::kFloat64;
+  MP_CHECK((f64 || logits.dtype() == DType::kFloat32) && logits.shape().rank() == 2,
+           "moe::route: logits must be float32 (or float64) [T, E], got {}", logits.describe());
+  // Rounded once to float in fp32 mode; kept in double in float64 mode.
+  const auto round = [f64](double v) { return f64 ? v : static_cast<double>(static_cast<float>(v)); };
   Routing r;
   r.tokens = logits.shape()[0];
   r.experts = logits.shape()[1];
   r.top_k = top_k;
   MP_CHECK(top_k >= 1 && top_k <= r.experts, "moe::route: top_k {} not in [1, {}]", top_k,
            r.experts);
-  const std::vector<float> l = logits.to_vector<float>();
+  const std::vector<double> l = host_values(logits);
   const size_t e_n = static_cast<size_t>(r.experts), k_n = static_cast<size_t>(top_k);
   r.probs.resize(l.size());
   r.expert.resize(static_cast<size_t>(r.tokens) * k_n);
   r.weight.resize(r.expert.size());
   std::vector<int32_t> order(e_n);
   for (int64_t t = 0; t < r.tokens; ++t) {
-    const float* row = l.data() + static_cast<size_t>(t) * e_n;
-    float* p = r.probs.data() + static_cast<size_t>(t) * e_n;
+    const double* row = l.data() + static_cast<size_t>(t) * e_n;
+    double* p = r.probs.data() + static_cast<size_t>(t) * e_n;
     if (router == MoeRouter::kSoftmax) {
       const double mx = *std::max_element(row, row + e_n);
       double sum = 0;
-      for (size_t e = 0; e < e_n; ++e) sum += std::exp(static_cast<double>(row[e]) - mx);
-      for (size_t e = 0; e < e_n; ++e)
-        p[e] = static_cast<float>(std::exp(static_cast<double>(row[e]) - mx) / sum);
+      for (size_t e = 0; e < e_n; ++e) sum += std::exp(row[e] - mx);
+      for (size_t e = 0; e < e_n; ++e) p[e] = round(std::exp(row[e] - mx) / sum);
     } else {
       for (size_t e = 0; e < e_n; ++e)
-        p[e] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(row[e]))));
+        p[e] = round(1.0 / (1.0 + std::exp(-row[e])));
     }
     // Top k by probability; equal probabilities keep the lower expert index first.
     std::iota(order.begin(), order.end(), 0);
@@ -67,24 +69,24 @@ Routing route(const Tensor& logits, int64_t top_k, MoeRouter router) {
     for (size_t j = 0; j < k_n; ++j) chosen += p[order[j]];
     for (size_t j = 0; j < k_n; ++j) {
       r.expert[static_cast<size_t>(t) * k_n + j] = order[j];
-      r.weight[static_cast<size_t>(t) * k_n + j] = static_cast<float>(p[order[j]] / chosen);
+      r.weight[static_cast<size_t>(t) * k_n + j] = round(p[order[j]] / chosen);
     }
   }
   return r;
 }
 
 Tensor route_backward(const Routing& r, const std::vector<double>& d_weight,
-                      const std::vector<double>& aux_d_prob, MoeRouter router) {
+                      const std::vector<double>& aux_d_prob, MoeRouter router, DType dtype) {
   const size_t e_n = static_cast<size_t>(r.experts), k_n = static_cast<size_t>(r.top_k);
   MP_CHECK(d_weight.size() == r.expert.size() && aux_d_prob.size() == e_n,
            "moe::route_backward: {} weight gradients for {} choices, {} aux terms for {} experts",
            d_weight.size(), r.expert.size(), aux_d_prob.size(), e_n);
-  std::vector<float> out(r.probs.size());
+  std::vector<double> out(r.probs.size());
   std::vector<double> dp(e_n);
   for (int64_t t = 0; t < r.tokens; ++t) {
-    const float* p = r.probs.data() + static_cast<size_t>(t) * e_n;
+    const double* p = r.probs.data() + static_cast<size_t>(t) * e_n;
     const int32_t* ex = r.expert.data() + static_cast<size_t>(t) * k_n;
-    const float* w = r.weight.data() + static_cast<size_t>(t) * k_n;
+    const double* w = r.weight.data() + static_cast<size_t>(t) * k_n;
     const double* dw = d_weight.data() + static_cast<size_t>(t) * k_n;
     // w_j = p_j / S, S = sum over the chosen of p: dL/dp_j = (dw_j - sum_i dw_i w_i) / S.
     double chosen = 0, dot = 0;
@@ -94,17 +96,18 @@ Tensor route_backward(const Routing& r, const std::vector<double>& d_weight,
     }
     for (size_t e = 0; e < e_n; ++e) dp[e] = aux_d_prob[e];
     for (size_t j = 0; j < k_n; ++j) dp[static_cast<size_t>(ex[j])] += (dw[j] - dot) / chosen;
-    float* o = out.data() + static_cast<size_t>(t) * e_n;
+    double* o = out.data() + static_cast<size_t>(t) * e_n;
     if (router == MoeRouter::kSoftmax) {
       double s = 0;
-      for (size_t e = 0; e < e_n; ++e) s += static_cast<double>(p[e]) * dp[e];
-      for (size_t e = 0; e < e_n; ++e) o[e] = static_cast<float>(p[e] * (dp[e] - s));
+      for (size_t e = 0; e < e_n; ++e) s += p[e] * dp[e];
+      for (size_t e = 0; e < e_n; ++e) o[e] = p[e] * (dp[e] - s);
     } else {
       for (size_t e = 0; e < e_n; ++e)
-        o[e] = static_cast<float>(dp[e] * p[e] * (1.0 - static_cast<double>(p[e])));
+        o[e] = dp[e] * p[e] * (1.0 - p[e]);
     }
   }
-  return Tensor::from_vector<float>({r.tokens, r.experts}, out);
+  const Tensor d = Tensor::from_vector<double>({r.tokens, r.experts}, out);
+  return dtype == DType::kFloat64 ? d : kernels::cast_to(d, dtype);  // rounded once
 }
 
 Dispatch dispatch(const Routing& r, int64_t align) {

@@ -19,21 +19,24 @@ namespace meshproof::engine::moe {
 // The router's decision for T tokens.
 struct Routing {
   int64_t tokens = 0, experts = 0, top_k = 0;
-  std::vector<float> probs;     // [T, E] probabilities: softmax or sigmoid of the fp32 logits
+  std::vector<double> probs;    // [T, E] probabilities: softmax or sigmoid of the logits
   std::vector<int32_t> expert;  // [T, k] chosen experts, by descending probability; ties to the
                                 // lower expert index
-  std::vector<float> weight;    // [T, k] combine weights: the chosen probabilities divided by
+  std::vector<double> weight;   // [T, k] combine weights: the chosen probabilities divided by
                                 // their sum (renormalised over the top k)
 };
 
 // logits: float32 [T, E] (any device). Probabilities are evaluated in double per row and rounded
-// once to float; the combine weights likewise.
+// once to float; the combine weights likewise. float64 logits (the CPU backend's float64 mode,
+// finite-difference checks) keep both in double.
 Routing route(const kernels::Tensor& logits, int64_t top_k, MoeRouter router);
 
-// d(objective)/d(logits), float32 [T, E] on the host, from d/d(weight) [T, k] and a per-expert
-// term added to d/d(probs) of every token (the load-balancing loss's c * E * f_e * scale).
+// d(objective)/d(logits), [T, E] in `dtype` (the logits') on the host, evaluated in double from
+// d/d(weight) [T, k] and a per-expert term added to d/d(probs) of every token (the
+// load-balancing loss's c * E * f_e * scale).
 kernels::Tensor route_backward(const Routing& r, const std::vector<double>& d_weight,
-                               const std::vector<double>& aux_d_prob, MoeRouter router);
+                               const std::vector<double>& aux_d_prob, MoeRouter router,
+                               kernels::DType dtype);
 
 // Where every (token, choice) pair goes: pairs sorted stably by (expert, token), expert e's rows
 // [offset[e], offset[e] + rows[e]) followed by zero rows up to offset[e + 1], a multiple of the
