@@ -593,7 +593,8 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
   Tensor logits = new_tensor({rows, mc.experts}, rdt);
   kernels::gemm_fprop(&a.router_in, w.router_w, logits);
   a.routing = moe::route(logits, mc.top_k, mc.router);
-  a.dispatch = moe::dispatch(a.routing, moe::row_alignment(config_.recipe.kind));
+  a.dispatch =
+      moe::dispatch(a.routing, moe::row_alignment(config_.recipe.kind), linear.quantized());
   if (mc.aux_loss_coef > 0) {
     // f_e and P_e over the global batch: the statistics summed over the data-parallel ranks in
     // rank order, so every rank (and every mesh) gets the same aux loss.
@@ -663,8 +664,7 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
   const std::vector<double> aux =
       mc.aux_loss_coef > 0 ? moe::aux_d_prob(a.load, mc.top_k, mc.aux_loss_coef, linear.grad_scale)
                            : std::vector<double>(static_cast<size_t>(mc.experts), 0.0);
-  Tensor d_logits =
-      moe::route_backward(a.routing, d_weight, aux, mc.router, a.router_in.dtype());
+  Tensor d_logits = moe::route_backward(a.routing, d_weight, aux, mc.router, a.router_in.dtype());
   if (!a.router_in.device().is_cpu()) d_logits = d_logits.to(a.router_in.device());
   kernels::gemm_wgrad(&d_logits, &a.router_in, *g.router_w, {.accumulate = true});
   Tensor d_router_in = new_tensor({rows, h}, a.router_in.dtype());

@@ -37,7 +37,9 @@ Routing route(const Tensor& logits, int64_t top_k, MoeRouter router) {
   MP_CHECK((f64 || logits.dtype() == DType::kFloat32) && logits.shape().rank() == 2,
            "moe::route: logits must be float32 (or float64) [T, E], got {}", logits.describe());
   // Rounded once to float in fp32 mode; kept in double in float64 mode.
-  const auto round = [f64](double v) { return f64 ? v : static_cast<double>(static_cast<float>(v)); };
+  const auto round = [f64](double v) {
+    return f64 ? v : static_cast<double>(static_cast<float>(v));
+  };
   Routing r;
   r.tokens = logits.shape()[0];
   r.experts = logits.shape()[1];
@@ -59,8 +61,7 @@ Routing route(const Tensor& logits, int64_t top_k, MoeRouter router) {
       for (size_t e = 0; e < e_n; ++e) sum += std::exp(row[e] - mx);
       for (size_t e = 0; e < e_n; ++e) p[e] = round(std::exp(row[e] - mx) / sum);
     } else {
-      for (size_t e = 0; e < e_n; ++e)
-        p[e] = round(1.0 / (1.0 + std::exp(-row[e])));
+      for (size_t e = 0; e < e_n; ++e) p[e] = round(1.0 / (1.0 + std::exp(-row[e])));
     }
     // Top k by probability; equal probabilities keep the lower expert index first.
     std::iota(order.begin(), order.end(), 0);
@@ -102,15 +103,14 @@ Tensor route_backward(const Routing& r, const std::vector<double>& d_weight,
       for (size_t e = 0; e < e_n; ++e) s += p[e] * dp[e];
       for (size_t e = 0; e < e_n; ++e) o[e] = p[e] * (dp[e] - s);
     } else {
-      for (size_t e = 0; e < e_n; ++e)
-        o[e] = dp[e] * p[e] * (1.0 - p[e]);
+      for (size_t e = 0; e < e_n; ++e) o[e] = dp[e] * p[e] * (1.0 - p[e]);
     }
   }
   const Tensor d = Tensor::from_vector<double>({r.tokens, r.experts}, out);
   return dtype == DType::kFloat64 ? d : kernels::cast_to(d, dtype);  // rounded once
 }
 
-Dispatch dispatch(const Routing& r, int64_t align) {
+Dispatch dispatch(const Routing& r, int64_t align, bool keep_empty) {
   MP_CHECK(align >= 1, "moe::dispatch: alignment {} must be >= 1", align);
   const size_t k_n = static_cast<size_t>(r.top_k);
   Dispatch d;
@@ -118,7 +118,7 @@ Dispatch dispatch(const Routing& r, int64_t align) {
   for (int32_t e : r.expert) ++d.rows[static_cast<size_t>(e)];
   d.offset.assign(static_cast<size_t>(r.experts) + 1, 0);
   for (int64_t e = 0; e < r.experts; ++e) {
-    const int64_t n = d.rows[static_cast<size_t>(e)];
+    const int64_t n = std::max<int64_t>(d.rows[static_cast<size_t>(e)], keep_empty ? 1 : 0);
     d.offset[static_cast<size_t>(e) + 1] =
         d.offset[static_cast<size_t>(e)] + (n + align - 1) / align * align;
   }

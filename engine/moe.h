@@ -40,7 +40,7 @@ kernels::Tensor route_backward(const Routing& r, const std::vector<double>& d_we
 
 // Where every (token, choice) pair goes: pairs sorted stably by (expert, token), expert e's rows
 // [offset[e], offset[e] + rows[e]) followed by zero rows up to offset[e + 1], a multiple of the
-// alignment (0 rows stay 0).
+// alignment (0 rows stay 0 unless keep_empty).
 struct Dispatch {
   std::vector<int64_t> rows;    // [E] routed pairs per expert
   std::vector<int64_t> offset;  // [E + 1] first row of each expert's padded block; offset[E] = P
@@ -48,7 +48,11 @@ struct Dispatch {
   std::vector<int64_t> slot;    // [T, k] dispatched row of (token, choice)
   int64_t padded_rows() const { return offset.back(); }
 };
-Dispatch dispatch(const Routing& r, int64_t align);
+// keep_empty (quantized recipes): an expert with no routed pair still gets one block of `align`
+// zero rows, so that every rank quantizes every expert's operands (the amax MAX-reductions over
+// the data ranks run in the same order everywhere) and no quantizer sees an empty tensor; zero
+// rows change no amax, no output and no gradient.
+Dispatch dispatch(const Routing& r, int64_t align, bool keep_empty = false);
 
 // The recipe's expert row alignment: no columnwise quantization block (32x1 MXFP8, 128x1 block,
 // 16x1 NVFP4) spans two experts and per-tensor FP8 GEMMs get M % 16 == 0; 1 for fp32 / bf16.
