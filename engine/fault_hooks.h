@@ -26,6 +26,7 @@
 //                                                        nvfp4_block_scale_pow2
 //   restored_scalar        each restored scalar's value  optimizer_step_advanced_before_load
 //   gradient_accumulation  each micro-batch's gradients  grad_accum_last_micro_batch_only
+//   router_precision       each MoE router GEMM          router_not_fp32
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 #pragma once
@@ -87,6 +88,8 @@ class FaultHooks {
   using ScalarRestoreHook =
       std::function<int64_t(std::string_view key, int64_t step, int64_t value)>;
   using GradientAccumulationHook = std::function<bool(int64_t step, bool accumulate)>;
+  // Whether the MoE router GEMM runs in fp32 at `step` (true: correct; docs/design.md section 27).
+  using RouterPrecisionHook = std::function<bool(int64_t step, bool fp32)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -107,6 +110,7 @@ class FaultHooks {
   void on_gradient_accumulation(GradientAccumulationHook h) {
     accumulation_.push_back(std::move(h));
   }
+  void on_router_precision(RouterPrecisionHook h) { router_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -131,6 +135,8 @@ class FaultHooks {
   void state(StatePoint point, int64_t step, ShardedState& state) const;
   // Whether the model's RoPE uses global positions under sequence parallelism at `step`.
   bool rope_global_positions(int64_t step) const;
+  // Whether the MoE router GEMM runs in fp32 at `step`.
+  bool router_fp32(int64_t step) const;
   // The NVFP4 options of (linear, role) at `step`, given the recipe's `o`.
   kernels::Nvfp4Options nvfp4_options(std::string_view linear, Fp8Role role, int64_t step,
                                       kernels::Nvfp4Options o) const;
@@ -151,6 +157,7 @@ class FaultHooks {
   std::vector<RestoreHook> restore_;
   std::vector<StateHook> state_;
   std::vector<RopePositionsHook> rope_;
+  std::vector<RouterPrecisionHook> router_;
   std::vector<Nvfp4OptionsHook> nvfp4_;
   std::vector<ScalarRestoreHook> restored_scalar_;
   std::vector<GradientAccumulationHook> accumulation_;

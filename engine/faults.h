@@ -100,6 +100,11 @@ struct FaultInjection {
   // NVFP4 requires E4M3). Caught by golden.
   bool nvfp4_block_scale_pow2 = false;
 
+  // The MoE router GEMM (docs/design.md section 27) runs in bf16 (operands and output rounded to
+  // bf16) instead of fp32, so near-tied experts flip and the combine weights move. Caught by
+  // golden.
+  bool router_not_fp32 = false;
+
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
@@ -112,7 +117,7 @@ struct FaultInjection {
            nvfp4_rht_on_one_operand || nvfp4_block_scale_pow2 ||
 
            amax_history_restored_from_init || optimizer_step_advanced_before_load ||
-           grad_accum_last_micro_batch_only;
+           grad_accum_last_micro_batch_only || router_not_fp32;
   }
 };
 

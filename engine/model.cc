@@ -591,7 +591,15 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
            kernels::dtype_name(rdt), w.router_w->describe());
   a.router_in = dt == rdt ? a.ln2_out : kernels::cast_to(a.ln2_out, rdt);
   Tensor logits = new_tensor({rows, mc.experts}, rdt);
-  kernels::gemm_fprop(&a.router_in, w.router_w, logits);
+  if (linear.tp.router_fp32) {
+    kernels::gemm_fprop(&a.router_in, w.router_w, logits);
+  } else {  // the router_not_fp32 fault: bf16 operands and output
+    const Tensor x16 = kernels::cast_to(a.router_in, DType::kBFloat16);
+    const Tensor w16 = kernels::cast_to(*w.router_w, DType::kBFloat16);
+    Tensor l16 = new_tensor({rows, mc.experts}, DType::kBFloat16);
+    kernels::gemm_fprop(&x16, &w16, l16);
+    logits = kernels::cast_to(l16, rdt);
+  }
   a.routing = moe::route(logits, mc.top_k, mc.router);
   a.dispatch =
       moe::dispatch(a.routing, moe::row_alignment(config_.recipe.kind), linear.quantized());

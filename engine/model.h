@@ -46,6 +46,9 @@ struct TpContext {
   // The data-parallel group (dp_replicate x dp_shard) of this rank, or nullptr on one rank: the
   // MoE load-balancing statistics are summed over it (docs/design.md section 27).
   mesh::Communicator* data = nullptr;
+  // The MoE router GEMM in fp32 (correct) or bf16 (the router_not_fp32 fault,
+  // engine/fault_hooks.h).
+  bool router_fp32 = true;
   bool active() const { return comm != nullptr && comm->size() > 1; }
   bool sp() const { return active() && sequence_parallel; }
 };

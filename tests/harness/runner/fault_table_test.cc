@@ -80,7 +80,9 @@ std::array<bool, 22> switched_on(const engine::FaultInjection& f) {
           f.nvfp4_rht_on_one_operand, f.nvfp4_block_scale_pow2,
           // state/reference faults (issue #20)
           f.amax_history_restored_from_init, f.optimizer_step_advanced_before_load,
-          f.grad_accum_last_micro_batch_only};
+          f.grad_accum_last_micro_batch_only,
+          // MoE faults (issue #23)
+          f.router_not_fp32};
 }
 
 // Each row switches on exactly one engine fault, and no other row switches on the same one.
