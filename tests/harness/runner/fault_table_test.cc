@@ -65,7 +65,7 @@ TEST_P(FaultTableRow, InjectsItsFaultFromItsFirstStep) {
 }
 
 // The engine faults a FaultInjection switches on (engine/faults.h), one flag each.
-std::array<bool, 22> switched_on(const engine::FaultInjection& f) {
+std::array<bool, 23> switched_on(const engine::FaultInjection& f) {
   return {f.amax_not_reduced, f.tp_fsdp_left_to_right, f.fp8_state_dropped_from_checkpoint,
           f.scale_inv_saved_bf16, f.stale_columnwise_copy, f.data_cursor_not_restored,
           f.optimizer_state_not_restored, f.hsdp_replicas_not_reduced, f.uneven_shard_padding_leak,
@@ -89,7 +89,7 @@ std::array<bool, 22> switched_on(const engine::FaultInjection& f) {
 TEST_P(FaultTableRow, SwitchesOnOneEngineFaultOfItsOwn) {
   engine::FaultInjection mine;
   row().inject(library_spec(), mine);
-  const std::array<bool, 22> flags = switched_on(mine);
+  const std::array<bool, 23> flags = switched_on(mine);
   EXPECT_EQ(std::count(flags.begin(), flags.end(), true), 1);
   for (const FaultDescriptor& other : fault_table()) {
     if (other.name == GetParam()) continue;
