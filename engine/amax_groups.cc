@@ -1,5 +1,6 @@
 #include "engine/amax_groups.h"
 
+#include <string>
 #include <vector>
 
 #include "kernels/error.h"
@@ -10,6 +11,15 @@ using mesh::DimSet;
 using mesh::MeshDim;
 
 LinearKind linear_kind(std::string_view linear) {
+  // MoE expert linears (docs/design.md section 27): "layers.0.moe.experts.3.fc1" and
+  // "layers.0.moe.shared.fc2" are the MLP rows "mlp.fc1" / "mlp.fc2".
+  if (const size_t at = linear.find(".moe."); at != std::string_view::npos) {
+    const size_t dot = linear.rfind('.');
+    const std::string mlp = "mlp." + std::string(linear.substr(dot + 1));
+    for (Activation a : {Activation::kGelu, Activation::kSwiGlu})
+      for (const LinearLayer& l : block_linears(a))
+        if (l.name == mlp) return l.kind;
+  }
   for (Activation a : {Activation::kGelu, Activation::kSwiGlu})
     for (const LinearLayer& l : block_linears(a))
       if (linear.ends_with(l.name) && linear.size() > l.name.size() &&

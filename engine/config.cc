@@ -83,6 +83,16 @@ LrSchedule parse_schedule(std::string_view s, std::string_view field) {
   MP_FAIL_INPUT("{} = '{}': expected constant or warmup_cosine", field, s);
 }
 
+std::string_view moe_router_name(MoeRouter r) {
+  return r == MoeRouter::kSoftmax ? "softmax" : "sigmoid";
+}
+
+MoeRouter parse_moe_router(std::string_view s, std::string_view field) {
+  if (s == "softmax") return MoeRouter::kSoftmax;
+  if (s == "sigmoid") return MoeRouter::kSigmoid;
+  MP_FAIL_INPUT("{} = '{}': expected softmax or sigmoid", field, s);
+}
+
 Fp8Format fp8_format_of(const RecipeConfig& r) {
   if (r.fp8_format) return *r.fp8_format;
   // TE: DelayedScaling and Float8CurrentScaling default to HYBRID, MXFP8BlockScaling and
@@ -167,6 +177,39 @@ std::vector<ConfigIssue> check_config(const Config& c) {
                   "training.steps - 2 = {} (the peak step and at least one cosine step to min_lr)",
                   t.warmup_steps, t.steps - 2));
 
+  // Mixture of experts (docs/design.md section 27).
+  const MoeConfig& moe = m.moe;
+  needf("model.moe.experts", moe.experts >= 0,
+        fmt::format("model.moe.experts = {} must be >= 0 (0: no MoE)", moe.experts));
+  needf("model.moe.experts", moe.enabled() || moe == MoeConfig{},
+        "model.moe.experts = 0 (the dense model) but other model.moe settings differ from their "
+        "defaults; set experts >= 1 or leave model.moe out");
+  if (moe.enabled()) {
+    needf("model.moe.top_k", moe.top_k >= 1 && moe.top_k <= moe.experts,
+          fmt::format("model.moe.top_k = {} must be in [1, model.moe.experts = {}]", moe.top_k,
+                      moe.experts));
+    needf(
+        "model.moe.every", moe.every >= 1 && moe.every <= m.layers,
+        fmt::format("model.moe.every = {} must be in [1, model.layers = {}]", moe.every, m.layers));
+    needf("model.moe.aux_loss_coef", std::isfinite(moe.aux_loss_coef) && moe.aux_loss_coef >= 0.0,
+          fmt::format("model.moe.aux_loss_coef = {} must be finite and >= 0", moe.aux_loss_coef));
+    // f_e and P_e are taken over the whole global batch; with several micro-batches the
+    // counts of the later micro-batches are not known when the first one's backward runs.
+    needf("training.micro_batches", moe.aux_loss_coef == 0.0 || t.micro_batches == 1,
+          fmt::format("training.micro_batches = {} with model.moe.aux_loss_coef = {}: the "
+                      "load-balancing loss over the global batch with gradient accumulation is "
+                      "not built yet (docs/design.md section 27); use micro_batches 1",
+                      t.micro_batches, moe.aux_loss_coef));
+    // The recipes whose MoE runs are tested against one rank; the others are refused, not run.
+    const RecipeKind rk = c.recipe.kind;
+    needf("recipe.kind",
+          rk == RecipeKind::kFp32 || rk == RecipeKind::kBf16 || rk == RecipeKind::kCurrent ||
+              rk == RecipeKind::kMxfp8,
+          fmt::format("recipe = {} with model.moe is not built yet (docs/design.md section 27): "
+                      "MoE runs with fp32, bf16, current or mxfp8",
+                      recipe_name(rk)));
+  }
+
   const DataConfig& d = c.data;
   needf("data.markov_order", d.markov_order >= 1 && d.markov_order <= 4,
         fmt::format("data.markov_order = {} must be in [1, 4]", d.markov_order));
@@ -242,6 +285,14 @@ std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {
   add("model.rope_theta", c.model.rope_theta);
   add("model.bias", c.model.bias ? 1 : 0);
   add("model.vocab_parallel", c.model.vocab_parallel ? 1 : 0);
+  if (c.model.moe.enabled()) {  // only with MoE: the dense model's items stay what they were
+    add("model.moe.experts", c.model.moe.experts);
+    add("model.moe.top_k", c.model.moe.top_k);
+    add("model.moe.every", c.model.moe.every);
+    add("model.moe.router", moe_router_name(c.model.moe.router));
+    add("model.moe.shared_expert", c.model.moe.shared_expert ? 1 : 0);
+    add("model.moe.aux_loss_coef", c.model.moe.aux_loss_coef);
+  }
   add("recipe.name", recipe_name(c.recipe.kind));
   add("recipe.amax_history_len", c.recipe.amax_history_len);
   add("recipe.amax_compute_algo", kernels::amax_algo_name(c.recipe.amax_compute_algo));

@@ -21,6 +21,9 @@ enum class Activation : uint8_t { kGelu, kRelu, kSwiGlu };
 enum class PositionKind : uint8_t { kLearned, kRope };
 enum class RecipeKind : uint8_t { kFp32, kBf16, kDelayed, kCurrent, kMxfp8, kBlock, kNvfp4 };
 enum class LrSchedule : uint8_t { kConstant, kWarmupCosine };
+// How a mixture-of-experts router turns its fp32 logits into probabilities (docs/design.md
+// section 27): softmax over the experts, or an independent sigmoid per expert.
+enum class MoeRouter : uint8_t { kSoftmax, kSigmoid };
 // TransformerEngine's recipe.Format: HYBRID quantizes forward tensors (inputs, weights) in E4M3
 // and gradients in E5M2; E4M3 quantizes every tensor in E4M3.
 enum class Fp8Format : uint8_t { kHybrid, kE4M3 };
@@ -46,12 +49,29 @@ std::string_view position_name(PositionKind p);
 std::string_view recipe_name(RecipeKind r);
 std::string_view schedule_name(LrSchedule s);
 std::string_view fp8_format_name(Fp8Format f);
+std::string_view moe_router_name(MoeRouter r);
 // Parsers throw a kInput error naming `field` and the accepted values.
 NormKind parse_norm(std::string_view s, std::string_view field);
 Activation parse_activation(std::string_view s, std::string_view field);
 PositionKind parse_position(std::string_view s, std::string_view field);
 RecipeKind parse_recipe(std::string_view s, std::string_view field);
 LrSchedule parse_schedule(std::string_view s, std::string_view field);
+MoeRouter parse_moe_router(std::string_view s, std::string_view field);
+
+// Mixture of experts (docs/design.md section 27): every `every`-th layer (layers i with
+// i % every == 0) replaces its MLP by `experts` MLPs of the model's activation and ffn width, an
+// fp32 router [E, H] choosing top_k of them per token, and optionally one shared expert applied to
+// every token. experts = 0: no MoE (the dense model, unchanged).
+struct MoeConfig {
+  int64_t experts = 0;  // E; 0 = dense
+  int64_t top_k = 1;    // k in [1, E]
+  int64_t every = 1;    // layer i is an MoE layer when i % every == 0
+  MoeRouter router = MoeRouter::kSoftmax;
+  bool shared_expert = false;
+  double aux_loss_coef = 0.0;  // c of the Switch load-balancing loss c * E * sum_e f_e * P_e
+  bool enabled() const { return experts > 0; }
+  bool operator==(const MoeConfig&) const = default;
+};
 
 struct ModelConfig {
   int64_t vocab = 64;          // V
@@ -73,7 +93,13 @@ struct ModelConfig {
   // embed.tok and lm_head.weight split by rows (vocabulary) over tp, with the masked lookup and
   // the parallel cross-entropy; no effect with tp = 1.
   bool vocab_parallel = false;
+  MoeConfig moe;  // mixture of experts (docs/design.md section 27); off by default
 };
+
+// True when layer i of `m` is a mixture-of-experts layer.
+inline bool is_moe_layer(const ModelConfig& m, int64_t i) {
+  return m.moe.enabled() && i % m.moe.every == 0;
+}
 
 // The number of key/value heads: model.kv_heads, or A when it is 0.
 inline int64_t kv_heads_of(const ModelConfig& m) { return m.kv_heads > 0 ? m.kv_heads : m.heads; }

@@ -354,6 +354,12 @@ bool FaultHooks::rope_global_positions(int64_t step) const {
   return global;
 }
 
+bool FaultHooks::router_fp32(int64_t step) const {
+  bool fp32 = true;
+  for (const auto& h : router_) fp32 = h(step, fp32);
+  return fp32;
+}
+
 FaultHooks make_fault_hooks(const FaultInjection& f) {
   FaultHooks h;
   // uneven_shard_padding_leak: the vocabulary-sized weights (embed.tok, lm_head.weight) keep the
@@ -539,6 +545,9 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
     h.on_block_scale_padding([f](const ParamSpec&, int64_t step, ScalePadding padding) {
       return f.active(step) ? ScalePadding{.rowwise_rows = 128, .columnwise_rows = 4} : padding;
     });
+  // router_not_fp32: the MoE router GEMM runs on bf16 operands with a bf16 output.
+  if (f.router_not_fp32)
+    h.on_router_precision([f](int64_t step, bool fp32) { return fp32 && !f.active(step); });
   return h;
 }
 

@@ -31,6 +31,7 @@
 //   load_box               each loaded key's target box  vocab_uneven_resume_rows
 //   block_scale_padding    each MXFP8 FP8 all-gather's   block_scale_padding_reshard
 //                          block scales
+//   router_precision       each MoE router GEMM          router_not_fp32
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 #pragma once
@@ -106,6 +107,8 @@ class FaultHooks {
       std::function<ScalePadding(const ParamSpec&, int64_t step, ScalePadding)>;
   using LoadBoxHook = std::function<mesh::Box(std::string_view key, const mesh::Layout&, int rank,
                                               int64_t step, mesh::Box box)>;
+  // Whether the MoE router GEMM runs in fp32 at `step` (true: correct; docs/design.md section 27).
+  using RouterPrecisionHook = std::function<bool(int64_t step, bool fp32)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -131,6 +134,7 @@ class FaultHooks {
   void on_block_scale_padding(BlockScalePaddingHook h) {
     block_scale_padding_.push_back(std::move(h));
   }
+  void on_router_precision(RouterPrecisionHook h) { router_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -155,6 +159,8 @@ class FaultHooks {
   void state(StatePoint point, int64_t step, ShardedState& state) const;
   // Whether the model's RoPE uses global positions under sequence parallelism at `step`.
   bool rope_global_positions(int64_t step) const;
+  // Whether the MoE router GEMM runs in fp32 at `step`.
+  bool router_fp32(int64_t step) const;
   // The NVFP4 options of (linear, role) at `step`, given the recipe's `o`.
   kernels::Nvfp4Options nvfp4_options(std::string_view linear, Fp8Role role, int64_t step,
                                       kernels::Nvfp4Options o) const;
@@ -182,6 +188,7 @@ class FaultHooks {
   std::vector<RestoreHook> restore_;
   std::vector<StateHook> state_;
   std::vector<RopePositionsHook> rope_;
+  std::vector<RouterPrecisionHook> router_;
   std::vector<Nvfp4OptionsHook> nvfp4_;
   std::vector<ScalarRestoreHook> restored_scalar_;
   std::vector<GradientAccumulationHook> accumulation_;

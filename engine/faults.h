@@ -116,6 +116,10 @@ struct FaultInjection {
   // 128: right on DP2 of a 256-row weight, wrong on DP4 (TE's xfails). Caught by
   // allgather_parity.
   bool block_scale_padding_reshard = false;
+  // The MoE router GEMM (docs/design.md section 27) runs in bf16 (operands and output rounded to
+  // bf16) instead of fp32, so near-tied experts flip and the combine weights move. Caught by
+  // golden.
+  bool router_not_fp32 = false;
 
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
@@ -131,7 +135,8 @@ struct FaultInjection {
            amax_history_restored_from_init || optimizer_step_advanced_before_load ||
            grad_accum_last_micro_batch_only ||
            // catalog entries (issue #20)
-           scale_inv_gathered_bf16 || vocab_uneven_resume_rows || block_scale_padding_reshard;
+           scale_inv_gathered_bf16 || vocab_uneven_resume_rows || block_scale_padding_reshard ||
+           router_not_fp32;
   }
 };
 

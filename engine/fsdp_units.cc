@@ -123,7 +123,7 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
     mesh::Communicator& shard = comms_.group(groups::kDpShard);
     Tensor full = mesh::gather_padded(shard, mesh::member_boxes(shard, p.layout), p.master,
                                       p.compute, faults_.weight_gather_padding(p.spec, step_));
-    if (options_.config.recipe.kind != RecipeKind::kFp32)
+    if (options_.config.recipe.kind != RecipeKind::kFp32 && !p.spec.fp32_compute)
       full = kernels::cast_to(full, DType::kBFloat16);
     bytes = full.nbytes().value;
     weights_.insert(p.spec.name, on_device(full, device_));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "engine/moe.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/cast.h"
@@ -24,10 +25,6 @@ using kernels::Shape;
 using kernels::Tensor;
 
 namespace {
-
-// The first MLP projection as its parameters are named (and with them its FP8 state keys and
-// amax hook calls): "mlp.fc1", or its gate half "mlp.fc1_gate" under SwiGLU.
-std::string fc1_name(Activation a) { return a == Activation::kSwiGlu ? "mlp.fc1_gate" : "mlp.fc1"; }
 
 // Activations live on the rank's compute device (its RankContext: the CPU, or the GPU of a
 // CUDA run); the weights handed in must be there too (checked in GptModel::run).
@@ -168,8 +165,36 @@ double vocab_parallel_loss(mesh::Communicator& comm, const Tensor& logits, const
 
 }  // namespace
 
+// One MLP's weights (the dense MLP, an expert, the shared expert): fc1 is the gate under SwiGLU,
+// up_w only for SwiGLU; biases nullptr with model.bias = false.
+struct GptModel::MlpWeights {
+  const Tensor* fc1_w = nullptr;  // [F, H]
+  const Tensor* fc1_b = nullptr;  // [F]
+  const Tensor* up_w = nullptr;   // [F, H]
+  const Tensor* up_b = nullptr;
+  const Tensor* fc2_w = nullptr;  // [H, F]
+  const Tensor* fc2_b = nullptr;  // [H]
+};
+
+struct GptModel::MlpGrads {
+  Tensor* fc1_w = nullptr;
+  Tensor* fc1_b = nullptr;
+  Tensor* up_w = nullptr;
+  Tensor* up_b = nullptr;
+  Tensor* fc2_w = nullptr;
+  Tensor* fc2_b = nullptr;
+};
+
+// Saved activations of one MLP over its rows (M, or an expert's padded block).
+struct GptModel::MlpActs {
+  Tensor fc1_out;  // [rows, F] (gate for SwiGLU)
+  Tensor up_out;   // [rows, F] SwiGLU only
+  Tensor act_out;  // [rows, F]
+};
+
 // Weights of one layer as handed in (norm biases absent for RMSNorm; fc1_up only for SwiGLU,
-// where fc1 is the gate).
+// where fc1 is the gate). An MoE layer (docs/design.md section 27) has no dense MLP weights
+// (fc1_w .. fc2_b nullptr) and instead the router, the experts and the shared expert.
 struct GptModel::LayerWeights {
   const Tensor* ln1_w;
   const Tensor* ln1_b;   // [H] or nullptr (RMSNorm)
@@ -183,8 +208,11 @@ struct GptModel::LayerWeights {
   const Tensor* fc1_b;  // [F]
   const Tensor* up_w;   // [F, H] fc1_up (SwiGLU) or nullptr
   const Tensor* up_b;
-  const Tensor* fc2_w;  // [H, F]
-  const Tensor* fc2_b;  // [H]
+  const Tensor* fc2_w;               // [H, F]
+  const Tensor* fc2_b;               // [H]
+  const Tensor* router_w = nullptr;  // MoE: float32 [E, H]
+  std::vector<MlpWeights> experts;   // MoE: E experts
+  std::vector<MlpWeights> shared;    // MoE with shared_expert: one
 };
 
 struct GptModel::LayerGrads {
@@ -202,6 +230,9 @@ struct GptModel::LayerGrads {
   Tensor* up_b;
   Tensor* fc2_w;
   Tensor* fc2_b;
+  Tensor* router_w = nullptr;
+  std::vector<MlpGrads> experts;
+  std::vector<MlpGrads> shared;
 };
 
 // Saved activations of one layer (M = B*S rows).
@@ -213,10 +244,19 @@ struct GptModel::LayerActs {
   Tensor attn_out;                     // [M, H]
   Tensor x_mid;                        // [M, H] after the attention residual
   Tensor ln2_out, ln2_mean, ln2_rstd;
-  Tensor fc1_out;  // [M, F] (gate for SwiGLU)
-  Tensor up_out;   // [M, F] SwiGLU only
-  Tensor act_out;  // [M, F]
-  Tensor x_out;    // [M, H] layer output
+  MlpActs mlp;   // the dense MLP ([M, F] each)
+  Tensor x_out;  // [M, H] layer output
+  // MoE layers (docs/design.md section 27), P = padded dispatched rows.
+  Tensor router_in;      // [M, H] float32 copy of ln2_out (the router's input)
+  moe::Routing routing;  // the top-k choice and combine weights
+  moe::Dispatch dispatch;
+  Tensor x_perm;           // [P, H] dispatched rows, zero padding rows
+  MlpActs experts;         // [P, F] each, expert e in rows [offset[e], offset[e + 1])
+  Tensor y_perm;           // [P, H] expert outputs
+  MlpActs shared;          // [M, F] each (shared expert)
+  Tensor shared_out;       // [M, H]
+  moe::BalanceStats load;  // the global batch's load-balancing statistics (aux loss > 0)
+  double aux_loss = 0;     // this layer's load-balancing loss (global)
 };
 
 // The linear layers' GEMMs, quantized by the recipe when it is enabled. Forward operands (X, W)
@@ -236,6 +276,9 @@ struct GptModel::Linear {
   // sequence, gathered under sequence parallelism).
   std::vector<int64_t> positions;
   BatchCoords coords;  // of this micro-batch (NVFP4 stochastic rounding's indices)
+  // d(objective)/d(one position's loss) of this micro-batch: the MoE load-balancing loss's
+  // gradient is scaled like the cross-entropy's.
+  double grad_scale = 0;
 
   bool quantized() const { return recipe != nullptr && recipe->enabled(); }
 
@@ -334,48 +377,106 @@ struct GptModel::Linear {
 
 GptModel::GptModel(const Config& config) : config_(config) { validate(config_); }
 
+// The MLP parameters under prefix q ("layers.0.mlp.", "layers.0.moe.experts.1.") looked up by
+// `at`: fc1 (or fc1_gate + fc1_up under SwiGLU) and fc2, biases only with model.bias.
+template <class T, class At>
+auto GptModel::mlp_params(const std::string& q, At at) const {
+  const bool glu = config_.model.activation == Activation::kSwiGlu;
+  const bool bias = config_.model.bias;
+  const std::string fc1 = q + (glu ? "fc1_gate" : "fc1");
+  using Out = std::conditional_t<std::is_const_v<T>, MlpWeights, MlpGrads>;
+  Out o;
+  o.fc1_w = at(fc1 + ".weight");
+  o.fc1_b = bias ? at(fc1 + ".bias") : nullptr;
+  o.up_w = glu ? at(q + "fc1_up.weight") : nullptr;
+  o.up_b = glu && bias ? at(q + "fc1_up.bias") : nullptr;
+  o.fc2_w = at(q + "fc2.weight");
+  o.fc2_b = bias ? at(q + "fc2.bias") : nullptr;
+  return o;
+}
+
 GptModel::LayerWeights GptModel::layer_weights(const TensorMap& w, int64_t i) const {
   const std::string p = fmt::format("layers.{}.", i);
   const bool ln = config_.model.norm == NormKind::kLayerNorm;
-  const bool glu = config_.model.activation == Activation::kSwiGlu;
   const bool bias = config_.model.bias;
-  const std::string fc1 = fc1_name(config_.model.activation);
-  return {&w.at(p + "ln1.weight"),
-          ln ? &w.at(p + "ln1.bias") : nullptr,
-          &w.at(p + "attn.qkv.weight"),
-          bias ? &w.at(p + "attn.qkv.bias") : nullptr,
-          &w.at(p + "attn.proj.weight"),
-          bias ? &w.at(p + "attn.proj.bias") : nullptr,
-          &w.at(p + "ln2.weight"),
-          ln ? &w.at(p + "ln2.bias") : nullptr,
-          &w.at(p + fc1 + ".weight"),
-          bias ? &w.at(p + fc1 + ".bias") : nullptr,
-          glu ? &w.at(p + "mlp.fc1_up.weight") : nullptr,
-          glu && bias ? &w.at(p + "mlp.fc1_up.bias") : nullptr,
-          &w.at(p + "mlp.fc2.weight"),
-          bias ? &w.at(p + "mlp.fc2.bias") : nullptr};
+  LayerWeights lw{&w.at(p + "ln1.weight"),
+                  ln ? &w.at(p + "ln1.bias") : nullptr,
+                  &w.at(p + "attn.qkv.weight"),
+                  bias ? &w.at(p + "attn.qkv.bias") : nullptr,
+                  &w.at(p + "attn.proj.weight"),
+                  bias ? &w.at(p + "attn.proj.bias") : nullptr,
+                  &w.at(p + "ln2.weight"),
+                  ln ? &w.at(p + "ln2.bias") : nullptr,
+                  nullptr,
+                  nullptr,
+                  nullptr,
+                  nullptr,
+                  nullptr,
+                  nullptr,
+                  nullptr,
+                  {},
+                  {}};
+  auto mlp = [&](const std::string& q) {  // q: "layers.0.mlp.", "layers.0.moe.experts.1.", ...
+    return mlp_params<const Tensor>(q, [&w](const std::string& n) { return &w.at(n); });
+  };
+  if (!is_moe_layer(config_.model, i)) {
+    const MlpWeights d = mlp(p + "mlp.");
+    lw.fc1_w = d.fc1_w;
+    lw.fc1_b = d.fc1_b;
+    lw.up_w = d.up_w;
+    lw.up_b = d.up_b;
+    lw.fc2_w = d.fc2_w;
+    lw.fc2_b = d.fc2_b;
+    return lw;
+  }
+  const MoeConfig& mc = config_.model.moe;
+  lw.router_w = &w.at(p + "moe.router.weight");
+  for (int64_t e = 0; e < mc.experts; ++e)
+    lw.experts.push_back(mlp(fmt::format("{}moe.experts.{}.", p, e)));
+  if (mc.shared_expert) lw.shared.push_back(mlp(p + "moe.shared."));
+  return lw;
 }
 
 GptModel::LayerGrads GptModel::layer_grads(TensorMap& g, int64_t i) const {
   const std::string p = fmt::format("layers.{}.", i);
   const bool ln = config_.model.norm == NormKind::kLayerNorm;
-  const bool glu = config_.model.activation == Activation::kSwiGlu;
   const bool bias = config_.model.bias;
-  const std::string fc1 = fc1_name(config_.model.activation);
-  return {&g.at(p + "ln1.weight"),
-          ln ? &g.at(p + "ln1.bias") : nullptr,
-          &g.at(p + "attn.qkv.weight"),
-          bias ? &g.at(p + "attn.qkv.bias") : nullptr,
-          &g.at(p + "attn.proj.weight"),
-          bias ? &g.at(p + "attn.proj.bias") : nullptr,
-          &g.at(p + "ln2.weight"),
-          ln ? &g.at(p + "ln2.bias") : nullptr,
-          &g.at(p + fc1 + ".weight"),
-          bias ? &g.at(p + fc1 + ".bias") : nullptr,
-          glu ? &g.at(p + "mlp.fc1_up.weight") : nullptr,
-          glu && bias ? &g.at(p + "mlp.fc1_up.bias") : nullptr,
-          &g.at(p + "mlp.fc2.weight"),
-          bias ? &g.at(p + "mlp.fc2.bias") : nullptr};
+  LayerGrads lg{&g.at(p + "ln1.weight"),
+                ln ? &g.at(p + "ln1.bias") : nullptr,
+                &g.at(p + "attn.qkv.weight"),
+                bias ? &g.at(p + "attn.qkv.bias") : nullptr,
+                &g.at(p + "attn.proj.weight"),
+                bias ? &g.at(p + "attn.proj.bias") : nullptr,
+                &g.at(p + "ln2.weight"),
+                ln ? &g.at(p + "ln2.bias") : nullptr,
+                nullptr,
+                nullptr,
+                nullptr,
+                nullptr,
+                nullptr,
+                nullptr,
+                nullptr,
+                {},
+                {}};
+  auto mlp = [&](const std::string& q) {
+    return mlp_params<Tensor>(q, [&g](const std::string& n) { return &g.at(n); });
+  };
+  if (!is_moe_layer(config_.model, i)) {
+    const MlpGrads d = mlp(p + "mlp.");
+    lg.fc1_w = d.fc1_w;
+    lg.fc1_b = d.fc1_b;
+    lg.up_w = d.up_w;
+    lg.up_b = d.up_b;
+    lg.fc2_w = d.fc2_w;
+    lg.fc2_b = d.fc2_b;
+    return lg;
+  }
+  const MoeConfig& mc = config_.model.moe;
+  lg.router_w = &g.at(p + "moe.router.weight");
+  for (int64_t e = 0; e < mc.experts; ++e)
+    lg.experts.push_back(mlp(fmt::format("{}moe.experts.{}.", p, e)));
+  if (mc.shared_expert) lg.shared.push_back(mlp(p + "moe.shared."));
+  return lg;
 }
 
 void GptModel::norm_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y,
@@ -396,6 +497,189 @@ void GptModel::norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
   }
 }
 
+GptModel::MlpWeights GptModel::dense_mlp(const LayerWeights& w) {
+  return {w.fc1_w, w.fc1_b, w.up_w, w.up_b, w.fc2_w, w.fc2_b};
+}
+
+GptModel::MlpActs GptModel::mlp_acts(int64_t rows, int64_t f, DType dt) const {
+  MlpActs a;
+  a.fc1_out = new_tensor({rows, f}, dt);
+  a.act_out = new_tensor({rows, f}, dt);
+  if (config_.model.activation == Activation::kSwiGlu) a.up_out = new_tensor({rows, f}, dt);
+  return a;
+}
+
+// out = fc2(act(fc1(x))) with the linears named q + "fc1" (or "fc1_gate" / "fc1_up") and
+// q + "fc2"; fc2 is row-parallel (out is the sequence shard under sequence parallelism). `a` is
+// allocated for x's rows (mlp_acts).
+void GptModel::mlp_forward(const MlpWeights& w, const std::string& q, const Tensor& x,
+                           Linear& linear, MlpActs& a, Tensor& out) const {
+  const Activation act = config_.model.activation;
+  linear.forward(q + (act == Activation::kSwiGlu ? "fc1_gate" : "fc1"), x, *w.fc1_w, w.fc1_b,
+                 a.fc1_out);
+  switch (act) {
+    case Activation::kGelu:
+      kernels::gelu_forward(a.fc1_out, a.act_out);
+      break;
+    case Activation::kRelu:
+      kernels::relu_forward(a.fc1_out, a.act_out);
+      break;
+    case Activation::kSwiGlu:
+      linear.forward(q + "fc1_up", x, *w.up_w, w.up_b, a.up_out);
+      kernels::swiglu_forward(a.fc1_out, a.up_out, a.act_out);
+      break;
+  }
+  linear.forward(q + "fc2", a.act_out, *w.fc2_w, w.fc2_b, out, true);
+}
+
+// dy: dL/d(out) of mlp_forward; dx (allocated, x's shape) receives dL/dx.
+void GptModel::mlp_backward(const MlpWeights& w, MlpGrads& g, const std::string& q,
+                            const Tensor& dy, const Tensor& x, const MlpActs& a, Linear& linear,
+                            Tensor& dx) const {
+  const DType dt = x.dtype();
+  const int64_t rows = x.shape()[0], f = w.fc1_w->shape()[0];
+  Tensor d_act = new_tensor({rows, f}, dt);
+  linear.backward_row(q + "fc2", dy, a.act_out, *w.fc2_w, *g.fc2_w, g.fc2_b, d_act);
+  Tensor d_fc1 = new_tensor({rows, f}, dt);
+  switch (config_.model.activation) {
+    case Activation::kGelu:
+      kernels::gelu_backward(d_act, a.fc1_out, d_fc1);
+      linear.backward_pass(q + "fc1", d_fc1, x, *w.fc1_w, *g.fc1_w, g.fc1_b, dx, true);
+      break;
+    case Activation::kRelu:
+      kernels::relu_backward(d_act, a.fc1_out, d_fc1);
+      linear.backward_pass(q + "fc1", d_fc1, x, *w.fc1_w, *g.fc1_w, g.fc1_b, dx, true);
+      break;
+    case Activation::kSwiGlu: {
+      Tensor d_up = new_tensor({rows, f}, dt);
+      kernels::swiglu_backward(d_act, a.fc1_out, a.up_out, d_fc1, d_up);
+      linear.backward_pass(q + "fc1_gate", d_fc1, x, *w.fc1_w, *g.fc1_w, g.fc1_b, dx, true);
+      Tensor dx_up = new_tensor(dx.shape(), dt);
+      linear.backward_pass(q + "fc1_up", d_up, x, *w.up_w, *g.up_w, g.up_b, dx_up, true);
+      kernels::add_(dx, dx_up);
+      break;
+    }
+  }
+}
+
+namespace {
+// Rows [begin, end) of every activation of an MLP (an expert's block of the grouped tensors).
+template <class Acts>
+Acts slice_acts(const Acts& a, int64_t begin, int64_t end) {
+  Acts s;
+  s.fc1_out = a.fc1_out.slice_rows(begin, end);
+  s.act_out = a.act_out.slice_rows(begin, end);
+  if (a.up_out.defined()) s.up_out = a.up_out.slice_rows(begin, end);
+  return s;
+}
+}  // namespace
+
+// The MoE layer's MLP branch (docs/design.md section 27): fp32 router, top-k, dispatch into
+// per-expert blocks padded to the recipe's alignment, the experts' GEMMs block by block in
+// expert order (every expert, also one with no rows here, so that the amax reductions of the
+// quantized recipes run in the same order on every rank), combine, shared expert.
+void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear, LayerActs& a,
+                           Tensor& out) const {
+  const MoeConfig& mc = config_.model.moe;
+  const DType dt = a.ln2_out.dtype();
+  const int64_t rows = a.ln2_out.shape()[0];
+  const std::string q = fmt::format("layers.{}.moe.", layer);
+  // fp32 router (float64 only in the CPU backend's float64 mode).
+  const DType rdt = dt == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  MP_CHECK(w.router_w->dtype() == rdt,
+           "GptModel: {}router.weight must be handed in as {} (the router runs in fp32), got {}", q,
+           kernels::dtype_name(rdt), w.router_w->describe());
+  a.router_in = dt == rdt ? a.ln2_out : kernels::cast_to(a.ln2_out, rdt);
+  Tensor logits = new_tensor({rows, mc.experts}, rdt);
+  if (linear.tp.router_fp32) {
+    kernels::gemm_fprop(&a.router_in, w.router_w, logits);
+  } else {  // the router_not_fp32 fault: bf16 operands and output
+    const Tensor x16 = kernels::cast_to(a.router_in, DType::kBFloat16);
+    const Tensor w16 = kernels::cast_to(*w.router_w, DType::kBFloat16);
+    Tensor l16 = new_tensor({rows, mc.experts}, DType::kBFloat16);
+    kernels::gemm_fprop(&x16, &w16, l16);
+    logits = kernels::cast_to(l16, rdt);
+  }
+  a.routing = moe::route(logits, mc.top_k, mc.router);
+  a.dispatch =
+      moe::dispatch(a.routing, moe::row_alignment(config_.recipe.kind), linear.quantized());
+  if (mc.aux_loss_coef > 0) {
+    // f_e and P_e over the global batch: the statistics summed over the data-parallel ranks in
+    // rank order, so every rank (and every mesh) gets the same aux loss.
+    moe::BalanceStats s = moe::balance_stats(a.routing);
+    if (linear.tp.data != nullptr && linear.tp.data->size() > 1) {
+      std::vector<double> v = s.count;
+      v.insert(v.end(), s.prob_sum.begin(), s.prob_sum.end());
+      v.push_back(s.tokens);
+      const std::vector<double> sum = tp_combine(*linear.tp.data, v, false);
+      const auto e_n = static_cast<std::ptrdiff_t>(mc.experts);
+      s.count.assign(sum.begin(), sum.begin() + e_n);
+      s.prob_sum.assign(sum.begin() + e_n, sum.begin() + 2 * e_n);
+      s.tokens = sum.back();
+    }
+    a.load = s;
+    a.aux_loss = moe::aux_loss(a.load, mc.top_k, mc.aux_loss_coef);
+  }
+  a.x_perm = moe::permute(a.ln2_out, a.dispatch);
+  const int64_t padded = a.dispatch.padded_rows(), h = a.ln2_out.shape()[1];
+  a.experts = mlp_acts(padded, w.experts.front().fc1_w->shape()[0], dt);
+  a.y_perm = new_tensor({padded, h}, dt);
+  for (int64_t e = 0; e < mc.experts; ++e) {
+    const int64_t b = a.dispatch.offset[static_cast<size_t>(e)];
+    const int64_t end = a.dispatch.offset[static_cast<size_t>(e) + 1];
+    MlpActs ea = slice_acts(a.experts, b, end);
+    Tensor ye = a.y_perm.slice_rows(b, end);
+    mlp_forward(w.experts[static_cast<size_t>(e)], fmt::format("{}experts.{}.", q, e),
+                a.x_perm.slice_rows(b, end), linear, ea, ye);
+  }
+  moe::combine(a.y_perm, a.dispatch, a.routing, out);
+  if (!w.shared.empty()) {
+    a.shared = mlp_acts(rows, w.shared.front().fc1_w->shape()[0], dt);
+    a.shared_out = new_tensor({rows, h}, dt);
+    mlp_forward(w.shared.front(), q + "shared.", a.ln2_out, linear, a.shared, a.shared_out);
+    kernels::add_(out, a.shared_out);
+  }
+}
+
+// Backward of moe_forward: d_out = dL/d(out) [M, H]; d_ln2 (allocated) receives dL/d(ln2_out).
+void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer, Linear& linear,
+                            const LayerActs& a, const Tensor& d_out, Tensor& d_ln2) const {
+  const MoeConfig& mc = config_.model.moe;
+  const DType dt = a.ln2_out.dtype();
+  const int64_t rows = a.ln2_out.shape()[0], h = a.ln2_out.shape()[1];
+  const int64_t padded = a.dispatch.padded_rows();
+  const std::string q = fmt::format("layers.{}.moe.", layer);
+  Tensor d_y = new_tensor({padded, h}, dt);
+  std::vector<double> d_weight;
+  moe::combine_backward(d_out, a.y_perm, a.dispatch, a.routing, d_y, d_weight);
+  Tensor d_xp = Tensor::zeros({padded, h}, dt);
+  for (int64_t e = 0; e < mc.experts; ++e) {
+    const int64_t b = a.dispatch.offset[static_cast<size_t>(e)];
+    const int64_t end = a.dispatch.offset[static_cast<size_t>(e) + 1];
+    Tensor dxe = d_xp.slice_rows(b, end);
+    mlp_backward(w.experts[static_cast<size_t>(e)], g.experts[static_cast<size_t>(e)],
+                 fmt::format("{}experts.{}.", q, e), d_y.slice_rows(b, end),
+                 a.x_perm.slice_rows(b, end), slice_acts(a.experts, b, end), linear, dxe);
+  }
+  moe::unpermute_sum(d_xp, a.dispatch, a.routing, d_ln2);
+  if (!w.shared.empty()) {
+    Tensor d_shared = new_tensor({rows, h}, dt);
+    mlp_backward(w.shared.front(), g.shared.front(), q + "shared.", d_out, a.ln2_out, a.shared,
+                 linear, d_shared);
+    kernels::add_(d_ln2, d_shared);
+  }
+  // Router: through the combine weights and the load-balancing loss, in fp32.
+  const std::vector<double> aux =
+      mc.aux_loss_coef > 0 ? moe::aux_d_prob(a.load, mc.top_k, mc.aux_loss_coef, linear.grad_scale)
+                           : std::vector<double>(static_cast<size_t>(mc.experts), 0.0);
+  Tensor d_logits = moe::route_backward(a.routing, d_weight, aux, mc.router, a.router_in.dtype());
+  if (!a.router_in.device().is_cpu()) d_logits = d_logits.to(a.router_in.device());
+  kernels::gemm_wgrad(&d_logits, &a.router_in, *g.router_w, {.accumulate = true});
+  Tensor d_router_in = new_tensor({rows, h}, a.router_in.dtype());
+  kernels::gemm_dgrad(&d_logits, w.router_w, d_router_in);
+  kernels::add_(d_ln2, dt == d_router_in.dtype() ? d_router_in : kernels::cast_to(d_router_in, dt));
+}
+
 // x_out = x_mid + dropout(fc2(act(fc1(ln2(x_mid))))),  x_mid = x_in +
 // dropout(proj(attn(qkv(ln1(x_in)))))
 void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords,
@@ -407,7 +691,6 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   // weights hold whole KV groups: QKV rows are grouped by KV head).
   const kernels::AttentionShape attn = local_attention(m, *w.qkv_w, batch, seq);
   const int64_t heads = attn.heads, hl = heads * attn.head_dim, qkv_w = attn.qkv_width();
-  const int64_t f = w.fc1_w->shape()[0];
   const std::string p = fmt::format("layers.{}.", layer);
   // Rows of the residual stream on this rank (the sequence shard under sequence parallelism).
   const bool sp = linear.tp.sp();
@@ -439,24 +722,13 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   a.ln2_rstd = new_tensor({rl}, dt);
   norm_forward(a.x_mid, *w.ln2_w, w.ln2_b, a.ln2_out, a.ln2_mean, a.ln2_rstd);
   if (sp) a.ln2_out = seq_gather(*linear.tp.comm, a.ln2_out, batch, seq);
-  a.fc1_out = new_tensor({rows, f}, dt);
-  linear.forward(p + fc1_name(m.activation), a.ln2_out, *w.fc1_w, w.fc1_b, a.fc1_out);
-  a.act_out = new_tensor({rows, f}, dt);
-  switch (m.activation) {
-    case Activation::kGelu:
-      kernels::gelu_forward(a.fc1_out, a.act_out);
-      break;
-    case Activation::kRelu:
-      kernels::relu_forward(a.fc1_out, a.act_out);
-      break;
-    case Activation::kSwiGlu:
-      a.up_out = new_tensor({rows, f}, dt);
-      linear.forward(p + "mlp.fc1_up", a.ln2_out, *w.up_w, w.up_b, a.up_out);
-      kernels::swiglu_forward(a.fc1_out, a.up_out, a.act_out);
-      break;
-  }
   Tensor fc2_out = new_tensor({rl, h}, dt);
-  linear.forward(p + "mlp.fc2", a.act_out, *w.fc2_w, w.fc2_b, fc2_out, true);
+  if (w.router_w != nullptr) {
+    moe_forward(w, layer, linear, a, fc2_out);
+  } else {
+    a.mlp = mlp_acts(rows, w.fc1_w->shape()[0], dt);
+    mlp_forward(dense_mlp(w), p + "mlp.", a.ln2_out, linear, a.mlp, fc2_out);
+  }
   a.x_out = new_tensor({rl, h}, dt);
   kernels::dropout_forward(fc2_out, m.dropout,
                            dropout_key(config_.seed, coords, layer, "mlp", seq, h), a.x_out);
@@ -472,7 +744,6 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   const DType dt = a.x_in.dtype();
   const kernels::AttentionShape attn = local_attention(m, *w.qkv_w, batch, seq);
   const int64_t hl = attn.heads * attn.head_dim, qkv_w = attn.qkv_width();
-  const int64_t f = w.fc1_w->shape()[0];
   const std::string p = fmt::format("layers.{}.", layer);
   const int64_t rl = linear.tp.sp() ? rows / linear.tp.comm->size() : rows;
 
@@ -480,32 +751,12 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   Tensor d_fc2 = new_tensor({rl, h}, dt);
   kernels::dropout_backward(dx, m.dropout, dropout_key(config_.seed, coords, layer, "mlp", seq, h),
                             d_fc2);
-  Tensor d_act = new_tensor({rows, f}, dt);
-  linear.backward_row(p + "mlp.fc2", d_fc2, a.act_out, *w.fc2_w, *g.fc2_w, g.fc2_b, d_act);
-  Tensor d_fc1 = new_tensor({rows, f}, dt);
   Tensor d_ln2 = new_tensor({rl, h}, dt);
-  switch (m.activation) {
-    case Activation::kGelu:
-      kernels::gelu_backward(d_act, a.fc1_out, d_fc1);
-      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, g.fc1_b, d_ln2,
-                           true);
-      break;
-    case Activation::kRelu:
-      kernels::relu_backward(d_act, a.fc1_out, d_fc1);
-      linear.backward_pass(p + "mlp.fc1", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, g.fc1_b, d_ln2,
-                           true);
-      break;
-    case Activation::kSwiGlu: {
-      Tensor d_up = new_tensor({rows, f}, dt);
-      kernels::swiglu_backward(d_act, a.fc1_out, a.up_out, d_fc1, d_up);
-      linear.backward_pass(p + "mlp.fc1_gate", d_fc1, a.ln2_out, *w.fc1_w, *g.fc1_w, g.fc1_b, d_ln2,
-                           true);
-      Tensor d_ln2_up = new_tensor({rl, h}, dt);
-      linear.backward_pass(p + "mlp.fc1_up", d_up, a.ln2_out, *w.up_w, *g.up_w, g.up_b, d_ln2_up,
-                           true);
-      kernels::add_(d_ln2, d_ln2_up);
-      break;
-    }
+  if (w.router_w != nullptr) {
+    moe_backward(w, g, layer, linear, a, d_fc2, d_ln2);
+  } else {
+    MlpGrads dg{g.fc1_w, g.fc1_b, g.up_w, g.up_b, g.fc2_w, g.fc2_b};
+    mlp_backward(dense_mlp(w), dg, p + "mlp.", d_fc2, a.ln2_out, a.mlp, linear, d_ln2);
   }
   Tensor d_mid = new_tensor({rl, h}, dt);
   norm_backward(d_ln2, a.x_mid, *w.ln2_w, a.ln2_mean, a.ln2_rstd, d_mid, *g.ln2_w, g.ln2_b);
@@ -577,6 +828,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   // With recompute the forward keeps nothing for the backward (rowwise copies only); the
   // recomputed forward produces the columnwise copies.
   Linear linear{recipe, grads != nullptr && !recompute, &saved, tp, batch, seq, {}, coords};
+  linear.grad_scale = grad_scale;
   if (m.position == PositionKind::kRope) {
     // The global position of every sequence index; with the fault, each sequence shard's
     // tokens numbered from 0 (S/tp positions per shard).
@@ -626,12 +878,17 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
     targets = seq_slice(targets.view({rows, 1}), batch, seq, tp_size, tp_rank).view({rl});
   }
   std::vector<LayerActs> acts(static_cast<size_t>(m.layers));
+  // The MoE load-balancing losses of the layers (global values, docs/design.md section 27). Each
+  // rank adds them once per position it holds, so the loss summed over the data-parallel ranks
+  // and divided by B*S is the cross-entropy plus the aux loss.
+  double aux_loss = 0;
   for (int64_t i = 0; i < m.layers; ++i) {
     LayerActs& a = acts[static_cast<size_t>(i)];
     a.x_in = x;
     before(i, Pass::kForward);
     layer_forward(layer_weights(w, i), i, coords, batch, linear, a);
     after(i, Pass::kForward);
+    aux_loss += a.aux_loss;
     x = a.x_out;
     if (recompute) {  // keep only the layer input; backward re-runs the layer
       Tensor input = a.x_in;
@@ -672,7 +929,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   if (grads == nullptr) {
     const double loss = vp ? vp_loss : kernels::cross_entropy_forward(logits, targets);
     after(kRootUnit, Pass::kForward);
-    return loss;
+    return loss + aux_loss * static_cast<double>(rl);
   }
 
   // Loss and backward.
@@ -741,7 +998,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   }
   after(kRootUnit, Pass::kBackward);
   if (recipe) recipe->end_backward();
-  return loss_sum;
+  return loss_sum + aux_loss * static_cast<double>(rl);
 }
 
 double GptModel::forward_backward(const TensorMap& weights, const Tensor& tokens,

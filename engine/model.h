@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/config.h"
@@ -42,6 +43,12 @@ struct TpContext {
   // RoPE positions under sequence parallelism: the global ones (correct), or each sequence
   // shard's local ones (the rope_positions_local_under_sp fault, engine/fault_hooks.h).
   bool rope_global_positions = true;
+  // The data-parallel group (dp_replicate x dp_shard) of this rank, or nullptr on one rank: the
+  // MoE load-balancing statistics are summed over it (docs/design.md section 27).
+  mesh::Communicator* data = nullptr;
+  // The MoE router GEMM in fp32 (correct) or bf16 (the router_not_fp32 fault,
+  // engine/fault_hooks.h).
+  bool router_fp32 = true;
   bool active() const { return comm != nullptr && comm->size() > 1; }
   bool sp() const { return active() && sequence_parallel; }
 };
@@ -103,6 +110,9 @@ class GptModel {
   struct LayerActs;
   struct LayerWeights;
   struct LayerGrads;
+  struct MlpWeights;
+  struct MlpGrads;
+  struct MlpActs;
 
   struct Linear;
   double run(const TensorMap& weights, const kernels::Tensor& tokens, const BatchCoords& coords,
@@ -110,6 +120,19 @@ class GptModel {
              UnitHooks* units) const;
   LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
   LayerGrads layer_grads(TensorMap& g, int64_t i) const;
+  template <class T, class At>
+  auto mlp_params(const std::string& q, At at) const;
+  static MlpWeights dense_mlp(const LayerWeights& w);
+  MlpActs mlp_acts(int64_t rows, int64_t f, kernels::DType dt) const;
+  void mlp_forward(const MlpWeights& w, const std::string& q, const kernels::Tensor& x,
+                   Linear& linear, MlpActs& a, kernels::Tensor& out) const;
+  void mlp_backward(const MlpWeights& w, MlpGrads& g, const std::string& q,
+                    const kernels::Tensor& dy, const kernels::Tensor& x, const MlpActs& a,
+                    Linear& linear, kernels::Tensor& dx) const;
+  void moe_forward(const LayerWeights& w, int64_t layer, Linear& linear, LayerActs& a,
+                   kernels::Tensor& out) const;
+  void moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer, Linear& linear,
+                    const LayerActs& a, const kernels::Tensor& d_out, kernels::Tensor& d_ln2) const;
   void layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords, int64_t batch,
                      Linear& linear, LayerActs& a) const;
   void layer_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,

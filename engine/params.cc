@@ -117,10 +117,49 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
   tok.tp = vocab_tp;
   if (m.position == PositionKind::kLearned)
     add("embed.pos", {m.max_positions, h}, InitKind::kNormal, std_, kRootUnit);
+  // One MLP linear `lin` (a row of block_linears) under the name `name` in layer i.
+  auto mlp_linear = [&](const LinearLayer& lin, const std::string& name, int64_t i,
+                        const std::string& init_stream) {
+    const int64_t out = lin.out_mult * model_dim(m, lin.out_dim);
+    const int64_t in = model_dim(m, lin.in_dim);
+    const bool column = lin.kind == LinearKind::kColumnParallel;
+    ParamSpec& w =
+        add(name + ".weight", {out, in}, InitKind::kNormal, lin.residual_out ? std_out : std_, i);
+    w.tp = column ? TpStyle::kColumn : TpStyle::kRow;
+    w.linear = name;
+    w.linear_kind = lin.kind;
+    w.init_stream = init_stream;
+    if (m.bias)
+      add(name + ".bias", {out}, InitKind::kZeros, 0.0, i).tp =
+          column ? TpStyle::kColumn : TpStyle::kReplicated;
+  };
+  // The MoE block of layer i (docs/design.md section 27): router, experts, shared expert.
+  auto moe_block = [&](int64_t i) {
+    const std::string p = fmt::format("layers.{}.moe.", i);
+    add(p + "router.weight", {m.moe.experts, h}, InitKind::kNormal, std_, i).fp32_compute = true;
+    const std::vector<LinearLayer> lins = block_linears(m.activation);
+    for (int64_t e = 0; e < m.moe.experts; ++e) {
+      for (const LinearLayer& lin : lins) {
+        if (!lin.name.starts_with("mlp.")) continue;
+        const std::string dense = fmt::format("layers.{}.{}.weight", i, lin.name);
+        // Expert 0 is the dense MLP's stream; the others streams derived from it.
+        mlp_linear(lin, fmt::format("{}experts.{}.{}", p, e, lin.name.substr(4)), i,
+                   e == 0 ? dense : fmt::format("{}/expert{}", dense, e));
+      }
+    }
+    if (m.moe.shared_expert)
+      for (const LinearLayer& lin : lins)
+        if (lin.name.starts_with("mlp."))
+          mlp_linear(lin, p + "shared." + std::string(lin.name.substr(4)), i, "");
+  };
   for (int64_t i = 0; i < l; ++i) {
     const std::string p = fmt::format("layers.{}.", i);
     for (const LinearLayer& lin : block_linears(m.activation)) {
       if (!lin.norm_before.empty()) norm(p + std::string(lin.norm_before), i);
+      if (is_moe_layer(m, i) && lin.name.starts_with("mlp.")) {
+        if (!lin.norm_before.empty()) moe_block(i);  // once, after ln2
+        continue;
+      }
       const std::string name = p + std::string(lin.name);
       const int64_t out = lin.out_mult * model_dim(m, lin.out_dim);
       const int64_t in = model_dim(m, lin.in_dim);
@@ -184,7 +223,8 @@ Tensor init_param_rows(const ParamSpec& spec, uint64_t seed, int64_t row_begin, 
   Tensor t = Tensor::empty(Shape(dims), kernels::DType::kFloat32, kernels::Device::cpu());
   float* p = t.data<float>();
   const int64_t n = t.numel().value;
-  const uint64_t stream = kernels::philox_stream(spec.name);
+  const uint64_t stream =
+      kernels::philox_stream(spec.init_stream.empty() ? spec.name : spec.init_stream);
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t global = static_cast<uint64_t>(row_begin * row_elems + i);
     switch (spec.init) {

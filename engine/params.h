@@ -83,6 +83,11 @@ struct ParamSpec {
   std::string linear;
   LinearKind linear_kind = LinearKind::kColumnParallel;
   bool vocab_rows = false;  // rows are the vocabulary (embed.tok, lm_head.weight)
+  // The name whose Philox stream initialises it; "" = its own name. Expert 0 of an MoE layer
+  // takes the stream of the dense MLP parameter it replaces (docs/design.md section 27).
+  std::string init_stream;
+  // Its compute copy stays float32 under every recipe (the MoE router; docs/design.md section 27).
+  bool fp32_compute = false;
 
   bool quantized() const { return !linear.empty(); }
   bool weight_decay() const { return shape.rank() >= 2; }  // AdamW decays ndim >= 2 only
@@ -92,6 +97,9 @@ struct ParamSpec {
 // Per block: ln1, then the block_linears() in order (weight, bias each), ln2 before the first MLP
 // linear. RMSNorm drops the norm biases; tied embeddings drop lm_head.weight; model.bias = false
 // drops the linear biases; RoPE drops embed.pos.
+// MoE layers (docs/design.md section 27) replace the MLP linears by, after ln2:
+// moe.router.weight [E, H], then per expert e moe.experts.{e}.<fc1 | fc1_gate, fc1_up>, fc2
+// (weight, bias each), then moe.shared.* with model.moe.shared_expert.
 std::vector<ParamSpec> param_specs(const ModelConfig& model);
 
 // Tensors keyed by parameter name, iterated in canonical (insertion) order.

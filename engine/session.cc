@@ -223,7 +223,8 @@ struct TrainingSession::Impl {
       loss_sum += model.forward_backward(
           units->weights(), tokens, {cursor, row0}, grad_scale, units->grads(), &recipe,
           TpContext{&comms.group(groups::kTp), options.mesh.sequence_parallel,
-                    faults.rope_global_positions(step)},
+                    faults.rope_global_positions(step), &comms.group(groups::kData),
+                    faults.router_fp32(step)},
           &*units);
     }
     units->end_step();

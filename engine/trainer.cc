@@ -39,8 +39,11 @@ StepMetrics Trainer::step(
   TensorMap bf16_weights;
   const TensorMap* weights = &params_;
   if (config_.recipe.kind != RecipeKind::kFp32) {
-    for (const std::string& n : params_.names())
-      bf16_weights.insert(n, kernels::cast_to(params_.at(n), kernels::DType::kBFloat16));
+    for (const ParamSpec& p : param_specs(config_.model)) {  // the MoE router stays fp32
+      const kernels::Tensor& master = params_.at(p.name);
+      bf16_weights.insert(
+          p.name, p.fp32_compute ? master : kernels::cast_to(master, kernels::DType::kBFloat16));
+    }
     weights = &bf16_weights;
   }
 

@@ -40,6 +40,8 @@ json to_canonical_json(const Scenario& s) {
   for (const char* section : {"model", "fsdp", "train", "data", "checkpoint"}) {
     j[section] = keys_json(scenario_keys(), section, s);
   }
+  // MoE keys only with MoE on (docs/design.md section 27): dense canonical texts are unchanged.
+  if (s.model.moe.enabled()) j["model"]["moe"] = keys_json(scenario_keys(), "model.moe", s);
   j["mesh"] = mesh_json(s.mesh);
   j["recipe"] = recipe_json(s.recipe);
   json checks = json::object();

@@ -45,6 +45,8 @@ constexpr FaultRequirement kSwiGluUnderTp{
     }};
 constexpr FaultRequirement kTwoMicroBatches{
     "train.micro_batches >= 2", [](const Scenario& s) { return s.train.micro_batches >= 2; }};
+constexpr FaultRequirement kMoe{"model.moe.experts >= 1",
+                                [](const Scenario& s) { return s.model.moe.enabled(); }};
 constexpr FaultRequirement kUnevenVocabShards{
     "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what leaks)",
     [](const Scenario& s) { return s.model.vocab % s.mesh.dp_shard != 0; }};
@@ -566,6 +568,18 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.block_scale_padding_reshard = true; },
+      },
+      {
+          .name = "router_not_fp32",
+          .bug_class =
+              "the MoE router GEMM runs in bf16 (operands and logits rounded to bf16) instead of "
+              "fp32, so near-tied experts flip and the combine weights move (docs/design.md "
+              "section 27)",
+          .needs = {kMoe},
+          // Not reference: the 1-rank reference run carries the same fault.
+          .caught_by = {"golden"},
+          .params = {},
+          .inject = [](const FaultSpec&, engine::FaultInjection& f) { f.router_not_fp32 = true; },
       },
   };
   return table;

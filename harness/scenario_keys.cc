@@ -283,6 +283,37 @@ std::vector<Key<Scenario>> make_scenario_keys() {
       "embed.tok and lm_head split by vocabulary rows over tp, parallel cross-entropy");
   vocab_parallel.hash_if = [](const S& s) { return s.model.vocab_parallel; };
   k.push_back(vocab_parallel);
+  // Mixture of experts (docs/design.md section 27): a mapping of its own under model. Its keys
+  // enter scenario_hash only with experts > 0 (to_canonical_json), so a dense scenario's
+  // canonical text is what it was.
+  k.push_back(own_key<S>("model.moe", KeyType::kMapping, "none", "mixture of experts; keys below"));
+  const auto moe_on = [](const S& s) { return s.model.moe.enabled(); };
+  std::vector<Key<S>> moe_keys;
+  moe_keys.push_back(int_key<S>(
+      "model.moe.experts", 0, 0, 4096, [](S & s) -> auto& { return s.model.moe.experts; },
+      "experts E per MoE layer; 0 = dense"));
+  moe_keys.push_back(int_key<S>(
+      "model.moe.top_k", 1, 1, 4096, [](S & s) -> auto& { return s.model.moe.top_k; },
+      "experts chosen per token; <= experts"));
+  moe_keys.push_back(int_key<S>(
+      "model.moe.every", 1, 1, 1024, [](S & s) -> auto& { return s.model.moe.every; },
+      "layer i is an MoE layer when i % every == 0"));
+  moe_keys.push_back(enum_key<S>(
+      "model.moe.router", engine::MoeRouter::kSoftmax,
+      names_of<engine::MoeRouter>(engine::moe_router_name, 2),
+      [](S & s) -> auto& { return s.model.moe.router; },
+      "router probabilities from the fp32 logits"));
+  moe_keys.push_back(bool_key<S>(
+      "model.moe.shared_expert", false, [](S & s) -> auto& { return s.model.moe.shared_expert; },
+      "one more expert applied to every token"));
+  moe_keys.push_back(number_key<S>(
+      "model.moe.aux_loss_coef", 0.0, 0.0, 1000.0, false, false,
+      [](S & s) -> auto& { return s.model.moe.aux_loss_coef; },
+      "c of the Switch load-balancing loss c * E * sum_e f_e * P_e"));
+  for (Key<S>& key : moe_keys) {
+    key.hash_if = moe_on;
+    k.push_back(std::move(key));
+  }
   apply_model_presets(k);
 
   // fsdp

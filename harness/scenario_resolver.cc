@@ -217,7 +217,15 @@ struct Resolver {
     if (const std::string why = name_problem(sc.base_name); !why.empty()) bad("name", why);
     read_one(top, "description", sc);
 
-    read_section(top, "model", sc);
+    const Section ms = read_section(top, "model", sc);
+    if (const Value* mv = ms.get("moe")) {  // model.moe (docs/design.md section 27)
+      Section moe(mv, "model.moe", root_where, locs, section_keys(scenario_keys(), "model.moe"));
+      read_keys(moe, scenario_keys(), "model.moe", sc);
+      // A model.moe mapping without experts would be parsed and ignored.
+      if (!sc.model.moe.enabled())
+        bad(moe.has("experts") ? "model.moe.experts" : "model.moe",
+            "model.moe needs experts >= 1 (leave model.moe out for the dense model)");
+    }
     sc.mesh = read_mesh(top.get("mesh"), "mesh", root_where);
     sc.recipe = read_recipe(top.get("recipe"), "recipe", root_where);
 

@@ -18,6 +18,7 @@ Usage: model_reference.py TRACE.h5
            model on its data with PyTorch and print the median ms/step (no comparison)
 """
 import math
+import re
 import sys
 
 import h5py
@@ -287,6 +288,13 @@ class Cfg:
         self.position = a.get("model.position", "learned")
         self.rope_theta = float(a.get("model.rope_theta", "10000"))
         self.bias = a.get("model.bias", "1") == "1"
+        # Mixture of experts (docs/design.md section 27); absent: the dense model.
+        self.E = int(a.get("model.moe.experts", "0"))
+        self.top_k = int(a.get("model.moe.top_k", "1"))
+        self.every = int(a.get("model.moe.every", "1"))
+        self.router = a.get("model.moe.router", "softmax")
+        self.shared_expert = a.get("model.moe.shared_expert", "0") == "1"
+        self.aux_coef = float(a.get("model.moe.aux_loss_coef", "0"))
         self.recipe = a["recipe.name"]
         self.amax_history_len = int(a.get("recipe.amax_history_len", "1024"))
         self.amax_compute_algo = a.get("recipe.amax_compute_algo", "max")
@@ -310,6 +318,9 @@ class Cfg:
         self.wd = float(a["training.weight_decay"])
         self.clip = float(a["training.max_grad_norm"])
         self.seed = int(a["seed"])
+
+    def moe_layer(self, i):
+        return self.E > 0 and i % self.every == 0
 
 
 def lr_schedule(c):
@@ -386,6 +397,7 @@ def forward(c, p, tokens, step, fq=None):
     KV = c.KV
     r = A // KV  # query heads per KV group
     causal = torch.ones(S, S, dtype=torch.bool).tril()
+    aux_total = 0.0  # the MoE load-balancing losses
     for i in range(c.L):
         pre = f"layers.{i}."
         h = norm(c, x, p, pre + "ln1")
@@ -407,23 +419,68 @@ def forward(c, p, tokens, step, fq=None):
         proj = lin(att, i, "proj", pre + "attn.proj")
         x = x + dropout(c, proj, step, i, "attn")
         h = norm(c, x, p, pre + "ln2")
-        if c.act == "swiglu":
-            gate = h @ p[pre + "mlp.fc1_gate.weight"].T
-            up = h @ p[pre + "mlp.fc1_up.weight"].T
-            if c.bias:
-                gate = gate + p[pre + "mlp.fc1_gate.bias"]
-                up = up + p[pre + "mlp.fc1_up.bias"]
-            a = torch.nn.functional.silu(gate) * up
+        if c.moe_layer(i):
+            f2, aux = moe(c, p, h.reshape(B * S, H), pre + "moe.")
+            f2 = f2.reshape(B, S, H)
+            aux_total = aux_total + aux
         else:
-            f1 = lin(h, i, "fc1", pre + "mlp.fc1")
-            a = (torch.nn.functional.gelu(f1, approximate="tanh") if c.act == "gelu"
-                 else torch.relu(f1))
-        f2 = lin(a, i, "fc2", pre + "mlp.fc2")
+            f2 = mlp(c, p, h, pre + "mlp.", lambda t, g, n: lin(t, i, g, n))
         x = x + dropout(c, f2, step, i, "mlp")
     x = norm(c, x, p, "final_ln")
     w_out = p["embed.tok"] if c.tied else p["lm_head.weight"]
     logits = x @ w_out.T
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, c.V), targets.reshape(-1))
+    return (torch.nn.functional.cross_entropy(logits.reshape(-1, c.V), targets.reshape(-1)) +
+            aux_total)
+
+
+def mlp(c, p, h, pre, lin):
+    """fc2(act(fc1(h))) with parameters under `pre` ("layers.0.mlp.", "layers.0.moe.experts.1.")."""
+    if c.act == "swiglu":
+        gate = h @ p[pre + "fc1_gate.weight"].T
+        up = h @ p[pre + "fc1_up.weight"].T
+        if c.bias:
+            gate = gate + p[pre + "fc1_gate.bias"]
+            up = up + p[pre + "fc1_up.bias"]
+        a = torch.nn.functional.silu(gate) * up
+    else:
+        f1 = lin(h, "fc1", pre + "fc1")
+        a = (torch.nn.functional.gelu(f1, approximate="tanh") if c.act == "gelu"
+             else torch.relu(f1))
+    return lin(a, "fc2", pre + "fc2")
+
+
+def moe(c, p, h, pre):
+    """The MoE block of docs/design.md section 27 on h [T, H] (float64): router probabilities
+    (softmax or sigmoid), top-k by value with ties to the lower expert index, combine weights
+    renormalised over the top k, each expert applied to exactly its tokens (no padding), the
+    shared expert, and the Switch loss c * E * sum_e f_e * P_e (f_e counted, not differentiated).
+    Returns (out [T, H], aux)."""
+
+    def lin(t, g, n):
+        out = t @ p[n + ".weight"].T
+        return out + p[n + ".bias"] if c.bias else out
+
+    T = h.shape[0]
+    logits = h @ p[pre + "router.weight"].T
+    probs = torch.softmax(logits, dim=-1) if c.router == "softmax" else torch.sigmoid(logits)
+    order = torch.sort(probs.detach(), dim=-1, descending=True, stable=True).indices
+    chosen = order[:, :c.top_k]  # [T, k]
+    pc = probs.gather(1, chosen)
+    w = pc / pc.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(h)
+    for e in range(c.E):
+        tok, j = (chosen == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        y = mlp(c, p, h[tok], f"{pre}experts.{e}.", lin)
+        out = out.index_add(0, tok, w[tok, j][:, None] * y)
+    if c.shared_expert:
+        out = out + mlp(c, p, h, pre + "shared.", lin)
+    aux = 0.0
+    if c.aux_coef > 0:
+        f = torch.stack([(chosen == e).sum() for e in range(c.E)]).double() / (T * c.top_k)
+        aux = c.aux_coef * c.E * (f * probs.mean(dim=0)).sum()
+    return out, aux
 
 
 def rel_norm(a, b):
@@ -466,14 +523,20 @@ def main(path):
         if c.bias:
             expected[pre + "attn.qkv.bias"] = (qkv_rows,)
             expected[pre + "attn.proj.bias"] = (c.H,)
-        fc1s = ("mlp.fc1_gate", "mlp.fc1_up") if c.act == "swiglu" else ("mlp.fc1",)
-        for fc1 in fc1s:
-            expected[pre + fc1 + ".weight"] = (c.F, c.H)
+        mlps = ["mlp."]
+        if c.moe_layer(i):
+            expected[pre + "moe.router.weight"] = (c.E, c.H)
+            mlps = [f"moe.experts.{e}." for e in range(c.E)]
+            mlps += ["moe.shared."] if c.shared_expert else []
+        fc1s = ("fc1_gate", "fc1_up") if c.act == "swiglu" else ("fc1",)
+        for m in mlps:
+            for fc1 in fc1s:
+                expected[pre + m + fc1 + ".weight"] = (c.F, c.H)
+                if c.bias:
+                    expected[pre + m + fc1 + ".bias"] = (c.F,)
+            expected[pre + m + "fc2.weight"] = (c.H, c.F)
             if c.bias:
-                expected[pre + fc1 + ".bias"] = (c.F,)
-        expected[pre + "mlp.fc2.weight"] = (c.H, c.F)
-        if c.bias:
-            expected[pre + "mlp.fc2.bias"] = (c.H,)
+                expected[pre + m + "fc2.bias"] = (c.H,)
     expected["final_ln.weight"] = (c.H,)
     if c.norm == "layernorm":
         expected["final_ln.bias"] = (c.H,)
@@ -492,12 +555,22 @@ def main(path):
             ref = np.ones(init[n].shape)
         else:
             std = 0.02 / math.sqrt(2 * c.L) if ("proj" in n or "fc2" in n) else 0.02
-            ref = std * philox_normal(np.arange(init[n].size, dtype=np.uint64), fnv1a64(n),
+            # MoE (docs/design.md section 27): expert 0 draws the dense MLP parameter's stream,
+            # expert e > 0 the stream "<dense name>/expert{e}".
+            stream = n
+            mm = re.match(r"(layers\.\d+\.)moe\.experts\.(\d+)\.(.*)$", n)
+            if mm:
+                dense = mm.group(1) + "mlp." + mm.group(3)
+                stream = dense if mm.group(2) == "0" else f"{dense}/expert{mm.group(2)}"
+            ref = std * philox_normal(np.arange(init[n].size, dtype=np.uint64), fnv1a64(stream),
                                       c.seed).reshape(init[n].shape)
         err = float(np.max(np.abs(init[n] - ref)) / 0.02)
         worst_init = max(worst_init, err)
         check(err <= 1e-6, f"init of {n}: max error {err:.3e} of std")
 
+    if c.E > 0 and c.recipe != "fp32":
+        print(f"{path}: the MoE reference (docs/design.md section 27) covers fp32, got {c.recipe}")
+        return 2
     if c.recipe == "fp32":
         tol_loss0, tol_loss, tol_gnorm, tol_grad0 = TOL_LOSS0, TOL_LOSS, TOL_LOSS, TOL_GRAD0
         compare_final = True

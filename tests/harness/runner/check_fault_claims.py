@@ -95,6 +95,8 @@ CLAIMS = {
     ("scale_inv_gathered_bf16", "allgather_parity"): ("allgather_parity", "true"),
     ("vocab_uneven_resume_rows", "state"): ("state", "{at_step: 3, mesh: {dp_shard: 3}}"),
     ("block_scale_padding_reshard", "allgather_parity"): ("allgather_parity", "true"),
+    # MoE (docs/design.md section 27).
+    ("router_not_fp32", "golden"): ("golden", "{mode: exact}"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism", "state")
 # The key a failing state check must name for each fault (its evidence's tensor): the first key

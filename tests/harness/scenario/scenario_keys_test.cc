@@ -194,11 +194,15 @@ TEST(ScenarioKeys, EveryRecipeNameComesFromTheEngineTable) {
   }
 }
 
-// "a.b" = VALUE as a YAML document.
+// "a.b" (or "a.b.c": model.moe.*) = VALUE as a YAML document, one mapping per level.
 std::string yaml_at(const std::string& path, const std::string& value) {
-  const size_t dot = path.find('.');
-  if (dot == std::string::npos) return path + ": " + value + "\n";
-  return path.substr(0, dot) + ":\n  " + path.substr(dot + 1) + ": " + value + "\n";
+  std::string out, indent;
+  size_t begin = 0;
+  for (size_t dot; (dot = path.find('.', begin)) != std::string::npos; begin = dot + 1) {
+    out += indent + path.substr(begin, dot - begin) + ":\n";
+    indent += "  ";
+  }
+  return out + indent + path.substr(begin) + ": " + value + "\n";
 }
 
 std::string first_problem(const std::string& yaml) {
@@ -318,8 +322,10 @@ class HashedKey : public ::testing::TestWithParam<std::string> {};
 TEST_P(HashedKey, ANonDefaultValueChangesTheHash) {
   Scenario base;
   base.name = "h";
-  Scenario changed = base;
   const std::string& path = GetParam();
+  // The model.moe keys are hashed with MoE on (a dense scenario's canonical text is unchanged).
+  if (path.rfind("model.moe.", 0) == 0 && path != "model.moe.experts") base.model.moe.experts = 4;
+  Scenario changed = base;
   with_key(path, [&](const auto& k) {
     KeyValue v = k.def;
     if (auto* i = std::get_if<int64_t>(&v)) *i = *i + 1;

@@ -1,0 +1,90 @@
+// Mixture-of-experts routing and dispatch (docs/design.md section 27): the router's top-k choice,
+// the sort of (token, choice) pairs into per-expert blocks padded to the recipe's row alignment,
+// and the permute / combine steps around the expert GEMMs, with their backward. All of it is
+// exact host-side index work and double arithmetic rounded once, so the result depends on
+// neither the mesh nor the padding: padding rows are zero on the way in and never read on the way
+// out (tests/engine/moe_test.cc checks this against an unpadded per-expert loop).
+//
+// Shapes: T tokens (rows of this micro-batch), E experts, k = top_k, H hidden, P padded rows.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/config.h"
+#include "kernels/tensor.h"
+
+namespace meshproof::engine::moe {
+
+// The router's decision for T tokens.
+struct Routing {
+  int64_t tokens = 0, experts = 0, top_k = 0;
+  std::vector<double> probs;    // [T, E] probabilities: softmax or sigmoid of the logits
+  std::vector<int32_t> expert;  // [T, k] chosen experts, by descending probability; ties to the
+                                // lower expert index
+  std::vector<double> weight;   // [T, k] combine weights: the chosen probabilities divided by
+                                // their sum (renormalised over the top k)
+};
+
+// logits: float32 [T, E] (any device). Probabilities are evaluated in double per row and rounded
+// once to float; the combine weights likewise. float64 logits (the CPU backend's float64 mode,
+// finite-difference checks) keep both in double.
+Routing route(const kernels::Tensor& logits, int64_t top_k, MoeRouter router);
+
+// d(objective)/d(logits), [T, E] in `dtype` (the logits') on the host, evaluated in double from
+// d/d(weight) [T, k] and a per-expert term added to d/d(probs) of every token (the
+// load-balancing loss's c * E * f_e * scale).
+kernels::Tensor route_backward(const Routing& r, const std::vector<double>& d_weight,
+                               const std::vector<double>& aux_d_prob, MoeRouter router,
+                               kernels::DType dtype);
+
+// Where every (token, choice) pair goes: pairs sorted stably by (expert, token), expert e's rows
+// [offset[e], offset[e] + rows[e]) followed by zero rows up to offset[e + 1], a multiple of the
+// alignment (0 rows stay 0 unless keep_empty).
+struct Dispatch {
+  std::vector<int64_t> rows;    // [E] routed pairs per expert
+  std::vector<int64_t> offset;  // [E + 1] first row of each expert's padded block; offset[E] = P
+  std::vector<int64_t> token;   // [P] source token of each dispatched row, -1 for padding
+  std::vector<int64_t> slot;    // [T, k] dispatched row of (token, choice)
+  int64_t padded_rows() const { return offset.back(); }
+};
+// keep_empty (quantized recipes): an expert with no routed pair still gets one block of `align`
+// zero rows, so that every rank quantizes every expert's operands (the amax MAX-reductions over
+// the data ranks run in the same order everywhere) and no quantizer sees an empty tensor; zero
+// rows change no amax, no output and no gradient.
+Dispatch dispatch(const Routing& r, int64_t align, bool keep_empty = false);
+
+// The recipe's expert row alignment: no columnwise quantization block (32x1 MXFP8, 128x1 block,
+// 16x1 NVFP4) spans two experts and per-tensor FP8 GEMMs get M % 16 == 0; 1 for fp32 / bf16.
+int64_t row_alignment(RecipeKind recipe);
+
+// x [T, H] -> [P, H]: row slot of the dispatch holds x[token], padding rows are zero.
+kernels::Tensor permute(const kernels::Tensor& x, const Dispatch& d);
+// out[t] = sum over j in order of weight[t, j] * y[slot[t, j]] in double, rounded once to out's
+// dtype. y [P, H], out [T, H].
+void combine(const kernels::Tensor& y, const Dispatch& d, const Routing& r, kernels::Tensor& out);
+// Backward of combine: dy[slot[t, j]] = weight[t, j] * dout[t] (rounded once; padding rows 0) and
+// d_weight[t, j] = sum_h dout[t, h] * y[slot[t, j], h] in double.
+void combine_backward(const kernels::Tensor& dout, const kernels::Tensor& y, const Dispatch& d,
+                      const Routing& r, kernels::Tensor& dy, std::vector<double>& d_weight);
+// Backward of permute: dx[t] = sum over j in order of dxp[slot[t, j]] (double, rounded once).
+void unpermute_sum(const kernels::Tensor& dxp, const Dispatch& d, const Routing& r,
+                   kernels::Tensor& dx);
+
+// The Switch load-balancing statistics of some tokens: routed pairs per expert, summed
+// probabilities per expert, and the token count (summed over the data-parallel ranks, they give
+// the global batch's f_e = count_e / (T k) and P_e = prob_sum_e / T).
+struct BalanceStats {
+  std::vector<double> count, prob_sum;
+  double tokens = 0;
+};
+BalanceStats balance_stats(const Routing& r);
+// c * E * sum_e f_e * P_e of the global statistics.
+double aux_loss(const BalanceStats& global, int64_t top_k, double coef);
+// d(objective)/d(probs[t, e]) for every token t: c * E * f_e * scale, where scale = grad_scale,
+// the objective's weight of one token's loss (1 / T_global on one rank; the data-parallel
+// averaging of the gradients removes the dp factor it carries on a mesh).
+std::vector<double> aux_d_prob(const BalanceStats& global, int64_t top_k, double coef,
+                               double scale);
+
+}  // namespace meshproof::engine::moe
