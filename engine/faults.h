@@ -99,6 +99,11 @@ struct FaultInjection {
   // NVFP4 block scales rounded up to a power of two instead of E4M3 (MXFP4-style scales where
   // NVFP4 requires E4M3). Caught by golden.
   bool nvfp4_block_scale_pow2 = false;
+  // NVFP4 FP4 all-gather (docs/design.md section 27): each rank quantizes its weight shard with
+  // its own shard's global amax (the second-level scale) instead of the amax MAX-reduced over the
+  // weight's amax group, so the gathered shards carry different global scales and the gathered
+  // weight is not quantize(gather(shard)). Caught by allgather_parity.
+  bool nvfp4_global_amax_not_reduced = false;
 
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
@@ -112,7 +117,7 @@ struct FaultInjection {
            nvfp4_rht_on_one_operand || nvfp4_block_scale_pow2 ||
 
            amax_history_restored_from_init || optimizer_step_advanced_before_load ||
-           grad_accum_last_micro_batch_only;
+           grad_accum_last_micro_batch_only || nvfp4_global_amax_not_reduced;
   }
 };
 
