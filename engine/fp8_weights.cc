@@ -23,10 +23,11 @@ using mesh::Placement;
 
 namespace {
 
-// The same quantized tensor with every buffer on `device` (a copy where it is elsewhere).
+// The same quantized tensor with every buffer on `device` (a copy where it is elsewhere), NVFP4's
+// columnwise global amax included (the device decode reads it).
 kernels::QuantizedTensor quantized_on(kernels::QuantizedTensor q, kernels::Device device) {
   for (Tensor* t : {&q.rowwise_data, &q.rowwise_scale_inv, &q.columnwise_data,
-                    &q.columnwise_scale_inv, &q.amax, &q.scale})
+                    &q.columnwise_scale_inv, &q.amax, &q.scale, &q.columnwise_amax})
     if (t->defined() && t->device() != device) *t = t->to(device);
   return q;
 }
