@@ -548,6 +548,14 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
   // router_not_fp32: the MoE router GEMM runs on bf16 operands with a bf16 output.
   if (f.router_not_fp32)
     h.on_router_precision([f](int64_t step, bool fp32) { return fp32 && !f.active(step); });
+  // nvfp4_global_amax_not_reduced: the weights' amax group is empty while active, so under the
+  // FP4 all-gather (the only NVFP4 weight quantization that reduces over a group: the gathered
+  // weights reach the recipe prequantized) each rank takes its shard's global amax for the
+  // second-level scale. Activations and gradients keep their groups.
+  if (f.nvfp4_global_amax_not_reduced)
+    h.on_amax_group([f](std::string_view, Fp8Role role, int64_t step, DimSet g) {
+      return f.active(step) && role == Fp8Role::kWeight ? DimSet{} : g;
+    });
   return h;
 }
 

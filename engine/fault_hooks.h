@@ -8,7 +8,8 @@
 //
 //   point                  asked by                      faults today
 //   weight_gather_padding  dp_shard weight all-gather    uneven_shard_padding_leak
-//   amax_group             every amax MAX-reduction      amax_not_reduced
+//   amax_group             every amax MAX-reduction      amax_not_reduced,
+//                                                        nvfp4_global_amax_not_reduced
 //   state_layout           checkpoint state entries      tp_fsdp_left_to_right
 //   gradient_replicas      HSDP gradient all-reduce      hsdp_replicas_not_reduced
 //   backward_weight        each FP8 weight gather        stale_columnwise_copy

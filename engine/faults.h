@@ -99,6 +99,11 @@ struct FaultInjection {
   // NVFP4 block scales rounded up to a power of two instead of E4M3 (MXFP4-style scales where
   // NVFP4 requires E4M3). Caught by golden.
   bool nvfp4_block_scale_pow2 = false;
+  // NVFP4 FP4 all-gather (docs/design.md section 28): each rank quantizes its weight shard with
+  // its own shard's global amax (the second-level scale) instead of the amax MAX-reduced over the
+  // weight's amax group, so the gathered shards carry different global scales and the gathered
+  // weight is not quantize(gather(shard)). Caught by allgather_parity.
+  bool nvfp4_global_amax_not_reduced = false;
 
   // ---- built-in catalog faults (issue #20, catalog entries; docs/design.md section 23)
   // Current/delayed scaling FP8 all-gather: the gathered weight's scale_inv travels through bf16
@@ -136,7 +141,7 @@ struct FaultInjection {
            grad_accum_last_micro_batch_only ||
            // catalog entries (issue #20)
            scale_inv_gathered_bf16 || vocab_uneven_resume_rows || block_scale_padding_reshard ||
-           router_not_fp32;
+           router_not_fp32 || nvfp4_global_amax_not_reduced;
   }
 };
 

@@ -9,6 +9,8 @@
 
 #include "kernels/error.h"
 #include "kernels/formats.h"
+#include "kernels/nvfp4.h"
+#include "kernels/nvfp4_rules.h"
 #include "kernels/quantize.h"
 #include "mesh/padded_gather.h"
 
@@ -139,16 +141,66 @@ bool per_tensor(RecipeKind kind) {
   return kind == RecipeKind::kCurrent || kind == RecipeKind::kDelayed;
 }
 
+// NVFP4 all-gather: 16x16 tiles must lie inside the shards, so every member holds a non-empty
+// multiple of 16 rows and the columns are a multiple of 16. No fallback: a tile across two shards
+// takes its E4M3 code from both shards' values, which neither rank has.
+void check_nvfp4_pieces(const std::vector<RowPiece>& pieces, const Box& target) {
+  bool ok = target.extent[1].value % 16 == 0;
+  std::string rows;
+  for (const RowPiece& p : pieces) {
+    ok = ok && p.rows % 16 == 0;
+    rows += fmt::format("{}{}", rows.empty() ? "" : ", ", p.rows);
+  }
+  MP_CHECK_INPUT(ok,
+                 "nvfp4 all-gather of the weight box {} over {} dp_shard ranks: shards of {} rows "
+                 "x {} columns; every shard needs a non-empty multiple of 16 rows and columns "
+                 "(16x16 tiles may not cross shards)",
+                 target.str(), pieces.size(), rows, target.extent[1].value);
+}
+
+// The weight's NVFP4 options must be the tiled, round-to-nearest ones for the columnwise copy to
+// be rebuilt from the gathered rowwise copy (kernels/nvfp4.h).
+void check_nvfp4_weight_options(const kernels::Nvfp4Options& o) {
+  MP_CHECK_INPUT(o.tile16x16 && !o.rht && !o.rounding.stochastic,
+                 "nvfp4 all-gather: weights are quantized in 16x16 tiles with round to nearest "
+                 "(got tiles={} rht={} stochastic={})",
+                 o.tile16x16, o.rht, o.rounding.stochastic);
+}
+
+// The packed bytes of an e2m1 [R, C] tensor as uint8 [R, C/2], and back: the padded gather cuts
+// boxes by element, which a 4-bit element cannot be.
+Tensor packed_bytes(const Tensor& e2m1) {
+  Tensor b =
+      Tensor::empty({e2m1.shape()[0], e2m1.shape()[1] / 2}, DType::kUInt8, kernels::Device::cpu());
+  if (b.nbytes().value > 0)
+    std::memcpy(b.raw_data(), e2m1.raw_data(), static_cast<size_t>(b.nbytes().value));
+  return b;
+}
+Tensor e2m1_of_bytes(const Tensor& bytes) {
+  Tensor t =
+      Tensor::empty({bytes.shape()[0], bytes.shape()[1] * 2}, DType::kE2M1, kernels::Device::cpu());
+  if (t.nbytes().value > 0)
+    std::memcpy(t.raw_data(), bytes.raw_data(), static_cast<size_t>(t.nbytes().value));
+  return t;
+}
+
+// NVFP4's second-level (global decode) scale of a global amax float32 [1].
+double nvfp4_decode_scale(const Tensor& amax) {
+  if (!amax.defined() || amax.numel().value != 1) return std::nan("");
+  namespace nv = kernels::rules::nvfp4;
+  return nv::global_decode_scale(nv::global_encode_scale(amax.to_vector<float>()[0]));
+}
+
 }  // namespace
 
 Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_group,
                         const mesh::Layout& layout, const Tensor& local, const Box& target,
                         RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax,
-                        CurrentScaleOptions current) {
+                        CurrentScaleOptions current, const kernels::Nvfp4Options& nvfp4) {
   MP_CHECK_INPUT(local.shape().rank() == 2, "fp8_all_gather: 2-D weights only, got {}",
                  local.describe());
   bool aligned32 = true;
-  row_pieces(gather, layout, target, aligned32);
+  const std::vector<RowPiece> pieces = row_pieces(gather, layout, target, aligned32);
   const int64_t total = target.extent[0].value, cols = target.extent[1].value;
   Fp8Shard out;
   if (per_tensor(kind)) {
@@ -167,8 +219,20 @@ Fp8Shard quantize_shard(mesh::Communicator& gather, mesh::Communicator& amax_gro
                                          {.rowwise = true, .columnwise = false}, mode, amax);
     return out;
   }
+  if (kind == RecipeKind::kNvfp4) {
+    // The shard's global amax (both copies: a weight has no RHT) MAX-reduced over the weight's
+    // amax group before any tile is quantized: every rank's second-level scale is the whole
+    // weight's. Rowwise only: the columnwise copy is rebuilt after the gather.
+    check_nvfp4_pieces(pieces, target);
+    check_nvfp4_weight_options(nvfp4);
+    Tensor amax = kernels::nvfp4_global_amax(local, false, "nvfp4 all-gather shard");
+    if (reduce_amax && amax_group.size() > 1) amax_group.all_reduce(amax, mesh::ReduceOp::kMax);
+    out.q = kernels::quantize_nvfp4(local, nvfp4, {.rowwise = true, .columnwise = false}, amax,
+                                    "nvfp4 all-gather shard");
+    return out;
+  }
   MP_CHECK_INPUT(kind == RecipeKind::kMxfp8,
-                 "fp8_all_gather: recipe {} has no FP8 all-gather (current, delayed, mxfp8)",
+                 "fp8_all_gather: recipe {} has no FP8 all-gather (current, delayed, mxfp8, nvfp4)",
                  recipe_name(kind));
   if (!aligned32 || cols % 32 != 0) {
     out.high_precision = local;
@@ -201,6 +265,18 @@ Fp8GatherResult gather_shard(mesh::Communicator& gather, const mesh::Layout& lay
     return out;
   }
   const kernels::QuantizedTensor& q = shard.q;
+  if (kind == RecipeKind::kNvfp4) {
+    // On the wire: the packed E2M1 bytes [r, K/2] and one E4M3 code per 16x16 tile
+    // [r/16, K/16]; the global amax is the reduced one every member holds.
+    check_nvfp4_pieces(pieces, target);
+    std::vector<RowPiece> tiles;
+    for (const RowPiece& p : pieces) tiles.push_back({p.offset / 16, p.rows / 16});
+    const Tensor data = gather_rows(gather, packed_bytes(q.rowwise_data), pieces, total, cols / 2);
+    const Tensor codes =
+        gather_rows(gather, kernels::nvfp4_tile_scales(q), tiles, total / 16, cols / 16);
+    g = kernels::nvfp4_tiled_from_rowwise(e2m1_of_bytes(data), codes, q.amax);
+    return out;
+  }
   g.format = DType::kE4M3;
   g.logical_shape = target.shape();
   g.mode = q.mode;
@@ -234,9 +310,9 @@ Fp8GatherResult gather_shard(mesh::Communicator& gather, const mesh::Layout& lay
 Fp8GatherResult fp8_all_gather(mesh::Communicator& gather, mesh::Communicator& amax_group,
                                const mesh::Layout& layout, const Tensor& local, const Box& target,
                                RecipeKind kind, const Tensor* delayed_scale, bool reduce_amax,
-                               CurrentScaleOptions current) {
+                               CurrentScaleOptions current, const kernels::Nvfp4Options& nvfp4) {
   const Fp8Shard shard = quantize_shard(gather, amax_group, layout, local, target, kind,
-                                        delayed_scale, reduce_amax, current);
+                                        delayed_scale, reduce_amax, current, nvfp4);
   return gather_shard(gather, layout, shard, target, kind);
 }
 
@@ -245,7 +321,8 @@ AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communic
                                       const Box& target, RecipeKind kind,
                                       const Tensor* delayed_scale,
                                       const kernels::QuantizedTensor& gathered,
-                                      CurrentScaleOptions current) {
+                                      CurrentScaleOptions current,
+                                      const kernels::Nvfp4Options& nvfp4) {
   MP_CHECK_INPUT(local.shape().rank() == 2, "fp8_all_gather_parity: 2-D weights only, got {}",
                  local.describe());
   bool aligned32 = true;
@@ -273,9 +350,19 @@ AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communic
     case RecipeKind::kMxfp8:
       ref = kernels::quantize_mxfp8(full, DType::kE4M3, both);
       break;
+    case RecipeKind::kNvfp4: {
+      // The single-rank recipe: the whole weight's global amax (tp peers' pieces added by the
+      // group, as for current scaling), then tiles with both copies.
+      check_nvfp4_weight_options(nvfp4);
+      Tensor amax = kernels::nvfp4_global_amax(full, false, "allgather_parity reference");
+      if (amax_group.size() > 1) amax_group.all_reduce(amax, mesh::ReduceOp::kMax);
+      ref = kernels::quantize_nvfp4(full, nvfp4, both, amax, "allgather_parity reference");
+      break;
+    }
     default:
       MP_FAIL_INPUT(
-          "fp8_all_gather_parity: recipe {} has no FP8 all-gather (current, delayed, mxfp8)",
+          "fp8_all_gather_parity: recipe {} has no FP8 all-gather (current, delayed, mxfp8, "
+          "nvfp4)",
           recipe_name(kind));
   }
   AllGatherParity p;
@@ -287,6 +374,13 @@ AllGatherParity fp8_all_gather_parity(mesh::Communicator& gather, mesh::Communic
                              max_abs_error(gathered, ref, kernels::QuantizedCopy::kColumnwise));
   p.scale_inv = first_scale_inv(gathered.rowwise_scale_inv);
   p.reference_scale_inv = first_scale_inv(ref.rowwise_scale_inv);
+  if (kind == RecipeKind::kNvfp4) {
+    // The second level: both global amaxes, and the global decode scales as the scale_inv.
+    compare_bytes(gathered.amax, ref.amax, p);
+    compare_bytes(gathered.columnwise_amax, ref.columnwise_amax, p);
+    p.scale_inv = nvfp4_decode_scale(gathered.amax);
+    p.reference_scale_inv = nvfp4_decode_scale(ref.amax);
+  }
   return p;
 }
 

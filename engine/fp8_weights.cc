@@ -23,10 +23,11 @@ using mesh::Placement;
 
 namespace {
 
-// The same quantized tensor with every buffer on `device` (a copy where it is elsewhere).
+// The same quantized tensor with every buffer on `device` (a copy where it is elsewhere), NVFP4's
+// columnwise global amax included (the device decode reads it).
 kernels::QuantizedTensor quantized_on(kernels::QuantizedTensor q, kernels::Device device) {
   for (Tensor* t : {&q.rowwise_data, &q.rowwise_scale_inv, &q.columnwise_data,
-                    &q.columnwise_scale_inv, &q.amax, &q.scale})
+                    &q.columnwise_scale_inv, &q.amax, &q.scale, &q.columnwise_amax})
     if (t->defined() && t->device() != device) *t = t->to(device);
   return q;
 }
@@ -91,11 +92,19 @@ Fp8Shard Fp8WeightStore::quantize_local(const ShardedParam& p, const Tensor& loc
   Tensor scale;
   if (config_.recipe.kind == RecipeKind::kDelayed)
     scale = recipe_.delayed_states().at(p.spec.linear + "/weight").scale.to(kernels::Device::cpu());
-  // Current scaling MAX-reduces the shard's amax over the weight's amax group.
+  // Current scaling and NVFP4 MAX-reduce the shard's amax over the weight's amax group.
   return quantize_shard(comms_.group(groups::kDpShard),
                         comms_.group(amax_dims_(p.spec.linear, Fp8Role::kWeight)), p.layout, local,
                         p.compute, config_.recipe.kind, scale.defined() ? &scale : nullptr, true,
-                        current_scale_options());
+                        current_scale_options(), nvfp4_options(p));
+}
+
+// NVFP4 weights: the options the recipe quantizes (linear, weight) with at this step (the fault
+// hooks included), both copies; the recipe-free default for the other recipes (unused there).
+kernels::Nvfp4Options Fp8WeightStore::nvfp4_options(const ShardedParam& p) const {
+  if (config_.recipe.kind != RecipeKind::kNvfp4) return nvfp4_weight_options();
+  return recipe_.nvfp4_options(p.spec.linear, Fp8Role::kWeight,
+                               {.rowwise = true, .columnwise = true});
 }
 
 // The local shard of GEMM weight i quantized for the FP8 all-gather: the FP8 primary weight, or
@@ -148,7 +157,7 @@ void Fp8WeightStore::record_parity(const ShardedParam& p, int64_t step, const Te
       default_amax_group({p.spec.linear_kind, Fp8Role::kWeight}, options_.mesh);
   AllGatherParity r = fp8_all_gather_parity(comms_.group(groups::kDpShard), comms_.group(ref_group),
                                             p.layout, local, p.compute, config_.recipe.kind, scale,
-                                            gathered, current_scale_options());
+                                            gathered, current_scale_options(), nvfp4_options(p));
   const std::vector<double> all = gather_doubles(
       comms_.group(groups::kWorld),
       {static_cast<double>(r.bytes), static_cast<double>(r.mismatched_bytes), r.max_abs_error});

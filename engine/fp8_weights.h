@@ -1,11 +1,11 @@
-// The FP8 weight store of a training session (docs/design.md sections 5 and 20): the GEMM
-// weights' FP8 side. With the FP8 all-gather (fsdp.fp8_all_gather, or a fault that needs the
-// quantized weights) it quantizes each weight's local shard once per step (bf16 compute copy of
-// the fp32 master, amax MAX-reduced over the weight's amax group) and gathers FP8 bytes + scales
-// at every use; with FP8 primary weights (fsdp.fp8_params) it holds the FP8 shards themselves,
-// adds them to the checkpoint state and re-quantizes them from the masters after every optimizer
-// step. A gathered weight goes to the recipe as a prequantized weight; the layer code reads only
-// its shape. allgather_parity records are taken here.
+// The FP8 weight store of a training session (docs/design.md sections 5, 20 and 27): the GEMM
+// weights' FP8 (and NVFP4) side. With the FP8 all-gather (fsdp.fp8_all_gather, or a fault that
+// needs the quantized weights) it quantizes each weight's local shard once per step (bf16 compute
+// copy of the fp32 master, amax MAX-reduced over the weight's amax group) and gathers FP8 bytes +
+// scales at every use; with FP8 primary weights (fsdp.fp8_params) it holds the FP8 shards
+// themselves, adds them to the checkpoint state and re-quantizes them from the masters after every
+// optimizer step. A gathered weight goes to the recipe as a prequantized weight; the layer code
+// reads only its shape. allgather_parity records are taken here.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +62,7 @@ class Fp8WeightStore {
   const Fp8Shard& local_shard(size_t i);
   Fp8Shard quantize_local(const ShardedParam& p, const kernels::Tensor& local);
   CurrentScaleOptions current_scale_options() const;
+  kernels::Nvfp4Options nvfp4_options(const ShardedParam& p) const;
   void record_parity(const ShardedParam& p, int64_t step, const kernels::Tensor& local,
                      const kernels::Tensor* scale, const kernels::QuantizedTensor& gathered);
   void make_primary_weights(ShardedState& state);

@@ -108,19 +108,7 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
                                      fmt, usage, power_2_scale_of(config_),
                                      static_cast<float>(config_.eps));
     case RecipeKind::kNvfp4: {
-      kernels::Nvfp4Options o;
-      o.tile16x16 = role == Fp8Role::kWeight;
-      o.rht = role != Fp8Role::kWeight && usage.columnwise;
-      if (role == Fp8Role::kGradOutput) {
-        o.rounding = {.stochastic = true,
-                      .seed = seed_,
-                      .step = static_cast<uint64_t>(place.step),
-                      .tensor_id = static_cast<uint32_t>(kernels::philox_stream(key)),
-                      .row0 = place.row0,
-                      .col0 = place.col0,
-                      .ld = place.ld};
-      }
-      if (nvfp4_hook_) o = nvfp4_hook_(linear, role, o);
+      const kernels::Nvfp4Options o = nvfp4_options(linear, role, usage, place);
       // Both global amaxes (rowwise, columnwise after the RHT) MAX-reduced over the amax group
       // before any block is quantized.
       Tensor amax = kernels::nvfp4_global_amax(x, o.rht, key);
@@ -132,6 +120,26 @@ QuantizedTensor Fp8Recipe::quantize(const std::string& linear, Fp8Role role, con
       break;
   }
   MP_FAIL("Fp8Recipe: unreachable recipe {}", recipe_name(config_.kind));
+}
+
+kernels::Nvfp4Options Fp8Recipe::nvfp4_options(const std::string& linear, Fp8Role role,
+                                               kernels::Usage usage,
+                                               const TensorPlace& place) const {
+  kernels::Nvfp4Options o;
+  o.tile16x16 = role == Fp8Role::kWeight;
+  o.rht = role != Fp8Role::kWeight && usage.columnwise;
+  if (role == Fp8Role::kGradOutput) {
+    const std::string key = fmt::format("{}/{}", linear, fp8_role_name(role));
+    o.rounding = {.stochastic = true,
+                  .seed = seed_,
+                  .step = static_cast<uint64_t>(place.step),
+                  .tensor_id = static_cast<uint32_t>(kernels::philox_stream(key)),
+                  .row0 = place.row0,
+                  .col0 = place.col0,
+                  .ld = place.ld};
+  }
+  if (nvfp4_hook_) o = nvfp4_hook_(linear, role, o);
+  return o;
 }
 
 void Fp8Recipe::update(bool forward_roles) {

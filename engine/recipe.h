@@ -81,6 +81,12 @@ class Fp8Recipe {
   using Nvfp4Hook = std::function<kernels::Nvfp4Options(const std::string& linear, Fp8Role role,
                                                         kernels::Nvfp4Options)>;
   void set_nvfp4_hook(Nvfp4Hook h) { nvfp4_hook_ = std::move(h); }
+  // The options an NVFP4 quantization of (linear, role) with `usage` at `place` uses: 16x16 tiles
+  // for weights, the RHT on a columnwise copy of the others, stochastic rounding of output
+  // gradients, then the fault hook. quantize() uses them; the FP4 all-gather quantizes weight
+  // shards with them (engine/fp8_all_gather.h).
+  kernels::Nvfp4Options nvfp4_options(const std::string& linear, Fp8Role role, kernels::Usage usage,
+                                      const TensorPlace& place = {}) const;
 
   void end_forward();   // delayed: reduce + update input/weight states
   void end_backward();  // delayed: reduce + update gradient states

@@ -174,6 +174,31 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
              fmt::format("{}: {} = {} is not a multiple of 16 (1x16 blocks)", on, what, value));
       }
     }
+    if (o.fsdp.fp8_all_gather) {
+      // The FP4 all-gather (docs/design.md section 28) quantizes each dp_shard shard of a GEMM
+      // weight's TP-local rows on its own: 16x16 tiles must not cross shards, so every
+      // torch.chunk piece must be a non-empty multiple of 16 rows. No padding helps: a tile
+      // across two shards takes its E4M3 code from both shards' values.
+      for (const ParamSpec& p : param_specs(m)) {
+        if (!p.quantized() || p.unit != 0) continue;  // every layer has layer 0's shapes
+        const int64_t rows = p.tp == TpStyle::kColumn ? p.shape[0] / tp : p.shape[0];
+        const int64_t chunk = (rows + ms.dp_shard - 1) / ms.dp_shard;
+        std::string sizes;
+        bool ok = true;
+        for (int64_t i = 0; i < ms.dp_shard; ++i) {
+          const int64_t n = std::clamp<int64_t>(rows - i * chunk, 0, chunk);
+          ok = ok && n > 0 && n % 16 == 0;
+          sizes += fmt::format("{}{}", i == 0 ? "" : ", ", n);
+        }
+        if (ok) continue;
+        need("fsdp.fp8_all_gather", false,
+             fmt::format("{}: {} {} has {} rows per tp rank, cut over dp_shard {} into shards of "
+                         "{} rows; the FP4 all-gather needs every shard to hold a non-empty "
+                         "multiple of 16 rows (16x16 tiles may not cross shards)",
+                         on, p.name, p.shape.str(), rows, ms.dp_shard, sizes));
+        break;
+      }
+    }
   }
   if (rk == RecipeKind::kMxfp8 && t.batch % split == 0) {
     // On a mesh the GEMM operands are this data rank's micro-batch tokens (M; a sequence shard

@@ -112,11 +112,12 @@ struct TrainingSession::Impl {
         plan(config, c.mesh(), c.rank(), faults) {
     const RecipeKind rk = config.recipe.kind;
     // FP8 primary weights are gathered as FP8 (there is no high-precision compute copy); a fault
-    // hook on the backward weight needs the quantized weights too.
-    const bool fp8_gather =
-        (options.fsdp.fp8_all_gather || faults.needs_quantized_weights() ||
-         options.fsdp.fp8_params) &&
-        (rk == RecipeKind::kCurrent || rk == RecipeKind::kDelayed || rk == RecipeKind::kMxfp8);
+    // hook on the backward weight needs the quantized weights too. NVFP4 weights travel as FP4
+    // (docs/design.md section 28).
+    const bool fp8_gather = (options.fsdp.fp8_all_gather || faults.needs_quantized_weights() ||
+                             options.fsdp.fp8_params) &&
+                            (rk == RecipeKind::kCurrent || rk == RecipeKind::kDelayed ||
+                             rk == RecipeKind::kMxfp8 || rk == RecipeKind::kNvfp4);
     if (options.fsdp.fp8_all_gather && !fp8_gather)
       notes.add(fmt::format(
           "fsdp.fp8_all_gather has no effect with recipe {}: weights are gathered in high "

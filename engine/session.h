@@ -104,7 +104,8 @@ struct AllGatherParity {
   int64_t bytes = 0;               // bytes compared
   int64_t mismatched_bytes = 0;    // bytes that differ
   double max_abs_error = 0;        // max |dequant(gathered) - dequant(reference)| over elements
-  double scale_inv = 0;            // first rowwise scale_inv of the gathered weight
+  double scale_inv = 0;            // first rowwise scale_inv of the gathered weight (nvfp4:
+                                   // its global decode scale 1/S_enc, the second level)
   double reference_scale_inv = 0;  // the same of the reference quantization
 };
 

@@ -497,7 +497,7 @@ reports::CheckResult check_allgather_parity(const std::vector<engine::AllGatherP
     r.verdict = reports::Verdict::kFail;
     r.message =
         "no FP8 all-gathered weight was compared: the run gathered no weight in FP8 "
-        "(fsdp.fp8_all_gather with a delayed, current or mxfp8 recipe)";
+        "(fsdp.fp8_all_gather with a delayed, current, mxfp8 or nvfp4 recipe)";
     return r;
   }
   const engine::AllGatherParity* first = nullptr;

@@ -581,6 +581,19 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&, engine::FaultInjection& f) { f.router_not_fp32 = true; },
       },
+      {
+          .name = "nvfp4_global_amax_not_reduced",
+          .bug_class =
+              "NVFP4 FP4 all-gather: each rank quantizes its weight shard with its own shard's "
+              "global amax (the second-level scale) instead of the amax MAX-reduced over the "
+              "weight's ranks, so the gathered shards carry different global scales and the "
+              "gathered weight differs from quantizing the gathered weight",
+          .needs = {kNvfp4Recipe, kFp8AllGather, kTwoShards},
+          .caught_by = {"allgather_parity"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.nvfp4_global_amax_not_reduced = true; },
+      },
   };
   return table;
 }

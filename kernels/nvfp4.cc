@@ -203,4 +203,80 @@ Tensor nvfp4_rht_transpose(const Tensor& x) {
   return out;
 }
 
+Tensor nvfp4_tile_scales(const QuantizedTensor& q) {
+  MP_CHECK_INPUT(q.mode == ScalingMode::kNvfp4 && q.rowwise_scale_inv.defined() &&
+                     q.rowwise_scale_inv.device().is_cpu(),
+                 "nvfp4_tile_scales: needs an nvfp4 tensor with its rowwise copy on the CPU, got "
+                 "a {} tensor {}",
+                 scaling_mode_name(q.mode), q.logical_shape.str());
+  const int64_t M = q.rows();
+  const int64_t K = q.cols();
+  check_nvfp4_shape(M, K, Nvfp4Options{}, "nvfp4_tile_scales input");
+  const int64_t kb = K / nv::kBlock;
+  Tensor out = Tensor::empty({M / nv::kBlock, kb}, DType::kE4M3, Device::cpu());
+  const auto* s = static_cast<const uint8_t*>(q.rowwise_scale_inv.raw_data());
+  auto* o = static_cast<uint8_t*>(out.raw_data());
+  for (int64_t t = 0; t < M / nv::kBlock; ++t) {
+    for (int64_t b = 0; b < kb; ++b) o[t * kb + b] = s[t * nv::kBlock * kb + b];
+  }
+  return out;
+}
+
+QuantizedTensor nvfp4_tiled_from_rowwise(const Tensor& rowwise_data, const Tensor& tile_scales,
+                                         const Tensor& global_amax) {
+  MP_CHECK_INPUT(
+      rowwise_data.defined() && rowwise_data.dtype() == DType::kE2M1 &&
+          rowwise_data.shape().rank() == 2 && rowwise_data.device().is_cpu(),
+      "nvfp4_tiled_from_rowwise: the rowwise data must be e2m1 [M, K] on the CPU, got {}",
+      rowwise_data.defined() ? rowwise_data.describe() : "undefined");
+  const int64_t M = rowwise_data.shape()[0];
+  const int64_t K = rowwise_data.shape()[1];
+  Nvfp4Options tiled;
+  tiled.tile16x16 = true;
+  check_nvfp4_shape(M, K, tiled, "nvfp4_tiled_from_rowwise data");
+  const int64_t mb = M / nv::kBlock;
+  const int64_t kb = K / nv::kBlock;
+  MP_CHECK_INPUT(tile_scales.defined() && tile_scales.dtype() == DType::kE4M3 &&
+                     tile_scales.shape() == Shape({mb, kb}) && tile_scales.device().is_cpu(),
+                 "nvfp4_tiled_from_rowwise: the tile codes of data [{}, {}] must be e4m3 [{}, {}] "
+                 "on the CPU, got {}",
+                 M, K, mb, kb, tile_scales.defined() ? tile_scales.describe() : "undefined");
+  MP_CHECK_INPUT(global_amax.defined() && global_amax.dtype() == DType::kFloat32 &&
+                     global_amax.numel().value == 1 && global_amax.device().is_cpu(),
+                 "nvfp4_tiled_from_rowwise: the global amax must be float32 [1] on the CPU, got {}",
+                 global_amax.defined() ? global_amax.describe() : "undefined");
+  QuantizedTensor q;
+  q.mode = ScalingMode::kNvfp4;
+  q.format = DType::kE2M1;
+  q.logical_shape = Shape{M, K};
+  q.rowwise_data = rowwise_data;
+  q.rowwise_scale_inv = Tensor::empty({M, kb}, DType::kE4M3, Device::cpu());
+  q.columnwise_data = Tensor::empty({K, M}, DType::kE2M1, Device::cpu());
+  q.columnwise_scale_inv = Tensor::empty({K, mb}, DType::kE4M3, Device::cpu());
+  q.amax = global_amax.clone();
+  q.columnwise_amax = global_amax.clone();
+  const auto* tiles = static_cast<const uint8_t*>(tile_scales.raw_data());
+  auto* row_s = static_cast<uint8_t*>(q.rowwise_scale_inv.raw_data());
+  auto* col_s = static_cast<uint8_t*>(q.columnwise_scale_inv.raw_data());
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < kb; ++b) row_s[m * kb + b] = tiles[(m / nv::kBlock) * kb + b];
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t g = 0; g < mb; ++g) col_s[k * mb + g] = tiles[g * kb + k / nv::kBlock];
+  }
+  // Nibble transpose: element (m, k) of the rowwise copy is element (k, m) of the columnwise one.
+  const auto* rd = static_cast<const uint8_t*>(rowwise_data.raw_data());
+  auto* cd = static_cast<uint8_t*>(q.columnwise_data.raw_data());
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t m = 0; m < M; m += 2) {
+      const auto code = [&](int64_t r) {
+        const uint8_t byte = rd[(r * K + k) / 2];
+        return static_cast<uint8_t>((k & 1) ? byte >> 4 : byte & 0xFu);
+      };
+      cd[(k * M + m) / 2] = static_cast<uint8_t>(code(m) | (code(m + 1) << 4));
+    }
+  }
+  return q;
+}
+
 }  // namespace meshproof::kernels

@@ -66,4 +66,22 @@ Tensor dequantize_nvfp4(const QuantizedTensor& q, bool rowwise);
 // the emulated wgrad GEMM's reference). CPU only.
 Tensor nvfp4_rht_transpose(const Tensor& x);
 
+// ---- 16x16-tiled tensors (weights) in the NVFP4 all-gather (docs/design.md section 28)
+// With 16x16 tiles, round to nearest and one global amax for both copies (a weight: no RHT, no
+// stochastic rounding, rowwise and columnwise global amax equal), a column group's amax is its
+// tile's amax and its encode scale the tile's, so the columnwise copy is the element-wise
+// transpose of the rowwise copy, and every row of a tile carries the tile's code. The rowwise
+// data plus one code per tile therefore determine the whole tensor: what the all-gather sends.
+
+// The tile codes of a 16x16-tiled tensor's rowwise copy: E4M3 [M/16, K/16], row t being row 16t
+// of the rowwise codes. CPU only.
+Tensor nvfp4_tile_scales(const QuantizedTensor& q);
+
+// The 16x16-tiled tensor with both copies, rebuilt from its rowwise data (e2m1 [M, K]), its tile
+// codes (E4M3 [M/16, K/16]) and its global amax (float32 [1], both copies'): byte-equal to
+// quantize_nvfp4(x, {.tile16x16 = true}, both copies) of the x they came from. CPU only; M and K
+// multiples of 16 and matching shapes, else an input error naming them.
+QuantizedTensor nvfp4_tiled_from_rowwise(const Tensor& rowwise_data, const Tensor& tile_scales,
+                                         const Tensor& global_amax);
+
 }  // namespace meshproof::kernels

@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
 #include "engine/params.h"
+#include "kernels/nvfp4.h"
 #include "kernels/quantize.h"
 #include "mesh/local_comm.h"
 
@@ -307,6 +309,128 @@ TEST(AllGatherParity, CorruptedGatheredBytesAreCounted) {
   EXPECT_EQ(p.bytes, mxfp8_bytes(64, 64));
   EXPECT_EQ(p.mismatched_bytes, 2);
   EXPECT_GT(p.max_abs_error, 0.0);
+}
+
+// ---- NVFP4 all-gather (docs/design.md section 28)
+
+// The single-rank NVFP4 quantization of a weight: 16x16 tiles, both copies.
+kernels::QuantizedTensor nvfp4_weight(const Tensor& full) {
+  return kernels::quantize_nvfp4(full, nvfp4_weight_options(),
+                                 {.rowwise = true, .columnwise = true});
+}
+// Bytes allgather_parity compares for an [m, k] nvfp4 weight: both copies' packed data and E4M3
+// codes, plus the two float32 global amaxes.
+int64_t nvfp4_bytes(int64_t m, int64_t k) { return 2 * (m * k / 2) + 2 * (m * k / 16) + 2 * 4; }
+
+TEST(Fp8AllGather, Nvfp4GatherOfQuantizedShardsEqualsQuantizedWeight) {
+  // 128 rows: shards of 64, 32 and 16 rows (whole 16x16 tiles) over 2, 4 and 8 ranks. The last
+  // row is 40x larger than the others, so only the last shard holds the global amax: without
+  // the reduction the other shards would quantize with another second-level scale.
+  const Tensor full = weight(128, 64);
+  const kernels::QuantizedTensor want = nvfp4_weight(full);
+  for (int n : {2, 4, 8}) {
+    const Outcome o = gather_on(n, full, RecipeKind::kNvfp4, nullptr);
+    for (const Gathered& r : o.per_rank) {
+      EXPECT_FALSE(r.fallback);
+      expect_bitwise(r, want, fmt::format("nvfp4 dp_shard={}", n));
+    }
+    for (const AllGatherParity& p : parity_on(n, full, RecipeKind::kNvfp4, nullptr)) {
+      EXPECT_EQ(p.bytes, nvfp4_bytes(128, 64)) << "nvfp4 " << n;
+      EXPECT_EQ(p.mismatched_bytes, 0) << "nvfp4 " << n;
+      EXPECT_EQ(p.max_abs_error, 0.0) << "nvfp4 " << n;
+      // The second-level scale is the whole weight's: 1 / (2688 / amax).
+      const float amax = want.amax.data<float>()[0];
+      EXPECT_EQ(p.scale_inv, 1.0f / (2688.0f / amax)) << "nvfp4 " << n;
+      EXPECT_EQ(p.scale_inv, p.reference_scale_inv) << "nvfp4 " << n;
+    }
+  }
+}
+
+TEST(AllGatherParity, Nvfp4GlobalAmaxNotReducedIsCaught) {
+  // Each rank's second-level scale from its own shard's amax: shards 0..2 (small values) get a
+  // larger S_enc than the global one, so their tile codes and the decode scale they are read with
+  // differ from the single-rank quantization's.
+  const Tensor full = weight(128, 64);
+  const std::vector<AllGatherParity> ps =
+      parity_on(4, full, RecipeKind::kNvfp4, nullptr, /*reduce=*/false);
+  for (size_t r = 0; r < ps.size(); ++r) {
+    EXPECT_EQ(ps[r].bytes, nvfp4_bytes(128, 64)) << r;
+    EXPECT_GT(ps[r].mismatched_bytes, 0) << r;
+    EXPECT_LT(ps[r].mismatched_bytes, ps[r].bytes) << r;  // rank 3's own shard still matches
+    EXPECT_GT(ps[r].max_abs_error, 0.0) << r;
+  }
+  // Rank 0's global amax is its shard's (small): a smaller decode scale than the reference.
+  EXPECT_LT(ps[0].scale_inv, ps[0].reference_scale_inv);
+  // Rank 3 holds the largest row: its own amax is the global one.
+  EXPECT_EQ(ps[3].scale_inv, ps[3].reference_scale_inv);
+}
+
+TEST(Fp8AllGather, Nvfp4ShardsThatCutTilesAreInputErrors) {
+  // 96 rows over 4 ranks: shards of 24 rows, so tiles would cross shards. Refused on every rank,
+  // naming the box and the shard sizes (no fallback: see fp8_all_gather.h).
+  const Tensor full = weight(96, 64);
+  const mesh::DeviceMesh dm(1, 4, 1);
+  const mesh::Layout layout(
+      dm, full.shape(),
+      {mesh::Placement::replicate(), mesh::Placement::shard(0), mesh::Placement::replicate()});
+  std::vector<std::string> errors(4);
+  mesh::LocalWorld world(dm);
+  world.run([&](mesh::RankComms& comms) {
+    const Tensor local = mesh::shard(full, layout, comms.rank());
+    mesh::Communicator& g = comms.group({MeshDim::kDpShard});
+    try {
+      (void)fp8_all_gather(g, g, layout, local, mesh::Box::whole(full.shape()), RecipeKind::kNvfp4,
+                           nullptr);
+    } catch (const kernels::Error& e) {
+      errors[static_cast<size_t>(comms.rank())] =
+          e.kind() == kernels::ErrorKind::kInput ? e.message() : "not an input error";
+    }
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("shards of 24, 24, 24, 24 rows"), std::string::npos) << e;
+    EXPECT_NE(e.find("16x16 tiles may not cross shards"), std::string::npos) << e;
+  }
+}
+
+TEST(AllGatherParity, Nvfp4TpShardedWeightsUseTheGlobalAmax) {
+  // dp_shard 2 x tp 2, the column-parallel layout (StridedShard over dp_shard): each rank gathers
+  // its TP-local half; the amax group is the whole mesh, so the second-level scale is the global
+  // weight's and each TP half equals that part of the single-rank quantization's rows.
+  const Tensor full = weight(128, 64);
+  const mesh::DeviceMesh dm(1, 2, 2);
+  const mesh::Layout layout(dm, full.shape(),
+                            {mesh::Placement::replicate(), mesh::Placement::strided_shard(0, 2),
+                             mesh::Placement::shard(0)});
+  const mesh::Layout tp_local(
+      dm, full.shape(),
+      {mesh::Placement::replicate(), mesh::Placement::replicate(), mesh::Placement::shard(0)});
+  const kernels::QuantizedTensor global = nvfp4_weight(full);
+  std::vector<AllGatherParity> out(4);
+  std::vector<std::vector<uint8_t>> rows(4);
+  std::mutex mu;
+  mesh::LocalWorld world(dm);
+  world.run([&](mesh::RankComms& comms) {
+    const Tensor local = mesh::shard(full, layout, comms.rank());
+    mesh::Communicator& g = comms.group({MeshDim::kDpShard});
+    mesh::Communicator& all = comms.group({MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp});
+    const mesh::Box target = tp_local.box(comms.rank());
+    const Fp8GatherResult r =
+        fp8_all_gather(g, all, layout, local, target, RecipeKind::kNvfp4, nullptr);
+    AllGatherParity p =
+        fp8_all_gather_parity(g, all, layout, local, target, RecipeKind::kNvfp4, nullptr, r.weight);
+    std::lock_guard<std::mutex> lock(mu);
+    out[static_cast<size_t>(comms.rank())] = std::move(p);
+    rows[static_cast<size_t>(comms.rank())] = bytes(r.weight.rowwise_data);
+  });
+  const std::vector<uint8_t> all_rows = bytes(global.rowwise_data);
+  for (size_t r = 0; r < out.size(); ++r) {
+    EXPECT_EQ(out[r].bytes, nvfp4_bytes(64, 64)) << r;
+    EXPECT_EQ(out[r].mismatched_bytes, 0) << r;
+    EXPECT_EQ(out[r].scale_inv, 1.0f / (2688.0f / global.amax.data<float>()[0])) << r;
+    // TP rank t holds rows [64 t, 64 t + 64): 32 bytes per row.
+    const size_t t = r % 2;
+    EXPECT_TRUE(std::equal(rows[r].begin(), rows[r].end(), all_rows.begin() + t * 64 * 32)) << r;
+  }
 }
 
 }  // namespace

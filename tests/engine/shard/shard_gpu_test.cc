@@ -75,7 +75,10 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{RecipeKind::kFp32, {1, 1, 2, true}}, GpuCase{RecipeKind::kFp32, {1, 2, 2}},
         GpuCase{RecipeKind::kFp32, {2, 2, 2}}, GpuCase{RecipeKind::kBf16, {1, 4, 2}},
         GpuCase{RecipeKind::kDelayed, {1, 2, 2}}, GpuCase{RecipeKind::kCurrent, {2, 2, 1}, true},
-        GpuCase{RecipeKind::kMxfp8, {1, 2, 1}, true}, GpuCase{RecipeKind::kBlock, {1, 2, 1}}),
+        GpuCase{RecipeKind::kMxfp8, {1, 2, 1}, true}, GpuCase{RecipeKind::kBlock, {1, 2, 1}},
+        // The FP4 all-gather's weights (both global amaxes included) moved to the device
+        // (docs/design.md section 28).
+        GpuCase{RecipeKind::kNvfp4, {1, 2, 2}, true}),
     [](const auto& info) {
       const GpuCase& g = info.param;
       return fmt::format("{}_r{}_s{}_t{}{}{}", recipe_name(g.kind), g.mesh.dp_replicate,

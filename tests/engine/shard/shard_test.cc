@@ -787,3 +787,115 @@ TEST(ShardedRun, TraceHooksAndReports) {
 
 }  // namespace
 }  // namespace meshproof::engine
+
+// ---- NVFP4 all-gather on the mesh matrix (docs/design.md section 28)
+namespace meshproof::engine {
+namespace {
+
+// fp8_model's GEMM weights (qkv [192, 64], proj [64, 64], fc1 [128, 64], fc2 [64, 128]) cut into
+// dp_shard pieces of their TP-local rows: the FP4 all-gather needs whole 16x16 tiles per shard.
+// Two meshes of the matrix break that and are refused up front: dp_shard 8 (qkv 24-row shards,
+// proj/fc2 8-row shards) and dp_shard 4 x tp 2 (qkv 96 rows per tp rank in 24-row shards).
+bool nvfp4_gather_rejects(const MeshSpec& m) {
+  return m.dp_shard == 8 || (m.dp_shard == 4 && m.tp == 2);
+}
+
+class Nvfp4GatherMesh : public ::testing::TestWithParam<MeshSpec> {};
+
+// The FP4 all-gather run reproduces the high-precision-gather run bitwise (gather(quantize(shard))
+// is quantize(gather(shard)) with the reduced global amax), and allgather_parity finds every
+// gathered weight, every gather of every step, byte-equal to the single-rank quantization.
+TEST_P(Nvfp4GatherMesh, BitwiseEqualToHighPrecisionGatherWithParity) {
+  const MeshSpec m = GetParam();
+  const Config c = fp8_model(RecipeKind::kNvfp4);
+  constexpr int64_t kSteps = 2;
+  RunOptions hp = run_options(c, m, kSteps), f4 = hp;
+  f4.fsdp.fp8_all_gather = true;
+  f4.allgather_parity = true;
+  if (nvfp4_gather_rejects(m)) {
+    try {
+      run_training(f4);
+      FAIL() << "expected an input error for the FP4 all-gather on " << mesh_name(m);
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput) << e.what();
+      EXPECT_NE(std::string(e.what()).find("the FP4 all-gather needs every shard to hold a "
+                                           "non-empty multiple of 16 rows"),
+                std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  const RunResult a = run_training(hp), b = run_training(f4);
+  testing::expect_same_run(a, b, "nvfp4 fp4 all-gather on " + mesh_name(m));
+  // One record per GEMM weight per gather: before the forward and again before the backward
+  // (reshard_after_forward), every step.
+  int64_t gemm_weights = 0;
+  for (const ParamSpec& p : param_specs(c.model)) gemm_weights += p.quantized() ? 1 : 0;
+  ASSERT_EQ(static_cast<int64_t>(b.parity.size()), kSteps * 2 * gemm_weights) << mesh_name(m);
+  for (const AllGatherParity& p : b.parity) {
+    EXPECT_GT(p.bytes, 0) << p.tensor;
+    EXPECT_EQ(p.mismatched_bytes, 0) << p.tensor << " step " << p.step << " on " << mesh_name(m);
+    EXPECT_EQ(p.scale_inv, p.reference_scale_inv) << p.tensor;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, Nvfp4GatherMesh, ::testing::ValuesIn(kMeshes),
+                         [](const auto& info) {
+                           const MeshSpec& m = info.param;
+                           return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
+                                              m.sequence_parallel ? "_sp" : "");
+                         });
+
+// The bytes on the wire (the dp_shard all-gather figures of the collective records, rank 0): the
+// FP4 all-gather moves each GEMM weight element as half a byte plus one E4M3 code per 16x16 tile
+// (1/256 byte), against one byte for per-tensor FP8 and four for the fp32 master: exactly
+// 0.5 + 1/256 bytes per element, 0.504 of FP8's. Every other parameter travels as its fp32
+// master in all three runs. Counts, not timings: deterministic.
+TEST(Nvfp4GatherBytes, GemmWeightsTravelAsFp4) {
+  for (const MeshSpec& m : {MeshSpec{1, 2, 1}, MeshSpec{1, 2, 2}}) {
+    const auto gathered = [&](RecipeKind kind, bool fp8_all_gather) {
+      RunOptions o = run_options(fp8_model(kind), m, 1);
+      o.fsdp.fp8_all_gather = fp8_all_gather;
+      const RunResult r = run_training(o);
+      return testing::collective_total(r.ranks[0], "all_gather", "dp_shard", /*bytes=*/true);
+    };
+    // GEMM weight elements gathered in the step: TP-local boxes, forward and backward.
+    int64_t e = 0;
+    for (const ParamSpec& p : param_specs(fp8_model(RecipeKind::kNvfp4).model))
+      if (p.quantized()) e += 2 * p.shape.numel().value / m.tp;
+    const int64_t hp = gathered(RecipeKind::kNvfp4, false);
+    const int64_t rest = hp - 4 * e;  // everything but the GEMM weights, as fp32
+    const double fp4 = static_cast<double>(gathered(RecipeKind::kNvfp4, true) - rest) / e;
+    const double fp8 = static_cast<double>(gathered(RecipeKind::kCurrent, true) - rest) / e;
+    EXPECT_EQ(fp4, 0.5 + 1.0 / 256) << mesh_name(m);
+    EXPECT_EQ(fp8, 1.0) << mesh_name(m);
+    ::testing::Test::RecordProperty("fp4_bytes_per_gemm_element_" + mesh_name(m),
+                                    fmt::format("{:.6f}", fp4));
+  }
+}
+
+// The fault's engine side: with the weights' global amax not reduced the FP4 all-gather no longer
+// equals the single-rank quantization, and allgather_parity names the weights (every GEMM weight
+// here: of its two shards the one without the weight's largest element has a smaller amax; the
+// byte counts are summed over the ranks, the scale_inv values are rank 0's, which is right where
+// rank 0 holds the largest element).
+TEST(Nvfp4GatherFaults, GlobalAmaxNotReducedFailsParity) {
+  RunOptions o = run_options(fp8_model(RecipeKind::kNvfp4), {1, 2, 1}, 1);
+  o.fsdp.fp8_all_gather = true;
+  o.allgather_parity = true;
+  RunOptions bad = o;
+  bad.faults.nvfp4_global_amax_not_reduced = true;
+  const RunResult good = run_training(o), r = run_training(bad);
+  ASSERT_FALSE(r.parity.empty());
+  for (const AllGatherParity& p : good.parity) EXPECT_EQ(p.mismatched_bytes, 0) << p.tensor;
+  int64_t other_scale = 0;
+  for (const AllGatherParity& p : r.parity) {
+    EXPECT_GT(p.mismatched_bytes, 0) << p.tensor;
+    other_scale += p.scale_inv != p.reference_scale_inv ? 1 : 0;
+  }
+  EXPECT_GT(other_scale, 0);
+  EXPECT_NE(good.metrics[0].loss, r.metrics[0].loss);
+}
+
+}  // namespace
+}  // namespace meshproof::engine

@@ -97,6 +97,8 @@ CLAIMS = {
     ("block_scale_padding_reshard", "allgather_parity"): ("allgather_parity", "true"),
     # MoE (docs/design.md section 27).
     ("router_not_fp32", "golden"): ("golden", "{mode: exact}"),
+    # NVFP4 all-gather (issue #22): bitwise, no tolerance.
+    ("nvfp4_global_amax_not_reduced", "allgather_parity"): ("allgather_parity", "true"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism", "state")
 # The key a failing state check must name for each fault (its evidence's tensor): the first key

@@ -6,6 +6,7 @@
 // test (nvfp4_verb_test.py).
 #include "kernels/nvfp4.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -449,6 +450,87 @@ TEST(Nvfp4Gemm, EqualsTheGemmOfTheDecodedOperands) {
   }
   EXPECT_LE(worst, 0.25);
   RecordProperty("worst_ratio", std::to_string(worst));
+}
+
+// ---- 16x16 tiles on the wire (the NVFP4 all-gather, docs/design.md section 28) ---------------
+
+// A weight-like tensor with a wide range: N(0, 0.02) with one tile scaled up 40x and a few zeros,
+// so tile codes differ and some tiles are near the global amax.
+Tensor tiled_input(int64_t M, int64_t K, uint32_t seed) {
+  std::vector<float> v = normal(M * K, seed, 0.02f);
+  for (int64_t m = 16; m < 32 && m < M; ++m)
+    for (int64_t k = 0; k < 16; ++k) v[static_cast<size_t>(m * K + k)] *= 40.0f;
+  v[3] = 0.0f;
+  v[static_cast<size_t>(K + 5)] = -0.0f;
+  return make(M, K, v);
+}
+
+TEST(Nvfp4Tiles, RowwiseDataAndTileCodesRebuildBothCopies) {
+  // The all-gather sends the rowwise data and one code per tile; the rebuilt tensor must be
+  // byte-equal to quantizing with tiles and both copies, with the recipe's rounding and with the
+  // nvfp4_block_scale_pow2 fault's scales alike (the columnwise copy is the transpose of the
+  // rowwise copy whatever the scale rule, as long as both copies share tiles and global amax).
+  for (const auto& [M, K] : {std::pair<int64_t, int64_t>{16, 16}, {48, 32}, {64, 128}}) {
+    for (bool pow2 : {false, true}) {
+      const Tensor x = tiled_input(M, K, static_cast<uint32_t>(M + K));
+      Nvfp4Options o;
+      o.tile16x16 = true;
+      o.pow2_block_scales = pow2;
+      const QuantizedTensor want = quantize_nvfp4(x, o, {.rowwise = true, .columnwise = true});
+      const QuantizedTensor row = quantize_nvfp4(x, o, {.rowwise = true, .columnwise = false});
+      const Tensor tiles = nvfp4_tile_scales(row);
+      ASSERT_EQ(tiles.shape(), Shape({M / 16, K / 16}));
+      const QuantizedTensor got = nvfp4_tiled_from_rowwise(row.rowwise_data, tiles, row.amax);
+      const std::string ctx = fmt::format("[{}, {}] pow2={}", M, K, pow2);
+      EXPECT_EQ(got.mode, ScalingMode::kNvfp4) << ctx;
+      EXPECT_EQ(got.format, DType::kE2M1) << ctx;
+      EXPECT_EQ(got.logical_shape, want.logical_shape) << ctx;
+      EXPECT_EQ(bytes_of(got.rowwise_data), bytes_of(want.rowwise_data)) << ctx;
+      EXPECT_EQ(bytes_of(got.rowwise_scale_inv), bytes_of(want.rowwise_scale_inv)) << ctx;
+      EXPECT_EQ(bytes_of(got.columnwise_data), bytes_of(want.columnwise_data)) << ctx;
+      EXPECT_EQ(bytes_of(got.columnwise_scale_inv), bytes_of(want.columnwise_scale_inv)) << ctx;
+      EXPECT_EQ(bytes_of(got.amax), bytes_of(want.amax)) << ctx;
+      EXPECT_EQ(bytes_of(got.columnwise_amax), bytes_of(want.columnwise_amax)) << ctx;
+      // Not vacuous: the tiles do not all share one code (where there are several).
+      const auto* t = static_cast<const uint8_t*>(tiles.raw_data());
+      if (tiles.numel().value > 1) {
+        EXPECT_NE(std::count(t, t + tiles.numel().value, t[0]), tiles.numel().value) << ctx;
+      }
+    }
+  }
+}
+
+TEST(Nvfp4Tiles, OneByteBlocksAreNotTiles) {
+  // With 1x16 blocks the codes differ within a tile's rows and the rebuilt tensor is not the
+  // quantization: the rebuild is for tiled tensors only (its callers quantize weights with tiles).
+  const Tensor x = tiled_input(32, 32, 7);
+  const QuantizedTensor blocks =
+      quantize_nvfp4(x, Nvfp4Options{}, {.rowwise = true, .columnwise = true});
+  const QuantizedTensor got =
+      nvfp4_tiled_from_rowwise(blocks.rowwise_data, nvfp4_tile_scales(blocks), blocks.amax);
+  EXPECT_NE(bytes_of(got.rowwise_scale_inv), bytes_of(blocks.rowwise_scale_inv));
+}
+
+TEST(Nvfp4Tiles, BadShapesAreInputErrors) {
+  const Tensor data = Tensor::empty({32, 24}, DType::kE2M1, Device::cpu());
+  const Tensor tiles = Tensor::empty({2, 2}, DType::kE4M3, Device::cpu());
+  const Tensor amax = Tensor::from_vector<float>({1}, {1.0f});
+  try {
+    (void)nvfp4_tiled_from_rowwise(data, tiles, amax);
+    FAIL() << "K = 24 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(e.message().find("[32, 24]"), std::string::npos) << e.message();
+  }
+  const Tensor data32 = Tensor::empty({32, 32}, DType::kE2M1, Device::cpu());
+  const Tensor tiles_bad = Tensor::empty({2, 1}, DType::kE4M3, Device::cpu());
+  try {
+    (void)nvfp4_tiled_from_rowwise(data32, tiles_bad, amax);
+    FAIL() << "tile codes [2, 1] for data [32, 32] were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(e.message().find("e4m3 [2, 2]"), std::string::npos) << e.message();
+  }
 }
 
 }  // namespace
