@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 
+#include "engine/collective_budget.h"
 #include "harness/checks.h"
 #include "harness/golden.h"
 #include "harness/runner.h"
@@ -205,6 +206,22 @@ std::optional<std::string> skip_state(const CheckContext& c) {
                      c.start, st.at_step);
 }
 
+// The main run's recorded parameter collectives of every rank against the sharding plan's, for
+// the steps it ran (from the start checkpoint on).
+reports::CheckResult run_collectives(CheckContext& c) {
+  const engine::RunOptions plan = engine_run_options(c.run);
+  const auto steps = static_cast<int64_t>(c.main.steps.size());
+  std::vector<RankCollectives> ranks;
+  for (const auto& [rank, calls] : c.main.calls) {
+    RankCollectives rc{.rank = rank, .expected = {}, .ran = calls};
+    for (int64_t k = c.start; k < c.start + steps; ++k)
+      for (mesh::CollectiveCall& e : engine::expected_collectives(plan, rank, k))
+        rc.expected.push_back(std::move(e));
+    ranks.push_back(std::move(rc));
+  }
+  return check_collectives(ranks);
+}
+
 reports::CheckResult run_state(CheckContext& c) {
   const Scenario& s = c.scenario;
   StateRequest req;
@@ -316,6 +333,20 @@ const std::vector<CheckDescriptor>& rows() {
           .skip = skip_state,
           .run = run_state,
           .judges_main_run = false,
+      },
+      {
+          .id = CheckId::kCollectives,
+          .name = "collectives",
+          .doc = "every step's parameter collectives (kind, group, tensor, dtype, bytes) of the "
+                 "main run equal to the sharding plan's",
+          .enabled = [](const Scenario& s) { return s.checks.collectives; },
+          .claim = [](const Scenario&) -> std::string_view { return "collectives"; },
+          // The main run records its collectives as it issues them.
+          .prepare_main = [](const Scenario&,
+                             TrainRequest& main) { main.record_collectives = true; },
+          .skip = nullptr,
+          .run = run_collectives,
+          .judges_main_run = true,
       },
   };
   return table;

@@ -82,6 +82,8 @@ json to_canonical_json(const Scenario& s) {
     checks["state"] = {{"at_step", st.at_step}};
     if (st.mesh) checks["state"]["mesh"] = mesh_json(*st.mesh);
   }
+  // The collectives check (added after the goldens were recorded): only when enabled.
+  if (s.checks.collectives) checks["collectives"] = true;
   j["checks"] = checks;
   json faults = json::array();  // order is meaningful (injection order): kept as written
   for (const FaultSpec& f : s.faults) {

@@ -93,6 +93,9 @@ struct ChecksConfig {
   bool allgather_parity = false;  // needs fsdp.fp8_all_gather
   bool determinism = false;
   StateCheck state;
+  // The communication budget (docs/design.md section 27): every step's recorded parameter
+  // collectives equal the sharding plan's.
+  bool collectives = false;
   // The enabled checks in run order: harness/check_table.h enabled_checks().
 };
 

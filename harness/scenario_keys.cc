@@ -403,6 +403,11 @@ std::vector<Key<Scenario>> make_scenario_keys() {
       "run twice, compare bitwise");
   determinism.hashed = false;
   k.push_back(determinism);
+  Key<S> collectives = bool_key<S>(
+      "checks.collectives", false, [](S & s) -> auto& { return s.checks.collectives; },
+      "each step's parameter collectives equal the sharding plan's");
+  collectives.hashed = false;  // written by to_canonical_json, only when enabled
+  k.push_back(collectives);
   Key<S> mode = enum_key<S>(
       "checks.golden.mode", GoldenMode::kExact, names_of<GoldenMode>(kGoldenModeNames),
       [](S & s) -> auto& { return s.checks.golden.mode; }, "exact is bitwise");

@@ -510,6 +510,7 @@ struct Resolver {
       bad("checks.allgather_parity", "needs fsdp.fp8_all_gather: true");
     }
     read_one(cs, "checks.determinism", sc);
+    read_one(cs, "checks.collectives", sc);
 
     if ((c.state.enabled = check_enabled(cs.get("state"), "checks.state"))) {
       const Value* sv = cs.get("state");
