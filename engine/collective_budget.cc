@@ -89,7 +89,8 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
         // Per-tensor FP8: the e4m3 rows; the scale_inv is replicated (one scale per weight).
         gather(DType::kE4M3, padded_bytes(member_numel, DType::kE4M3));
       } else {
-        const int64_t cols = spec.shape[1];
+        // The columns this rank's tp shard computes with (row-parallel weights: K / tp).
+        const int64_t cols = compute.extent[1].value;
         bool aligned = cols % 32 == 0;
         for (int64_t r : member_rows) aligned = aligned && r % 32 == 0;
         if (!aligned) {
