@@ -185,11 +185,16 @@ std::string names_a_collective(const std::string& kind, const std::string& group
 }
 
 std::string skip_names_a_collective(const Scenario& s, const FaultSpec& spec) {
+  // A bad group or a glob that names no parameter is reported at its parameter already.
+  if (!mesh_group(s, string_param(spec, "group")).empty() ||
+      !param_name(s, string_param(spec, "tensor")).empty())
+    return "";
   const std::string group = mesh::DimSet::parse(string_param(spec, "group")).str();
   return names_a_collective(string_param(spec, "kind"), group, string_param(spec, "tensor"), s);
 }
 
 std::string dtype_names_a_collective(const Scenario& s, const FaultSpec& spec) {
+  if (!param_name(s, string_param(spec, "tensor")).empty()) return "";  // reported at `tensor`
   return names_a_collective(string_param(spec, "kind"), "", string_param(spec, "tensor"), s);
 }
 
