@@ -443,12 +443,12 @@ TEST(ScenarioDefaults, CollectiveFaultParametersAreCheckedUpFront) {
   EXPECT_EQ(load_error(head +
                        "{name: skip_collective, kind: broadcast, group: dp_shard, tensor: \"*\"}\n"
                        "expect: caught\n"),
-            "x.yaml:4:31: faults[0].kind: expected one of all_gather|reduce_scatter|all_reduce, "
+            "x.yaml:4:35: faults[0].kind: expected one of all_gather|reduce_scatter|all_reduce, "
             "got 'broadcast'");
   EXPECT_EQ(load_error(head +
                        "{name: skip_collective, kind: all_gather, group: dp_shard, tensor: "
                        "\"layers.9.*\"}\nexpect: caught\n"),
-            "x.yaml:4:71: faults[0].tensor: skip_collective tensor: 'layers.9.*' matches no "
+            "x.yaml:4:72: faults[0].tensor: skip_collective tensor: 'layers.9.*' matches no "
             "parameter of this scenario (e.g. embed.tok, embed.pos, layers.0.ln1.weight, "
             "layers.0.ln1.bias, ...)");
   EXPECT_NE(load_error(head +
