@@ -165,8 +165,26 @@ reports::CheckResult run_reference(CheckContext& c) {
         ref.fsdp.sync_each_micro_batch);
   }
   if (cfg.micro_batches) what += fmt::format(", micro_batches {}", ref.train.micro_batches);
-  what += ")";
   TrainRequest req;
+  if (cfg.checkpoint) {
+    ref.checkpoint.every = cfg.checkpoint->every;
+    ref.checkpoint.keep_last = cfg.checkpoint->keep_last;
+    what += ref.checkpoint.every > 0
+                ? fmt::format(", checkpoint every {} keeping {}", ref.checkpoint.every,
+                              ref.checkpoint.keep_last)
+                : ", no periodic checkpoints";
+    if (ref.checkpoint.every > 0) {
+      // A folder of its own next to the scenario's checkpoints, never one an earlier run wrote:
+      // reference_checkpoints, else reference_checkpoints.<k> with the smallest free k >= 2.
+      const std::filesystem::path root = checkpoint_root(c.scenario, c.opts.out_dir);
+      std::filesystem::path dir = root / "reference_checkpoints";
+      for (int k = 2; std::filesystem::exists(dir); ++k)
+        dir = root / fmt::format("reference_checkpoints.{}", k);
+      req.checkpoints = CheckpointPlan{dir, ref.checkpoint.every, ref.checkpoint.keep_last};
+      req.scenario_hash = c.hash;
+    }
+  }
+  what += ")";
   req.trace = c.opts.trace;
   req.from_checkpoint = c.opts.from_checkpoint;  // the same start (resharded onto its mesh)
   req.on_step = c.phase("reference");

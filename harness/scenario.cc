@@ -72,6 +72,9 @@ json to_canonical_json(const Scenario& s) {
       checks["reference"]["fsdp"] = keys_json(scenario_keys(), "fsdp", with);
     }
     if (ref.micro_batches) checks["reference"]["train"] = {{"micro_batches", *ref.micro_batches}};
+    if (ref.checkpoint)
+      checks["reference"]["checkpoint"] = {{"every", ref.checkpoint->every},
+                                           {"keep_last", ref.checkpoint->keep_last}};
   }
   checks["allgather_parity"] = s.checks.allgather_parity;
   checks["determinism"] = s.checks.determinism;

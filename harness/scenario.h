@@ -74,6 +74,9 @@ struct ReferenceCheck {
   // The scenario's fsdp options with the keys checks.reference.fsdp names replaced.
   std::optional<engine::FsdpOptions> fsdp;
   std::optional<int64_t> micro_batches;  // checks.reference.train.micro_batches
+  // checks.reference.checkpoint: the reference run writes periodic checkpoints every `every`
+  // steps (keeping keep_last) into a folder of its own (docs/design.md section 27).
+  std::optional<CheckpointConfig> checkpoint;
   std::map<Metric, double> rtol;         // per metric; loss always present when enabled
 };
 

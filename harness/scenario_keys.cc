@@ -445,6 +445,8 @@ std::vector<Key<Scenario>> make_scenario_keys() {
                          "fsdp keys replaced in the reference run"));
   k.push_back(own_key<S>("checks.reference.train", KeyType::kMapping, "the scenario's",
                          "{micro_batches: N} in the reference run"));
+  k.push_back(own_key<S>("checks.reference.checkpoint", KeyType::kMapping, "the scenario's",
+                         "{every: N, keep_last: K}: periodic checkpoints of the reference run"));
   // The state check (docs/design.md section 22).
   k.push_back(own_key<S>("checks.state", KeyType::kCheck, "false",
                          "true, false or a mapping (a mapping enables it)"));
