@@ -158,24 +158,39 @@ TEST(ScenarioErrors, ConsistencyRules) {
             "x.yaml:1:25: checks.resume.rtol: only applies with a mesh override (a same-mesh "
             "resume is bitwise)");
   EXPECT_EQ(load_error("checks: {reference: {}}\n"),
-            "x.yaml:1:21: checks.reference: needs a mesh, recipe, fsdp and/or train override to "
-            "compare against");
+            "x.yaml:1:21: checks.reference: needs a mesh, recipe, fsdp, train and/or checkpoint "
+            "override to compare against");
   // The fsdp and train overrides (issue #20): a key of their own sections only, a value that
   // differs from the scenario's, micro_batches present.
   EXPECT_EQ(load_error("checks: {reference: {fsdp: {reshard_after_forward: true}}}\n"),
-            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
-            "train.micro_batches equal the scenario's own");
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp, train.micro_batches "
+            "and checkpoint equal the scenario's own");
   EXPECT_EQ(load_error("checks: {reference: {fsdp: {reshard: false}}}\n"),
             "x.yaml:1:29: checks.reference.fsdp.reshard: unknown key (allowed: "
             "reshard_after_forward, fp8_all_gather, fp8_params, sync_each_micro_batch)\n"
-            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
-            "train.micro_batches equal the scenario's own");
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp, train.micro_batches "
+            "and checkpoint equal the scenario's own");
+  // The checkpoint override (issue #20): every and keep_last only, within their ranges, and
+  // different from the scenario's own.
+  const Scenario ck = load_one("checks: {reference: {checkpoint: {every: 1}}}\n");
+  ASSERT_TRUE(ck.checks.reference.checkpoint.has_value());
+  EXPECT_EQ(ck.checks.reference.checkpoint->every, 1);
+  EXPECT_EQ(ck.checks.reference.checkpoint->keep_last, 2);
+  EXPECT_EQ(load_error("checks: {reference: {checkpoint: {every: 0}}}\n"),
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp, train.micro_batches "
+            "and checkpoint equal the scenario's own");
+  EXPECT_NE(load_error("checks: {reference: {checkpoint: {dir: x}}}\n")
+                .find("checks.reference.checkpoint.dir: unknown key (allowed: every, keep_last)"),
+            std::string::npos);
+  EXPECT_NE(load_error("train: {steps: 4}\nchecks: {reference: {checkpoint: {every: 9}}}\n")
+                .find("checks.reference.checkpoint.every: must be in [0, 4], got 9"),
+            std::string::npos);
   EXPECT_EQ(load_error("checks: {reference: {train: {steps: 2}}}\n"),
             "x.yaml:1:30: checks.reference.train.steps: unknown key (allowed: micro_batches)\n"
             "x.yaml:1:29: checks.reference.train: needs micro_batches (the one train key it "
             "overrides)\n"
-            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
-            "train.micro_batches equal the scenario's own");
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp, train.micro_batches "
+            "and checkpoint equal the scenario's own");
   EXPECT_EQ(load_error("train: {global_batch: 8}\n"
                        "checks: {reference: {train: {micro_batches: 3}}}\n"),
             "x.yaml:2:29: checks.reference.train: train.micro_batches: train.micro_batches = 3 "
