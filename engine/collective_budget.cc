@@ -52,8 +52,8 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
   const int64_t syncs = options.fsdp.sync_each_micro_batch ? t.micro_batches : 1;
 
   std::vector<CollectiveCall> out;
-  const auto add = [&](CollectiveKind kind, ReduceOp op, DimSet group, DType dtype,
-                       int64_t bytes, const std::string& tensor, int64_t times) {
+  const auto add = [&](CollectiveKind kind, ReduceOp op, DimSet group, DType dtype, int64_t bytes,
+                       const std::string& tensor, int64_t times) {
     for (int64_t i = 0; i < times; ++i)
       out.push_back({.step = step,
                      .kind = kind,
@@ -76,8 +76,7 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
     // the forward through the backward); a layer once, or twice with reshard_after_forward (the
     // backward gathers it again).
     const int64_t gathers =
-        t.micro_batches *
-        (spec.unit == kRootUnit || !options.fsdp.reshard_after_forward ? 1 : 2);
+        t.micro_batches * (spec.unit == kRootUnit || !options.fsdp.reshard_after_forward ? 1 : 2);
     const auto gather = [&](DType dtype, int64_t bytes) {
       add(CollectiveKind::kAllGather, ReduceOp::kSum, groups::kDpShard, dtype, bytes, spec.name,
           gathers);
@@ -116,8 +115,8 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
           amax_group({spec.linear_kind, Fp8Role::kWeight}, options.mesh, options.amax_groups);
       if (mesh.group_size(g) > 1) {
         const auto amax = [&](int64_t floats, int64_t times) {
-          add(CollectiveKind::kAllReduce, ReduceOp::kMax, g, DType::kFloat32, floats * 4,
-              spec.name, times);
+          add(CollectiveKind::kAllReduce, ReduceOp::kMax, g, DType::kFloat32, floats * 4, spec.name,
+              times);
         };
         const int64_t recompute = t.recompute ? 2 : 1;
         switch (rk) {

@@ -145,9 +145,9 @@ DimSet FaultHooks::extra_amax_group(std::string_view linear, int64_t step) const
 }
 
 mesh::CollectiveKind parse_fault_collective_kind(std::string_view name) {
-  for (mesh::CollectiveKind k : {mesh::CollectiveKind::kAllGather,
-                                 mesh::CollectiveKind::kReduceScatter,
-                                 mesh::CollectiveKind::kAllReduce})
+  for (mesh::CollectiveKind k :
+       {mesh::CollectiveKind::kAllGather, mesh::CollectiveKind::kReduceScatter,
+        mesh::CollectiveKind::kAllReduce})
     if (mesh::collective_name(k) == name) return k;
   MP_FAIL_INPUT("unknown collective kind '{}' (all_gather, reduce_scatter, all_reduce)", name);
 }
@@ -503,25 +503,25 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
   if (!f.skip_collective_tensor.empty()) {
     const mesh::CollectiveKind kind = parse_fault_collective_kind(f.skip_collective_kind);
     const DimSet group = DimSet::parse(f.skip_collective_group);
-    h.on_collective([f, kind, group](const FaultHooks::CollectiveSite& site,
-                                     FaultHooks::CollectiveAction a) {
-      if (f.active(site.step) && site.kind == kind && site.group == group &&
-          match_glob(f.skip_collective_tensor, site.tensor))
-        a.run = false;
-      return a;
-    });
+    h.on_collective(
+        [f, kind, group](const FaultHooks::CollectiveSite& site, FaultHooks::CollectiveAction a) {
+          if (f.active(site.step) && site.kind == kind && site.group == group &&
+              match_glob(f.skip_collective_tensor, site.tensor))
+            a.run = false;
+          return a;
+        });
   }
   // collective_dtype: matching all-gathers move their values through the dtype.
   if (!f.collective_dtype_tensor.empty()) {
     const mesh::CollectiveKind kind = parse_fault_collective_kind(f.collective_dtype_kind);
     const kernels::DType dtype = parse_fault_wire_dtype(f.collective_dtype_dtype);
-    h.on_collective([f, kind, dtype](const FaultHooks::CollectiveSite& site,
-                                     FaultHooks::CollectiveAction a) {
-      if (f.active(site.step) && site.kind == kind &&
-          match_glob(f.collective_dtype_tensor, site.tensor))
-        a.dtype = dtype;
-      return a;
-    });
+    h.on_collective(
+        [f, kind, dtype](const FaultHooks::CollectiveSite& site, FaultHooks::CollectiveAction a) {
+          if (f.active(site.step) && site.kind == kind &&
+              match_glob(f.collective_dtype_tensor, site.tensor))
+            a.dtype = dtype;
+          return a;
+        });
   }
   return h;
 }

@@ -119,8 +119,8 @@ const Fp8Shard& Fp8WeightStore::local_shard(size_t i) {
   return step_shards_.emplace(i, std::move(q)).first->second;
 }
 
-Fp8GatherResult Fp8WeightStore::gather_high_precision(const ShardedParam& p,
-                                                      const Fp8Shard& local, const Tensor& hp,
+Fp8GatherResult Fp8WeightStore::gather_high_precision(const ShardedParam& p, const Fp8Shard& local,
+                                                      const Tensor& hp,
                                                       const FaultHooks::CollectiveAction& act) {
   mesh::Communicator& shard = comms_.group(groups::kDpShard);
   Tensor full;
@@ -166,7 +166,7 @@ int64_t Fp8WeightStore::gather(size_t i, int64_t step) {
   {
     const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
     g = act.run && !act.dtype ? gather_shard(comms_.group(groups::kDpShard), p.layout, local,
-                                              p.compute, config_.recipe.kind)
+                                             p.compute, config_.recipe.kind)
                               : gather_high_precision(p, local, hp, act);
   }
   if (options_.allgather_parity)

@@ -122,9 +122,11 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
     weights_.insert(p.spec.name, Tensor::empty(p.compute.shape(), DType::kBFloat16, device_));
   } else {
     mesh::Communicator& shard = comms_.group(groups::kDpShard);
-    const FaultHooks::CollectiveAction act = faults_.collective(
-        {.kind = mesh::CollectiveKind::kAllGather, .group = groups::kDpShard,
-         .tensor = p.spec.name, .step = step_});
+    const FaultHooks::CollectiveAction act =
+        faults_.collective({.kind = mesh::CollectiveKind::kAllGather,
+                            .group = groups::kDpShard,
+                            .tensor = p.spec.name,
+                            .step = step_});
     Tensor full;
     if (!act.run) {
       // Not gathered: only this rank's own rows, the others zero.
@@ -176,7 +178,8 @@ void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
     Tensor& g = grads_.at(p.spec.name);
     const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
     const auto runs = [&](mesh::CollectiveKind kind, DimSet group) {
-      return faults_.collective({.kind = kind, .group = group, .tensor = p.spec.name, .step = step_})
+      return faults_
+          .collective({.kind = kind, .group = group, .tensor = p.spec.name, .step = step_})
           .run;
     };
     if (sp && !p.layout.placement(MeshDim::kTp).is_shard() &&
@@ -185,9 +188,9 @@ void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
     // A gradient of a weight gathered with its padding: the padding's rows are dropped here.
     const Tensor real =
         g.shape()[0] == p.compute.extent[0].value ? g : g.slice_rows(0, p.compute.extent[0].value);
-    Tensor reduced = reduce_scatter_box(shard, p.layout, on_device(real, kernels::Device::cpu()),
-                                        p.compute, mesh::ReduceOp::kAvg,
-                                        runs(mesh::CollectiveKind::kReduceScatter, groups::kDpShard));
+    Tensor reduced = reduce_scatter_box(
+        shard, p.layout, on_device(real, kernels::Device::cpu()), p.compute, mesh::ReduceOp::kAvg,
+        runs(mesh::CollectiveKind::kReduceScatter, groups::kDpShard));
     if (replicate.size() > 1 && over_replicas && reduced.numel().value > 0 &&
         runs(mesh::CollectiveKind::kAllReduce, groups::kDpReplicate))
       replicate.all_reduce(reduced, mesh::ReduceOp::kAvg);

@@ -203,13 +203,12 @@ struct TrainingSession::Impl {
     const mesh::CollectiveRecorder::Subject subject(recorder ? &*recorder : nullptr, tensor);
     Tensor buf = Tensor::from_vector<float>({n}, std::vector<float>(amax, amax + n));
     mesh::Communicator& group = comms.group(dims);
-    if (group.size() > 1 &&
-        (!weight || faults
-                        .collective({.kind = mesh::CollectiveKind::kAllReduce,
-                                     .group = dims,
-                                     .tensor = tensor,
-                                     .step = step})
-                        .run))
+    if (group.size() > 1 && (!weight || faults
+                                            .collective({.kind = mesh::CollectiveKind::kAllReduce,
+                                                         .group = dims,
+                                                         .tensor = tensor,
+                                                         .step = step})
+                                            .run))
       group.all_reduce(buf, mesh::ReduceOp::kMax);
     // tp_weight_amax_all_reduced: the weight amax reduced again over another group.
     const DimSet extra = weight ? faults.extra_amax_group(linear, step) : DimSet{};

@@ -169,10 +169,9 @@ reports::CheckResult run_reference(CheckContext& c) {
   if (cfg.checkpoint) {
     ref.checkpoint.every = cfg.checkpoint->every;
     ref.checkpoint.keep_last = cfg.checkpoint->keep_last;
-    what += ref.checkpoint.every > 0
-                ? fmt::format(", checkpoint every {} keeping {}", ref.checkpoint.every,
-                              ref.checkpoint.keep_last)
-                : ", no periodic checkpoints";
+    what += ref.checkpoint.every > 0 ? fmt::format(", checkpoint every {} keeping {}",
+                                                   ref.checkpoint.every, ref.checkpoint.keep_last)
+                                     : ", no periodic checkpoints";
     if (ref.checkpoint.every > 0) {
       // A folder of its own next to the scenario's checkpoints, never one an earlier run wrote:
       // reference_checkpoints, else reference_checkpoints.<k> with the smallest free k >= 2.

@@ -547,15 +547,14 @@ reports::CheckResult check_collectives(const std::vector<RankCollectives>& ranks
       const auto kind = static_cast<mesh::CollectiveKind>(std::get<2>(k));
       const bool reduces =
           kind == mesh::CollectiveKind::kAllReduce || kind == mesh::CollectiveKind::kReduceScatter;
-      const std::string what =
-          pg.size() > pw.size()   ? "extra"
-          : pg.size() < pw.size() ? "missing"
-                                  : "different payload";
+      const std::string what = pg.size() > pw.size()   ? "extra"
+                               : pg.size() < pw.size() ? "missing"
+                                                       : "different payload";
       first = fmt::format(
           "step {}, rank {}, group {}: {}{} of {}: expected {}, ran {} ({})", std::get<0>(k) + 1,
           rc.rank, std::get<1>(k), mesh::collective_name(kind),
-          reduces ? fmt::format("({})", mesh::reduce_op_name(static_cast<mesh::ReduceOp>(
-                                            std::get<3>(k))))
+          reduces ? fmt::format("({})",
+                                mesh::reduce_op_name(static_cast<mesh::ReduceOp>(std::get<3>(k))))
                   : std::string(),
           std::get<4>(k), payload_text(pw), payload_text(pg), what);
       ev.first_diverging_step = std::get<0>(k) + 1;
@@ -567,8 +566,8 @@ reports::CheckResult check_collectives(const std::vector<RankCollectives>& ranks
   }
   if (first.empty()) {
     r.message = fmt::format(
-        "{} parameter collectives over {} ranks and {} steps as the sharding plan expects", expected,
-        ranks.size(), steps.size());
+        "{} parameter collectives over {} ranks and {} steps as the sharding plan expects",
+        expected, ranks.size(), steps.size());
     return r;
   }
   r.verdict = reports::Verdict::kFail;

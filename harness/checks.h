@@ -13,8 +13,8 @@
 #include "engine/params.h"
 #include "engine/session.h"
 #include "harness/golden.h"
-#include "mesh/collective_recorder.h"
 #include "harness/scenario.h"
+#include "mesh/collective_recorder.h"
 #include "reports/run_record.h"
 
 namespace meshproof::harness {

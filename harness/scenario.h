@@ -77,7 +77,7 @@ struct ReferenceCheck {
   // checks.reference.checkpoint: the reference run writes periodic checkpoints every `every`
   // steps (keeping keep_last) into a folder of its own (docs/design.md section 27).
   std::optional<CheckpointConfig> checkpoint;
-  std::map<Metric, double> rtol;         // per metric; loss always present when enabled
+  std::map<Metric, double> rtol;  // per metric; loss always present when enabled
 };
 
 // checks.state (docs/design.md section 22): save after at_step on the scenario's mesh, load into

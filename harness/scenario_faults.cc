@@ -151,7 +151,8 @@ std::vector<mesh::CollectiveCall> plan_collectives(const Scenario& s) {
   const engine::RunOptions o = engine_run_options(s);
   std::vector<mesh::CollectiveCall> out;
   for (int r = 0; r < o.mesh.device_mesh().world_size(); ++r)
-    for (mesh::CollectiveCall& c : engine::expected_collectives(o, r, 0)) out.push_back(std::move(c));
+    for (mesh::CollectiveCall& c : engine::expected_collectives(o, r, 0))
+      out.push_back(std::move(c));
   return out;
 }
 

@@ -7,7 +7,8 @@
 namespace meshproof::mesh {
 
 std::string describe(const CollectiveCall& c) {
-  const bool reduces = c.kind == CollectiveKind::kAllReduce || c.kind == CollectiveKind::kReduceScatter;
+  const bool reduces =
+      c.kind == CollectiveKind::kAllReduce || c.kind == CollectiveKind::kReduceScatter;
   return fmt::format("{}{} {} {} {} B {}", collective_name(c.kind),
                      reduces ? fmt::format("({})", reduce_op_name(c.op)) : std::string(), c.group,
                      kernels::dtype_name(c.dtype), c.bytes, c.tensor);

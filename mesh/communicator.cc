@@ -88,7 +88,8 @@ void Communicator::account(CollectiveKind k, kernels::Bytes bytes, double second
   s.count += 1;
   s.bytes += bytes;
   s.seconds += seconds;
-  if (recorder_ != nullptr && recorder_->recording()) recorder_->record(k, op, *this, dtype, bytes.value);
+  if (recorder_ != nullptr && recorder_->recording())
+    recorder_->record(k, op, *this, dtype, bytes.value);
 }
 
 namespace {

@@ -82,8 +82,8 @@ std::array<bool, 26> switched_on(const engine::FaultInjection& f) {
           f.amax_history_restored_from_init, f.optimizer_step_advanced_before_load,
           f.grad_accum_last_micro_batch_only,
           // collective faults (issue #20, the collectives check)
-          f.tp_weight_amax_all_reduced, f.fp8_all_gather_in_bf16,
-          !f.skip_collective_tensor.empty(), !f.collective_dtype_tensor.empty()};
+          f.tp_weight_amax_all_reduced, f.fp8_all_gather_in_bf16, !f.skip_collective_tensor.empty(),
+          !f.collective_dtype_tensor.empty()};
 }
 
 // Each row switches on exactly one engine fault, and no other row switches on the same one.

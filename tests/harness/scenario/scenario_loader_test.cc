@@ -452,35 +452,34 @@ TEST(ScenarioDefaults, GenericFaultParametersAreCheckedUpFront) {
 TEST(ScenarioDefaults, CollectiveFaultParametersAreCheckedUpFront) {
   const std::string head = "mesh: {dp_shard: 4}\nchecks: {collectives: true}\nfaults:\n  - ";
   const Scenario s = load_one(
-      head + "{name: skip_collective, kind: reduce_scatter, group: dp_shard, tensor: \"layers.0.*\"}"
-             "\nexpect: caught\n");
+      head +
+      "{name: skip_collective, kind: reduce_scatter, group: dp_shard, tensor: \"layers.0.*\"}"
+      "\nexpect: caught\n");
   EXPECT_EQ(s.faults.at(0).string_params.at("group"), "dp_shard");
-  EXPECT_EQ(load_error(head +
-                       "{name: skip_collective, kind: broadcast, group: dp_shard, tensor: \"*\"}\n"
-                       "expect: caught\n"),
-            "x.yaml:4:35: faults[0].kind: expected one of all_gather|reduce_scatter|all_reduce, "
-            "got 'broadcast'");
-  EXPECT_EQ(load_error(head +
-                       "{name: skip_collective, kind: all_gather, group: dp_shard, tensor: "
-                       "\"layers.9.*\"}\nexpect: caught\n"),
+  EXPECT_EQ(
+      load_error(head + "{name: skip_collective, kind: broadcast, group: dp_shard, tensor: \"*\"}\n"
+                        "expect: caught\n"),
+      "x.yaml:4:35: faults[0].kind: expected one of all_gather|reduce_scatter|all_reduce, "
+      "got 'broadcast'");
+  EXPECT_EQ(load_error(head + "{name: skip_collective, kind: all_gather, group: dp_shard, tensor: "
+                              "\"layers.9.*\"}\nexpect: caught\n"),
             "x.yaml:4:72: faults[0].tensor: skip_collective tensor: 'layers.9.*' matches no "
             "parameter of this scenario (e.g. embed.tok, embed.pos, layers.0.ln1.weight, "
             "layers.0.ln1.bias, ...)");
-  EXPECT_NE(load_error(head +
-                       "{name: skip_collective, kind: all_gather, group: dp_shart, tensor: \"*\"}"
-                       "\nexpect: caught\n")
-                .find("faults[0].group: skip_collective group: 'dp_shart' is no mesh dim"),
-            std::string::npos);
+  EXPECT_NE(
+      load_error(head + "{name: skip_collective, kind: all_gather, group: dp_shart, tensor: \"*\"}"
+                        "\nexpect: caught\n")
+          .find("faults[0].group: skip_collective group: 'dp_shart' is no mesh dim"),
+      std::string::npos);
   // A real glob, but no tp collective exists on a mesh without tp.
-  EXPECT_EQ(load_error(head +
-                       "{name: skip_collective, kind: all_reduce, group: tp, tensor: \"*\"}\n"
-                       "expect: caught\n"),
-            "x.yaml:4:5: faults[0]: skip_collective: this scenario issues no all_reduce over tp "
-            "for a parameter (mesh dp_replicate=1,dp_shard=4,tp=1)");
+  EXPECT_EQ(
+      load_error(head + "{name: skip_collective, kind: all_reduce, group: tp, tensor: \"*\"}\n"
+                        "expect: caught\n"),
+      "x.yaml:4:5: faults[0]: skip_collective: this scenario issues no all_reduce over tp "
+      "for a parameter (mesh dp_replicate=1,dp_shard=4,tp=1)");
   // Reductions accumulate in fp32: collective_dtype names all-gathers only.
-  EXPECT_NE(load_error(head +
-                       "{name: collective_dtype, kind: reduce_scatter, tensor: \"*\"}\n"
-                       "expect: caught\n")
+  EXPECT_NE(load_error(head + "{name: collective_dtype, kind: reduce_scatter, tensor: \"*\"}\n"
+                              "expect: caught\n")
                 .find("faults[0].kind: expected one of all_gather, got 'reduce_scatter'"),
             std::string::npos);
   // One rank: nothing is gathered.
