@@ -150,6 +150,38 @@ ScalePadding FaultHooks::block_scale_padding(const ParamSpec& p, int64_t step) c
   return padding;
 }
 
+FaultHooks::CollectiveAction FaultHooks::collective(const CollectiveSite& site) const {
+  CollectiveAction a;
+  for (const auto& h : collective_) a = h(site, a);
+  return a;
+}
+
+DimSet FaultHooks::extra_amax_group(std::string_view linear, int64_t step) const {
+  DimSet extra;
+  for (const auto& h : extra_amax_) extra = h(linear, step, extra);
+  return extra;
+}
+
+mesh::CollectiveKind parse_fault_collective_kind(std::string_view name) {
+  for (mesh::CollectiveKind k :
+       {mesh::CollectiveKind::kAllGather, mesh::CollectiveKind::kReduceScatter,
+        mesh::CollectiveKind::kAllReduce})
+    if (mesh::collective_name(k) == name) return k;
+  MP_FAIL_INPUT("unknown collective kind '{}' (all_gather, reduce_scatter, all_reduce)", name);
+}
+
+kernels::DType parse_fault_wire_dtype(std::string_view name) {
+  if (name == "bf16") return kernels::DType::kBFloat16;
+  if (name == "fp16") return kernels::DType::kFloat16;
+  MP_FAIL_INPUT("unknown collective dtype '{}' (bf16, fp16)", name);
+}
+
+std::vector<std::string> fault_param_names(const Config& config) {
+  std::vector<std::string> out;
+  for (const ParamSpec& p : param_specs(config.model)) out.push_back(p.name);
+  return out;
+}
+
 namespace {
 
 // stale_columnwise_copy: from faults.from_step on, backward (dgrad) uses the columnwise copy of
@@ -556,6 +588,42 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
     h.on_amax_group([f](std::string_view, Fp8Role role, int64_t step, DimSet g) {
       return f.active(step) && role == Fp8Role::kWeight ? DimSet{} : g;
     });
+  // tp_weight_amax_all_reduced: every weight amax is MAX-reduced over tp once more.
+  if (f.tp_weight_amax_all_reduced)
+    h.on_extra_amax_group([f](std::string_view, int64_t step, DimSet extra) {
+      return f.active(step) ? DimSet{MeshDim::kTp} : extra;
+    });
+  // fp8_all_gather_in_bf16: the FP8 all-gather of every quantized weight moves bf16 values (the
+  // engine then quantizes the gathered weight).
+  if (f.fp8_all_gather_in_bf16)
+    h.on_collective([f](const FaultHooks::CollectiveSite& site, FaultHooks::CollectiveAction a) {
+      if (f.active(site.step) && site.fp8) a.dtype = kernels::DType::kBFloat16;
+      return a;
+    });
+  // skip_collective: matching collectives are not issued.
+  if (!f.skip_collective_tensor.empty()) {
+    const mesh::CollectiveKind kind = parse_fault_collective_kind(f.skip_collective_kind);
+    const DimSet group = DimSet::parse(f.skip_collective_group);
+    h.on_collective(
+        [f, kind, group](const FaultHooks::CollectiveSite& site, FaultHooks::CollectiveAction a) {
+          if (f.active(site.step) && site.kind == kind && site.group == group &&
+              match_glob(f.skip_collective_tensor, site.tensor))
+            a.run = false;
+          return a;
+        });
+  }
+  // collective_dtype: matching all-gathers move their values through the dtype.
+  if (!f.collective_dtype_tensor.empty()) {
+    const mesh::CollectiveKind kind = parse_fault_collective_kind(f.collective_dtype_kind);
+    const kernels::DType dtype = parse_fault_wire_dtype(f.collective_dtype_dtype);
+    h.on_collective(
+        [f, kind, dtype](const FaultHooks::CollectiveSite& site, FaultHooks::CollectiveAction a) {
+          if (f.active(site.step) && site.kind == kind &&
+              match_glob(f.collective_dtype_tensor, site.tensor))
+            a.dtype = dtype;
+          return a;
+        });
+  }
   return h;
 }
 

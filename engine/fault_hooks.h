@@ -33,6 +33,9 @@
 //   block_scale_padding    each MXFP8 FP8 all-gather's   block_scale_padding_reshard
 //                          block scales
 //   router_precision       each MoE router GEMM          router_not_fp32
+//   collective             each collective the engine    skip_collective, collective_dtype,
+//                          issues for a parameter        fp8_all_gather_in_bf16
+//   extra_amax_group       each weight amax reduction    tp_weight_amax_all_reduced
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 #pragma once
@@ -53,6 +56,7 @@
 #include "kernels/nvfp4.h"
 #include "kernels/quantized_tensor.h"
 #include "kernels/tensor.h"
+#include "mesh/communicator.h"
 #include "mesh/device_mesh.h"
 #include "mesh/layout.h"
 #include "mesh/padded_gather.h"
@@ -110,6 +114,25 @@ class FaultHooks {
                                               int64_t step, mesh::Box box)>;
   // Whether the MoE router GEMM runs in fp32 at `step` (true: correct; docs/design.md section 27).
   using RouterPrecisionHook = std::function<bool(int64_t step, bool fp32)>;
+  // A collective the engine issues for a parameter (docs/design.md section 29): its kind, the
+  // mesh group, the parameter's name and the step. What runs: the collective (run) and, for an
+  // all-gather, the dtype its values travel in (nullopt: their own).
+  struct CollectiveSite {
+    mesh::CollectiveKind kind = mesh::CollectiveKind::kAllGather;
+    mesh::DimSet group;
+    std::string_view tensor;
+    int64_t step = 0;
+    bool fp8 = false;  // an FP8 all-gather (the FP8 bytes and scales of a quantized weight)
+  };
+  struct CollectiveAction {
+    bool run = true;
+    std::optional<kernels::DType> dtype;
+  };
+  using CollectiveHook = std::function<CollectiveAction(const CollectiveSite&, CollectiveAction)>;
+  // A second group the weight amax of `linear` is MAX-reduced over after the plan's group
+  // (empty: none).
+  using ExtraAmaxGroupHook =
+      std::function<mesh::DimSet(std::string_view linear, int64_t step, mesh::DimSet extra)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -136,6 +159,8 @@ class FaultHooks {
     block_scale_padding_.push_back(std::move(h));
   }
   void on_router_precision(RouterPrecisionHook h) { router_.push_back(std::move(h)); }
+  void on_collective(CollectiveHook h) { collective_.push_back(std::move(h)); }
+  void on_extra_amax_group(ExtraAmaxGroupHook h) { extra_amax_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -178,6 +203,10 @@ class FaultHooks {
                      int64_t step) const;
   // The layout of the block scales the MXFP8 all-gather of `p` gathers at `step`.
   ScalePadding block_scale_padding(const ParamSpec& p, int64_t step) const;
+  // What runs of the collective at `site` (the default action: it runs, in its own dtype).
+  CollectiveAction collective(const CollectiveSite& site) const;
+  // The group a weight amax of `linear` is reduced over again after the plan's (empty: none).
+  mesh::DimSet extra_amax_group(std::string_view linear, int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -196,6 +225,8 @@ class FaultHooks {
   std::vector<GatheredWeightHook> gathered_;
   std::vector<LoadBoxHook> load_box_;
   std::vector<BlockScalePaddingHook> block_scale_padding_;
+  std::vector<CollectiveHook> collective_;
+  std::vector<ExtraAmaxGroupHook> extra_amax_;
   bool needs_quantized_ = false;
 };
 
@@ -215,5 +246,13 @@ std::vector<FaultKey> fault_key_names(const Config& config, bool fp8_params);
 // The quantized linears of `config`'s model, as the recipe and amax groups name them
 // ("layers.0.attn.qkv", ...).
 std::vector<std::string> fault_linear_names(const Config& config);
+// The parameters of `config`'s model, as the collective faults' tensor globs name them
+// ("embed.tok", "layers.0.attn.qkv.weight", ...).
+std::vector<std::string> fault_param_names(const Config& config);
+// The collective kinds the collective faults name ("all_gather", "reduce_scatter",
+// "all_reduce"; an input error otherwise) and the dtypes an all-gather can be moved through
+// ("bf16", "fp16").
+mesh::CollectiveKind parse_fault_collective_kind(std::string_view name);
+kernels::DType parse_fault_wire_dtype(std::string_view name);
 
 }  // namespace meshproof::engine

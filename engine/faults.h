@@ -126,6 +126,28 @@ struct FaultInjection {
   // golden.
   bool router_not_fp32 = false;
 
+  // ---- collective faults (docs/design.md section 29), caught by the collectives check
+  // Tensor parallelism MAX-reduces every quantized weight's amax over the tp group itself, a
+  // second all-reduce after the plan's weight amax reduction (which already covers the tp
+  // ranks), where the plan says none (torchao PR #590). The values do not change.
+  bool tp_weight_amax_all_reduced = false;
+  // The FP8 parameter all-gather gathers the bf16 shards and quantizes the gathered weight
+  // (bf16 bytes on the wire instead of FP8 bytes and scales; torchao PR #590).
+  bool fp8_all_gather_in_bf16 = false;
+  // skip_collective: the engine's collectives of kind `skip_collective_kind` ("all_gather",
+  // "reduce_scatter", "all_reduce") over `skip_collective_group` ("dp_shard", "dp_shard+tp", ...)
+  // serving a parameter matching the glob are not issued: each rank keeps its own part (a
+  // skipped gather leaves the other members' rows zero, a skipped reduction its own unreduced
+  // values).
+  std::string skip_collective_tensor;
+  std::string skip_collective_kind = "all_gather";
+  std::string skip_collective_group = "dp_shard";
+  // collective_dtype: the engine's all-gathers serving a parameter matching the glob move its
+  // values through `collective_dtype_dtype` ("bf16", "fp16") instead of their own dtype (an FP8
+  // all-gather: the high-precision shard, quantized after the gather).
+  std::string collective_dtype_tensor;
+  std::string collective_dtype_kind = "all_gather";
+  std::string collective_dtype_dtype = "bf16";
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
@@ -141,7 +163,9 @@ struct FaultInjection {
            grad_accum_last_micro_batch_only ||
            // catalog entries (issue #20)
            scale_inv_gathered_bf16 || vocab_uneven_resume_rows || block_scale_padding_reshard ||
-           router_not_fp32 || nvfp4_global_amax_not_reduced;
+           router_not_fp32 || nvfp4_global_amax_not_reduced || tp_weight_amax_all_reduced ||
+           fp8_all_gather_in_bf16 || !skip_collective_tensor.empty() ||
+           !collective_dtype_tensor.empty();
   }
 };
 

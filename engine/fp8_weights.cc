@@ -9,7 +9,9 @@
 #include "engine/state_keys.h"
 #include "kernels/cast.h"
 #include "kernels/error.h"
+#include "kernels/nvfp4.h"
 #include "kernels/quantize.h"
+#include "mesh/padded_gather.h"
 
 namespace meshproof::engine {
 
@@ -93,9 +95,16 @@ Fp8Shard Fp8WeightStore::quantize_local(const ShardedParam& p, const Tensor& loc
   if (config_.recipe.kind == RecipeKind::kDelayed)
     scale = recipe_.delayed_states().at(p.spec.linear + "/weight").scale.to(kernels::Device::cpu());
   // Current scaling and NVFP4 MAX-reduce the shard's amax over the weight's amax group.
-  return quantize_shard(comms_.group(groups::kDpShard),
-                        comms_.group(amax_dims_(p.spec.linear, Fp8Role::kWeight)), p.layout, local,
-                        p.compute, config_.recipe.kind, scale.defined() ? &scale : nullptr, true,
+  const DimSet amax_dims = amax_dims_(p.spec.linear, Fp8Role::kWeight);
+  const bool reduce = faults_
+                          .collective({.kind = mesh::CollectiveKind::kAllReduce,
+                                       .group = amax_dims,
+                                       .tensor = p.spec.name,
+                                       .step = step_})
+                          .run;
+  const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
+  return quantize_shard(comms_.group(groups::kDpShard), comms_.group(amax_dims), p.layout, local,
+                        p.compute, config_.recipe.kind, scale.defined() ? &scale : nullptr, reduce,
                         current_scale_options(), nvfp4_options(p));
 }
 
@@ -120,17 +129,62 @@ const Fp8Shard& Fp8WeightStore::local_shard(size_t i) {
   return step_shards_.emplace(i, std::move(q)).first->second;
 }
 
+Fp8GatherResult Fp8WeightStore::gather_high_precision(const ShardedParam& p, const Fp8Shard& local,
+                                                      const Tensor& hp,
+                                                      const FaultHooks::CollectiveAction& act) {
+  mesh::Communicator& shard = comms_.group(groups::kDpShard);
+  Tensor full;
+  if (!act.run) {
+    full = Tensor::zeros(p.compute.shape(), hp.dtype(), kernels::Device::cpu());
+    const mesh::Box& mine = p.layout.box(comms_.rank());
+    mesh::copy_region(hp, mine, full, p.compute, mine.intersect(p.compute));
+  } else {
+    const Tensor wire = act.dtype ? kernels::cast_to(hp, *act.dtype) : hp;
+    full = mesh::gather_padded(shard, mesh::member_boxes(shard, p.layout), wire, p.compute);
+  }
+  const kernels::Usage both{.rowwise = true, .columnwise = true};
+  Fp8GatherResult g;
+  switch (config_.recipe.kind) {
+    case RecipeKind::kCurrent:
+    case RecipeKind::kDelayed:
+      g.weight = kernels::quantize_per_tensor(full, local.q.scale, DType::kE4M3, both, local.q.mode,
+                                              local.q.amax);
+      break;
+    case RecipeKind::kNvfp4:
+      // The gathered values quantized as one rank would (their own global amax).
+      g.weight = kernels::quantize_nvfp4(full, nvfp4_options(p), both, "gathered weight");
+      break;
+    default:
+      g.weight = kernels::quantize_mxfp8(full, DType::kE4M3, both);
+      break;
+  }
+  return g;
+}
+
 int64_t Fp8WeightStore::gather(size_t i, int64_t step) {
+  step_ = step;
   const ShardedParam& p = plan_.params()[i];
   const Fp8Shard& local = local_shard(i);
-  Fp8GatherResult g = gather_shard(comms_.group(groups::kDpShard), p.layout, local, p.compute,
-                                   config_.recipe.kind, faults_.block_scale_padding(p.spec, step));
-  faults_.gathered_weight(p.spec, step, g.weight);
   // The shard's high-precision values: the fp32 master of an FP8 primary weight, else the bf16
   // compute copy that was quantized.
   const Tensor& hp = fp8_params_                     ? p.master
                      : local.high_precision_fallback ? local.high_precision
                                                      : step_hp_.at(i);
+  const FaultHooks::CollectiveAction act =
+      faults_.collective({.kind = mesh::CollectiveKind::kAllGather,
+                          .group = groups::kDpShard,
+                          .tensor = p.spec.name,
+                          .step = step,
+                          .fp8 = !local.high_precision_fallback});
+  Fp8GatherResult g;
+  {
+    const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
+    g = act.run && !act.dtype
+            ? gather_shard(comms_.group(groups::kDpShard), p.layout, local, p.compute,
+                           config_.recipe.kind, faults_.block_scale_padding(p.spec, step))
+            : gather_high_precision(p, local, hp, act);
+  }
+  faults_.gathered_weight(p.spec, step, g.weight);
   if (options_.allgather_parity)
     record_parity(p, step, hp,
                   config_.recipe.kind == RecipeKind::kDelayed ? &local.q.scale : nullptr, g.weight);
@@ -214,7 +268,8 @@ void Fp8WeightStore::make_primary_weights(ShardedState& state) {
   }
 }
 
-void Fp8WeightStore::requantize() {
+void Fp8WeightStore::requantize(int64_t step) {
+  step_ = step;
   for (auto& [i, f] : primary_) {
     Fp8Shard fresh = quantize_local(plan_.params()[i], plan_.params()[i].master);
     for (auto [dst, src] : {std::pair{&f.q.rowwise_data, &fresh.q.rowwise_data},

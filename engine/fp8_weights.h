@@ -21,6 +21,7 @@
 #include "engine/session.h"
 #include "engine/shard_plan.h"
 #include "engine/sharded_state.h"
+#include "mesh/collective_recorder.h"
 #include "mesh/communicator.h"
 
 namespace meshproof::engine {
@@ -50,9 +51,11 @@ class Fp8WeightStore {
   // Gathers GEMM weight `i` of the plan as FP8 over dp_shard and hands it to the recipe (at
   // optimizer step `step`); returns the gathered bytes.
   int64_t gather(size_t i, int64_t step);
-  // After the optimizer step: re-quantizes the FP8 primary weights from the updated masters, in
-  // place (the checkpoint state shares their storage).
-  void requantize();
+  // After optimizer step `step`: re-quantizes the FP8 primary weights from the updated masters,
+  // in place (the checkpoint state shares their storage).
+  void requantize(int64_t step);
+  // Records the store's collectives, each with the weight it serves (nullptr: off).
+  void set_recorder(mesh::CollectiveRecorder* r) { recorder_ = r; }
   // Bytes of parameter i's FP8 primary weight (0 without fp8_params).
   int64_t primary_bytes(size_t i) const;
   // allgather_parity records (rank 0, or every process with launcher mpi).
@@ -66,6 +69,12 @@ class Fp8WeightStore {
   void record_parity(const ShardedParam& p, int64_t step, const kernels::Tensor& local,
                      const kernels::Tensor* scale, const kernels::QuantizedTensor& gathered);
   void make_primary_weights(ShardedState& state);
+  // The gathered weight when the FP8 all-gather is replaced (`act`: skipped, or moved through
+  // act.dtype): the shard's high-precision values `hp` gathered (or only this rank's rows) and
+  // quantized whole with the shard's scale.
+  Fp8GatherResult gather_high_precision(const ShardedParam& p, const Fp8Shard& local,
+                                        const kernels::Tensor& hp,
+                                        const FaultHooks::CollectiveAction& act);
 
   const RunOptions& options_;
   const Config& config_;
@@ -82,6 +91,8 @@ class Fp8WeightStore {
   std::map<size_t, Fp8Shard> step_shards_;     // quantized once per step, gathered at every use
   std::map<size_t, kernels::Tensor> step_hp_;  // bf16 compute copies of the step_shards_
   std::vector<AllGatherParity> parity_;
+  int64_t step_ = 0;  // the optimizer step of the current gather or re-quantization
+  mesh::CollectiveRecorder* recorder_ = nullptr;
 };
 
 }  // namespace meshproof::engine

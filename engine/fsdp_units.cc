@@ -26,12 +26,13 @@ Tensor on_device(const Tensor& t, kernels::Device device) {
 
 // The gathered weight's inverse: `full` holds box `source` on every member (each member's own
 // contribution); member s receives the reduction (op) of everybody's copy of its box. Each
-// member's box is cut out and padded to the largest member size, then reduce-scattered.
+// member's box is cut out and padded to the largest member size, then reduce-scattered. `run`
+// false (the skip_collective fault): no collective, each member keeps its own copy of its box.
 Tensor reduce_scatter_box(mesh::Communicator& comm, const Layout& layout, const Tensor& full,
-                          const Box& source, mesh::ReduceOp op) {
+                          const Box& source, mesh::ReduceOp op, bool run) {
   const Box& mine = layout.box(comm.ranks()[static_cast<size_t>(comm.rank())]);
   Tensor out = Tensor::empty(mine.shape(), DType::kFloat32, kernels::Device::cpu());
-  if (comm.size() == 1) {
+  if (comm.size() == 1 || !run) {
     mesh::copy_region(full, source, out, mine, mine);
     return out;
   }
@@ -121,8 +122,25 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
     weights_.insert(p.spec.name, Tensor::empty(p.compute.shape(), DType::kBFloat16, device_));
   } else {
     mesh::Communicator& shard = comms_.group(groups::kDpShard);
-    Tensor full = mesh::gather_padded(shard, mesh::member_boxes(shard, p.layout), p.master,
-                                      p.compute, faults_.weight_gather_padding(p.spec, step_));
+    const FaultHooks::CollectiveAction act =
+        faults_.collective({.kind = mesh::CollectiveKind::kAllGather,
+                            .group = groups::kDpShard,
+                            .tensor = p.spec.name,
+                            .step = step_});
+    Tensor full;
+    if (!act.run) {
+      // Not gathered: only this rank's own rows, the others zero.
+      full = Tensor::zeros(p.compute.shape(), DType::kFloat32, kernels::Device::cpu());
+      const Box& mine = p.layout.box(comms_.rank());
+      mesh::copy_region(p.master, mine, full, p.compute, mine.intersect(p.compute));
+    } else {
+      const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
+      // The values travel in the action's dtype (the collective_dtype fault) or as fp32.
+      const Tensor local = act.dtype ? kernels::cast_to(p.master, *act.dtype) : p.master;
+      full = mesh::gather_padded(shard, mesh::member_boxes(shard, p.layout), local, p.compute,
+                                 faults_.weight_gather_padding(p.spec, step_));
+      if (act.dtype) full = kernels::cast_to(full, DType::kFloat32);
+    }
     if (options_.config.recipe.kind != RecipeKind::kFp32 && !p.spec.fp32_compute)
       full = kernels::cast_to(full, DType::kBFloat16);
     bytes = full.nbytes().value;
@@ -158,14 +176,23 @@ void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
   for (size_t i : plan_.unit(unit)) {
     ShardedParam& p = plan_.params()[i];
     Tensor& g = grads_.at(p.spec.name);
-    if (sp && !p.layout.placement(MeshDim::kTp).is_shard())
+    const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
+    const auto runs = [&](mesh::CollectiveKind kind, DimSet group) {
+      return faults_
+          .collective({.kind = kind, .group = group, .tensor = p.spec.name, .step = step_})
+          .run;
+    };
+    if (sp && !p.layout.placement(MeshDim::kTp).is_shard() &&
+        runs(mesh::CollectiveKind::kAllReduce, groups::kTp))
       comms_.group(groups::kTp).all_reduce(g, mesh::ReduceOp::kSum);
     // A gradient of a weight gathered with its padding: the padding's rows are dropped here.
     const Tensor real =
         g.shape()[0] == p.compute.extent[0].value ? g : g.slice_rows(0, p.compute.extent[0].value);
-    Tensor reduced = reduce_scatter_box(shard, p.layout, on_device(real, kernels::Device::cpu()),
-                                        p.compute, mesh::ReduceOp::kAvg);
-    if (replicate.size() > 1 && over_replicas && reduced.numel().value > 0)
+    Tensor reduced = reduce_scatter_box(
+        shard, p.layout, on_device(real, kernels::Device::cpu()), p.compute, mesh::ReduceOp::kAvg,
+        runs(mesh::CollectiveKind::kReduceScatter, groups::kDpShard));
+    if (replicate.size() > 1 && over_replicas && reduced.numel().value > 0 &&
+        runs(mesh::CollectiveKind::kAllReduce, groups::kDpReplicate))
       replicate.all_reduce(reduced, mesh::ReduceOp::kAvg);
     if (!options_.fsdp.sync_each_micro_batch || first_micro_batch_ || reduced.numel().value == 0 ||
         !faults_.accumulates_gradients(step_)) {

@@ -18,6 +18,7 @@
 #include "engine/params.h"
 #include "engine/session.h"
 #include "engine/shard_plan.h"
+#include "mesh/collective_recorder.h"
 #include "mesh/communicator.h"
 
 namespace meshproof::engine {
@@ -39,6 +40,9 @@ class FsdpUnitExecutor : public UnitHooks {
   TensorMap& grads() { return grads_; }
   // The largest number of gathered weight bytes held at once so far.
   int64_t peak_gathered_bytes() const { return peak_gathered_; }
+
+  // Records the executor's collectives, each with the parameter it serves (nullptr: off).
+  void set_recorder(mesh::CollectiveRecorder* r) { recorder_ = r; }
 
   void before(int64_t unit, Pass pass) override;
   void after(int64_t unit, Pass pass) override;
@@ -63,6 +67,7 @@ class FsdpUnitExecutor : public UnitHooks {
   std::map<std::string, int64_t> gathered_bytes_;
   int64_t gathered_now_ = 0;
   int64_t peak_gathered_ = 0;
+  mesh::CollectiveRecorder* recorder_ = nullptr;
 };
 
 }  // namespace meshproof::engine

@@ -27,6 +27,7 @@ RankReport rank_report(TrainingSession& s, mesh::RankComms& comms) {
   r.rank = comms.rank();
   r.coords = comms.mesh().coords(r.rank);
   r.memory = s.memory();
+  r.calls = s.collective_calls();
   for (DimSet d : all_mesh_groups()) {
     mesh::Communicator& c = comms.group(d);
     if (c.size() == 1) continue;

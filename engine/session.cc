@@ -90,6 +90,13 @@ struct TrainingSession::Impl {
   // RunOptions::trace: the forward's FP8 state of the last step, taken at the step's start,
   // before the forward reads the delayed scales and the FP8 primary weights.
   std::vector<TensorDigest> fp8_trace_before;
+  // RunOptions::record_collectives: the rank's collectives attributed to a parameter, per step
+  // (mesh/collective_recorder.h); attached to the rank's communicators while the session lives.
+  std::optional<mesh::CollectiveRecorder> recorder;
+
+  ~Impl() {
+    if (recorder) mesh::attach_recorder(comms, nullptr);
+  }
 
   Impl(const RunOptions& o, mesh::RankComms& c)
       : options(checked(o)),
@@ -151,6 +158,12 @@ struct TrainingSession::Impl {
         [this](std::string_view linear, Fp8Role role) { return amax_dims(linear, role); }, device,
         notes, state);
     units.emplace(options, plan, *fp8, comms, recipe, faults, device);
+    if (options.record_collectives) {
+      recorder.emplace();
+      mesh::attach_recorder(comms, &*recorder);
+      units->set_recorder(&*recorder);
+      fp8->set_recorder(&*recorder);
+    }
     store_scalars();
     for (size_t i = 0; i < plan.params().size(); ++i) {
       const ShardedParam& p = plan.params()[i];
@@ -182,11 +195,26 @@ struct TrainingSession::Impl {
         linear, role, step,
         amax_group({plan.linear_kind(linear), role}, options.mesh, options.amax_groups));
   }
+  // A weight's amax reductions are attributed to the weight (the collectives check; the
+  // collective fault point); the activations' and gradients' are not in the budget.
   void reduce_amax(const std::string& linear, Fp8Role role, float* amax, int64_t n) {
-    mesh::Communicator& group = comms.group(amax_dims(linear, role));
-    if (group.size() == 1) return;
+    const DimSet dims = amax_dims(linear, role);
+    const bool weight = role == Fp8Role::kWeight;
+    const std::string tensor = weight ? linear + ".weight" : std::string();
+    const mesh::CollectiveRecorder::Subject subject(recorder ? &*recorder : nullptr, tensor);
     Tensor buf = Tensor::from_vector<float>({n}, std::vector<float>(amax, amax + n));
-    group.all_reduce(buf, mesh::ReduceOp::kMax);
+    mesh::Communicator& group = comms.group(dims);
+    if (group.size() > 1 && (!weight || faults
+                                            .collective({.kind = mesh::CollectiveKind::kAllReduce,
+                                                         .group = dims,
+                                                         .tensor = tensor,
+                                                         .step = step})
+                                            .run))
+      group.all_reduce(buf, mesh::ReduceOp::kMax);
+    // tp_weight_amax_all_reduced: the weight amax reduced again over another group.
+    const DimSet extra = weight ? faults.extra_amax_group(linear, step) : DimSet{};
+    if (!extra.empty() && comms.group(extra).size() > 1)
+      comms.group(extra).all_reduce(buf, mesh::ReduceOp::kMax);
     std::memcpy(amax, buf.raw_data(), static_cast<size_t>(n) * sizeof(float));
   }
 
@@ -196,6 +224,7 @@ struct TrainingSession::Impl {
   // sharded optimizer step (clip + AdamW), the FP8 primary weights re-quantized, the counters.
   StepMetrics run_step() {
     faults.state(FaultHooks::StatePoint::kStepBegin, step, state);
+    if (recorder) recorder->begin_step(step);
     // Before the step's clock starts: tracing is not the step's time.
     if (options.trace) fp8_trace_before = fp8_state_digests(plan, state, comms, "");
     const TrainingConfig& t = config.training;
@@ -244,7 +273,8 @@ struct TrainingSession::Impl {
     metrics.grad_norm = opt.grad_norm;
     metrics.lr = opt.lr;
     faults.state(FaultHooks::StatePoint::kAfterUpdate, step, state);
-    if (fp8->primary_weights()) fp8->requantize();
+    if (fp8->primary_weights()) fp8->requantize(step);
+    if (recorder) recorder->end_step();
     time.optimizer = seconds_since(to) - (all_collective_seconds(comms) - coll_optimizer0);
 
     ++step;
@@ -306,5 +336,8 @@ MemoryBreakdown TrainingSession::memory() const { return impl_->mem; }
 const std::vector<std::string>& TrainingSession::notes() const { return impl_->notes.list; }
 const StepTime& TrainingSession::last_time() const { return impl_->time; }
 const std::vector<AllGatherParity>& TrainingSession::parity() const { return impl_->fp8->parity(); }
+std::vector<mesh::CollectiveCall> TrainingSession::collective_calls() const {
+  return impl_->recorder ? impl_->recorder->calls() : std::vector<mesh::CollectiveCall>{};
+}
 
 }  // namespace meshproof::engine

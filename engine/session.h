@@ -61,6 +61,7 @@
 #include "engine/trainer.h"
 #include "kernels/runtime.h"
 #include "kernels/tensor.h"
+#include "mesh/collective_recorder.h"
 #include "mesh/communicator.h"
 #include "mesh/layout.h"
 
@@ -125,6 +126,9 @@ struct RunOptions {
   bool trace = false;
   // Compare every FP8 all-gathered weight with quantize(gather(shard)) (RunResult::parity).
   bool allgather_parity = false;
+  // Record every collective the engine attributes to a parameter, per step
+  // (RankReport::calls; the collectives check, docs/design.md section 29); off: no cost.
+  bool record_collectives = false;
   // Progress, called on rank 0 (launcher mpi: on every process) after each step.
   std::function<void(const StepMetrics&)> on_step;
   // Checkpoint hooks (the harness fills them with engine/checkpoint.h's load and save). Called on
@@ -161,6 +165,8 @@ struct RankReport {
   mesh::Coords coords{};  // (dp_replicate, dp_shard, tp) coordinates
   MemoryBreakdown memory;
   std::vector<CollectiveRecord> collectives;  // non-zero counts only
+  // RunOptions::record_collectives: each collective attributed to a parameter, in issue order.
+  std::vector<mesh::CollectiveCall> calls;
 };
 
 // Wall time of one step on rank 0, by phase.
@@ -229,6 +235,8 @@ class TrainingSession {
   // allgather_parity records of the steps run so far (RunOptions::allgather_parity; rank 0 holds
   // them, other ranks an empty list).
   const std::vector<AllGatherParity>& parity() const;
+  // RunOptions::record_collectives: this rank's recorded collectives so far (empty otherwise).
+  std::vector<mesh::CollectiveCall> collective_calls() const;
 
   struct Impl;
 

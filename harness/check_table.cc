@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 
+#include "engine/collective_budget.h"
 #include "harness/checks.h"
 #include "harness/golden.h"
 #include "harness/runner.h"
@@ -164,8 +165,25 @@ reports::CheckResult run_reference(CheckContext& c) {
         ref.fsdp.sync_each_micro_batch);
   }
   if (cfg.micro_batches) what += fmt::format(", micro_batches {}", ref.train.micro_batches);
-  what += ")";
   TrainRequest req;
+  if (cfg.checkpoint) {
+    ref.checkpoint.every = cfg.checkpoint->every;
+    ref.checkpoint.keep_last = cfg.checkpoint->keep_last;
+    what += ref.checkpoint.every > 0 ? fmt::format(", checkpoint every {} keeping {}",
+                                                   ref.checkpoint.every, ref.checkpoint.keep_last)
+                                     : ", no periodic checkpoints";
+    if (ref.checkpoint.every > 0) {
+      // A folder of its own next to the scenario's checkpoints, never one an earlier run wrote:
+      // reference_checkpoints, else reference_checkpoints.<k> with the smallest free k >= 2.
+      const std::filesystem::path root = checkpoint_root(c.scenario, c.opts.out_dir);
+      std::filesystem::path dir = root / "reference_checkpoints";
+      for (int k = 2; std::filesystem::exists(dir); ++k)
+        dir = root / fmt::format("reference_checkpoints.{}", k);
+      req.checkpoints = CheckpointPlan{dir, ref.checkpoint.every, ref.checkpoint.keep_last};
+      req.scenario_hash = c.hash;
+    }
+  }
+  what += ")";
   req.trace = c.opts.trace;
   req.from_checkpoint = c.opts.from_checkpoint;  // the same start (resharded onto its mesh)
   req.on_step = c.phase("reference");
@@ -203,6 +221,22 @@ std::optional<std::string> skip_state(const CheckContext& c) {
   if (c.start + st.at_step <= c.scenario.train.steps) return std::nullopt;
   return fmt::format("the run starts from step {}: saving {} steps later is past the last step",
                      c.start, st.at_step);
+}
+
+// The main run's recorded parameter collectives of every rank against the sharding plan's, for
+// the steps it ran (from the start checkpoint on).
+reports::CheckResult run_collectives(CheckContext& c) {
+  const engine::RunOptions plan = engine_run_options(c.run);
+  const auto steps = static_cast<int64_t>(c.main.steps.size());
+  std::vector<RankCollectives> ranks;
+  for (const auto& [rank, calls] : c.main.calls) {
+    RankCollectives rc{.rank = rank, .expected = {}, .ran = calls};
+    for (int64_t k = c.start; k < c.start + steps; ++k)
+      for (mesh::CollectiveCall& e : engine::expected_collectives(plan, rank, k))
+        rc.expected.push_back(std::move(e));
+    ranks.push_back(std::move(rc));
+  }
+  return check_collectives(ranks);
 }
 
 reports::CheckResult run_state(CheckContext& c) {
@@ -316,6 +350,20 @@ const std::vector<CheckDescriptor>& rows() {
           .skip = skip_state,
           .run = run_state,
           .judges_main_run = false,
+      },
+      {
+          .id = CheckId::kCollectives,
+          .name = "collectives",
+          .doc = "every step's parameter collectives (kind, group, tensor, dtype, bytes) of the "
+                 "main run equal to the sharding plan's",
+          .enabled = [](const Scenario& s) { return s.checks.collectives; },
+          .claim = [](const Scenario&) -> std::string_view { return "collectives"; },
+          // The main run records its collectives as it issues them.
+          .prepare_main = [](const Scenario&,
+                             TrainRequest& main) { main.record_collectives = true; },
+          .skip = nullptr,
+          .run = run_collectives,
+          .judges_main_run = true,
       },
   };
   return table;

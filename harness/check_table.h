@@ -25,7 +25,15 @@ namespace meshproof::harness {
 struct RunnerOptions;
 
 // The rows' ids, in table order (check(id) is row `id`).
-enum class CheckId { kGolden, kResume, kReference, kAllgatherParity, kDeterminism, kState };
+enum class CheckId {
+  kGolden,
+  kResume,
+  kReference,
+  kAllgatherParity,
+  kDeterminism,
+  kState,
+  kCollectives
+};
 
 // What a check sees of the scenario being run: the scenario, the main run it judges, and the
 // runner's services for its own training runs.
@@ -69,7 +77,7 @@ struct CheckDescriptor {
 };
 
 // The rows, in run and report order: golden, resume, reference, allgather_parity, determinism,
-// state.
+// state, collectives.
 std::span<const CheckDescriptor> check_table();
 const CheckDescriptor* find_check(std::string_view name);  // nullptr when unknown
 const CheckDescriptor& check(CheckId id);

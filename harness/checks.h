@@ -14,6 +14,7 @@
 #include "engine/session.h"
 #include "harness/golden.h"
 #include "harness/scenario.h"
+#include "mesh/collective_recorder.h"
 #include "reports/run_record.h"
 
 namespace meshproof::harness {
@@ -124,6 +125,20 @@ reports::CheckResult compare_tolerance(const std::string& name, const std::strin
 // error of the dequantized values, and counts the mismatching records; the evidence carries the
 // same (metric "scale_inv": actual = gathered, expected = reference).
 reports::CheckResult check_allgather_parity(const std::vector<engine::AllGatherParity>& records);
+
+// collectives (docs/design.md section 29): one rank's parameter collectives, the plan's
+// (engine::expected_collectives) and the recorded ones (mesh::CollectiveRecorder).
+struct RankCollectives {
+  int rank = 0;
+  std::vector<mesh::CollectiveCall> expected, ran;
+};
+// Passes iff, for every rank and step, the recorded collectives equal the expected ones as
+// multisets of (kind, reduction, group, tensor, dtype, bytes). A failure names the first
+// difference in (rank, step, group, kind, tensor) order: the step (1-based), the rank, the
+// group, the kind, the tensor, and the dtype and bytes expected against those that ran, or that
+// the collective is extra or missing, and counts the differing collectives; the evidence's
+// tensor is the parameter, its metric "collectives".
+reports::CheckResult check_collectives(const std::vector<RankCollectives>& ranks);
 
 // state (docs/design.md section 22): checkpoint `after` (the state a fresh engine holds right
 // after loading) against `before` (the state the run held when it saved), reassembled to global

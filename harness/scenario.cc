@@ -74,6 +74,9 @@ json to_canonical_json(const Scenario& s) {
       checks["reference"]["fsdp"] = keys_json(scenario_keys(), "fsdp", with);
     }
     if (ref.micro_batches) checks["reference"]["train"] = {{"micro_batches", *ref.micro_batches}};
+    if (ref.checkpoint)
+      checks["reference"]["checkpoint"] = {{"every", ref.checkpoint->every},
+                                           {"keep_last", ref.checkpoint->keep_last}};
   }
   checks["allgather_parity"] = s.checks.allgather_parity;
   checks["determinism"] = s.checks.determinism;
@@ -84,6 +87,8 @@ json to_canonical_json(const Scenario& s) {
     checks["state"] = {{"at_step", st.at_step}};
     if (st.mesh) checks["state"]["mesh"] = mesh_json(*st.mesh);
   }
+  // The collectives check (added after the goldens were recorded): only when enabled.
+  if (s.checks.collectives) checks["collectives"] = true;
   j["checks"] = checks;
   json faults = json::array();  // order is meaningful (injection order): kept as written
   for (const FaultSpec& f : s.faults) {

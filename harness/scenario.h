@@ -74,7 +74,10 @@ struct ReferenceCheck {
   // The scenario's fsdp options with the keys checks.reference.fsdp names replaced.
   std::optional<engine::FsdpOptions> fsdp;
   std::optional<int64_t> micro_batches;  // checks.reference.train.micro_batches
-  std::map<Metric, double> rtol;         // per metric; loss always present when enabled
+  // checks.reference.checkpoint: the reference run writes periodic checkpoints every `every`
+  // steps (keeping keep_last) into a folder of its own (docs/design.md section 29).
+  std::optional<CheckpointConfig> checkpoint;
+  std::map<Metric, double> rtol;  // per metric; loss always present when enabled
 };
 
 // checks.state (docs/design.md section 22): save after at_step on the scenario's mesh, load into
@@ -93,6 +96,9 @@ struct ChecksConfig {
   bool allgather_parity = false;  // needs fsdp.fp8_all_gather
   bool determinism = false;
   StateCheck state;
+  // The communication budget (docs/design.md section 29): every step's recorded parameter
+  // collectives equal the sharding plan's.
+  bool collectives = false;
   // The enabled checks in run order: harness/check_table.h enabled_checks().
 };
 

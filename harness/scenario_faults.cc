@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <limits>
 
+#include "engine/collective_budget.h"
 #include "engine/fault_hooks.h"
+#include "harness/train_run.h"
 #include "kernels/error.h"
 #include "mesh/device_mesh.h"
 
@@ -148,6 +150,80 @@ constexpr FaultRequirement kUnevenVocabOnLoad{
 
 constexpr FaultRequirement kMxfp8Recipe{
     "recipe mxfp8", [](const Scenario& s) { return s.recipe.kind == RecipeKind::kMxfp8; }};
+// ---- the collective faults (docs/design.md section 29)
+
+// The recipe reduces weight amaxes itself (at its quantizations or after each forward): delayed,
+// nvfp4, and current unless the weights are gathered as FP8 (then the FP8 all-gather's shard
+// quantization reduces them, and the recipe reads the gathered weight).
+constexpr FaultRequirement kRecipeReducesWeightAmax{
+    "a recipe that reduces weight amaxes itself: delayed, nvfp4, or current without "
+    "fsdp.fp8_all_gather and fsdp.fp8_params",
+    [](const Scenario& s) {
+      const RecipeKind k = s.recipe.kind;
+      return k == RecipeKind::kDelayed || k == RecipeKind::kNvfp4 ||
+             (k == RecipeKind::kCurrent && !s.fsdp.fp8_all_gather && !s.fsdp.fp8_params);
+    }};
+constexpr FaultRequirement kFp8Gather{
+    "weights gathered as FP8: fsdp.fp8_all_gather or fsdp.fp8_params with recipe delayed, "
+    "current or mxfp8",
+    [](const Scenario& s) {
+      const RecipeKind k = s.recipe.kind;
+      return (s.fsdp.fp8_all_gather || s.fsdp.fp8_params) &&
+             (k == RecipeKind::kDelayed || k == RecipeKind::kCurrent || k == RecipeKind::kMxfp8);
+    }};
+
+// The plan's collectives of one step of `s`, every rank's (what a collective fault can name).
+std::vector<mesh::CollectiveCall> plan_collectives(const Scenario& s) {
+  const engine::RunOptions o = engine_run_options(s);
+  std::vector<mesh::CollectiveCall> out;
+  for (int r = 0; r < o.mesh.device_mesh().world_size(); ++r)
+    for (mesh::CollectiveCall& c : engine::expected_collectives(o, r, 0))
+      out.push_back(std::move(c));
+  return out;
+}
+
+std::string param_name(const Scenario& s, const std::string& glob) {
+  return glob_over(glob, engine::fault_param_names(s.config()), "parameter");
+}
+
+// "dp_shard", "dp_shard+tp", ...: mesh dims, not "none".
+std::string mesh_group(const Scenario& s, const std::string& dims) {
+  if (dims == "none") return "'none' is no group: name the mesh dims the collective spans";
+  return dim_list(s, dims);
+}
+
+// A collective fault's (kind, group, tensor) must name a collective the plan issues in this
+// scenario, else it would change nothing.
+std::string names_a_collective(const std::string& kind, const std::string& group,
+                               const std::string& tensor, const Scenario& s) {
+  const std::vector<mesh::CollectiveCall> plan = plan_collectives(s);
+  std::vector<std::string> seen;
+  for (const mesh::CollectiveCall& c : plan) {
+    if (mesh::collective_name(c.kind) != kind || (!group.empty() && c.group != group)) continue;
+    if (engine::match_glob(tensor, c.tensor)) return "";
+    if (std::find(seen.begin(), seen.end(), c.tensor) == seen.end()) seen.push_back(c.tensor);
+  }
+  const std::string where = group.empty() ? "" : " over " + group;
+  if (seen.empty())
+    return fmt::format("this scenario issues no {}{} for a parameter (mesh {})", kind, where,
+                       s.mesh.device_mesh().str());
+  return fmt::format("'{}' matches no parameter this scenario's {}{} serves (e.g. {})", tensor,
+                     kind, where, some_of(seen));
+}
+
+std::string skip_names_a_collective(const Scenario& s, const FaultSpec& spec) {
+  // A bad group or a glob that names no parameter is reported at its parameter already.
+  if (!mesh_group(s, string_param(spec, "group")).empty() ||
+      !param_name(s, string_param(spec, "tensor")).empty())
+    return "";
+  const std::string group = mesh::DimSet::parse(string_param(spec, "group")).str();
+  return names_a_collective(string_param(spec, "kind"), group, string_param(spec, "tensor"), s);
+}
+
+std::string dtype_names_a_collective(const Scenario& s, const FaultSpec& spec) {
+  if (!param_name(s, string_param(spec, "tensor")).empty()) return "";  // reported at `tensor`
+  return names_a_collective(string_param(spec, "kind"), "", string_param(spec, "tensor"), s);
+}
 
 const FaultParam kFromStep{"from_step",
                            FaultParam::Type::kInt,
@@ -593,6 +669,94 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.nvfp4_global_amax_not_reduced = true; },
+      },
+      {
+          .name = "tp_weight_amax_all_reduced",
+          .bug_class =
+              "tensor parallelism all-reduces each quantized weight's amax over the tp group "
+              "itself, a MAX-reduction the plan does not have (its weight amax group already "
+              "spans the tp ranks); the scales do not change, the communication does (torchao "
+              "PR #590)",
+          .needs = {kTwoTpRanks, kRecipeReducesWeightAmax},
+          .caught_by = {"collectives"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.tp_weight_amax_all_reduced = true; },
+      },
+      {
+          .name = "fp8_all_gather_in_bf16",
+          .bug_class =
+              "the FP8 parameter all-gather moves the bf16 shards and quantizes after the "
+              "gather: twice the bytes (or more) on the wire for the same FP8 weight (torchao "
+              "PR #590, FP8 all-gather falling back to bf16)",
+          .needs = {kFp8Gather, kTwoShards},
+          .caught_by = {"collectives"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.fp8_all_gather_in_bf16 = true; },
+      },
+      {
+          .name = "skip_collective",
+          .bug_class =
+              "generic: the engine's collectives of one kind over one mesh group that serve the "
+              "parameters matching a glob are not issued (each rank keeps its own part), e.g. a "
+              "gradient reduce-scatter or an amax all-reduce a code path forgets",
+          .needs = {},
+          .caught_by = {"collectives", "reference"},
+          .params = {{.name = "kind",
+                      .type = FaultParam::Type::kChoice,
+                      .choices = {"all_gather", "reduce_scatter", "all_reduce"},
+                      .doc = "the collective's kind"},
+                     {.name = "group",
+                      .type = FaultParam::Type::kString,
+                      .doc = "the mesh group it spans, e.g. \"dp_shard\", \"dp_replicate\", "
+                             "\"tp\", \"dp_shard+tp\"",
+                      .required = true,
+                      .check = mesh_group},
+                     {.name = "tensor",
+                      .type = FaultParam::Type::kString,
+                      .doc = "glob over parameter names, e.g. \"layers.0.*\"",
+                      .required = true,
+                      .check = param_name}},
+          .inject =
+              [](const FaultSpec& spec, engine::FaultInjection& f) {
+                f.skip_collective_kind = string_param(spec, "kind");
+                f.skip_collective_group = mesh::DimSet::parse(string_param(spec, "group")).str();
+                f.skip_collective_tensor = string_param(spec, "tensor");
+              },
+          .generic = true,
+          .check = skip_names_a_collective,
+      },
+      {
+          .name = "collective_dtype",
+          .bug_class =
+              "generic: the engine's all-gathers that serve the parameters matching a glob move "
+              "their values through a narrower dtype (an FP8 all-gather: the bf16 shards, "
+              "quantized after the gather), e.g. a gather that casts to the module's dtype",
+          .needs = {},
+          .caught_by = {"collectives"},
+          .params = {{.name = "kind",
+                      .type = FaultParam::Type::kChoice,
+                      .choices = {"all_gather"},
+                      .doc = "the collective's kind (reductions accumulate in fp32: only "
+                             "all-gathers move another dtype)"},
+                     {.name = "tensor",
+                      .type = FaultParam::Type::kString,
+                      .doc = "glob over parameter names, e.g. \"layers.*.mlp.fc1.weight\"",
+                      .required = true,
+                      .check = param_name},
+                     {.name = "dtype",
+                      .type = FaultParam::Type::kChoice,
+                      .choices = {"bf16", "fp16"},
+                      .doc = "the dtype the values travel in"}},
+          .inject =
+              [](const FaultSpec& spec, engine::FaultInjection& f) {
+                f.collective_dtype_kind = string_param(spec, "kind");
+                f.collective_dtype_tensor = string_param(spec, "tensor");
+                f.collective_dtype_dtype = string_param(spec, "dtype");
+              },
+          .generic = true,
+          .check = dtype_names_a_collective,
       },
   };
   return table;

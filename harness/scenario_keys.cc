@@ -434,6 +434,11 @@ std::vector<Key<Scenario>> make_scenario_keys() {
       "run twice, compare bitwise");
   determinism.hashed = false;
   k.push_back(determinism);
+  Key<S> collectives = bool_key<S>(
+      "checks.collectives", false, [](S & s) -> auto& { return s.checks.collectives; },
+      "each step's parameter collectives equal the sharding plan's");
+  collectives.hashed = false;  // written by to_canonical_json, only when enabled
+  k.push_back(collectives);
   Key<S> mode = enum_key<S>(
       "checks.golden.mode", GoldenMode::kExact, names_of<GoldenMode>(kGoldenModeNames),
       [](S & s) -> auto& { return s.checks.golden.mode; }, "exact is bitwise");
@@ -471,6 +476,8 @@ std::vector<Key<Scenario>> make_scenario_keys() {
                          "fsdp keys replaced in the reference run"));
   k.push_back(own_key<S>("checks.reference.train", KeyType::kMapping, "the scenario's",
                          "{micro_batches: N} in the reference run"));
+  k.push_back(own_key<S>("checks.reference.checkpoint", KeyType::kMapping, "the scenario's",
+                         "{every: N, keep_last: K}: periodic checkpoints of the reference run"));
   // The state check (docs/design.md section 22).
   k.push_back(own_key<S>("checks.state", KeyType::kCheck, "false",
                          "true, false or a mapping (a mapping enables it)"));

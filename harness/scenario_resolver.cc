@@ -450,9 +450,20 @@ struct Resolver {
       const Value* rv = cs.get("reference");
       Section r(rv->kind == Value::kMap ? rv : nullptr, "checks.reference", rv->where, locs,
                 section_keys(scenario_keys(), "checks.reference"));
-      if (!r.has("mesh") && !r.has("recipe") && !r.has("fsdp") && !r.has("train")) {
+      if (!r.has("mesh") && !r.has("recipe") && !r.has("fsdp") && !r.has("train") &&
+          !r.has("checkpoint")) {
         bad("checks.reference",
-            "needs a mesh, recipe, fsdp and/or train override to compare against");
+            "needs a mesh, recipe, fsdp, train and/or checkpoint override to compare against");
+      }
+      if (const Value* kv = r.get("checkpoint")) {
+        // every and keep_last (the folder is the check's own); the others stay the scenario's.
+        Section ck(kv, "checks.reference.checkpoint", kv->where, locs, {"every", "keep_last"});
+        Scenario with = sc;
+        for (const char* name : {"every", "keep_last"}) {
+          const Key<Scenario>& k = key_at(scenario_keys(), std::string("checkpoint.") + name);
+          if (ck.has(name)) k.set(with, read_key(ck, k, with));
+        }
+        c.reference.checkpoint = with.checkpoint;
       }
       if (const Value* fv = r.get("fsdp")) {
         // Keys it names replace the scenario's; the others stay the scenario's.
@@ -488,9 +499,14 @@ struct Resolver {
       const bool same_fsdp = !c.reference.fsdp || reference_fsdp_equal(*c.reference.fsdp, sc.fsdp);
       const bool same_micro =
           !c.reference.micro_batches || *c.reference.micro_batches == sc.train.micro_batches;
-      if (ref_mesh == sc.mesh && ref_recipe == sc.recipe && same_fsdp && same_micro) {
+      const bool same_checkpoint =
+          !c.reference.checkpoint || (c.reference.checkpoint->every == sc.checkpoint.every &&
+                                      c.reference.checkpoint->keep_last == sc.checkpoint.keep_last);
+      if (ref_mesh == sc.mesh && ref_recipe == sc.recipe && same_fsdp && same_micro &&
+          same_checkpoint) {
         bad("checks.reference",
-            "the reference mesh, recipe, fsdp and train.micro_batches equal the scenario's own");
+            "the reference mesh, recipe, fsdp, train.micro_batches and checkpoint equal the "
+            "scenario's own");
       }
       const Value* tol = r.get("rtol");
       if (tol != nullptr && tol->kind == Value::kMap) {
@@ -518,6 +534,7 @@ struct Resolver {
       bad("checks.allgather_parity", "needs fsdp.fp8_all_gather: true");
     }
     read_one(cs, "checks.determinism", sc);
+    read_one(cs, "checks.collectives", sc);
 
     if ((c.state.enabled = check_enabled(cs.get("state"), "checks.state"))) {
       const Value* sv = cs.get("state");

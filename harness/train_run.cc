@@ -233,6 +233,7 @@ engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& reque
   o.steps = request.steps < 0 ? s.train.steps : request.steps;
   o.trace = request.trace;
   o.allgather_parity = request.allgather_parity;
+  o.record_collectives = request.record_collectives;
   return o;
 }
 
@@ -336,6 +337,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
     mem.activations_bytes = rr.memory.activations;
     mem.peak_bytes = rr.memory.peak;
     out.memory.push_back(mem);
+    if (request.record_collectives) out.calls.emplace_back(rr.rank, rr.calls);
     if (rr.rank != 0) continue;
     for (const engine::CollectiveRecord& c : rr.collectives) {
       reports::CollectiveStats st;

@@ -85,6 +85,9 @@ struct TrainRequest {
   // Compare every FP8 all-gathered weight with quantizing the gathered weight
   // (TrainOutcome::parity; engine::RunOptions::allgather_parity).
   bool allgather_parity = false;
+  // Record every collective attributed to a parameter (TrainOutcome::calls;
+  // engine::RunOptions::record_collectives).
+  bool record_collectives = false;
   // Called after each step with the step's metrics (1-based step) and the steps planned.
   std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
 };
@@ -98,6 +101,8 @@ struct TrainOutcome {
   std::string device;              // "cpu" or "cuda:0"
   std::vector<std::vector<engine::TensorDigest>> trace;  // [step][tensor] with request.trace
   std::vector<engine::AllGatherParity> parity;           // with request.allgather_parity
+  // With request.record_collectives: per rank (the RankReport's rank), its recorded calls.
+  std::vector<std::pair<int, std::vector<mesh::CollectiveCall>>> calls;
   // Periodic checkpoints kept, oldest first; for the resume check, the one folder it saved into.
   std::vector<std::filesystem::path> checkpoints;
 };

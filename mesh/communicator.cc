@@ -11,6 +11,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/error.h"
+#include "mesh/collective_recorder.h"
 #include "mesh/reduce_kernel.h"
 
 namespace meshproof::mesh {
@@ -81,11 +82,14 @@ std::string Communicator::describe() const {
   return fmt::format("{} group [{}]", label_, fmt::join(ranks_, ", "));
 }
 
-void Communicator::account(CollectiveKind k, kernels::Bytes bytes, double seconds) {
+void Communicator::account(CollectiveKind k, kernels::Bytes bytes, double seconds, ReduceOp op,
+                           DType dtype) {
   CollectiveStats& s = stats_[static_cast<size_t>(k)];
   s.count += 1;
   s.bytes += bytes;
   s.seconds += seconds;
+  if (recorder_ != nullptr && recorder_->recording())
+    recorder_->record(k, op, *this, dtype, bytes.value);
 }
 
 namespace {
@@ -118,7 +122,8 @@ void Communicator::all_gather(const Tensor& input, Tensor& output) {
                  output.describe(), size(), input.describe());
   const auto t0 = std::chrono::steady_clock::now();
   do_all_gather(input, output);
-  account(CollectiveKind::kAllGather, output.nbytes(), seconds_since(t0));
+  account(CollectiveKind::kAllGather, output.nbytes(), seconds_since(t0), ReduceOp::kSum,
+          input.dtype());
 }
 
 void Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
@@ -133,14 +138,14 @@ void Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
       size(), output.describe());
   const auto t0 = std::chrono::steady_clock::now();
   do_reduce_scatter(input, output, op);
-  account(CollectiveKind::kReduceScatter, input.nbytes(), seconds_since(t0));
+  account(CollectiveKind::kReduceScatter, input.nbytes(), seconds_since(t0), op, input.dtype());
 }
 
 void Communicator::all_reduce(Tensor& buffer, ReduceOp op) {
   check_fp32(buffer, "all_reduce", *this);
   const auto t0 = std::chrono::steady_clock::now();
   do_all_reduce(buffer, op);
-  account(CollectiveKind::kAllReduce, buffer.nbytes(), seconds_since(t0));
+  account(CollectiveKind::kAllReduce, buffer.nbytes(), seconds_since(t0), op, buffer.dtype());
 }
 
 void Communicator::broadcast(Tensor& buffer, int root) {
@@ -149,13 +154,15 @@ void Communicator::broadcast(Tensor& buffer, int root) {
                  describe(), root);
   const auto t0 = std::chrono::steady_clock::now();
   do_broadcast(buffer, root);
-  account(CollectiveKind::kBroadcast, buffer.nbytes(), seconds_since(t0));
+  account(CollectiveKind::kBroadcast, buffer.nbytes(), seconds_since(t0), ReduceOp::kSum,
+          buffer.dtype());
 }
 
 void Communicator::barrier() {
   const auto t0 = std::chrono::steady_clock::now();
   do_barrier();
-  account(CollectiveKind::kBarrier, kernels::Bytes(0), seconds_since(t0));
+  account(CollectiveKind::kBarrier, kernels::Bytes(0), seconds_since(t0), ReduceOp::kSum,
+          DType::kUInt8);
 }
 
 void reduce_rank_order_host(float* out, const float* const* inputs, int n, int64_t count,

@@ -26,6 +26,8 @@
 
 namespace meshproof::mesh {
 
+class CollectiveRecorder;
+
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
 enum class CollectiveKind : uint8_t {
   kAllGather,
@@ -77,6 +79,9 @@ class Communicator {
 
   const CollectiveStats& stats(CollectiveKind k) const { return stats_[static_cast<size_t>(k)]; }
   void reset_stats() { stats_ = {}; }
+  // Every later collective is also recorded by `r` while it records (mesh/collective_recorder.h);
+  // nullptr stops it. The recorder must outlive its attachment.
+  void set_recorder(CollectiveRecorder* r) { recorder_ = r; }
 
  protected:
   virtual void do_all_gather(const kernels::Tensor& input, kernels::Tensor& output) = 0;
@@ -87,12 +92,14 @@ class Communicator {
   virtual void do_barrier() = 0;
 
  private:
-  void account(CollectiveKind k, kernels::Bytes bytes, double seconds);
+  void account(CollectiveKind k, kernels::Bytes bytes, double seconds, ReduceOp op,
+               kernels::DType dtype);
 
   std::vector<int> ranks_;
   int index_;
   std::string label_;
   std::array<CollectiveStats, kNumCollectiveKinds> stats_{};
+  CollectiveRecorder* recorder_ = nullptr;
 };
 
 // The collective watchdog of the local and mpi launchers: how long a member waits for the others

@@ -99,8 +99,18 @@ CLAIMS = {
     ("router_not_fp32", "golden"): ("golden", "{mode: exact}"),
     # NVFP4 all-gather (issue #22): bitwise, no tolerance.
     ("nvfp4_global_amax_not_reduced", "allgather_parity"): ("allgather_parity", "true"),
+    # The collectives check (exact, no tolerance): each collective fault's first difference
+    # names the parameter the collective serves.
+    ("tp_weight_amax_all_reduced", "collectives"): ("collectives", "true"),
+    ("fp8_all_gather_in_bf16", "collectives"): ("collectives", "true"),
+    ("skip_collective", "collectives"): ("collectives", "true"),
+    # fp32 default rtol 1e-5: layer 0's gradients unreduced over 4 shards move the loss by
+    # 8.3e-4 relative at step 2 (2026-11-24); fault-free FSDP 4 vs 1 rank stays within 1e-5.
+    ("skip_collective", "reference"): ("reference", "{mesh: {dp_shard: 1}}"),
+    ("collective_dtype", "collectives"): ("collectives", "true"),
 }
-ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism", "state")
+ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism", "state",
+              "collectives")
 # The key a failing state check must name for each fault (its evidence's tensor): the first key
 # in the comparison's order (scalars, then the saved masters against the run's, then keys by
 # name) that the fault corrupts.
@@ -116,6 +126,16 @@ STATE_KEYS = {
     "optimizer_step_advanced_before_load": r"optim/step",
     # The first vocabulary-row key in name order: the embedding's master.
     "vocab_uneven_resume_rows": r"model/embed\.tok",
+}
+
+
+# The parameter a failing collectives check must name for each fault: one the fault's collectives
+# serve (the first difference in (group, kind, tensor) order).
+COLLECTIVE_TENSORS = {
+    "tp_weight_amax_all_reduced": r"layers\.\d+\.(attn|mlp)\.[a-z0-9_]+\.weight",
+    "fp8_all_gather_in_bf16": r"layers\.\d+\.(attn|mlp)\.[a-z0-9_]+\.weight",
+    "skip_collective": r"layers\.0\.[a-z0-9_.]+",
+    "collective_dtype": r"layers\.\d+\.mlp\.fc1\.weight",
 }
 
 
@@ -177,6 +197,11 @@ def run(meshproof, scenarios, golden, out, fault, check):
         if not re.fullmatch(STATE_KEYS[fault], named) or named not in failing[0]["message"]:
             problems.append("the state check names %r, expected a key matching %s: %s" %
                             (named, STATE_KEYS[fault], failing[0]["message"]))
+    if check == "collectives" and failing:
+        named = (failing[0].get("evidence") or {}).get("tensor", "")
+        if not re.fullmatch(COLLECTIVE_TENSORS[fault], named) or named not in failing[0]["message"]:
+            problems.append("the collectives check names %r, expected a parameter matching %s: %s"
+                            % (named, COLLECTIVE_TENSORS[fault], failing[0]["message"]))
     if s["verdict"] != "pass" or s["caught_by"] != [kind]:
         problems.append("verdict %s, caught_by %s (expected pass, [%s])" %
                         (s["verdict"], s["caught_by"], kind))

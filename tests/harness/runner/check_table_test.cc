@@ -27,7 +27,7 @@ TEST(CheckTable, RowsInRunOrderEachComplete) {
     EXPECT_EQ(find_check(c.name), &c);
   }
   EXPECT_EQ(names, (std::vector<std::string>{"golden", "resume", "reference", "allgather_parity",
-                                             "determinism", "state"}));
+                                             "determinism", "state", "collectives"}));
   EXPECT_EQ(find_check("nope"), nullptr);
   // The checks that judge the main run itself count its training in their duration.
   EXPECT_TRUE(find_check("golden")->judges_main_run);
@@ -36,6 +36,20 @@ TEST(CheckTable, RowsInRunOrderEachComplete) {
   EXPECT_FALSE(find_check("reference")->judges_main_run);
   EXPECT_FALSE(find_check("determinism")->judges_main_run);
   EXPECT_FALSE(find_check("state")->judges_main_run);
+  EXPECT_TRUE(find_check("collectives")->judges_main_run);
+}
+
+// The collectives check asks the main run to record its collectives, and only when enabled.
+TEST(CheckTable, CollectivesRecordsTheMainRun) {
+  Scenario s;
+  EXPECT_EQ(enabled_checks(s), std::vector<std::string>{});
+  s.checks.collectives = true;
+  EXPECT_EQ(enabled_checks(s), std::vector<std::string>{"collectives"});
+  EXPECT_EQ(enabled_claims(s), std::vector<std::string>{"collectives"});
+  TrainRequest req;
+  ASSERT_NE(find_check("collectives")->prepare_main, nullptr);
+  find_check("collectives")->prepare_main(s, req);
+  EXPECT_TRUE(req.record_collectives);
 }
 
 // golden, resume, reference, allgather_parity, determinism switched on or off.

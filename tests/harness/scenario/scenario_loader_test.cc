@@ -158,24 +158,39 @@ TEST(ScenarioErrors, ConsistencyRules) {
             "x.yaml:1:25: checks.resume.rtol: only applies with a mesh override (a same-mesh "
             "resume is bitwise)");
   EXPECT_EQ(load_error("checks: {reference: {}}\n"),
-            "x.yaml:1:21: checks.reference: needs a mesh, recipe, fsdp and/or train override to "
-            "compare against");
+            "x.yaml:1:21: checks.reference: needs a mesh, recipe, fsdp, train and/or checkpoint "
+            "override to compare against");
   // The fsdp and train overrides (issue #20): a key of their own sections only, a value that
   // differs from the scenario's, micro_batches present.
   EXPECT_EQ(load_error("checks: {reference: {fsdp: {reshard_after_forward: true}}}\n"),
-            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
-            "train.micro_batches equal the scenario's own");
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp, train.micro_batches "
+            "and checkpoint equal the scenario's own");
   EXPECT_EQ(load_error("checks: {reference: {fsdp: {reshard: false}}}\n"),
             "x.yaml:1:29: checks.reference.fsdp.reshard: unknown key (allowed: "
             "reshard_after_forward, fp8_all_gather, fp8_params, sync_each_micro_batch)\n"
-            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
-            "train.micro_batches equal the scenario's own");
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp, train.micro_batches "
+            "and checkpoint equal the scenario's own");
+  // The checkpoint override (issue #20): every and keep_last only, within their ranges, and
+  // different from the scenario's own.
+  const Scenario ck = load_one("checks: {reference: {checkpoint: {every: 1}}}\n");
+  ASSERT_TRUE(ck.checks.reference.checkpoint.has_value());
+  EXPECT_EQ(ck.checks.reference.checkpoint->every, 1);
+  EXPECT_EQ(ck.checks.reference.checkpoint->keep_last, 2);
+  EXPECT_EQ(load_error("checks: {reference: {checkpoint: {every: 0}}}\n"),
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp, train.micro_batches "
+            "and checkpoint equal the scenario's own");
+  EXPECT_NE(load_error("checks: {reference: {checkpoint: {dir: x}}}\n")
+                .find("checks.reference.checkpoint.dir: unknown key (allowed: every, keep_last)"),
+            std::string::npos);
+  EXPECT_NE(load_error("train: {steps: 4}\nchecks: {reference: {checkpoint: {every: 9}}}\n")
+                .find("checks.reference.checkpoint.every: must be in [0, 4], got 9"),
+            std::string::npos);
   EXPECT_EQ(load_error("checks: {reference: {train: {steps: 2}}}\n"),
             "x.yaml:1:30: checks.reference.train.steps: unknown key (allowed: micro_batches)\n"
             "x.yaml:1:29: checks.reference.train: needs micro_batches (the one train key it "
             "overrides)\n"
-            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp and "
-            "train.micro_batches equal the scenario's own");
+            "x.yaml:1:21: checks.reference: the reference mesh, recipe, fsdp, train.micro_batches "
+            "and checkpoint equal the scenario's own");
   EXPECT_EQ(load_error("train: {global_batch: 8}\n"
                        "checks: {reference: {train: {micro_batches: 3}}}\n"),
             "x.yaml:2:29: checks.reference.train: train.micro_batches: train.micro_batches = 3 "
@@ -428,6 +443,50 @@ TEST(ScenarioDefaults, GenericFaultParametersAreCheckedUpFront) {
                        "  - {name: amax_group, linear: \"*\", dims: dp_shard+pp}\n"
                        "expect: caught\n")
                 .find("faults[0].dims: amax_group dims: 'pp' is no mesh dim"),
+            std::string::npos);
+}
+
+// The collective faults (docs/design.md section 29): a bad kind, group or glob, and a
+// (kind, group, tensor) that names no collective the scenario's plan issues, are input errors at
+// the parameter (or the fault's entry) before anything runs.
+TEST(ScenarioDefaults, CollectiveFaultParametersAreCheckedUpFront) {
+  const std::string head = "mesh: {dp_shard: 4}\nchecks: {collectives: true}\nfaults:\n  - ";
+  const Scenario s = load_one(
+      head +
+      "{name: skip_collective, kind: reduce_scatter, group: dp_shard, tensor: \"layers.0.*\"}"
+      "\nexpect: caught\n");
+  EXPECT_EQ(s.faults.at(0).string_params.at("group"), "dp_shard");
+  EXPECT_EQ(
+      load_error(head + "{name: skip_collective, kind: broadcast, group: dp_shard, tensor: \"*\"}\n"
+                        "expect: caught\n"),
+      "x.yaml:4:35: faults[0].kind: expected one of all_gather|reduce_scatter|all_reduce, "
+      "got 'broadcast'");
+  EXPECT_EQ(load_error(head + "{name: skip_collective, kind: all_gather, group: dp_shard, tensor: "
+                              "\"layers.9.*\"}\nexpect: caught\n"),
+            "x.yaml:4:72: faults[0].tensor: skip_collective tensor: 'layers.9.*' matches no "
+            "parameter of this scenario (e.g. embed.tok, embed.pos, layers.0.ln1.weight, "
+            "layers.0.ln1.bias, ...)");
+  EXPECT_NE(
+      load_error(head + "{name: skip_collective, kind: all_gather, group: dp_shart, tensor: \"*\"}"
+                        "\nexpect: caught\n")
+          .find("faults[0].group: skip_collective group: 'dp_shart' is no mesh dim"),
+      std::string::npos);
+  // A real glob, but no tp collective exists on a mesh without tp.
+  EXPECT_EQ(
+      load_error(head + "{name: skip_collective, kind: all_reduce, group: tp, tensor: \"*\"}\n"
+                        "expect: caught\n"),
+      "x.yaml:4:5: faults[0]: skip_collective: this scenario issues no all_reduce over tp "
+      "for a parameter (mesh dp_replicate=1,dp_shard=4,tp=1)");
+  // Reductions accumulate in fp32: collective_dtype names all-gathers only.
+  EXPECT_NE(load_error(head + "{name: collective_dtype, kind: reduce_scatter, tensor: \"*\"}\n"
+                              "expect: caught\n")
+                .find("faults[0].kind: expected one of all_gather, got 'reduce_scatter'"),
+            std::string::npos);
+  // One rank: nothing is gathered.
+  EXPECT_NE(load_error("checks: {collectives: true}\nfaults:\n"
+                       "  - {name: collective_dtype, tensor: \"layers.*\"}\nexpect: caught\n")
+                .find("faults[0]: collective_dtype: this scenario issues no all_gather for a "
+                      "parameter"),
             std::string::npos);
 }
 

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""The collectives check passes on every library scenario (issue #20).
+
+Every scenarios/*.yaml runs (every matrix entry) with its other checks switched off and
+`collectives: true`: each step's recorded parameter collectives of every rank must equal the
+sharding plan's. Each scenario must pass (a requires_gpu scenario on a machine without a GPU:
+skipped), its report must hold a passing collectives check, and over the library at least one
+scenario must have compared a collective (a budget that is always empty would pass vacuously).
+
+  check_library_collectives.py MESHPROOF SCENARIOS OUT [STEM...]
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+OFF = ("golden", "resume", "reference", "allgather_parity", "determinism", "state")
+
+
+def main(argv):
+    if len(argv) < 4:
+        print(__doc__)
+        return 2
+    meshproof, scenarios, out = argv[1:4]
+    stems = argv[4:]
+    problems = []
+    ran = compared = 0
+    for name in sorted(os.listdir(scenarios)):
+        if not name.endswith(".yaml") or (stems and name[:-5] not in stems):
+            continue
+        checks = ["%s: false" % c for c in OFF] + ["collectives: true"]
+        dest = os.path.join(out, name[:-5])
+        cmd = [meshproof, "run", os.path.join(scenarios, name), "--backend", "cpu", "--out", dest,
+               "--quiet", "--set", "checks={" + ", ".join(checks) + "}"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        print(" ".join(cmd))
+        print(p.stdout + p.stderr)
+        try:
+            with open(os.path.join(dest, "report.json")) as f:
+                report = json.load(f)
+        except OSError as e:
+            problems.append("%s: no report (%s), exit %d" % (name, e, p.returncode))
+            continue
+        for s in report["scenarios"]:
+            ran += 1
+            if s["verdict"] == "skipped" and s.get("config", {}).get("requires_gpu"):
+                continue
+            c = {c["kind"]: c for c in s["checks"]}.get("collectives")
+            if c is None or c["verdict"] != "pass":
+                problems.append("%s: collectives %s" % (s["name"], c and (c["verdict"], c["message"])))
+                continue
+            m = re.match(r"(\d+) parameter collectives", c["message"])
+            compared += int(m.group(1)) if m else 0
+            if s["verdict"] != "pass":
+                problems.append("%s: verdict %s" % (s["name"], s["verdict"]))
+        if p.returncode != 0:
+            problems.append("%s: exit %d" % (name, p.returncode))
+    for m in problems:
+        print("FAIL: " + m)
+    print("%d scenario(s), %d collectives compared, %d problem(s)" % (ran, compared, len(problems)))
+    return 1 if problems or ran == 0 or compared == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
