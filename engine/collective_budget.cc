@@ -40,9 +40,9 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
   const RecipeKind rk = config.recipe.kind;
   const TrainingConfig& t = config.training;
   // The session's decision (engine/session.cc): FP8 primary weights are gathered as FP8, and the
-  // FP8 all-gather exists for the per-tensor recipes and mxfp8.
-  const bool fp8_recipe_gathers =
-      rk == RecipeKind::kCurrent || rk == RecipeKind::kDelayed || rk == RecipeKind::kMxfp8;
+  // FP8 all-gather exists for the per-tensor recipes, mxfp8 and nvfp4 (FP4, section 28).
+  const bool fp8_recipe_gathers = rk == RecipeKind::kCurrent || rk == RecipeKind::kDelayed ||
+                                  rk == RecipeKind::kMxfp8 || rk == RecipeKind::kNvfp4;
   const bool fp8_gather =
       (options.fsdp.fp8_all_gather || options.fsdp.fp8_params) && fp8_recipe_gathers;
   const std::vector<int> shard_members = mesh.group_ranks(rank, groups::kDpShard);
@@ -84,6 +84,17 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
     if (shard > 1) {
       if (!(fp8_gather && spec.quantized())) {
         gather(DType::kFloat32, padded_bytes(member_numel, DType::kFloat32));
+      } else if (rk == RecipeKind::kNvfp4) {
+        // FP4 (section 28): the packed E2M1 rowwise bytes [r, cols / 2] and one E4M3 code per
+        // 16x16 tile [r / 16, cols / 16]; the columnwise copy is rebuilt after the gather.
+        const int64_t cols = compute.extent[1].value;
+        std::vector<int64_t> packed, codes;
+        for (int64_t r : member_rows) {
+          packed.push_back(r * cols / 2);
+          codes.push_back((r / 16) * (cols / 16));
+        }
+        gather(DType::kE4M3, padded_bytes(codes, DType::kE4M3));
+        gather(DType::kUInt8, padded_bytes(packed, DType::kUInt8));
       } else if (rk != RecipeKind::kMxfp8) {
         // Per-tensor FP8: the e4m3 rows; the scale_inv is replicated (one scale per weight).
         gather(DType::kE4M3, padded_bytes(member_numel, DType::kE4M3));
@@ -131,8 +142,9 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
             amax(1, t.micro_batches);
             break;
           case RecipeKind::kNvfp4:
-            // The rowwise and columnwise global amaxes together.
-            amax(2, t.micro_batches * recompute);
+            // The rowwise and columnwise global amaxes together: once per step before the shard's
+            // quantization when gathered as FP4, else at every quantization of the weight.
+            amax(2, fp8_gather ? 1 : t.micro_batches * recompute);
             break;
           default:
             break;  // mxfp8, block: no per-tensor amax
