@@ -9,11 +9,11 @@ scenario must have compared a collective (a budget that is always empty would pa
 
   check_library_collectives.py MESHPROOF SCENARIOS OUT [STEM...]
 """
-import json
 import os
 import re
-import subprocess
 import sys
+
+from library_run import run_with_checks
 
 OFF = ("golden", "resume", "reference", "allgather_parity", "determinism", "state")
 
@@ -31,16 +31,8 @@ def main(argv):
             continue
         checks = ["%s: false" % c for c in OFF] + ["collectives: true"]
         dest = os.path.join(out, name[:-5])
-        cmd = [meshproof, "run", os.path.join(scenarios, name), "--backend", "cpu", "--out", dest,
-               "--quiet", "--set", "checks={" + ", ".join(checks) + "}"]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        print(" ".join(cmd))
-        print(p.stdout + p.stderr)
-        try:
-            with open(os.path.join(dest, "report.json")) as f:
-                report = json.load(f)
-        except OSError as e:
-            problems.append("%s: no report (%s), exit %d" % (name, e, p.returncode))
+        report = run_with_checks(meshproof, os.path.join(scenarios, name), dest, checks, problems)
+        if report is None:
             continue
         for s in report["scenarios"]:
             ran += 1
@@ -54,8 +46,6 @@ def main(argv):
             compared += int(m.group(1)) if m else 0
             if s["verdict"] != "pass":
                 problems.append("%s: verdict %s" % (s["name"], s["verdict"]))
-        if p.returncode != 0:
-            problems.append("%s: exit %d" % (name, p.returncode))
     for m in problems:
         print("FAIL: " + m)
     print("%d scenario(s), %d collectives compared, %d problem(s)" % (ran, compared, len(problems)))

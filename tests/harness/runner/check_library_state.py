@@ -9,11 +9,11 @@ GPU: skipped), and its report must hold a passing state check.
 
   check_library_state.py MESHPROOF SCENARIOS OUT [STEM...]
 """
-import json
 import os
 import re
-import subprocess
 import sys
+
+from library_run import run_with_checks
 
 OFF = ("golden", "resume", "reference", "allgather_parity", "determinism")
 
@@ -63,16 +63,8 @@ def main(argv):
         checks = ["%s: false" % c for c in OFF]
         checks.append("state: {at_step: %d%s}" % (r[0], ", mesh: " + r[1] if r[1] else ""))
         dest = os.path.join(out, name[:-5])
-        cmd = [meshproof, "run", os.path.join(scenarios, name), "--backend", "cpu", "--out", dest,
-               "--quiet", "--set", "checks={" + ", ".join(checks) + "}"]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        print(" ".join(cmd))
-        print(p.stdout + p.stderr)
-        try:
-            with open(os.path.join(dest, "report.json")) as f:
-                report = json.load(f)
-        except OSError as e:
-            problems.append("%s: no report (%s), exit %d" % (name, e, p.returncode))
+        report = run_with_checks(meshproof, os.path.join(scenarios, name), dest, checks, problems)
+        if report is None:
             continue
         for s in report["scenarios"]:
             ran += 1
@@ -83,8 +75,6 @@ def main(argv):
                 problems.append("%s: state %s" % (s["name"], c and (c["verdict"], c["message"])))
             if s["verdict"] != "pass":
                 problems.append("%s: verdict %s" % (s["name"], s["verdict"]))
-        if p.returncode != 0:
-            problems.append("%s: exit %d" % (name, p.returncode))
     for m in problems:
         print("FAIL: " + m)
     print("%d scenario(s), %d problem(s)" % (ran, len(problems)))
