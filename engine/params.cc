@@ -117,9 +117,11 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
   tok.tp = vocab_tp;
   if (m.position == PositionKind::kLearned)
     add("embed.pos", {m.max_positions, h}, InitKind::kNormal, std_, kRootUnit);
-  // One MLP linear `lin` (a row of block_linears) under the name `name` in layer i.
-  auto mlp_linear = [&](const LinearLayer& lin, const std::string& name, int64_t i,
-                        const std::string& init_stream) {
+  // One linear `lin` (a row of block_linears) under the name `name` in layer i; init_stream ""
+  // draws from the parameter's own name. A column-parallel bias splits with the weight's rows; a
+  // row-parallel bias is added after the output all-reduce, whole on every tp rank.
+  auto linear = [&](const LinearLayer& lin, const std::string& name, int64_t i,
+                    const std::string& init_stream) {
     const int64_t out = lin.out_mult * model_dim(m, lin.out_dim);
     const int64_t in = model_dim(m, lin.in_dim);
     const bool column = lin.kind == LinearKind::kColumnParallel;
@@ -143,14 +145,14 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
         if (!lin.name.starts_with("mlp.")) continue;
         const std::string dense = fmt::format("layers.{}.{}.weight", i, lin.name);
         // Expert 0 is the dense MLP's stream; the others streams derived from it.
-        mlp_linear(lin, fmt::format("{}experts.{}.{}", p, e, lin.name.substr(4)), i,
-                   e == 0 ? dense : fmt::format("{}/expert{}", dense, e));
+        linear(lin, fmt::format("{}experts.{}.{}", p, e, lin.name.substr(4)), i,
+               e == 0 ? dense : fmt::format("{}/expert{}", dense, e));
       }
     }
     if (m.moe.shared_expert)
       for (const LinearLayer& lin : lins)
         if (lin.name.starts_with("mlp."))
-          mlp_linear(lin, p + "shared." + std::string(lin.name.substr(4)), i, "");
+          linear(lin, p + "shared." + std::string(lin.name.substr(4)), i, "");
   };
   for (int64_t i = 0; i < l; ++i) {
     const std::string p = fmt::format("layers.{}.", i);
@@ -160,20 +162,7 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
         if (!lin.norm_before.empty()) moe_block(i);  // once, after ln2
         continue;
       }
-      const std::string name = p + std::string(lin.name);
-      const int64_t out = lin.out_mult * model_dim(m, lin.out_dim);
-      const int64_t in = model_dim(m, lin.in_dim);
-      const bool column = lin.kind == LinearKind::kColumnParallel;
-      ParamSpec& w =
-          add(name + ".weight", {out, in}, InitKind::kNormal, lin.residual_out ? std_out : std_, i);
-      w.tp = column ? TpStyle::kColumn : TpStyle::kRow;
-      w.linear = name;
-      w.linear_kind = lin.kind;
-      // A column-parallel bias splits with the weight's rows; a row-parallel bias is added after
-      // the output all-reduce, whole on every tp rank.
-      if (!m.bias) continue;
-      add(name + ".bias", {out}, InitKind::kZeros, 0.0, i).tp =
-          column ? TpStyle::kColumn : TpStyle::kReplicated;
+      linear(lin, p + std::string(lin.name), i, "");
     }
   }
   norm("final_ln", kRootUnit);
