@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from library_run import run_with_checks
+from library_run import judge_check, run_with_checks
 
 OFF = ("golden", "resume", "reference", "allgather_parity", "determinism", "state")
 
@@ -34,18 +34,11 @@ def main(argv):
         report = run_with_checks(meshproof, os.path.join(scenarios, name), dest, checks, problems)
         if report is None:
             continue
-        for s in report["scenarios"]:
-            ran += 1
-            if s["verdict"] == "skipped" and s.get("config", {}).get("requires_gpu"):
-                continue
-            c = {c["kind"]: c for c in s["checks"]}.get("collectives")
-            if c is None or c["verdict"] != "pass":
-                problems.append("%s: collectives %s" % (s["name"], c and (c["verdict"], c["message"])))
-                continue
+        n, passed = judge_check(report, "collectives", problems)
+        ran += n
+        for _, c in passed:
             m = re.match(r"(\d+) parameter collectives", c["message"])
             compared += int(m.group(1)) if m else 0
-            if s["verdict"] != "pass":
-                problems.append("%s: verdict %s" % (s["name"], s["verdict"]))
     for m in problems:
         print("FAIL: " + m)
     print("%d scenario(s), %d collectives compared, %d problem(s)" % (ran, compared, len(problems)))

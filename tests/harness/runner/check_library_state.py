@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from library_run import run_with_checks
+from library_run import judge_check, run_with_checks
 
 OFF = ("golden", "resume", "reference", "allgather_parity", "determinism")
 
@@ -66,15 +66,7 @@ def main(argv):
         report = run_with_checks(meshproof, os.path.join(scenarios, name), dest, checks, problems)
         if report is None:
             continue
-        for s in report["scenarios"]:
-            ran += 1
-            if s["verdict"] == "skipped" and s.get("config", {}).get("requires_gpu"):
-                continue
-            c = {c["kind"]: c for c in s["checks"]}.get("state")
-            if c is None or c["verdict"] != "pass":
-                problems.append("%s: state %s" % (s["name"], c and (c["verdict"], c["message"])))
-            if s["verdict"] != "pass":
-                problems.append("%s: verdict %s" % (s["name"], s["verdict"]))
+        ran += judge_check(report, "state", problems)[0]
     for m in problems:
         print("FAIL: " + m)
     print("%d scenario(s), %d problem(s)" % (ran, len(problems)))

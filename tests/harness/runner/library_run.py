@@ -23,3 +23,23 @@ def run_with_checks(meshproof, scenario, dest, checks, problems):
     except OSError as e:
         problems.append("%s: no report (%s), exit %d" % (name, e, p.returncode))
         return None
+
+
+def judge_check(report, kind, problems):
+    """The scenarios of `report` and their `kind` check: returns (ran, passed) where ran counts
+    every scenario and passed lists (scenario, check) of those whose check passed. A scenario
+    skipped for requires_gpu without a GPU is counted, not judged; a failing check, or a scenario
+    whose verdict is not pass, is appended to `problems`."""
+    ran, passed = 0, []
+    for s in report["scenarios"]:
+        ran += 1
+        if s["verdict"] == "skipped" and s.get("config", {}).get("requires_gpu"):
+            continue
+        c = {c["kind"]: c for c in s["checks"]}.get(kind)
+        if c is None or c["verdict"] != "pass":
+            problems.append("%s: %s %s" % (s["name"], kind, c and (c["verdict"], c["message"])))
+            continue
+        if s["verdict"] != "pass":
+            problems.append("%s: verdict %s" % (s["name"], s["verdict"]))
+        passed.append((s, c))
+    return ran, passed
