@@ -145,8 +145,15 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
 
   const RecipeKind rk = c.recipe.kind;
   const bool fp8 = rk != RecipeKind::kFp32 && rk != RecipeKind::kBf16;
-  // fsdp.fp8_all_gather with a recipe that has no FP8 gather runs with a note (high-precision
-  // gather): the reference run of an FP8 scenario may well be bf16.
+  // fsdp.fp8_all_gather with a high-precision recipe runs with a note (high-precision gather):
+  // the reference run of an FP8 scenario may well be bf16. Recipe block has FP8 weights but no
+  // FP8 all-gather (each shard's 128x128 tiles would have to be whole, and the gathered tile
+  // codes equal to quantizing the gathered weight, neither built nor tested): refused rather
+  // than accepted and run as a high-precision gather.
+  need("fsdp.fp8_all_gather", !o.fsdp.fp8_all_gather || rk != RecipeKind::kBlock,
+       "with recipe block is not built (the block-scaled weight would be gathered in high "
+       "precision, not as FP8); use recipe current, delayed, mxfp8 or nvfp4, or "
+       "fp8_all_gather: false");
   need("fsdp.fp8_params", !o.fsdp.fp8_params || fp8,
        fmt::format("needs recipe current, delayed or mxfp8, got {}", recipe_name(rk)));
   need("fsdp.fp8_params", !o.fsdp.fp8_params || !fp8 || rk != RecipeKind::kBlock,

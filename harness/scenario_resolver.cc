@@ -235,7 +235,8 @@ struct Resolver {
     if (sc.fsdp.fp8_all_gather && !engine::is_fp8(sc.recipe.kind)) {
       bad(fs.child("fp8_all_gather"),
           fmt::format(
-              "needs an FP8 recipe (delayed, current, mxfp8, block or nvfp4), got recipe {}",
+              "needs an FP8 recipe with an FP8 all-gather (delayed, current, mxfp8 or nvfp4), got "
+              "recipe {}",
               to_string(sc.recipe.kind)));
     }
 
