@@ -88,6 +88,45 @@ Capture resumed(const RunOptions& o, int64_t k, const fs::path& root,
   return c;
 }
 
+// A straight run of 2k steps on o.mesh that saves a checkpoint under `root` after step k: rank
+// 0's metrics of all 2k steps and the checkpoint's directory (to resume on another mesh).
+struct SavedRun {
+  std::vector<StepMetrics> metrics;
+  fs::path dir;
+};
+
+SavedRun straight_saving(const RunOptions& o, int64_t k, const fs::path& root) {
+  SavedRun r;
+  mesh::LocalWorld world(o.mesh.device_mesh());
+  world.run([&](mesh::RankComms& comms) {
+    TrainingSession s(o, comms);
+    std::vector<StepMetrics> m;
+    for (int64_t i = 0; i < k; ++i) m.push_back(s.step());
+    fs::path d = save_checkpoint(root, k, s.state(), comms);
+    for (int64_t i = 0; i < k; ++i) m.push_back(s.step());
+    if (comms.rank() == 0) {
+      r.metrics = m;
+      r.dir = d;
+    }
+  });
+  return r;
+}
+
+// A fresh session on o.mesh loads `dir` and trains k steps: rank 0's metrics.
+std::vector<StepMetrics> resumed_from(const RunOptions& o, const fs::path& dir, int64_t k) {
+  std::vector<StepMetrics> got;
+  mesh::LocalWorld world(o.mesh.device_mesh());
+  world.run([&](mesh::RankComms& comms) {
+    TrainingSession s(o, comms);
+    load_checkpoint(dir, s.state(), comms);
+    s.load_scalars();
+    std::vector<StepMetrics> m;
+    for (int64_t i = 0; i < k; ++i) m.push_back(s.step());
+    if (comms.rank() == 0) got = m;
+  });
+  return got;
+}
+
 // Number of state tensors whose reassembled global bytes differ; also checks scalars.
 int differing_tensors(const Capture& a, const Capture& b, const std::string& ctx, bool report) {
   int differ = 0;
@@ -307,38 +346,13 @@ TEST_F(ResumeTest, CrossMeshMatrixContinuesTraining) {
     RunOptions a;
     a.config = base;
     a.mesh = src;
-    const fs::path root = root_ / src.device_mesh().str();
-    std::vector<StepMetrics> want;
-    fs::path dir;
-    {
-      mesh::LocalWorld world(src.device_mesh());
-      world.run([&](mesh::RankComms& comms) {
-        TrainingSession s(a, comms);
-        std::vector<StepMetrics> m;
-        for (int64_t i = 0; i < k; ++i) m.push_back(s.step());
-        fs::path d = save_checkpoint(root, k, s.state(), comms);
-        for (int64_t i = 0; i < k; ++i) m.push_back(s.step());
-        if (comms.rank() == 0) {
-          want = m;
-          dir = d;
-        }
-      });
-    }
+    const auto [want, dir] = straight_saving(a, k, root_ / src.device_mesh().str());
     for (const MeshSpec& dst : meshes) {
       const std::string ctx =
           fmt::format("{} -> {}", src.device_mesh().str(), dst.device_mesh().str());
       RunOptions b = a;
       b.mesh = dst;
-      std::vector<StepMetrics> got;
-      mesh::LocalWorld world(dst.device_mesh());
-      world.run([&](mesh::RankComms& comms) {
-        TrainingSession s(b, comms);
-        load_checkpoint(dir, s.state(), comms);
-        s.load_scalars();
-        std::vector<StepMetrics> m;
-        for (int64_t i = 0; i < k; ++i) m.push_back(s.step());
-        if (comms.rank() == 0) got = m;
-      });
+      const std::vector<StepMetrics> got = resumed_from(b, dir, k);
       ASSERT_EQ(got.size(), static_cast<size_t>(k)) << ctx;
       for (int64_t i = 0; i < k; ++i) {
         const double w = want[static_cast<size_t>(k + i)].loss;
@@ -376,38 +390,13 @@ TEST_F(ResumeTest, Nvfp4CrossMeshResumeWithinMeasuredBound) {
     RunOptions a;
     a.config = small(RecipeKind::kNvfp4);
     a.mesh = src;
-    const fs::path root = root_ / src.device_mesh().str();
-    std::vector<StepMetrics> want;
-    fs::path dir;
-    {
-      mesh::LocalWorld world(src.device_mesh());
-      world.run([&](mesh::RankComms& comms) {
-        TrainingSession s(a, comms);
-        std::vector<StepMetrics> m;
-        for (int64_t i = 0; i < kHalf; ++i) m.push_back(s.step());
-        fs::path d = save_checkpoint(root, kHalf, s.state(), comms);
-        for (int64_t i = 0; i < kHalf; ++i) m.push_back(s.step());
-        if (comms.rank() == 0) {
-          want = m;
-          dir = d;
-        }
-      });
-    }
+    const auto [want, dir] = straight_saving(a, kHalf, root_ / src.device_mesh().str());
     for (const MeshSpec& dst : meshes) {
       const std::string ctx =
           fmt::format("{} -> {}", src.device_mesh().str(), dst.device_mesh().str());
       RunOptions b = a;
       b.mesh = dst;
-      std::vector<StepMetrics> got;
-      mesh::LocalWorld world(dst.device_mesh());
-      world.run([&](mesh::RankComms& comms) {
-        TrainingSession s(b, comms);
-        load_checkpoint(dir, s.state(), comms);
-        s.load_scalars();
-        std::vector<StepMetrics> m;
-        for (int64_t i = 0; i < kHalf; ++i) m.push_back(s.step());
-        if (comms.rank() == 0) got = m;
-      });
+      const std::vector<StepMetrics> got = resumed_from(b, dir, kHalf);
       ASSERT_EQ(got.size(), static_cast<size_t>(kHalf)) << ctx;
       for (int64_t i = 0; i < kHalf; ++i) {
         const StepMetrics& w = want[static_cast<size_t>(kHalf + i)];

@@ -232,22 +232,28 @@ TEST(AllGatherParity, HoldsForCurrentDelayedAndMxfp8) {
   }
 }
 
-TEST(AllGatherParity, AmaxNotReducedIsCaught) {
-  // The last row is 40x larger: with per-shard amaxes the shards without it quantize with a
-  // larger scale, so every rank's gathered weight differs from quantizing the gathered weight.
+// allgather_parity with the amax (nvfp4: the global amax) not reduced over the shards, on
+// dp_shard 4 of weight(128, 64), whose last row is 40x larger: the shards without it quantize with
+// a larger scale, so every rank's gathered weight differs from quantizing the gathered weight.
+// `bytes`: what parity compares for that weight under `recipe`.
+void expect_unreduced_amax_caught(RecipeKind recipe, int64_t bytes) {
   const Tensor full = weight(128, 64);
-  const std::vector<AllGatherParity> ps =
-      parity_on(4, full, RecipeKind::kCurrent, nullptr, /*reduce=*/false);
+  const std::vector<AllGatherParity> ps = parity_on(4, full, recipe, nullptr, /*reduce=*/false);
   for (size_t r = 0; r < ps.size(); ++r) {
-    EXPECT_EQ(ps[r].bytes, per_tensor_bytes(128, 64)) << r;
+    EXPECT_EQ(ps[r].bytes, bytes) << r;
     EXPECT_GT(ps[r].mismatched_bytes, 0) << r;
     EXPECT_LT(ps[r].mismatched_bytes, ps[r].bytes) << r;  // rank 3's own shard still matches
     EXPECT_GT(ps[r].max_abs_error, 0.0) << r;
   }
-  // Rank 0's scale comes from its own rows (small amax): a smaller scale_inv than the reference.
+  // Rank 0's scale comes from its own rows (small amax): a smaller scale_inv (nvfp4: decode
+  // scale) than the reference.
   EXPECT_LT(ps[0].scale_inv, ps[0].reference_scale_inv);
   // Rank 3 holds the largest row: its own amax is the global one.
   EXPECT_EQ(ps[3].scale_inv, ps[3].reference_scale_inv);
+}
+
+TEST(AllGatherParity, AmaxNotReducedIsCaught) {
+  expect_unreduced_amax_caught(RecipeKind::kCurrent, per_tensor_bytes(128, 64));
 }
 
 TEST(AllGatherParity, TpShardedWeightsUseTheGlobalAmax) {
@@ -350,19 +356,7 @@ TEST(AllGatherParity, Nvfp4GlobalAmaxNotReducedIsCaught) {
   // Each rank's second-level scale from its own shard's amax: shards 0..2 (small values) get a
   // larger S_enc than the global one, so their tile codes and the decode scale they are read with
   // differ from the single-rank quantization's.
-  const Tensor full = weight(128, 64);
-  const std::vector<AllGatherParity> ps =
-      parity_on(4, full, RecipeKind::kNvfp4, nullptr, /*reduce=*/false);
-  for (size_t r = 0; r < ps.size(); ++r) {
-    EXPECT_EQ(ps[r].bytes, nvfp4_bytes(128, 64)) << r;
-    EXPECT_GT(ps[r].mismatched_bytes, 0) << r;
-    EXPECT_LT(ps[r].mismatched_bytes, ps[r].bytes) << r;  // rank 3's own shard still matches
-    EXPECT_GT(ps[r].max_abs_error, 0.0) << r;
-  }
-  // Rank 0's global amax is its shard's (small): a smaller decode scale than the reference.
-  EXPECT_LT(ps[0].scale_inv, ps[0].reference_scale_inv);
-  // Rank 3 holds the largest row: its own amax is the global one.
-  EXPECT_EQ(ps[3].scale_inv, ps[3].reference_scale_inv);
+  expect_unreduced_amax_caught(RecipeKind::kNvfp4, nvfp4_bytes(128, 64));
 }
 
 TEST(Fp8AllGather, Nvfp4ShardsThatCutTilesAreInputErrors) {
