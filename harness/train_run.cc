@@ -53,6 +53,17 @@ int group_size(const std::string& group, const engine::MeshSpec& m) {
   return n;
 }
 
+// A step's report row (no timing): the 1-based step, loss, grad norm, LR and the global tokens.
+reports::StepMetrics step_row(const engine::StepMetrics& m, int64_t tokens) {
+  reports::StepMetrics r;
+  r.step = m.step + 1;
+  r.loss = m.loss;
+  r.grad_norm = m.grad_norm;
+  r.lr = m.lr;
+  r.tokens = tokens;
+  return r;
+}
+
 // Runs `fn` on rank 0 alone (paths every rank shares: creating a folder, pruning checkpoints), then
 // every rank agrees on the outcome with one MAX all-reduce over the whole mesh of [error kind,
 // value]. A failure on rank 0 makes every rank throw at once with rank 0's message (broadcast),
@@ -283,12 +294,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   auto last = std::chrono::steady_clock::now();
   if (request.on_step) {
     o.on_step = [&](const engine::StepMetrics& m) {
-      reports::StepMetrics r;
-      r.step = m.step + 1;
-      r.loss = m.loss;
-      r.grad_norm = m.grad_norm;
-      r.lr = m.lr;
-      r.tokens = tokens;
+      reports::StepMetrics r = step_row(m, tokens);
       const auto now = std::chrono::steady_clock::now();
       r.time.total_s = std::chrono::duration<double>(now - last).count();
       last = now;
@@ -302,12 +308,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   out.device = o.backend.str();
   for (size_t i = 0; i < res.metrics.size(); ++i) {
     const engine::StepMetrics& m = res.metrics[i];
-    reports::StepMetrics r;
-    r.step = m.step + 1;
-    r.loss = m.loss;
-    r.grad_norm = m.grad_norm;
-    r.lr = m.lr;
-    r.tokens = tokens;
+    reports::StepMetrics r = step_row(m, tokens);
     if (i < res.times.size()) {
       const engine::StepTime& t = res.times[i];
       r.time.total_s = t.total;
@@ -381,14 +382,8 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   TrainOutcome out;
   out.device = first.backend.str();
   auto record = [&](const engine::StepMetrics& m) {
-    reports::StepMetrics r;
-    r.step = m.step + 1;
-    r.loss = m.loss;
-    r.grad_norm = m.grad_norm;
-    r.lr = m.lr;
-    r.tokens = tokens;
-    out.steps.push_back(r);
-    if (request.on_step) request.on_step(r, s.train.steps);
+    out.steps.push_back(step_row(m, tokens));
+    if (request.on_step) request.on_step(out.steps.back(), s.train.steps);
   };
   // With tracing, both halves digest every step like engine::run_training (collective).
   auto trace_step = [&](engine::TrainingSession& session, mesh::RankComms& comms) {
@@ -509,14 +504,8 @@ StateOutcome state_roundtrip(const Scenario& s, const StateRequest& request) {
           while (session.steps_done() < request.at_step) {
             const engine::StepMetrics m = session.step();
             if (!lead(comms)) continue;
-            reports::StepMetrics r;
-            r.step = m.step + 1;
-            r.loss = m.loss;
-            r.grad_norm = m.grad_norm;
-            r.lr = m.lr;
-            r.tokens = tokens;
-            out.steps.push_back(r);
-            if (request.on_step) request.on_step(r, s.train.steps);
+            out.steps.push_back(step_row(m, tokens));
+            if (request.on_step) request.on_step(out.steps.back(), s.train.steps);
           }
           const fs::path folder =
               create_check_folder(comms, request.checkpoint_root, base, "state");
