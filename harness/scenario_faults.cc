@@ -1,3 +1,8 @@
+// The fault table (docs/design.md section 20, "how to add a fault"): one FaultDescriptor row per
+// built-in fault (name, bug class, requirements, intended checks, the engine hook it sets) and the
+// generic collective faults. Over 600 lines on purpose: the table is long by nature (about 30
+// rows with their documentation strings); the code around it is the few functions at the end
+// that read a scenario's `faults:` list against it.
 #include "harness/scenario_faults.h"
 
 #include <fmt/format.h>

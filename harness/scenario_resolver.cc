@@ -1,6 +1,8 @@
 // Reads one expanded scenario document into a Scenario (docs/design.md sections 7 and 18): each
 // section by the key table (harness/scenario_keys.h), the checks and faults by their own code,
 // then the scenario's own rules and engine::check_run's, each problem at the key that wrote it.
+// Over 600 lines on purpose: the scenario-level rules (checks x mesh x recipe, fault requirements,
+// matrix overrides) each need the located key they report at; kept beside the reads they follow.
 #include "harness/scenario_resolver.h"
 
 #include <fmt/format.h>
