@@ -1,4 +1,4 @@
-// The engine's fault hooks (docs/design.md section 20): each fault acts through one of a few
+// The engine's fault hooks (docs/design.md section 19): each fault acts through one of a few
 // named hooks (weight gather, amax group, state layout, checkpoint filter, optimizer restore,
 // collectives) instead of branches on hot paths. Over 600 lines on purpose: one small function
 // per built-in fault, all behind the same FaultHooks interface, so adding a fault is a row in

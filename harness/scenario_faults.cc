@@ -1,4 +1,4 @@
-// The fault table (docs/design.md section 20, "how to add a fault"): one FaultDescriptor row per
+// The fault table (docs/design.md section 19, "how to add a fault"): one FaultDescriptor row per
 // built-in fault (name, bug class, requirements, intended checks, the engine hook it sets) and the
 // generic collective faults. Over 600 lines on purpose: the table is long by nature (about 30
 // rows with their documentation strings); the code around it is the few functions at the end
