@@ -4,6 +4,7 @@
 #include "engine/recipe.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/trainer.h"
@@ -164,65 +166,89 @@ kernels::Tensor grad_like(float amax) {
 
 void no_reduction(const std::string&, Fp8Role, float*, int64_t) {}
 
+// Test-name parts for the parameterised suites below (a failure names its case).
+std::string case_name(RecipeKind k) { return std::string(recipe_name(k)); }
+std::string case_name(Fp8Format f) { return std::string(fp8_format_name(f)); }
+std::string case_name(Activation a) { return std::string(activation_name(a)); }
+template <class Tuple>
+std::string tuple_name(const ::testing::TestParamInfo<Tuple>& info) {
+  return std::apply(
+      [](const auto&... v) { return fmt::format("{}", fmt::join({case_name(v)...}, "_")); },
+      info.param);
+}
+std::string recipe_param_name(const ::testing::TestParamInfo<RecipeKind>& info) {
+  return case_name(info.param);
+}
+
 // fp8_format e4m3 (TE Format.E4M3) quantizes the output gradients in E4M3 with fp8_max 448;
 // hybrid in E5M2 with 57344. Checked on the bytes: each is the element rule of its format.
-TEST(RecipeOptions, Fp8FormatE4m3QuantizesGradientsInE4m3) {
-  for (RecipeKind kind : {RecipeKind::kCurrent, RecipeKind::kDelayed, RecipeKind::kBlock}) {
-    for (Fp8Format f : {Fp8Format::kHybrid, Fp8Format::kE4M3}) {
-      RecipeConfig rc;
-      rc.kind = kind;
-      rc.fp8_format = f;
-      Fp8Recipe r(rc, no_reduction);
-      const bool e4m3 = f == Fp8Format::kE4M3;
-      const std::string ctx = fmt::format("{} {}", recipe_name(kind), fp8_format_name(f));
-      EXPECT_EQ(r.format(Fp8Role::kGradOutput),
-                e4m3 ? kernels::DType::kE4M3 : kernels::DType::kE5M2)
-          << ctx;
-      EXPECT_EQ(r.format(Fp8Role::kInput), kernels::DType::kE4M3) << ctx;
-      const kernels::Tensor g = grad_like(3e-3f);
-      const kernels::QuantizedTensor q =
-          r.quantize("layers.0.mlp.fc2", Fp8Role::kGradOutput, g, {true, false});
-      EXPECT_EQ(q.format, e4m3 ? kernels::DType::kE4M3 : kernels::DType::kE5M2) << ctx;
-      // Each element against the stored scale_inv (per tensor, or per row: K = 32 is one 1x128
-      // block).
-      const std::vector<float> x = g.to_vector<float>();
-      const std::vector<float> sinv = q.rowwise_scale_inv.to_vector<float>();
-      const std::vector<uint8_t> b = bytes_of(q.rowwise_data);
-      for (size_t i = 0; i < x.size(); ++i) {
-        const float scale = 1.0f / sinv[kind == RecipeKind::kBlock ? i / 32 : 0];
-        const float v = x[i] * scale;
-        ASSERT_EQ(b[i], e4m3 ? kernels::fmt8::float_to_e4m3(v) : kernels::fmt8::float_to_e5m2(v))
-            << ctx << " element " << i;
-      }
-      if (kind == RecipeKind::kCurrent) {
-        // scale = fp8_max(format) / amax of this gradient.
-        EXPECT_EQ(q.scale.to_vector<float>()[0], (e4m3 ? 448.0f : 57344.0f) / 3e-3f) << ctx;
-      }
-    }
+using FormatCase = std::tuple<RecipeKind, Fp8Format>;
+class Fp8FormatBytes : public ::testing::TestWithParam<FormatCase> {};
+
+TEST_P(Fp8FormatBytes, GradientsQuantizedInTheFormatsElementRule) {
+  const auto [kind, f] = GetParam();
+  RecipeConfig rc;
+  rc.kind = kind;
+  rc.fp8_format = f;
+  Fp8Recipe r(rc, no_reduction);
+  const bool e4m3 = f == Fp8Format::kE4M3;
+  EXPECT_EQ(r.format(Fp8Role::kGradOutput), e4m3 ? kernels::DType::kE4M3 : kernels::DType::kE5M2);
+  EXPECT_EQ(r.format(Fp8Role::kInput), kernels::DType::kE4M3);
+  const kernels::Tensor g = grad_like(3e-3f);
+  const kernels::QuantizedTensor q =
+      r.quantize("layers.0.mlp.fc2", Fp8Role::kGradOutput, g, {true, false});
+  EXPECT_EQ(q.format, e4m3 ? kernels::DType::kE4M3 : kernels::DType::kE5M2);
+  // Each element against the stored scale_inv (per tensor, or per row: K = 32 is one 1x128
+  // block).
+  const std::vector<float> x = g.to_vector<float>();
+  const std::vector<float> sinv = q.rowwise_scale_inv.to_vector<float>();
+  const std::vector<uint8_t> b = bytes_of(q.rowwise_data);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float scale = 1.0f / sinv[kind == RecipeKind::kBlock ? i / 32 : 0];
+    const float v = x[i] * scale;
+    ASSERT_EQ(b[i], e4m3 ? kernels::fmt8::float_to_e4m3(v) : kernels::fmt8::float_to_e5m2(v))
+        << "element " << i;
+  }
+  if (kind == RecipeKind::kCurrent) {
+    // scale = fp8_max(format) / amax of this gradient.
+    EXPECT_EQ(q.scale.to_vector<float>()[0], (e4m3 ? 448.0f : 57344.0f) / 3e-3f);
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(
+    RecipeOptions, Fp8FormatBytes,
+    ::testing::Combine(::testing::Values(RecipeKind::kCurrent, RecipeKind::kDelayed,
+                                         RecipeKind::kBlock),
+                       ::testing::Values(Fp8Format::kHybrid, Fp8Format::kE4M3)),
+    tuple_name<FormatCase>);
+
 // A training run: e4m3 and hybrid differ (the gradients really are quantized differently) and
 // delayed scaling's gradient states follow fp8_max = 448 under e4m3.
-TEST(RecipeOptions, Fp8FormatChangesTraining) {
-  for (RecipeKind kind : {RecipeKind::kCurrent, RecipeKind::kDelayed, RecipeKind::kBlock}) {
-    Config h = fp8_config(kind);
-    h.recipe.fp8_format = Fp8Format::kHybrid;
-    Config e = h;
-    e.recipe.fp8_format = Fp8Format::kE4M3;
-    Trainer a(h), b(e);
-    bool differ = false;
-    for (int s = 0; s < 3; ++s) differ |= a.step().loss != b.step().loss;
-    EXPECT_TRUE(differ) << recipe_name(kind);
-    if (kind != RecipeKind::kDelayed) continue;
-    for (auto& [key, st] : b.recipe().delayed_states()) {
-      const float scale = st.scale.to_vector<float>()[0];
-      const std::vector<float> h = st.amax_history.to_vector<float>();
-      const float amax = *std::max_element(h.begin(), h.end());  // amax_compute_algo max
-      EXPECT_EQ(scale, 448.0f / amax) << key;  // e4m3 for every role, gradients included
-    }
+class Fp8FormatTraining : public ::testing::TestWithParam<RecipeKind> {};
+
+TEST_P(Fp8FormatTraining, E4m3AndHybridDiffer) {
+  const RecipeKind kind = GetParam();
+  Config h = fp8_config(kind);
+  h.recipe.fp8_format = Fp8Format::kHybrid;
+  Config e = h;
+  e.recipe.fp8_format = Fp8Format::kE4M3;
+  Trainer a(h), b(e);
+  bool differ = false;
+  for (int s = 0; s < 3; ++s) differ |= a.step().loss != b.step().loss;
+  EXPECT_TRUE(differ);
+  if (kind != RecipeKind::kDelayed) return;
+  for (auto& [key, st] : b.recipe().delayed_states()) {
+    const float scale = st.scale.to_vector<float>()[0];
+    const std::vector<float> hist = st.amax_history.to_vector<float>();
+    const float amax = *std::max_element(hist.begin(), hist.end());  // amax_compute_algo max
+    EXPECT_EQ(scale, 448.0f / amax) << key;  // e4m3 for every role, gradients included
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(RecipeOptions, Fp8FormatTraining,
+                         ::testing::Values(RecipeKind::kCurrent, RecipeKind::kDelayed,
+                                           RecipeKind::kBlock),
+                         recipe_param_name);
 
 // power_2_scale false for block: fp32 scales fp8_max / block amax (some with mantissa bits), and
 // a run that differs from the power-of-2 default.
@@ -256,36 +282,43 @@ TEST(RecipeOptions, BlockPower2ScaleFalseGivesFp32Scales) {
 
 // eps (TE amax_epsilon): a tensor with amax below eps gets scale fp8_max / eps, for current and
 // block scaling; a training run with eps above the gradients' amaxes differs from eps 0.
-TEST(RecipeOptions, EpsClampsTinyAmax) {
-  for (RecipeKind kind : {RecipeKind::kCurrent, RecipeKind::kBlock}) {
-    RecipeConfig rc;
-    rc.kind = kind;
-    rc.power_2_scale = false;
-    rc.eps = 1e-2;
-    Fp8Recipe r(rc, no_reduction);
-    const kernels::Tensor g = grad_like(1e-5f);  // amax 1e-5 < eps
-    const kernels::QuantizedTensor q =
-        r.quantize("layers.0.mlp.fc2", Fp8Role::kGradOutput, g, {true, false});
-    // Gradients: e5m2 under current's default HYBRID, e4m3 under block's default E4M3.
-    const float fmax = kernels::fp8_max(r.format(Fp8Role::kGradOutput));
-    EXPECT_EQ(fmax, kind == RecipeKind::kCurrent ? 57344.0f : 448.0f);
-    const float want = fmax / static_cast<float>(1e-2);
-    for (float si : q.rowwise_scale_inv.to_vector<float>())
-      EXPECT_EQ(si, 1.0f / want) << recipe_name(kind);
-    rc.eps = 0.0;
-    Fp8Recipe r0(rc, no_reduction);
-    const kernels::QuantizedTensor q0 =
-        r0.quantize("layers.0.mlp.fc2", Fp8Role::kGradOutput, g, {true, false});
-    EXPECT_EQ(q0.rowwise_scale_inv.to_vector<float>()[0], 1.0f / (fmax / 1e-5f))
-        << recipe_name(kind);
-    Config c0 = fp8_config(kind);
-    Config ce = c0;
-    ce.recipe.eps = 0.5;  // above the output gradients' amaxes (~1e-2 and below) of this model
-    Trainer a(c0), b(ce);
-    bool differ = false;
-    for (int s = 0; s < 3; ++s) differ |= a.step().loss != b.step().loss;
-    EXPECT_TRUE(differ) << recipe_name(kind);
-  }
+class EpsClamp : public ::testing::TestWithParam<RecipeKind> {};
+
+TEST_P(EpsClamp, TinyAmaxTakesEps) {
+  const RecipeKind kind = GetParam();
+  RecipeConfig rc;
+  rc.kind = kind;
+  rc.power_2_scale = false;
+  rc.eps = 1e-2;
+  Fp8Recipe r(rc, no_reduction);
+  const kernels::Tensor g = grad_like(1e-5f);  // amax 1e-5 < eps
+  const kernels::QuantizedTensor q =
+      r.quantize("layers.0.mlp.fc2", Fp8Role::kGradOutput, g, {true, false});
+  // Gradients: e5m2 under current's default HYBRID, e4m3 under block's default E4M3.
+  const float fmax = kernels::fp8_max(r.format(Fp8Role::kGradOutput));
+  EXPECT_EQ(fmax, kind == RecipeKind::kCurrent ? 57344.0f : 448.0f);
+  const float want = fmax / static_cast<float>(1e-2);
+  for (float si : q.rowwise_scale_inv.to_vector<float>()) EXPECT_EQ(si, 1.0f / want);
+  rc.eps = 0.0;
+  Fp8Recipe r0(rc, no_reduction);
+  const kernels::QuantizedTensor q0 =
+      r0.quantize("layers.0.mlp.fc2", Fp8Role::kGradOutput, g, {true, false});
+  EXPECT_EQ(q0.rowwise_scale_inv.to_vector<float>()[0], 1.0f / (fmax / 1e-5f));
+  Config c0 = fp8_config(kind);
+  Config ce = c0;
+  ce.recipe.eps = 0.5;  // above the output gradients' amaxes (~1e-2 and below) of this model
+  Trainer a(c0), b(ce);
+  bool differ = false;
+  for (int s = 0; s < 3; ++s) differ |= a.step().loss != b.step().loss;
+  EXPECT_TRUE(differ);
+}
+
+INSTANTIATE_TEST_SUITE_P(RecipeOptions, EpsClamp,
+                         ::testing::Values(RecipeKind::kCurrent, RecipeKind::kBlock),
+                         recipe_param_name);
+
+// eps out of range, and fp8_format hybrid with mxfp8 (E4M3 only), are input errors.
+TEST(RecipeOptions, EpsAndFormatOutOfRangeAreInputErrors) {
   Config bad = fp8_config(RecipeKind::kCurrent);
   bad.recipe.eps = 2.0;
   EXPECT_THROW(validate(bad), kernels::Error);
@@ -299,33 +332,37 @@ TEST(RecipeOptions, EpsClampsTinyAmax) {
 
 // Every delayed-scaling state key "<linear>/<role>" and every amax hook call names a parameter
 // "<linear>.weight", for GELU and SwiGLU (where fc1 is "mlp.fc1_gate" and "mlp.fc1_up").
-TEST(RecipeOptions, Fp8StateKeysNameParameters) {
-  for (Activation act : {Activation::kGelu, Activation::kSwiGlu}) {
-    for (RecipeKind kind : {RecipeKind::kDelayed, RecipeKind::kCurrent}) {
-      Config c = fp8_config(kind);
-      c.model.activation = act;
-      std::set<std::string> hooked;
-      const Fp8Recipe::AmaxHook hooks = [&](const std::string& linear, Fp8Role, float*, int64_t) {
-        hooked.insert(linear);
-      };
-      Trainer t(c, hooks);
-      t.step();
-      const std::vector<std::string> names = t.params().names();
-      const std::set<std::string> params(names.begin(), names.end());
-      const std::string ctx = fmt::format("{} {}", activation_name(act), recipe_name(kind));
-      const size_t linears = act == Activation::kSwiGlu ? 5 : 4;
-      EXPECT_EQ(hooked.size(), linears) << ctx;
-      for (const std::string& l : hooked)
-        EXPECT_EQ(params.count(l + ".weight"), 1u) << ctx << " " << l;
-      if (kind != RecipeKind::kDelayed) continue;
-      EXPECT_EQ(t.recipe().delayed_states().size(), 3 * linears) << ctx;
-      for (const auto& [key, st] : t.recipe().delayed_states()) {
-        const std::string linear = key.substr(0, key.rfind('/'));
-        EXPECT_EQ(params.count(linear + ".weight"), 1u) << ctx << " " << key;
-      }
-    }
+using KeysCase = std::tuple<Activation, RecipeKind>;
+class StateKeys : public ::testing::TestWithParam<KeysCase> {};
+
+TEST_P(StateKeys, NameParameters) {
+  const auto [act, kind] = GetParam();
+  Config c = fp8_config(kind);
+  c.model.activation = act;
+  std::set<std::string> hooked;
+  const Fp8Recipe::AmaxHook hooks = [&](const std::string& linear, Fp8Role, float*, int64_t) {
+    hooked.insert(linear);
+  };
+  Trainer t(c, hooks);
+  t.step();
+  const std::vector<std::string> names = t.params().names();
+  const std::set<std::string> params(names.begin(), names.end());
+  const size_t linears = act == Activation::kSwiGlu ? 5 : 4;
+  EXPECT_EQ(hooked.size(), linears);
+  for (const std::string& l : hooked) EXPECT_EQ(params.count(l + ".weight"), 1u) << l;
+  if (kind != RecipeKind::kDelayed) return;
+  EXPECT_EQ(t.recipe().delayed_states().size(), 3 * linears);
+  for (const auto& [key, st] : t.recipe().delayed_states()) {
+    const std::string linear = key.substr(0, key.rfind('/'));
+    EXPECT_EQ(params.count(linear + ".weight"), 1u) << key;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    RecipeOptions, StateKeys,
+    ::testing::Combine(::testing::Values(Activation::kGelu, Activation::kSwiGlu),
+                       ::testing::Values(RecipeKind::kDelayed, RecipeKind::kCurrent)),
+    tuple_name<KeysCase>);
 
 TEST(Mxfp8, RejectsDimsThatAreNotMultiplesOf32) {
   Config c = fp8_config(RecipeKind::kMxfp8);
