@@ -629,7 +629,30 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
           return a;
         });
   }
+  // expert_grad_scaled_by_ep: the owner's expert weight gradients x ep (no effect at ep = 1).
+  if (f.expert_grad_scaled_by_ep)
+    h.on_expert_grad_factor(
+        [f](int64_t step, int ep, double factor) { return f.active(step) ? factor * ep : factor; });
+  // moe_final_backward_skips_experts: the gradient reductions of the expert parameters are not
+  // issued (with deferred sync they run once, after the last micro-batch's backward).
+  if (f.moe_final_backward_skips_experts)
+    h.on_collective([f](const FaultHooks::CollectiveSite& site, FaultHooks::CollectiveAction a) {
+      const bool reduction = (site.kind == mesh::CollectiveKind::kReduceScatter &&
+                              site.group == DimSet{MeshDim::kDpShard}) ||
+                             (site.kind == mesh::CollectiveKind::kAllReduce &&
+                              site.group == DimSet{MeshDim::kDpReplicate});
+      if (f.active(site.step) && reduction &&
+          site.tensor.find(".moe.experts.") != std::string_view::npos)
+        a.run = false;
+      return a;
+    });
   return h;
+}
+
+double FaultHooks::expert_grad_factor(int64_t step, int ep) const {
+  double factor = 1.0;
+  for (const auto& h : expert_grad_) factor = h(step, ep, factor);
+  return factor;
 }
 
 }  // namespace meshproof::engine

@@ -36,6 +36,9 @@
 //   collective             each collective the engine    skip_collective, collective_dtype,
 //                          issues for a parameter        fp8_all_gather_in_bf16
 //   extra_amax_group       each weight amax reduction    tp_weight_amax_all_reduced
+//   expert_grad_factor     each MoE micro-batch's        expert_grad_scaled_by_ep
+//                          expert weight gradients
+// (moe_final_backward_skips_experts acts on the collective point.)
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
 #pragma once
@@ -133,6 +136,9 @@ class FaultHooks {
   // (empty: none).
   using ExtraAmaxGroupHook =
       std::function<mesh::DimSet(std::string_view linear, int64_t step, mesh::DimSet extra)>;
+  // The factor the owner's expert weight gradients are multiplied by under expert parallelism
+  // with `ep` ranks (1: correct; docs/design.md "Expert parallelism").
+  using ExpertGradFactorHook = std::function<double(int64_t step, int ep, double factor)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -161,6 +167,7 @@ class FaultHooks {
   void on_router_precision(RouterPrecisionHook h) { router_.push_back(std::move(h)); }
   void on_collective(CollectiveHook h) { collective_.push_back(std::move(h)); }
   void on_extra_amax_group(ExtraAmaxGroupHook h) { extra_amax_.push_back(std::move(h)); }
+  void on_expert_grad_factor(ExpertGradFactorHook h) { expert_grad_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -207,6 +214,8 @@ class FaultHooks {
   CollectiveAction collective(const CollectiveSite& site) const;
   // The group a weight amax of `linear` is reduced over again after the plan's (empty: none).
   mesh::DimSet extra_amax_group(std::string_view linear, int64_t step) const;
+  // The factor of the owner's expert weight gradients at `step` with `ep` expert-parallel ranks.
+  double expert_grad_factor(int64_t step, int ep) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -227,6 +236,7 @@ class FaultHooks {
   std::vector<BlockScalePaddingHook> block_scale_padding_;
   std::vector<CollectiveHook> collective_;
   std::vector<ExtraAmaxGroupHook> extra_amax_;
+  std::vector<ExpertGradFactorHook> expert_grad_;
   bool needs_quantized_ = false;
 };
 

@@ -148,6 +148,17 @@ struct FaultInjection {
   std::string collective_dtype_tensor;
   std::string collective_dtype_kind = "all_gather";
   std::string collective_dtype_dtype = "bf16";
+
+  // ---- expert parallelism (docs/design.md "Expert parallelism")
+  // The owner's expert weight gradients are multiplied by ep: the expert-data-parallel reduction
+  // divides by its own size (dp / ep) where the gradients hold the tokens of all dp ranks
+  // (Megatron-LM PR #5956). Caught by reference (grad_norm, and the clipped updates after).
+  bool expert_grad_scaled_by_ep = false;
+  // With deferred gradient sync over micro-batches, the expert parameters' gradient reductions
+  // (reduce-scatter over dp_shard, all-reduce over dp_replicate) are skipped after the last
+  // micro-batch's backward, so each rank updates its expert shards with its own unreduced
+  // gradients (NeMo MoEFSDPSyncMixin's final backward). Caught by reference and golden.
+  bool moe_final_backward_skips_experts = false;
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
@@ -165,7 +176,8 @@ struct FaultInjection {
            scale_inv_gathered_bf16 || vocab_uneven_resume_rows || block_scale_padding_reshard ||
            router_not_fp32 || nvfp4_global_amax_not_reduced || tp_weight_amax_all_reduced ||
            fp8_all_gather_in_bf16 || !skip_collective_tensor.empty() ||
-           !collective_dtype_tensor.empty();
+           !collective_dtype_tensor.empty() || expert_grad_scaled_by_ep ||
+           moe_final_backward_skips_experts;
   }
 };
 

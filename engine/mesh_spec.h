@@ -12,6 +12,10 @@ struct MeshSpec {
   int dp_shard = 1;
   int tp = 1;
   bool sequence_parallel = false;  // needs tp > 1
+  // Expert-parallel ranks (MoE; docs/design.md "Expert parallelism"): borrowed from dp_shard
+  // (divides it), not a mesh dim of its own: each group of ep consecutive dp_shard members splits
+  // the experts' computation. Not part of world_size.
+  int ep = 1;
   mesh::DeviceMesh device_mesh() const { return mesh::DeviceMesh(dp_replicate, dp_shard, tp); }
   int world_size() const { return dp_replicate * dp_shard * tp; }
   bool operator==(const MeshSpec&) const = default;

@@ -257,6 +257,11 @@ struct GptModel::LayerActs {
   Tensor shared_out;       // [M, H]
   moe::BalanceStats load;  // the global batch's load-balancing statistics (aux loss > 0)
   double aux_loss = 0;     // this layer's load-balancing loss (global)
+  // Expert parallelism (TpContext::ep > 1): `dispatch` is the local layout (alignment 1),
+  // x_perm / experts / y_perm are in the owner layout of `ep`, y_local [T k, H] the experts'
+  // outputs back in the local layout.
+  moe::EpExchange ep;
+  Tensor y_local;
 };
 
 // The linear layers' GEMMs, quantized by the recipe when it is enabled. Forward operands (X, W)
@@ -601,8 +606,16 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
     logits = kernels::cast_to(l16, rdt);
   }
   a.routing = moe::route(logits, mc.top_k, mc.router);
+  // Expert parallelism: this rank dispatches unpadded rows to the experts' owners and computes
+  // the experts it owns on the owner layout (padded there).
+  const bool ep = linear.tp.ep > 1;
+  const int64_t align = moe::row_alignment(config_.recipe.kind);
   a.dispatch =
-      moe::dispatch(a.routing, moe::row_alignment(config_.recipe.kind), linear.quantized());
+      ep ? moe::dispatch(a.routing, 1) : moe::dispatch(a.routing, align, linear.quantized());
+  if (ep)
+    a.ep =
+        moe::plan_exchange(*linear.tp.expert, linear.tp.ep, a.dispatch, align, linear.quantized());
+  const moe::Dispatch& blocks = ep ? a.ep.owner : a.dispatch;
   if (mc.aux_loss_coef > 0) {
     // f_e and P_e over the global batch: the statistics summed over the data-parallel ranks in
     // rank order, so every rank (and every mesh) gets the same aux loss.
@@ -621,18 +634,20 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
     a.aux_loss = moe::aux_loss(a.load, mc.top_k, mc.aux_loss_coef);
   }
   a.x_perm = moe::permute(a.ln2_out, a.dispatch);
-  const int64_t padded = a.dispatch.padded_rows(), h = a.ln2_out.shape()[1];
+  if (ep) a.x_perm = moe::to_owners(*linear.tp.expert, a.ep, a.dispatch, a.x_perm);
+  const int64_t padded = blocks.padded_rows(), h = a.ln2_out.shape()[1];
   a.experts = mlp_acts(padded, w.experts.front().fc1_w->shape()[0], dt);
   a.y_perm = new_tensor({padded, h}, dt);
   for (int64_t e = 0; e < mc.experts; ++e) {
-    const int64_t b = a.dispatch.offset[static_cast<size_t>(e)];
-    const int64_t end = a.dispatch.offset[static_cast<size_t>(e) + 1];
+    const int64_t b = blocks.offset[static_cast<size_t>(e)];
+    const int64_t end = blocks.offset[static_cast<size_t>(e) + 1];
     MlpActs ea = slice_acts(a.experts, b, end);
     Tensor ye = a.y_perm.slice_rows(b, end);
     mlp_forward(w.experts[static_cast<size_t>(e)], fmt::format("{}experts.{}.", q, e),
                 a.x_perm.slice_rows(b, end), linear, ea, ye);
   }
-  moe::combine(a.y_perm, a.dispatch, a.routing, out);
+  if (ep) a.y_local = moe::from_owners(*linear.tp.expert, a.ep, a.dispatch, a.y_perm);
+  moe::combine(ep ? a.y_local : a.y_perm, a.dispatch, a.routing, out);
   if (!w.shared.empty()) {
     a.shared = mlp_acts(rows, w.shared.front().fc1_w->shape()[0], dt);
     a.shared_out = new_tensor({rows, h}, dt);
@@ -647,20 +662,52 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
   const MoeConfig& mc = config_.model.moe;
   const DType dt = a.ln2_out.dtype();
   const int64_t rows = a.ln2_out.shape()[0], h = a.ln2_out.shape()[1];
-  const int64_t padded = a.dispatch.padded_rows();
+  const bool ep = linear.tp.ep > 1;
+  const moe::Dispatch& blocks = ep ? a.ep.owner : a.dispatch;
+  const int64_t padded = blocks.padded_rows();
   const std::string q = fmt::format("layers.{}.moe.", layer);
-  Tensor d_y = new_tensor({padded, h}, dt);
+  Tensor d_y = new_tensor({a.dispatch.padded_rows(), h}, dt);
   std::vector<double> d_weight;
-  moe::combine_backward(d_out, a.y_perm, a.dispatch, a.routing, d_y, d_weight);
+  moe::combine_backward(d_out, ep ? a.y_local : a.y_perm, a.dispatch, a.routing, d_y, d_weight);
+  if (ep) d_y = moe::to_owners(*linear.tp.expert, a.ep, a.dispatch, d_y);
   Tensor d_xp = Tensor::zeros({padded, h}, dt);
   for (int64_t e = 0; e < mc.experts; ++e) {
-    const int64_t b = a.dispatch.offset[static_cast<size_t>(e)];
-    const int64_t end = a.dispatch.offset[static_cast<size_t>(e) + 1];
+    const int64_t b = blocks.offset[static_cast<size_t>(e)];
+    const int64_t end = blocks.offset[static_cast<size_t>(e) + 1];
     Tensor dxe = d_xp.slice_rows(b, end);
-    mlp_backward(w.experts[static_cast<size_t>(e)], g.experts[static_cast<size_t>(e)],
-                 fmt::format("{}experts.{}.", q, e), d_y.slice_rows(b, end),
-                 a.x_perm.slice_rows(b, end), slice_acts(a.experts, b, end), linear, dxe);
+    MlpGrads& ge = g.experts[static_cast<size_t>(e)];
+    if (linear.tp.expert_grad_factor == 1.0) {
+      mlp_backward(w.experts[static_cast<size_t>(e)], ge, fmt::format("{}experts.{}.", q, e),
+                   d_y.slice_rows(b, end), a.x_perm.slice_rows(b, end),
+                   slice_acts(a.experts, b, end), linear, dxe);
+    } else {
+      // The expert_grad_scaled_by_ep fault: this block's weight gradients computed into zero
+      // tensors, multiplied by the factor in double and added into the accumulated ones.
+      std::vector<Tensor> own;
+      own.reserve(6);  // the pointers below stay valid
+      auto zero = [&own](Tensor* t) -> Tensor* {
+        if (t == nullptr) return nullptr;
+        own.push_back(Tensor::zeros(t->shape(), t->dtype(), t->device()));
+        return &own.back();
+      };
+      MlpGrads tmp{zero(ge.fc1_w), zero(ge.fc1_b), zero(ge.up_w),
+                   zero(ge.up_b),  zero(ge.fc2_w), zero(ge.fc2_b)};
+      mlp_backward(w.experts[static_cast<size_t>(e)], tmp, fmt::format("{}experts.{}.", q, e),
+                   d_y.slice_rows(b, end), a.x_perm.slice_rows(b, end),
+                   slice_acts(a.experts, b, end), linear, dxe);
+      for (auto [dst, src] : {std::pair{ge.fc1_w, tmp.fc1_w}, std::pair{ge.fc1_b, tmp.fc1_b},
+                              std::pair{ge.up_w, tmp.up_w}, std::pair{ge.up_b, tmp.up_b},
+                              std::pair{ge.fc2_w, tmp.fc2_w}, std::pair{ge.fc2_b, tmp.fc2_b}}) {
+        if (dst == nullptr) continue;
+        Tensor v = kernels::cast_to(src->to(kernels::Device::cpu()), DType::kFloat64);
+        double* p = v.data<double>();
+        for (int64_t i = 0; i < v.numel().value; ++i) p[i] *= linear.tp.expert_grad_factor;
+        Tensor add = kernels::cast_to(v, dst->dtype());
+        kernels::add_(*dst, dst->device().is_cpu() ? add : add.to(dst->device()));
+      }
+    }
   }
+  if (ep) d_xp = moe::from_owners(*linear.tp.expert, a.ep, a.dispatch, d_xp);
   moe::unpermute_sum(d_xp, a.dispatch, a.routing, d_ln2);
   if (!w.shared.empty()) {
     Tensor d_shared = new_tensor({rows, h}, dt);

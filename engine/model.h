@@ -49,6 +49,14 @@ struct TpContext {
   // The MoE router GEMM in fp32 (correct) or bf16 (the router_not_fp32 fault,
   // engine/fault_hooks.h).
   bool router_fp32 = true;
+  // Expert parallelism (docs/design.md "Expert parallelism"): the dp_shard group, inside which
+  // each run of `ep` consecutive members exchanges tokens with the owners of their experts by
+  // all_to_all_v; ep = 1 (or nullptr): every rank computes every expert on its own tokens.
+  mesh::Communicator* expert = nullptr;
+  int ep = 1;
+  // The owner's expert weight gradients are multiplied by this: 1 (correct) or ep (the
+  // expert_grad_scaled_by_ep fault, engine/fault_hooks.h).
+  double expert_grad_factor = 1.0;
   bool active() const { return comm != nullptr && comm->size() > 1; }
   bool sp() const { return active() && sequence_parallel; }
 };

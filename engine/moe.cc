@@ -255,4 +255,151 @@ std::vector<double> aux_d_prob(const BalanceStats& g, int64_t top_k, double coef
   return out;
 }
 
+int64_t EpExchange::owner_of(int64_t expert, int member) const {
+  const int64_t per = experts / ep;
+  return member - member % ep + expert / per;
+}
+
+EpExchange plan_exchange(mesh::Communicator& comm, int ep, const Dispatch& local, int64_t align,
+                         bool keep_empty) {
+  const int n = comm.size(), me = comm.rank();
+  const auto e_n = static_cast<int64_t>(local.rows.size());
+  MP_CHECK(ep >= 1 && n % ep == 0 && e_n % ep == 0 && align >= 1,
+           "moe::plan_exchange: ep {} must divide the {} members of {} and the {} experts "
+           "(alignment {})",
+           ep, n, comm.describe(), e_n, align);
+  for (int64_t e = 0; e < e_n; ++e)
+    MP_CHECK(local.offset[static_cast<size_t>(e) + 1] - local.offset[static_cast<size_t>(e)] ==
+                 local.rows[static_cast<size_t>(e)],
+             "moe::plan_exchange: the local dispatch must have alignment 1 (expert {} has {} "
+             "rows in a block of {})",
+             e, local.rows[static_cast<size_t>(e)],
+             local.offset[static_cast<size_t>(e) + 1] - local.offset[static_cast<size_t>(e)]);
+  EpExchange x;
+  x.ep = ep;
+  x.experts = e_n;
+  const int64_t per = e_n / ep;
+  const int base = me - me % ep;
+  const auto un = static_cast<size_t>(n);
+  // Counts: member base + r gets this rank's rows of its experts [r per, (r + 1) per).
+  std::vector<int64_t> counts_n(un, 0);
+  for (int r = 0; r < ep; ++r) counts_n[static_cast<size_t>(base + r)] = per;
+  std::vector<int64_t> mine;
+  for (int r = 0; r < ep; ++r)
+    for (int64_t e = r * per; e < (r + 1) * per; ++e)
+      mine.push_back(local.rows[static_cast<size_t>(e)]);
+  const kernels::Tensor send =
+      kernels::Tensor::from_vector<int64_t>({static_cast<int64_t>(mine.size())}, mine);
+  kernels::Tensor recv = kernels::Tensor::zeros({ep * per}, DType::kInt64, kernels::Device::cpu());
+  comm.all_to_all_v(send, counts_n, recv, counts_n);
+  // got[q * per + l]: rows of local expert l from group member q.
+  const std::vector<int64_t> got = recv.to_vector<int64_t>();
+  x.send_rows.assign(un, 0);
+  x.recv_rows.assign(un, 0);
+  for (int r = 0; r < ep; ++r)
+    for (int64_t l = 0; l < per; ++l) {
+      x.send_rows[static_cast<size_t>(base + r)] += local.rows[static_cast<size_t>(r * per + l)];
+      x.recv_rows[static_cast<size_t>(base + r)] += got[static_cast<size_t>(r * per + l)];
+    }
+  // The owner layout over all E experts: only this rank's have rows.
+  const int64_t first = (me % ep) * per;
+  Dispatch& o = x.owner;
+  o.rows.assign(static_cast<size_t>(e_n), 0);
+  for (int q = 0; q < ep; ++q)
+    for (int64_t l = 0; l < per; ++l)
+      o.rows[static_cast<size_t>(first + l)] += got[static_cast<size_t>(q * per + l)];
+  o.offset.assign(static_cast<size_t>(e_n) + 1, 0);
+  for (int64_t e = 0; e < e_n; ++e) {
+    const int64_t rows = std::max<int64_t>(o.rows[static_cast<size_t>(e)], keep_empty ? 1 : 0);
+    o.offset[static_cast<size_t>(e) + 1] =
+        o.offset[static_cast<size_t>(e)] + (rows + align - 1) / align * align;
+  }
+  o.token.assign(static_cast<size_t>(o.padded_rows()), -1);
+  // Received order: member q, then its rows of local expert l in its (token) order; in the
+  // owner layout each expert's rows follow in (member, token) order.
+  std::vector<int64_t> next(static_cast<size_t>(per));
+  for (int64_t l = 0; l < per; ++l)
+    next[static_cast<size_t>(l)] = o.offset[static_cast<size_t>(first + l)];
+  int64_t received = 0;
+  for (int q = 0; q < ep; ++q)
+    for (int64_t l = 0; l < per; ++l)
+      for (int64_t i = 0; i < got[static_cast<size_t>(q * per + l)]; ++i) {
+        const int64_t row = next[static_cast<size_t>(l)]++;
+        x.owner_row.push_back(row);
+        o.token[static_cast<size_t>(row)] = received++;
+      }
+  return x;
+}
+
+namespace {
+
+// Host copy of `t` with its row width and row bytes.
+struct HostRows {
+  kernels::Tensor host;
+  int64_t row_bytes = 0;
+};
+HostRows host_rows(const kernels::Tensor& t) {
+  HostRows h{t.device().is_cpu() ? t : t.to(kernels::Device::cpu()), 0};
+  MP_CHECK(t.shape().rank() == 2, "moe: expert-parallel rows must be 2-D, got {}", t.describe());
+  h.row_bytes = kernels::dtype_bits(t.dtype()) / 8 * t.shape()[1];
+  return h;
+}
+
+}  // namespace
+
+kernels::Tensor to_owners(mesh::Communicator& comm, const EpExchange& x, const Dispatch& local,
+                          const kernels::Tensor& rows) {
+  MP_CHECK(rows.shape()[0] == local.padded_rows(),
+           "moe::to_owners: {} rows for a local layout of {}", rows.describe(),
+           local.padded_rows());
+  const HostRows h = host_rows(rows);
+  const int64_t w = rows.shape()[1];
+  // The local layout is the experts' rows in expert order, and member base + r owns a contiguous
+  // run of experts: the send buffer is the local layout itself.
+  std::vector<int64_t> sc(x.send_rows.size()), rc(x.recv_rows.size());
+  for (size_t m = 0; m < sc.size(); ++m) {
+    sc[m] = x.send_rows[m] * w;
+    rc[m] = x.recv_rows[m] * w;
+  }
+  const int64_t received = static_cast<int64_t>(x.owner_row.size());
+  kernels::Tensor recv =
+      kernels::Tensor::zeros({received, w}, rows.dtype(), kernels::Device::cpu());
+  comm.all_to_all_v(h.host, sc, recv, rc);
+  kernels::Tensor out =
+      kernels::Tensor::zeros({x.owner.padded_rows(), w}, rows.dtype(), kernels::Device::cpu());
+  const char* src = static_cast<const char*>(recv.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t i = 0; i < received; ++i)
+    std::copy_n(src + i * h.row_bytes, h.row_bytes,
+                dst + x.owner_row[static_cast<size_t>(i)] * h.row_bytes);
+  return rows.device().is_cpu() ? out : out.to(rows.device());
+}
+
+kernels::Tensor from_owners(mesh::Communicator& comm, const EpExchange& x, const Dispatch& local,
+                            const kernels::Tensor& rows) {
+  MP_CHECK(rows.shape()[0] == x.owner.padded_rows(),
+           "moe::from_owners: {} rows for an owner layout of {}", rows.describe(),
+           x.owner.padded_rows());
+  const HostRows h = host_rows(rows);
+  const int64_t w = rows.shape()[1];
+  const int64_t received = static_cast<int64_t>(x.owner_row.size());
+  kernels::Tensor send =
+      kernels::Tensor::empty({received, w}, rows.dtype(), kernels::Device::cpu());
+  const char* src = static_cast<const char*>(h.host.raw_data());
+  char* dst = static_cast<char*>(send.raw_data());
+  for (int64_t i = 0; i < received; ++i)
+    std::copy_n(src + x.owner_row[static_cast<size_t>(i)] * h.row_bytes, h.row_bytes,
+                dst + i * h.row_bytes);
+  std::vector<int64_t> sc(x.recv_rows.size()), rc(x.send_rows.size());
+  for (size_t m = 0; m < sc.size(); ++m) {
+    sc[m] = x.recv_rows[m] * w;
+    rc[m] = x.send_rows[m] * w;
+  }
+  // Received in member order = expert order: the local layout (alignment 1, no padding).
+  kernels::Tensor out =
+      kernels::Tensor::zeros({local.padded_rows(), w}, rows.dtype(), kernels::Device::cpu());
+  comm.all_to_all_v(send, sc, out, rc);
+  return rows.device().is_cpu() ? out : out.to(rows.device());
+}
+
 }  // namespace meshproof::engine::moe

@@ -13,6 +13,7 @@
 
 #include "engine/config.h"
 #include "kernels/tensor.h"
+#include "mesh/communicator.h"
 
 namespace meshproof::engine::moe {
 
@@ -86,5 +87,44 @@ double aux_loss(const BalanceStats& global, int64_t top_k, double coef);
 // averaging of the gradients removes the dp factor it carries on a mesh).
 std::vector<double> aux_d_prob(const BalanceStats& global, int64_t top_k, double coef,
                                double scale);
+
+// --- Expert parallelism (docs/design.md "Expert parallelism") ---
+//
+// The members of the dp_shard communicator form groups of `ep` consecutive members; member s is
+// ep rank s % ep of the group starting at s - s % ep, and owns the E / ep experts
+// [(s % ep) E / ep, (s % ep + 1) E / ep). A source rank dispatches its (token, choice) pairs with
+// alignment 1 (its local layout: no padding, it computes no expert); the rows of each expert go
+// to the expert's owner in the source's (expert, token) order, counts first, then rows, both by
+// all_to_all_v over the dp_shard communicator (zero counts outside the group). The owner lays
+// the rows of each of its experts out in (source, token) order, pads each block to the recipe's
+// alignment (keep_empty as in `dispatch`), and runs the expert GEMMs on that owner layout; the
+// results travel back by the reverse exchange. Experts it does not own get no rows (one block of
+// zero rows with keep_empty, so the amax reductions of the quantized recipes still run on every
+// rank in the same order).
+struct EpExchange {
+  int ep = 1;
+  int64_t experts = 0;
+  std::vector<int64_t> send_rows;  // [members] rows this rank sends to each member (as source)
+  std::vector<int64_t> recv_rows;  // [members] rows this rank receives from each (as owner)
+  // The owner layout: rows / offset per expert as in Dispatch (0 rows for experts not owned);
+  // token[row] = the row's index in the received order (-1 for padding).
+  Dispatch owner;
+  std::vector<int64_t> owner_row;  // [received rows] owner-layout row of each received row
+  int64_t owner_of(int64_t expert, int member) const;  // member index of the expert's owner
+};
+
+// Exchanges the per-expert counts of `local` (a dispatch with alignment 1) with the ep group of
+// this rank in `comm` (one all_to_all_v of int64 counts) and builds the owner layout. Every
+// member of `comm` must call it (members outside the group exchange nothing with this rank).
+EpExchange plan_exchange(mesh::Communicator& comm, int ep, const Dispatch& local, int64_t align,
+                         bool keep_empty);
+// Rows [P_local, W] of the local layout -> [P_owner, W] of the owner layout (zero padding):
+// the forward's dispatched inputs and the backward's output gradients.
+kernels::Tensor to_owners(mesh::Communicator& comm, const EpExchange& x, const Dispatch& local,
+                          const kernels::Tensor& rows);
+// Rows [P_owner, W] of the owner layout -> [P_local, W] of the local layout (padding rows of the
+// owner layout are not sent): the experts' outputs and the input gradients.
+kernels::Tensor from_owners(mesh::Communicator& comm, const EpExchange& x, const Dispatch& local,
+                            const kernels::Tensor& rows);
 
 }  // namespace meshproof::engine::moe

@@ -255,6 +255,22 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     }
   }
 
+  // Expert parallelism (docs/design.md "Expert parallelism"): ep borrows dp_shard ranks; each
+  // group of ep consecutive dp_shard members splits the experts evenly.
+  need("mesh.ep", ms.ep >= 1, fmt::format("mesh.ep = {} must be >= 1", ms.ep));
+  if (ms.ep > 1) {
+    need("mesh.ep", m.moe.enabled(),
+         fmt::format("mesh.ep = {} needs model.moe (experts to split over the ep ranks)", ms.ep));
+    need("mesh.ep", ms.dp_shard % ms.ep == 0,
+         fmt::format("mesh.ep = {} does not divide mesh.dp_shard = {} (expert parallelism "
+                     "borrows dp_shard ranks)",
+                     ms.ep, ms.dp_shard));
+    need("mesh.ep", !m.moe.enabled() || m.moe.experts % ms.ep == 0,
+         fmt::format("mesh.ep = {} does not divide model.moe.experts = {} (each ep rank owns "
+                     "experts / ep experts)",
+                     ms.ep, m.moe.experts));
+  }
+
   // What this machine can hold: refused up front rather than after minutes of allocation.
   // Only for a valid configuration (a broken one has no meaningful size).
   if (!issues.empty()) return issues;

@@ -254,7 +254,8 @@ struct TrainingSession::Impl {
           units->weights(), tokens, {cursor, row0}, grad_scale, units->grads(), &recipe,
           TpContext{&comms.group(groups::kTp), options.mesh.sequence_parallel,
                     faults.rope_global_positions(step), &comms.group(groups::kData),
-                    faults.router_fp32(step)},
+                    faults.router_fp32(step), &comms.group(groups::kDpShard), options.mesh.ep,
+                    faults.expert_grad_factor(step, options.mesh.ep)},
           &*units);
     }
     units->end_step();

@@ -54,6 +54,11 @@ constexpr FaultRequirement kTwoMicroBatches{
     "train.micro_batches >= 2", [](const Scenario& s) { return s.train.micro_batches >= 2; }};
 constexpr FaultRequirement kMoe{"model.moe.experts >= 1",
                                 [](const Scenario& s) { return s.model.moe.enabled(); }};
+constexpr FaultRequirement kTwoEpRanks{"mesh.ep >= 2",
+                                       [](const Scenario& s) { return s.mesh.ep >= 2; }};
+constexpr FaultRequirement kDeferredSync{
+    "fsdp.sync_each_micro_batch: false (gradients reduced once, after the last micro-batch)",
+    [](const Scenario& s) { return !s.fsdp.sync_each_micro_batch; }};
 constexpr FaultRequirement kUnevenVocabShards{
     "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what leaks)",
     [](const Scenario& s) { return s.model.vocab % s.mesh.dp_shard != 0; }};
@@ -762,6 +767,31 @@ const std::vector<FaultDescriptor>& rows() {
               },
           .generic = true,
           .check = dtype_names_a_collective,
+      },
+      {
+          .name = "expert_grad_scaled_by_ep",
+          .bug_class =
+              "expert parallelism: the experts' weight gradients come out ep times too large "
+              "(the expert-data-parallel reduction divides by dp / ep although each owner's "
+              "gradients hold the tokens of all ep ranks; Megatron-LM PR #5956)",
+          .needs = {kMoe, kTwoEpRanks},
+          // Against ep = 1 on one rank: the gradient norm at step 1, then the clipped updates.
+          .caught_by = {"reference"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.expert_grad_scaled_by_ep = true; },
+      },
+      {
+          .name = "moe_final_backward_skips_experts",
+          .bug_class = "gradient accumulation with deferred sync: the expert parameters' gradient "
+                       "reductions are skipped after the last micro-batch's backward, so each rank "
+                       "updates its expert shards with its own unreduced gradients (NeMo "
+                       "MoEFSDPSyncMixin's final backward)",
+          .needs = {kMoe, kTwoMicroBatches, kTwoShards, kDeferredSync},
+          .caught_by = {"reference", "golden"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.moe_final_backward_skips_experts = true; },
       },
   };
   return table;

@@ -506,6 +506,14 @@ std::vector<Key<MeshSpec>> make_mesh_keys() {
   world.imax = int64_t{1} << 24;
   world.def = int64_t{1};
   k.push_back(world);
+  // Expert parallelism (docs/design.md "Expert parallelism"): hashed only when > 1, so the hashes
+  // of every scenario without it stay what they were.
+  Key<M> ep = int_key<M>(
+      "ep", 1, 1, 4096, [](M & m) -> auto& { return m.ep; },
+      "expert-parallel ranks (model.moe): borrowed from dp_shard, which it divides; divides "
+      "model.moe.experts");
+  ep.hash_if = [](const M& m) { return m.ep != 1; };
+  k.push_back(ep);
   return k;
 }
 

@@ -96,6 +96,20 @@ int64_t run_and_check(Communicator& c, const Case& cs, int64_t count, kernels::D
     case CollectiveKind::kBarrier:
       c.barrier();
       return 0;
+    case CollectiveKind::kAllToAll: {
+      // Uniform counts: out[s * per + k] = member s's element rank() * per + k.
+      const int64_t per = count / n;
+      Tensor in = filled(per * n, me, 0, dev);
+      Tensor out = Tensor::empty(Shape{per * n}, DType::kFloat32, dev);
+      const std::vector<int64_t> counts(static_cast<size_t>(n), per);
+      c.all_to_all_v(in, counts, out, counts);
+      got = out.to_vector<float>();
+      const int64_t off = c.rank() * per;
+      want = [&, per, off](int64_t i) {
+        return bench_value(members[static_cast<size_t>(i / per)], off + i % per);
+      };
+      break;
+    }
   }
   int64_t wrong = 0;
   for (size_t k = 0; k < got.size(); ++k) {
@@ -120,6 +134,10 @@ double time_calls(Communicator& c, const Case& cs, int64_t count, kernels::Devic
       a = filled(per * n, me, 0, dev);
       b = Tensor::empty(Shape{per}, DType::kFloat32, dev);
       break;
+    case CollectiveKind::kAllToAll:
+      a = filled(per * n, me, 0, dev);
+      b = Tensor::empty(Shape{per * n}, DType::kFloat32, dev);
+      break;
     default:
       a = filled(count, me, 0, dev);
       break;
@@ -141,6 +159,11 @@ double time_calls(Communicator& c, const Case& cs, int64_t count, kernels::Devic
       case CollectiveKind::kBarrier:
         c.barrier();
         break;
+      case CollectiveKind::kAllToAll: {
+        const std::vector<int64_t> counts(static_cast<size_t>(n), per);
+        c.all_to_all_v(a, counts, b, counts);
+        break;
+      }
     }
   };
   for (int i = 0; i < warmup; ++i) once();
@@ -174,7 +197,8 @@ std::vector<CommBenchRow> run_comm_bench(RankComms& comms, const CommBenchOption
                                    {CollectiveKind::kAllGather, ReduceOp::kSum},
                                    {CollectiveKind::kReduceScatter, ReduceOp::kSum},
                                    {CollectiveKind::kReduceScatter, ReduceOp::kAvg},
-                                   {CollectiveKind::kBroadcast, ReduceOp::kSum}};
+                                   {CollectiveKind::kBroadcast, ReduceOp::kSum},
+                                   {CollectiveKind::kAllToAll, ReduceOp::kSum}};
   std::vector<CommBenchRow> rows;
   for (const DimSet& d : sets) {
     Communicator& c = comms.group(d);
@@ -182,9 +206,10 @@ std::vector<CommBenchRow> run_comm_bench(RankComms& comms, const CommBenchOption
     for (const Case& cs : cases) {
       for (const Elements requested : options.counts) {
         MP_CHECK_INPUT(requested.value >= 1, "bench comm: size of {} elements", requested.value);
-        // all_gather / reduce_scatter need a count divisible by the group size.
+        // all_gather / reduce_scatter / all_to_all need a count divisible by the group size.
         int64_t count = requested.value;
-        if (cs.kind == CollectiveKind::kAllGather || cs.kind == CollectiveKind::kReduceScatter) {
+        if (cs.kind == CollectiveKind::kAllGather || cs.kind == CollectiveKind::kReduceScatter ||
+            cs.kind == CollectiveKind::kAllToAll) {
           count = std::max<int64_t>(count / n, 1) * n;
         }
         const int64_t wrong = run_and_check(c, cs, count, options.device);

@@ -43,6 +43,8 @@ std::string_view collective_name(CollectiveKind k) {
       return "broadcast";
     case CollectiveKind::kBarrier:
       return "barrier";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
   }
   return "?";
 }
@@ -58,6 +60,8 @@ double bus_bandwidth_factor(CollectiveKind k, int n) {
       return 1.0;
     case CollectiveKind::kBarrier:
       return 0.0;
+    case CollectiveKind::kAllToAll:
+      return static_cast<double>(n - 1) / n;
   }
   return 0.0;
 }
@@ -163,6 +167,35 @@ void Communicator::barrier() {
   do_barrier();
   account(CollectiveKind::kBarrier, kernels::Bytes(0), seconds_since(t0), ReduceOp::kSum,
           DType::kUInt8);
+}
+
+void Communicator::all_to_all_v(const Tensor& input, const std::vector<int64_t>& send_counts,
+                                Tensor& output, const std::vector<int64_t>& recv_counts) {
+  check_byte_sized(input, "all_to_all_v", *this);
+  check_byte_sized(output, "all_to_all_v", *this);
+  MP_CHECK_INPUT(input.dtype() == output.dtype() && input.device() == output.device(),
+                 "all_to_all_v on {}: input {} and output {} differ in dtype or device", describe(),
+                 input.describe(), output.describe());
+  const auto n = static_cast<size_t>(size());
+  MP_CHECK_INPUT(send_counts.size() == n && recv_counts.size() == n,
+                 "all_to_all_v on {}: {} send and {} receive counts for {} members", describe(),
+                 send_counts.size(), recv_counts.size(), n);
+  int64_t sent = 0, received = 0;
+  for (size_t s = 0; s < n; ++s) {
+    MP_CHECK_INPUT(send_counts[s] >= 0 && recv_counts[s] >= 0,
+                   "all_to_all_v on {}: negative count for member {} (send {}, receive {})",
+                   describe(), s, send_counts[s], recv_counts[s]);
+    sent += send_counts[s];
+    received += recv_counts[s];
+  }
+  MP_CHECK_INPUT(sent == input.numel().value && received == output.numel().value,
+                 "all_to_all_v on {}: send counts sum to {} for input {}, receive counts to {} "
+                 "for output {}",
+                 describe(), sent, input.describe(), received, output.describe());
+  const auto t0 = std::chrono::steady_clock::now();
+  do_all_to_all_v(input, send_counts, output, recv_counts);
+  account(CollectiveKind::kAllToAll, input.nbytes(), seconds_since(t0), ReduceOp::kSum,
+          input.dtype());
 }
 
 void reduce_rank_order_host(float* out, const float* const* inputs, int n, int64_t count,

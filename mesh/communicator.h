@@ -34,14 +34,15 @@ enum class CollectiveKind : uint8_t {
   kReduceScatter,
   kAllReduce,
   kBroadcast,
-  kBarrier
+  kBarrier,
+  kAllToAll,  // all_to_all_v (MoE expert parallelism)
 };
-inline constexpr int kNumCollectiveKinds = 5;
+inline constexpr int kNumCollectiveKinds = 6;
 
 std::string_view reduce_op_name(ReduceOp op);        // "sum", "avg", "max"
 std::string_view collective_name(CollectiveKind k);  // "all_gather", ...
 // nccl-tests: busbw = algbw * factor; all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n,
-// broadcast 1, barrier 0.
+// broadcast 1, barrier 0, all_to_all (n-1)/n.
 double bus_bandwidth_factor(CollectiveKind k, int n);
 
 struct CollectiveStats {
@@ -77,6 +78,16 @@ class Communicator {
   void broadcast(kernels::Tensor& buffer, int root);
   void barrier();
 
+  // Personalised exchange (MPI_Alltoallv; NCCL: grouped ncclSend/ncclRecv). Any byte-sized
+  // dtype, counts in elements, one per member in group order: `input` holds send_counts[0]
+  // elements for member 0, then send_counts[1] for member 1, ...; `output` receives
+  // recv_counts[s] elements from member s, in member order. recv_counts[s] must equal member s's
+  // send_counts[rank()] (the caller exchanges counts first, e.g. by an all_to_all_v of int64
+  // counts with every count 1); a zero count sends nothing. Input and output must not overlap.
+  // Bytes counted: the input's (what this member sends, nccl-tests' alltoall "size").
+  void all_to_all_v(const kernels::Tensor& input, const std::vector<int64_t>& send_counts,
+                    kernels::Tensor& output, const std::vector<int64_t>& recv_counts);
+
   const CollectiveStats& stats(CollectiveKind k) const { return stats_[static_cast<size_t>(k)]; }
   void reset_stats() { stats_ = {}; }
   // Every later collective is also recorded by `r` while it records (mesh/collective_recorder.h);
@@ -90,6 +101,10 @@ class Communicator {
   virtual void do_all_reduce(kernels::Tensor& buffer, ReduceOp op) = 0;
   virtual void do_broadcast(kernels::Tensor& buffer, int root) = 0;
   virtual void do_barrier() = 0;
+  // Counts checked by all_to_all_v: sizes match the group, sums match the tensors.
+  virtual void do_all_to_all_v(const kernels::Tensor& input,
+                               const std::vector<int64_t>& send_counts, kernels::Tensor& output,
+                               const std::vector<int64_t>& recv_counts) = 0;
 
  private:
   void account(CollectiveKind k, kernels::Bytes bytes, double seconds, ReduceOp op,

@@ -65,7 +65,8 @@ class LocalWorld::Impl::Group {
         ranks_(std::move(ranks)),
         label_(std::move(label)),
         present_(ranks_.size(), 0),
-        slots_(ranks_.size()) {}
+        slots_(ranks_.size()),
+        counts_(ranks_.size()) {}
 
   const std::vector<int>& ranks() const { return ranks_; }
   int size() const { return static_cast<int>(ranks_.size()); }
@@ -75,6 +76,18 @@ class LocalWorld::Impl::Group {
     std::lock_guard<std::mutex> lk(mu_);
     slots_[static_cast<size_t>(member)] = s;
   }
+
+  // all_to_all_v: each member's send and receive counts (one per member), copied here before it
+  // arrives so that every member can check every pair before any data moves.
+  struct Counts {
+    std::vector<int64_t> send, recv;
+  };
+  void publish_counts(int member, const std::vector<int64_t>& send,
+                      const std::vector<int64_t>& recv) {
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_[static_cast<size_t>(member)] = {send, recv};
+  }
+  const Counts& counts(int member) const { return counts_[static_cast<size_t>(member)]; }
 
   // A generation barrier with a deadline and an abort check. `what` names the collective, `call`
   // its number among this member's calls on the group (1-based).
@@ -134,6 +147,7 @@ class LocalWorld::Impl::Group {
   int arrived_ = 0;
   std::vector<char> present_;
   std::vector<Slot> slots_;
+  std::vector<Counts> counts_;
 };
 
 void LocalWorld::Impl::abort() {
@@ -233,6 +247,44 @@ class LocalCommunicator final : public Communicator {
     arrive(Slot{CollectiveKind::kBarrier, kernels::DType::kUInt8, 0, 0, ReduceOp::kSum, nullptr,
                 kernels::current_context().device});
     depart("barrier");
+  }
+
+  // Every member reads its part of each member's input: member s's elements for this rank start
+  // after s's counts for the members before this rank.
+  void do_all_to_all_v(const Tensor& input, const std::vector<int64_t>& send_counts, Tensor& output,
+                       const std::vector<int64_t>& recv_counts) override {
+    const Slot me{CollectiveKind::kAllToAll, input.dtype(), 0, 0, ReduceOp::kSum,
+                  input.raw_data(),          input.device()};
+    group_.publish_counts(rank(), send_counts, recv_counts);
+    arrive(me);
+    // Every member checks every pair (the same verdict everywhere, before any copy).
+    for (int s = 0; s < size(); ++s)
+      for (int t = 0; t < size(); ++t) {
+        const int64_t sent = group_.counts(s).send[static_cast<size_t>(t)];
+        const int64_t expected = group_.counts(t).recv[static_cast<size_t>(s)];
+        MP_CHECK_INPUT(sent == expected,
+                       "local all_to_all_v on {}: rank {} sends {} elements to rank {}, which "
+                       "expects {}",
+                       describe(), ranks()[static_cast<size_t>(s)], sent,
+                       ranks()[static_cast<size_t>(t)], expected);
+      }
+    // Member s's elements for this rank start after its counts for the members before it.
+    const int64_t elem = kernels::dtype_bits(input.dtype()) / 8;
+    char* out = static_cast<char*>(output.raw_data());
+    int64_t at = 0;
+    for (int s = 0; s < size(); ++s) {
+      const Slot& src = group_.slot(s);
+      const std::vector<int64_t>& theirs = group_.counts(s).send;
+      const int64_t n = theirs[static_cast<size_t>(rank())];
+      int64_t from = 0;
+      for (int q = 0; q < rank(); ++q) from += theirs[static_cast<size_t>(q)];
+      if (n > 0)
+        kernels::copy_bytes(out + at * elem, output.device(),
+                            static_cast<const char*>(src.ptr) + from * elem, src.device,
+                            kernels::Bytes(n * elem));
+      at += n;
+    }
+    depart("all_to_all");
   }
 
  private:

@@ -148,6 +148,29 @@ class MpiCommunicator final : public Communicator {
     watched_wait(req, "barrier");
   }
 
+  // MPI_Alltoallv in bytes. A mismatch of counts between members is MPI's to detect (a
+  // truncation error); the caller exchanges counts first.
+  void do_all_to_all_v(const Tensor& input, const std::vector<int64_t>& send_counts, Tensor& output,
+                       const std::vector<int64_t>& recv_counts) override {
+    check_host(input, "all_to_all_v");
+    const int64_t elem = kernels::dtype_bits(input.dtype()) / 8;
+    const auto n = static_cast<size_t>(size());
+    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    int64_t so = 0, ro = 0;
+    for (size_t s = 0; s < n; ++s) {
+      sc[s] = checked_int(send_counts[s] * elem, "all_to_all_v");
+      rc[s] = checked_int(recv_counts[s] * elem, "all_to_all_v");
+      sd[s] = checked_int(so, "all_to_all_v");
+      rd[s] = checked_int(ro, "all_to_all_v");
+      so += send_counts[s] * elem;
+      ro += recv_counts[s] * elem;
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    MP_MPI_CHECK(MPI_Ialltoallv(input.raw_data(), sc.data(), sd.data(), MPI_BYTE, output.raw_data(),
+                                rc.data(), rd.data(), MPI_BYTE, comm_, &req));
+    watched_wait(req, "all_to_all_v");
+  }
+
  private:
   void reduce_from(const std::vector<float>& recv, float* out, int64_t count, ReduceOp op) {
     std::vector<const float*> ins(static_cast<size_t>(size()));

@@ -32,6 +32,11 @@ void SplitComm::do_broadcast(Tensor& buffer, int root) { pick(buffer).broadcast(
 
 void SplitComm::do_barrier() { host_.barrier(); }
 
+void SplitComm::do_all_to_all_v(const Tensor& input, const std::vector<int64_t>& send_counts,
+                                Tensor& output, const std::vector<int64_t>& recv_counts) {
+  pick(input).all_to_all_v(input, send_counts, output, recv_counts);
+}
+
 SplitRankComms::SplitRankComms(RankComms& host, RankComms& device) : host_(host), device_(device) {
   MP_CHECK(host.rank() == device.rank() && host.mesh() == device.mesh(),
            "split rank communicators: host rank {} on {} vs device rank {} on {}", host.rank(),

@@ -25,6 +25,8 @@ class SplitComm final : public Communicator {
   void do_all_reduce(kernels::Tensor& buffer, ReduceOp op) override;
   void do_broadcast(kernels::Tensor& buffer, int root) override;
   void do_barrier() override;
+  void do_all_to_all_v(const kernels::Tensor& input, const std::vector<int64_t>& send_counts,
+                       kernels::Tensor& output, const std::vector<int64_t>& recv_counts) override;
 
  private:
   // The communicator for a buffer on `t`'s device.

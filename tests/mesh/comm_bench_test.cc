@@ -30,6 +30,10 @@ class CorruptingCommunicator final : public Communicator {
   void do_all_reduce(Tensor& b, ReduceOp op) override { inner_.all_reduce(b, op); }
   void do_broadcast(Tensor& b, int root) override { inner_.broadcast(b, root); }
   void do_barrier() override { inner_.barrier(); }
+  void do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& sc, Tensor& out,
+                       const std::vector<int64_t>& rc) override {
+    inner_.all_to_all_v(in, sc, out, rc);
+  }
 
  private:
   Communicator& inner_;
@@ -71,8 +75,8 @@ TEST(CommBenchTest, CorrectCommunicatorHasNoWrongResults) {
     if (comms.rank() == 0) rows = r;
   });
   // Distinct groupings of a 2x2x1 mesh: dp_replicate, dp_shard, dp_replicate+dp_shard; 7
-  // collective cases; 2 sizes.
-  EXPECT_EQ(rows.size(), 3u * 7u * 2u);
+  // collective cases + all_to_all; 2 sizes.
+  EXPECT_EQ(rows.size(), 3u * 8u * 2u);
   for (const CommBenchRow& r : rows) {
     EXPECT_EQ(r.wrong, 0) << r.group << " " << collective_name(r.kind);
     EXPECT_GT(r.time_us, 0.0);

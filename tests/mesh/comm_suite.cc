@@ -124,6 +124,24 @@ RankResult run_suite(RankComms& comms) {
       Tensor b = make(kCount, [&](int64_t k) { return exact_value(me, k); });
       c.broadcast(b, n - 1);
       check(b, [&](int64_t k) { return exact_value(members.back(), k); });
+      // all_to_all_v, uneven counts with zeros: member a sends (a + 2b) % 3 elements to member
+      // b, element j of that segment exact_value(members[a], 100 b + j).
+      auto cnt = [](int a, int b) -> int64_t { return (a + 2 * b) % 3; };
+      std::vector<int64_t> sc, rc;
+      std::vector<float> send, want;
+      for (int b = 0; b < n; ++b) {
+        sc.push_back(cnt(c.rank(), b));
+        rc.push_back(cnt(b, c.rank()));
+        for (int64_t j = 0; j < cnt(c.rank(), b); ++j) send.push_back(exact_value(me, 100 * b + j));
+        for (int64_t j = 0; j < cnt(b, c.rank()); ++j)
+          want.push_back(exact_value(members[static_cast<size_t>(b)], 100 * c.rank() + j));
+      }
+      Tensor a_in = Tensor::from_vector(Shape{static_cast<int64_t>(send.size())}, send);
+      Tensor a_out = Tensor::zeros(Shape{static_cast<int64_t>(want.size())}, DType::kFloat32,
+                                   kernels::Device::cpu());
+      c.all_to_all_v(a_in, sc, a_out, rc);
+      check(a_out, [&](int64_t k) { return want[static_cast<size_t>(k)]; });
+      append_bits(res.digest, fmt::format("{} all_to_all_v", dims.str()), a_out);
     }
     // Digest part.
     const std::string tag = dims.str();

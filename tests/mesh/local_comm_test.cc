@@ -330,6 +330,81 @@ TEST(LocalCommTest, BusBandwidthFactorsFollowNcclTests) {
   EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CollectiveKind::kAllGather, 4), 0.75);
   EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CollectiveKind::kReduceScatter, 2), 0.5);
   EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CollectiveKind::kBroadcast, 8), 1.0);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CollectiveKind::kAllToAll, 4), 0.75);
+}
+
+// all_to_all_v: member a sends (a + 2b) % 3 elements to member b (zeros included), element j of
+// that segment value(a, 10 b + j); counts exchanged first as int64 (every count 1), as the MoE
+// dispatch does; member order on receipt.
+TEST(LocalCommTest, AllToAllVUnevenCountsAndCountExchange) {
+  for (int n : {1, 2, 3, 4}) {
+    LocalWorld world(DeviceMesh(1, n, 1), short_timeout());
+    world.run([&](RankComms& comms) {
+      Communicator& c = comms.group({MeshDim::kDpShard});
+      const int me = c.rank();
+      auto cnt = [](int a, int b) -> int64_t { return (a + 2 * b) % 3; };
+      std::vector<int64_t> sc(static_cast<size_t>(n));
+      std::vector<float> send;
+      for (int b = 0; b < n; ++b) {
+        sc[static_cast<size_t>(b)] = cnt(me, b);
+        for (int64_t j = 0; j < cnt(me, b); ++j) send.push_back(value(me, 10 * b + j));
+      }
+      // Counts first: an int64 all-to-all with every count 1.
+      const std::vector<int64_t> ones(static_cast<size_t>(n), 1);
+      Tensor sc_t = Tensor::from_vector<int64_t>(Shape{n}, sc);
+      Tensor rc_t = Tensor::zeros(Shape{n}, DType::kInt64, kernels::Device::cpu());
+      c.all_to_all_v(sc_t, ones, rc_t, ones);
+      const std::vector<int64_t> rc = rc_t.to_vector<int64_t>();
+      std::vector<float> want;
+      for (int a = 0; a < n; ++a) {
+        ASSERT_EQ(rc[static_cast<size_t>(a)], cnt(a, me));
+        for (int64_t j = 0; j < cnt(a, me); ++j) want.push_back(value(a, 10 * me + j));
+      }
+      Tensor in = Tensor::from_vector<float>(Shape{static_cast<int64_t>(send.size())}, send);
+      Tensor out = Tensor::zeros(Shape{static_cast<int64_t>(want.size())}, DType::kFloat32,
+                                 kernels::Device::cpu());
+      c.all_to_all_v(in, sc, out, rc);
+      EXPECT_EQ(out.to_vector<float>(), want) << "rank " << me << " of " << n;
+      EXPECT_EQ(c.stats(CollectiveKind::kAllToAll).count, 2);
+      EXPECT_EQ(c.stats(CollectiveKind::kAllToAll).bytes.value,
+                n * 8 + static_cast<int64_t>(send.size()) * 4);
+    });
+  }
+}
+
+// A receive count that disagrees with the sender's, and counts that do not sum to the buffers,
+// are input errors naming the collective.
+TEST(LocalCommTest, AllToAllVCountMismatchesAreErrors) {
+  LocalWorld world(DeviceMesh(1, 2, 1), short_timeout());
+  try {
+    world.run([&](RankComms& comms) {
+      Communicator& c = comms.group({MeshDim::kDpShard});
+      Tensor in = Tensor::zeros(Shape{2}, DType::kFloat32, kernels::Device::cpu());
+      // Rank 1 expects 2 elements from rank 0, which sends 1.
+      const std::vector<int64_t> rc =
+          c.rank() == 1 ? std::vector<int64_t>{2, 1} : std::vector<int64_t>{1, 1};
+      Tensor out = Tensor::zeros(Shape{rc[0] + rc[1]}, DType::kFloat32, kernels::Device::cpu());
+      c.all_to_all_v(in, {1, 1}, out, rc);
+    });
+    FAIL() << "expected a count mismatch";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(std::string(e.message()).find("sends 1 elements to rank 1, which expects 2"),
+              std::string::npos)
+        << e.message();
+  }
+  try {
+    world.run([&](RankComms& comms) {
+      Tensor in = Tensor::zeros(Shape{3}, DType::kFloat32, kernels::Device::cpu());
+      Tensor out = Tensor::zeros(Shape{2}, DType::kFloat32, kernels::Device::cpu());
+      comms.group({MeshDim::kDpShard}).all_to_all_v(in, {1, 1}, out, {1, 1});
+    });
+    FAIL() << "expected an input error";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+    EXPECT_NE(std::string(e.message()).find("send counts sum to 2"), std::string::npos)
+        << e.message();
+  }
 }
 
 }  // namespace
