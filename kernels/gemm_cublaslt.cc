@@ -558,7 +558,12 @@ void native_nvfp4(const GemmProblem& p, const QuantizedTensor& qa, const Quantiz
     MP_CUDA_CHECK(launch_swizzle_e8m0(static_cast<const uint8_t*>(sinv.raw_data()), outer, k_blocks,
                                       k_blocks, 1, static_cast<uint8_t*>(swz[i].raw_data()),
                                       stream_now()));
-    amax[i] = (col ? q.columnwise_amax : q.amax).data<float>();
+    const Tensor& global_amax = col ? q.columnwise_amax : q.amax;
+    MP_CHECK_INPUT(global_amax.device() == out.device(),
+                   "gemm_{}: the {} global amax of NVFP4 operand {} is on {}, not {}",
+                   gemm_role_name(p.role), col ? "columnwise" : "rowwise", sides[i]->name,
+                   global_amax.device().str(), out.device().str());
+    amax[i] = global_amax.data<float>();
     ops[i] = LtOperand{data.raw_data(), DType::kE2M1, true, swz[i].raw_data(),
                        lt::ScaleMode::kVec16Ue4m3};
   }
