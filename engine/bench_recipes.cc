@@ -414,11 +414,19 @@ std::array<std::pair<kernels::lt::PathOperand, kernels::lt::PathOperand>, 3> rec
 // every native path takes (multiples of 128: the bench and training shapes the recipes' rules
 // admit; a shape a native path refuses is an input error there, or the emulation the decision
 // names, per GEMM).
-std::string recipe_path_emulation(RecipeKind recipe, int compute_capability, int lt_version) {
-  for (const auto& [a, b] : recipe_operands(recipe)) {
-    kernels::lt::PathQuery q{a, b, compute_capability, lt_version, 128, 128, 128};
-    const kernels::lt::PathDecision d = kernels::lt::choose_gemm_path(q);
-    if (!d.native()) return d.emulation;
+std::string recipe_path_emulation(RecipeKind recipe, int compute_capability, int lt_version,
+                                  const std::vector<GemmShape>& shapes = {{128, 128, 128}}) {
+  const auto ops = recipe_operands(recipe);
+  for (const GemmShape& s : shapes) {
+    // [R, S, K] of each role at linear shape (M, N, K) (kernels/gemm_internal.h).
+    const int64_t dims[3][3] = {{s.m, s.n, s.k}, {s.m, s.k, s.n}, {s.n, s.k, s.m}};
+    for (size_t role = 0; role < ops.size(); ++role) {
+      const kernels::lt::PathQuery q{ops[role].first, ops[role].second, compute_capability,
+                                     lt_version,      dims[role][0],    dims[role][1],
+                                     dims[role][2]};
+      const kernels::lt::PathDecision d = kernels::lt::choose_gemm_path(q);
+      if (!d.native()) return d.emulation;
+    }
   }
   return "";
 }
@@ -442,11 +450,18 @@ std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability) {
 }
 
 std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version) {
+  if (compute_capability == 0) return "CPU emulation";
   return recipe_path_emulation(recipe, compute_capability, lt_version);
 }
 
 std::string recipe_emulation(RecipeKind recipe, int compute_capability) {
   return recipe_emulation(recipe, compute_capability, label_cublaslt_version());
+}
+
+std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version,
+                             const std::vector<GemmShape>& shapes) {
+  if (compute_capability == 0) return "CPU emulation";
+  return recipe_path_emulation(recipe, compute_capability, lt_version, shapes);
 }
 
 int64_t recipe_m_multiple(RecipeKind recipe) { return bench_row(recipe).m_multiple; }
@@ -511,7 +526,12 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
     RecipeBenchResult res;
     res.recipe = r;
     res.gemm_dtype = recipe_gemm_dtype(r, rep.compute_capability);
-    res.emulation = recipe_emulation(r, rep.compute_capability);
+    // The label from every GEMM shape this run measures (a shape a native path does not take
+    // makes the recipe's figures an emulation, with that GEMM's reason).
+    std::vector<GemmShape> measured;
+    for (const auto& [name, s] : shapes) measured.push_back(s);
+    for (const auto& [name, s] : sweep_shapes) measured.push_back(s);
+    res.emulation = recipe_emulation(r, rep.compute_capability, label_cublaslt_version(), measured);
     const bool quantized = is_fp8(r);
     for (size_t si = 0; si < shapes.size(); ++si) {
       // Named references, not a structured binding: the lambda below captures the shape, which

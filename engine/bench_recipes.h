@@ -216,6 +216,10 @@ std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability);
 std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version);
 // With label_cublaslt_version().
 std::string recipe_emulation(RecipeKind recipe, int compute_capability);
+// At the linear shapes a run measures (every role of each): the first GEMM the decision emulates
+// gives the label. The overloads above assume shapes every native path takes (128x128x128).
+std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version,
+                             const std::vector<GemmShape>& shapes);
 
 // The cuBLASLt version the labels assume: the loaded library's; in a build without CUDA (whose
 // figures are all CPU figures, labelled by compute capability 0) the newest the decision knows.

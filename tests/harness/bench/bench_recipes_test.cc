@@ -222,6 +222,12 @@ TEST(BenchRecipes, LabelsEmulatedRecipes) {
   EXPECT_EQ(engine::recipe_emulation(kNvfp4, 90, 130100), "NVFP4 as dequantized fp32 GEMMs");
   EXPECT_EQ(engine::recipe_emulation(kMxfp8, 120, 130100), "MXFP8 as bf16 GEMMs outside sm_10x");
   EXPECT_EQ(engine::recipe_emulation(kDelayed, 90, 0), "");  // per-tensor needs no new mode
+  // At measured shapes: a linear with K = 64 (fprop's reduction) is not native for block scaling.
+  EXPECT_EQ(engine::recipe_emulation(kBlock, 90, 120900, {{256, 128, 384}}), "");
+  EXPECT_EQ(engine::recipe_emulation(kBlock, 90, 120900, {{256, 128, 384}, {256, 128, 64}}),
+            "block scaling as dequantized fp32 GEMMs ([R, S, K] = [256, 128, 64]: native needs R, "
+            "S multiples of 16 and K of 128)");
+  EXPECT_EQ(engine::recipe_emulation(kBlock, 0, 120900, {{256, 128, 384}}), "CPU emulation");
   EXPECT_EQ(engine::recipe_emulation(kBf16, 90), "");
   EXPECT_EQ(engine::recipe_emulation(kFp32, 90), "");
   EXPECT_EQ(engine::recipe_m_multiple(kMxfp8), 32);
