@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 
@@ -12,6 +13,8 @@
 #include "engine/session.h"
 #include "kernels/bench_timer.h"
 #include "kernels/cast.h"
+#include "kernels/cublaslt_plan.h"
+#include "kernels/cublaslt_resources.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/quantize.h"
@@ -22,6 +25,7 @@ using kernels::Device;
 using kernels::DType;
 using kernels::GemmRole;
 using kernels::QuantizedTensor;
+using kernels::ScalingMode;
 using kernels::Tensor;
 
 namespace {
@@ -85,27 +89,25 @@ int64_t quantized_bytes(const QuantizedTensor& q) {
 }
 
 // The recipe bench's view of each recipe: a new recipe of engine/config.h kRecipeNames is one row.
+// Whether its GEMMs are native or emulated on a device, and why, is kernels::lt::choose_gemm_path's
+// answer for its operands (recipe_paths below), the decision the CUDA GEMM itself runs.
 struct BenchRecipeRow {
   RecipeKind kind;
-  int native_cc;               // lowest compute capability running native_dtype GEMMs
-  const char* native_dtype;    // GEMM dtype from native_cc on
-  const char* emulated_dtype;  // GEMM dtype below it (the dequantized emulation)
+  const char* native_dtype;    // GEMM dtype when cuBLASLt runs the recipe natively
+  const char* emulated_dtype;  // GEMM dtype of its exact emulation (the dequantized operands)
   int64_t m_multiple;          // token multiple its quantizers and GEMMs need
-  const char* emulation;       // why it is emulated below native_cc
 };
 
-// native_cc 1000: no native GEMM on any GPU (block scaling dequantizes to fp32 GEMMs everywhere).
 constexpr BenchRecipeRow kBenchRecipes[] = {
-    {RecipeKind::kFp32, 0, "fp32", "fp32", 1, ""},
-    {RecipeKind::kBf16, 0, "bf16", "bf16", 1, ""},
-    {RecipeKind::kDelayed, 89, "fp8", "fp32", 16, "per-tensor FP8 as fp32 GEMMs below sm_89"},
-    {RecipeKind::kCurrent, 89, "fp8", "fp32", 16, "per-tensor FP8 as fp32 GEMMs below sm_89"},
-    {RecipeKind::kMxfp8, 100, "fp8", "bf16", 32, "MXFP8 as bf16 GEMMs below sm_100"},
-    {RecipeKind::kBlock, 1000, "fp8", "fp32", 1, "block scaling as dequantized fp32 GEMMs"},
-    // The sm_100 VEC16_UE4M3 cuBLASLt path is not built (docs/design.md section 25): NVFP4 GEMMs
-    // decode to fp32 on every device. Blocks are 16 wide along K and the 16x16 weight tiles need
-    // M % 16 == 0 for the columnwise copies.
-    {RecipeKind::kNvfp4, 1000, "fp4", "fp32", 16, "NVFP4 as dequantized fp32 GEMMs"},
+    {RecipeKind::kFp32, "fp32", "fp32", 1},
+    {RecipeKind::kBf16, "bf16", "bf16", 1},
+    {RecipeKind::kDelayed, "fp8", "fp32", 16},
+    {RecipeKind::kCurrent, "fp8", "fp32", 16},
+    {RecipeKind::kMxfp8, "fp8", "bf16", 32},
+    {RecipeKind::kBlock, "fp8", "fp32", 1},
+    // Blocks are 16 wide along K and the 16x16 weight tiles need M % 16 == 0 for the columnwise
+    // copies.
+    {RecipeKind::kNvfp4, "fp4", "fp32", 16},
 };
 
 const BenchRecipeRow& bench_row(RecipeKind r) {
@@ -363,16 +365,103 @@ std::vector<RecipeKind> RecipeBenchOptions::all_bench_recipes() {
   return out;
 }
 
-std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability) {
+namespace {
+
+// The operands (A, B of kernels/gemm_internal.h's canonical form) of each role of a recipe's
+// linear layer, as the path decision sees them: fprop X x W, dgrad dY x W^T, wgrad dY^T x X^T
+// (engine/recipe.cc's quantizations with the default HYBRID formats: dY in e5m2 for per-tensor).
+std::array<std::pair<kernels::lt::PathOperand, kernels::lt::PathOperand>, 3> recipe_operands(
+    RecipeKind r) {
+  using kernels::lt::PathOperand;
+  auto hp = [](DType d) { return PathOperand{false, ScalingMode::kCurrentTensor, d}; };
+  auto q = [](ScalingMode m, DType f) { return PathOperand{true, m, f}; };
+  switch (r) {
+    case RecipeKind::kFp32:
+      return {{{hp(DType::kFloat32), hp(DType::kFloat32)},
+               {hp(DType::kFloat32), hp(DType::kFloat32)},
+               {hp(DType::kFloat32), hp(DType::kFloat32)}}};
+    case RecipeKind::kBf16:
+      return {{{hp(DType::kBFloat16), hp(DType::kBFloat16)},
+               {hp(DType::kBFloat16), hp(DType::kBFloat16)},
+               {hp(DType::kBFloat16), hp(DType::kBFloat16)}}};
+    case RecipeKind::kDelayed:
+    case RecipeKind::kCurrent: {
+      const ScalingMode m =
+          r == RecipeKind::kDelayed ? ScalingMode::kDelayedTensor : ScalingMode::kCurrentTensor;
+      return {{{q(m, DType::kE4M3), q(m, DType::kE4M3)},
+               {q(m, DType::kE5M2), q(m, DType::kE4M3)},
+               {q(m, DType::kE5M2), q(m, DType::kE4M3)}}};
+    }
+    case RecipeKind::kMxfp8: {
+      const PathOperand mx = q(ScalingMode::kMxfp8, DType::kE4M3);
+      return {{{mx, mx}, {mx, mx}, {mx, mx}}};
+    }
+    case RecipeKind::kBlock: {
+      const PathOperand v = q(ScalingMode::kBlock1x128, DType::kE4M3);
+      const PathOperand t = q(ScalingMode::kBlock128x128, DType::kE4M3);
+      return {{{v, t}, {v, t}, {v, v}}};
+    }
+    case RecipeKind::kNvfp4: {
+      const PathOperand f = q(ScalingMode::kNvfp4, DType::kE2M1);
+      return {{{f, f}, {f, f}, {f, f}}};
+    }
+  }
+  MP_FAIL("recipe '{}' has no operands in the recipe bench (engine/bench_recipes.cc)",
+          recipe_name(r));
+}
+
+// The first emulation reason over the recipe's three roles ("" when all are native), at shapes
+// every native path takes (multiples of 128: the bench and training shapes the recipes' rules
+// admit; a shape a native path refuses is an input error there, or the emulation the decision
+// names, per GEMM).
+std::string recipe_path_emulation(RecipeKind recipe, int compute_capability, int lt_version,
+                                  const std::vector<GemmShape>& shapes = {{128, 128, 128}}) {
+  const auto ops = recipe_operands(recipe);
+  for (const GemmShape& s : shapes) {
+    // [R, S, K] of each role at linear shape (M, N, K) (kernels/gemm_internal.h).
+    const int64_t dims[3][3] = {{s.m, s.n, s.k}, {s.m, s.k, s.n}, {s.n, s.k, s.m}};
+    for (size_t role = 0; role < ops.size(); ++role) {
+      const kernels::lt::PathQuery q{ops[role].first, ops[role].second, compute_capability,
+                                     lt_version,      dims[role][0],    dims[role][1],
+                                     dims[role][2]};
+      const kernels::lt::PathDecision d = kernels::lt::choose_gemm_path(q);
+      if (!d.native()) return d.emulation;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+int label_cublaslt_version() {
+  const int v = kernels::cublaslt_runtime_version();
+  return v != 0 ? v : kernels::lt::kLtVersionBlock;
+}
+
+std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability, int lt_version) {
   if (compute_capability == 0) return "fp32";  // the CPU backend dequantizes to fp32
   const BenchRecipeRow& row = bench_row(recipe);
-  return compute_capability >= row.native_cc ? row.native_dtype : row.emulated_dtype;
+  return recipe_path_emulation(recipe, compute_capability, lt_version).empty() ? row.native_dtype
+                                                                               : row.emulated_dtype;
+}
+
+std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability) {
+  return recipe_gemm_dtype(recipe, compute_capability, label_cublaslt_version());
+}
+
+std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version) {
+  if (compute_capability == 0) return "CPU emulation";
+  return recipe_path_emulation(recipe, compute_capability, lt_version);
 }
 
 std::string recipe_emulation(RecipeKind recipe, int compute_capability) {
+  return recipe_emulation(recipe, compute_capability, label_cublaslt_version());
+}
+
+std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version,
+                             const std::vector<GemmShape>& shapes) {
   if (compute_capability == 0) return "CPU emulation";
-  const BenchRecipeRow& row = bench_row(recipe);
-  return compute_capability >= row.native_cc ? "" : row.emulation;
+  return recipe_path_emulation(recipe, compute_capability, lt_version, shapes);
 }
 
 int64_t recipe_m_multiple(RecipeKind recipe) { return bench_row(recipe).m_multiple; }
@@ -437,7 +526,12 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
     RecipeBenchResult res;
     res.recipe = r;
     res.gemm_dtype = recipe_gemm_dtype(r, rep.compute_capability);
-    res.emulation = recipe_emulation(r, rep.compute_capability);
+    // The label from every GEMM shape this run measures (a shape a native path does not take
+    // makes the recipe's figures an emulation, with that GEMM's reason).
+    std::vector<GemmShape> measured;
+    for (const auto& [name, s] : shapes) measured.push_back(s);
+    for (const auto& [name, s] : sweep_shapes) measured.push_back(s);
+    res.emulation = recipe_emulation(r, rep.compute_capability, label_cublaslt_version(), measured);
     const bool quantized = is_fp8(r);
     for (size_t si = 0; si < shapes.size(); ++si) {
       // Named references, not a structured binding: the lambda below captures the shape, which

@@ -199,17 +199,31 @@ struct RecipeBenchReport {
   std::optional<ConvergenceCurve> fp32_curve;
 };
 
-// The dtype a recipe's GEMMs execute in (kernels/gemm.h): "fp32", "bf16" or "fp8". Compute
+// The dtype a recipe's GEMMs execute in (kernels/gemm.h): "fp32", "bf16", "fp8" or "fp4". Compute
 // capability as major*10 + minor (90 for Hopper, 100 for Blackwell), 0 for the CPU backend, which
-// dequantizes and multiplies in fp32. Per-tensor FP8 runs fp8 GEMMs from cc 8.9; MXFP8 is
-// emulated with bf16 GEMMs below cc 10; block scaling uses fp32 GEMMs everywhere. The training
-// runner and the recipe bench pick MFU peaks by it. From the recipe table in bench_recipes.cc.
+// dequantizes and multiplies in fp32; lt_version: cublasLtGetVersion(). From the path decision
+// (kernels::lt::choose_gemm_path): per-tensor FP8 runs fp8 GEMMs from cc 8.9; MXFP8 on cc 10.x,
+// emulated with bf16 GEMMs elsewhere; block scaling runs fp8 GEMMs on cc 9.0 (cuBLASLt >= 12.9),
+// fp32 GEMMs elsewhere; NVFP4 fp4 GEMMs on cc 10.x, fp32 elsewhere. The training runner and the
+// recipe bench pick MFU peaks by it.
+std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability, int lt_version);
+// With label_cublaslt_version().
 std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability);
 
 // Why a recipe's figures on this device are an emulation, "" when native: every CPU figure
-// ("CPU emulation"), FP8 recipes below the compute capability of their native GEMM, and block
-// scaling everywhere (its GEMMs dequantize to fp32).
+// ("CPU emulation") and the first emulated role's reason from kernels::lt::choose_gemm_path, the
+// decision the CUDA GEMM runs (so the label and the path cannot disagree).
+std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version);
+// With label_cublaslt_version().
 std::string recipe_emulation(RecipeKind recipe, int compute_capability);
+// At the linear shapes a run measures (every role of each): the first GEMM the decision emulates
+// gives the label. The overloads above assume shapes every native path takes (128x128x128).
+std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version,
+                             const std::vector<GemmShape>& shapes);
+
+// The cuBLASLt version the labels assume: the loaded library's; in a build without CUDA (whose
+// figures are all CPU figures, labelled by compute capability 0) the newest the decision knows.
+int label_cublaslt_version();
 
 // The token-count multiple a recipe's quantizers need (MXFP8: 32-row blocks; per-tensor FP8
 // GEMMs: 16; others 1).

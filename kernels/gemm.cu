@@ -1,10 +1,13 @@
 // Device kernels of the CUDA GEMM path and their launchers (host logic: gemm_cublaslt.cc).
 // Kept simple and element-wise so that each is obviously right: the decode uses formats.h exactly
-// as gemm.cc's CPU decode does, the swizzle is docs/design.md section 4's byte formula verbatim.
+// as gemm.cc's CPU decode does, the swizzle and the block-scale layouts are the index functions of
+// kernels/cublaslt_layout.h.
 #include <algorithm>
 
+#include "kernels/cublaslt_layout.h"
 #include "kernels/formats.h"
 #include "kernels/gemm_cuda_kernels.h"
+#include "kernels/nvfp4_rules.h"
 
 namespace meshproof::kernels::detail {
 namespace {
@@ -67,25 +70,57 @@ __global__ void transpose_u8_kernel(const uint8_t* src, uint8_t* dst, int64_t ro
   }
 }
 
-// Pads and swizzles an E8M0 scale matrix S[r, c] (r: the operand's non-reduction index, c: the
-// index of its 32-block along K; S[r, c] = src[r * stride_r + c * stride_c]) into cuBLASLt's
-// 128x4 tiles (docs/design.md section 4): padded to [roundup(R,128), roundup(C,4)] with zeros, and
-//   byte = ((r/128) * ceil(C/4) + c/4) * 512 + (r%32) * 16 + ((r%128)/32) * 4 + c%4.
-// One thread per destination byte, so padding is written too.
-__global__ void swizzle_e8m0_kernel(const uint8_t* src, int64_t rows, int64_t cols,
-                                    int64_t stride_r, int64_t stride_c, uint8_t* dst) {
-  const int64_t prow = (rows + 127) / 128 * 128;
-  const int64_t tiles_c = (cols + 3) / 4;
-  const int64_t pcol = tiles_c * 4;
-  const int64_t n = prow * pcol;
+// Pads and swizzles a byte scale matrix S[r, c] (E8M0 or E4M3 codes; r: the operand's outer index,
+// c: its block index along K; S[r, c] = src[r * stride_r + c * stride_c]) into cuBLASLt's 128x4
+// tiles (lt::swizzled_128x4_offset, docs/design.md sections 4 and 30), padded with zeros. One
+// thread per padded source position, so every destination byte (padding too) is written once.
+__global__ void swizzle_128x4_kernel(const uint8_t* src, int64_t rows, int64_t cols,
+                                     int64_t stride_r, int64_t stride_c, uint8_t* dst) {
+  const int64_t pcol = lt::round_up(cols, 4);
+  const int64_t n = lt::swizzled_128x4_bytes(rows, cols);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / pcol, c = i % pcol;
     const uint8_t v = (r < rows && c < cols) ? src[r * stride_r + c * stride_c] : uint8_t{0};
-    const int64_t byte =
-        ((r / 128) * tiles_c + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
-    dst[byte] = v;
+    dst[lt::swizzled_128x4_offset(r, c, cols)] = v;
   }
+}
+
+// Block-scaling scales of one K-major operand into cuBLASLt's layout. src is the stored fp32
+// scale matrix, row-major with k_blocks columns: [outer, k_blocks] (1x128 blocks) or
+// [ceil(outer/128), k_blocks] (128x128 tiles). One thread per destination float, padding zeroed.
+__global__ void block_scales_kernel(const float* src, int64_t outer, int64_t k_blocks, bool tiles,
+                                    float* dst) {
+  if (tiles) {
+    const int64_t kb4 = lt::round_up(k_blocks, 4);
+    const int64_t n = lt::blk128_scale_elems(outer, k_blocks);
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t ob = i / kb4, kb = i % kb4;
+      dst[lt::blk128_scale_offset(ob, kb, k_blocks)] =
+          kb < k_blocks ? src[ob * k_blocks + kb] : 0.0f;
+    }
+  } else {
+    const int64_t o4 = lt::round_up(outer, 4);
+    const int64_t n = lt::vec128_scale_elems(outer, k_blocks);
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t kb = i / o4, o = i % o4;
+      dst[lt::vec128_scale_offset(o, kb, outer)] = o < outer ? src[o * k_blocks + kb] : 0.0f;
+    }
+  }
+}
+
+// alpha_beta[0] = gds(amax_a) * gds(amax_b): the two NVFP4 global decode scales (section 25's
+// rules, the quantizer's own functions) that cuBLASLt applies once to the product of the
+// block-scaled sums; alpha_beta[1] = beta (device pointer mode takes both from the device).
+__global__ void nvfp4_alpha_kernel(const float* amax_a, const float* amax_b, float beta,
+                                   float* alpha_beta) {
+  namespace nv = rules::nvfp4;
+  const float gds_a = nv::global_decode_scale(nv::global_encode_scale(*amax_a));
+  const float gds_b = nv::global_decode_scale(nv::global_encode_scale(*amax_b));
+  alpha_beta[0] = gds_a * gds_b;
+  alpha_beta[1] = beta;
 }
 
 unsigned grid_for(int64_t n) {
@@ -117,13 +152,27 @@ cudaError_t launch_transpose_u8(const uint8_t* src, uint8_t* dst, int64_t rows, 
 }
 
 int64_t swizzled_e8m0_bytes(int64_t rows, int64_t cols) {
-  return (rows + 127) / 128 * 128 * ((cols + 3) / 4 * 4);
+  return lt::swizzled_128x4_bytes(rows, cols);
 }
 
 cudaError_t launch_swizzle_e8m0(const uint8_t* src, int64_t rows, int64_t cols, int64_t stride_r,
                                 int64_t stride_c, uint8_t* dst, cudaStream_t stream) {
-  swizzle_e8m0_kernel<<<grid_for(swizzled_e8m0_bytes(rows, cols)), 256, 0, stream>>>(
+  swizzle_128x4_kernel<<<grid_for(lt::swizzled_128x4_bytes(rows, cols)), 256, 0, stream>>>(
       src, rows, cols, stride_r, stride_c, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_block_scales(const float* src, int64_t outer, int64_t k_blocks, bool tiles,
+                                float* dst, cudaStream_t stream) {
+  const int64_t n =
+      tiles ? lt::blk128_scale_elems(outer, k_blocks) : lt::vec128_scale_elems(outer, k_blocks);
+  block_scales_kernel<<<grid_for(n), 256, 0, stream>>>(src, outer, k_blocks, tiles, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_nvfp4_alpha(const float* amax_a, const float* amax_b, float beta,
+                               float* alpha_beta, cudaStream_t stream) {
+  nvfp4_alpha_kernel<<<1, 1, 0, stream>>>(amax_a, amax_b, beta, alpha_beta);
   return cudaGetLastError();
 }
 

@@ -10,11 +10,14 @@
 // CPU: dequantize exactly to fp32 and multiply with fp32 accumulation in a fixed k order (bitwise
 // reproducible), bf16 output rounded to nearest even. float64 operands and output (all three,
 // CPU only) multiply in double: the model's fp64 mode for finite-difference gradient checks.
-// CUDA (cuBLASLt, CUBLAS_COMPUTE_32F, no TF32): fp32/bf16 natively; per-tensor FP8 natively on
-// sm_89+ in TN form (R, S, K multiples of 16, else an input error); MXFP8 natively on cc 10.x
-// (same dims rule), elsewhere emulated (dequantize to bf16, bf16 GEMM); block scaling, e5m2 x
-// e5m2 and mixed operand kinds emulated exactly (dequantize to fp32, fp32 GEMM). Results differ
-// from the CPU only by accumulation order (and fast accumulation when requested).
+// CUDA (cuBLASLt, CUBLAS_COMPUTE_32F, no TF32), the path chosen by kernels::lt::choose_gemm_path
+// (kernels/cublaslt_plan.h, docs/design.md section 31): fp32/bf16 natively; per-tensor FP8
+// natively on sm_89+ in TN form (R, S, K multiples of 16, else an input error); MXFP8 natively on
+// cc 10.x (same dims rule), elsewhere emulated (dequantize to bf16, bf16 GEMM); block scaling
+// natively on sm_90 (1x128 / 128x128 cuBLASLt scale modes; not 128x128 x 128x128) and NVFP4 on
+// cc 10.x; the rest (e5m2 x e5m2, mixed operand kinds, those recipes elsewhere) emulated exactly
+// (dequantize to fp32, fp32 GEMM). Results differ from the CPU only by accumulation order (and
+// the reduced-precision accumulators of fast accumulation and block-scaled kernels).
 #pragma once
 
 #include <variant>

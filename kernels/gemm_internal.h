@@ -11,6 +11,7 @@
 // high-precision tensor.
 #pragma once
 
+#include "kernels/cublaslt_plan.h"
 #include "kernels/gemm.h"
 
 namespace meshproof::kernels::detail {
@@ -52,8 +53,12 @@ void set_cpu_gemm_kernel(CpuGemmKernel k);
 CpuGemmKernel cpu_gemm_kernel();
 
 #if MESHPROOF_HAVE_CUDA
-// Runs a validated problem whose operands and output all live on `out.device()` (CUDA).
+// Runs a validated problem whose operands and output all live on `out.device()` (CUDA), on the
+// path gemm_cuda_path chooses.
 void gemm_cuda(const GemmProblem& p, Tensor& out, const GemmOptions& options);
+// lt::choose_gemm_path for this problem on CUDA device `device` (its compute capability and the
+// loaded cuBLASLt's version): the path gemm_cuda runs (the gpu tests assert on it).
+lt::PathDecision gemm_cuda_path(const GemmProblem& p, int device);
 #endif
 
 }  // namespace meshproof::kernels::detail

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "kernels/cublaslt_resources.h"
 #include "kernels/cuda_check.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
@@ -397,7 +398,10 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
     ~Streams() {
 #if MESHPROOF_HAVE_CUDA
       for (void* st : s) {
-        if (st != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(st));
+        if (st != nullptr) {
+          kernels::release_stream_resources(st);  // its cuBLASLt handle and workspace
+          cudaStreamDestroy(static_cast<cudaStream_t>(st));
+        }
       }
 #endif
     }

@@ -209,6 +209,25 @@ TEST(BenchRecipes, LabelsEmulatedRecipes) {
   EXPECT_EQ(engine::recipe_emulation(kCurrent, 90), "");
   EXPECT_EQ(engine::recipe_emulation(kDelayed, 80), "per-tensor FP8 as fp32 GEMMs below sm_89");
   EXPECT_EQ(engine::recipe_emulation(kBlock, 100), "block scaling as dequantized fp32 GEMMs");
+  // Block scaling is native on sm_90 with cuBLASLt >= 12.9 (every role is 1x128 x 128x128 or
+  // 1x128 x 1x128), NVFP4 on cc 10.x with cuBLASLt >= 12.8: the labels follow the GEMM's own
+  // path decision (kernels::lt::choose_gemm_path), the library version included.
+  EXPECT_EQ(engine::recipe_emulation(kBlock, 90, 120900), "");
+  EXPECT_EQ(engine::recipe_gemm_dtype(kBlock, 90, 120900), "fp8");
+  EXPECT_EQ(engine::recipe_emulation(kBlock, 90, 120800),
+            "block scaling as dequantized fp32 GEMMs (cuBLASLt 120800 < 12.9)");
+  EXPECT_EQ(engine::recipe_gemm_dtype(kBlock, 90, 120800), "fp32");
+  EXPECT_EQ(engine::recipe_emulation(kNvfp4, 100, 120800), "");
+  EXPECT_EQ(engine::recipe_gemm_dtype(kNvfp4, 100, 120800), "fp4");
+  EXPECT_EQ(engine::recipe_emulation(kNvfp4, 90, 130100), "NVFP4 as dequantized fp32 GEMMs");
+  EXPECT_EQ(engine::recipe_emulation(kMxfp8, 120, 130100), "MXFP8 as bf16 GEMMs outside sm_10x");
+  EXPECT_EQ(engine::recipe_emulation(kDelayed, 90, 0), "");  // per-tensor needs no new mode
+  // At measured shapes: a linear with K = 64 (fprop's reduction) is not native for block scaling.
+  EXPECT_EQ(engine::recipe_emulation(kBlock, 90, 120900, {{256, 128, 384}}), "");
+  EXPECT_EQ(engine::recipe_emulation(kBlock, 90, 120900, {{256, 128, 384}, {256, 128, 64}}),
+            "block scaling as dequantized fp32 GEMMs ([R, S, K] = [256, 128, 64]: native needs R, "
+            "S multiples of 16 and K of 128)");
+  EXPECT_EQ(engine::recipe_emulation(kBlock, 0, 120900, {{256, 128, 384}}), "CPU emulation");
   EXPECT_EQ(engine::recipe_emulation(kBf16, 90), "");
   EXPECT_EQ(engine::recipe_emulation(kFp32, 90), "");
   EXPECT_EQ(engine::recipe_m_multiple(kMxfp8), 32);
