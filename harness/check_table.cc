@@ -42,13 +42,25 @@ reports::CheckResult run_golden(CheckContext& c) {
 
 // ---- resume: save mid-run, load into a fresh engine (on the override mesh), train to the end
 
-std::optional<std::string> skip_resume(const CheckContext& c) {
+std::optional<std::string> resume_skip_reason(const Scenario& s, int64_t start) {
   // The check saves at_step steps after the run's start (step 0, or the checkpoint's); when that
   // is not before the last step there is nothing to resume.
-  const ResumeCheck& r = c.scenario.checks.resume;
-  if (c.start + r.at_step < c.scenario.train.steps) return std::nullopt;
+  const ResumeCheck& r = s.checks.resume;
+  if (start + r.at_step < s.train.steps) return std::nullopt;
   return fmt::format("the run starts from step {}: saving {} steps later leaves no step to resume",
-                     c.start, r.at_step);
+                     start, r.at_step);
+}
+
+std::optional<std::string> skip_resume(const CheckContext& c) {
+  return resume_skip_reason(c.scenario, c.start);
+}
+
+// The first half of the resume check is the main run's first at_step steps: the main run saves
+// there, and the check trains only the second half (issue 26: checks share what they can).
+void prepare_resume(const Scenario& s, const MainRunPlan& plan, TrainRequest& main) {
+  if (resume_skip_reason(s, plan.start)) return;
+  main.resume_save_at = plan.start + s.checks.resume.at_step;
+  main.resume_root = plan.checkpoint_root;
 }
 
 reports::CheckResult run_resume(CheckContext& c) {
@@ -66,6 +78,7 @@ reports::CheckResult run_resume(CheckContext& c) {
   // inspect`, so reruns into one --out do not pile up folders.
   req.checkpoint_root = checkpoint_root(s, c.opts.out_dir);
   req.on_step = c.phase("resume");
+  req.first_half = &c.main;
   TrainOutcome resumed = resume_scenario(c.run, req);
   c.done();
   c.record.notes.insert(c.record.notes.end(), resumed.notes.begin(), resumed.notes.end());
@@ -89,6 +102,7 @@ reports::CheckResult run_resume(CheckContext& c) {
       clean.faults.clear();
       ResumeRequest creq = req;
       creq.faults = {};
+      creq.first_half = nullptr;  // the main run carries the faults: the control trains its own
       creq.on_step = c.phase("resume control");
       TrainOutcome clean_resumed = resume_scenario(clean, creq);
       c.done();
@@ -297,7 +311,7 @@ const std::vector<CheckDescriptor>& rows() {
           .claim = [](const Scenario& s) -> std::string_view {
             return s.checks.resume.mesh ? "resume_cross_mesh" : "resume";
           },
-          .prepare_main = nullptr,
+          .prepare_main = prepare_resume,
           .skip = skip_resume,
           .run = run_resume,
           .judges_main_run = false,
@@ -322,7 +336,8 @@ const std::vector<CheckDescriptor>& rows() {
           .enabled = [](const Scenario& s) { return s.checks.allgather_parity; },
           .claim = [](const Scenario&) -> std::string_view { return "allgather_parity"; },
           // The main run compares every FP8 all-gathered weight as it gathers it.
-          .prepare_main = [](const Scenario&, TrainRequest& main) { main.allgather_parity = true; },
+          .prepare_main = [](const Scenario&, const MainRunPlan&,
+                             TrainRequest& main) { main.allgather_parity = true; },
           .skip = nullptr,
           .run = [](CheckContext& c) { return check_allgather_parity(c.main.parity); },
           .judges_main_run = true,
@@ -359,7 +374,7 @@ const std::vector<CheckDescriptor>& rows() {
           .enabled = [](const Scenario& s) { return s.checks.collectives; },
           .claim = [](const Scenario&) -> std::string_view { return "collectives"; },
           // The main run records its collectives as it issues them.
-          .prepare_main = [](const Scenario&,
+          .prepare_main = [](const Scenario&, const MainRunPlan&,
                              TrainRequest& main) { main.record_collectives = true; },
           .skip = nullptr,
           .run = run_collectives,

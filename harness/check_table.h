@@ -58,6 +58,12 @@ struct CheckContext {
   std::function<const TrainOutcome&()> fault_free_control;
 };
 
+// What a check may ask of the main run needs to know where it starts and saves.
+struct MainRunPlan {
+  int64_t start = 0;                      // the step the run starts from (CheckContext::start)
+  std::filesystem::path checkpoint_root;  // harness::checkpoint_root of the scenario and --out
+};
+
 struct CheckDescriptor {
   CheckId id;
   std::string_view name;  // the key under `checks:`, the report's check kind and name
@@ -66,8 +72,9 @@ struct CheckDescriptor {
   // The name fault rows use for this check in `s` (caught_by): its name, except the resume check
   // with a mesh override, "resume_cross_mesh".
   std::string_view (*claim)(const Scenario& s);
-  // What the check asks of the main run (the allgather_parity comparisons); may be null.
-  void (*prepare_main)(const Scenario& s, TrainRequest& main);
+  // What the check asks of the main run (the allgather_parity comparisons, the resume check's
+  // save); may be null.
+  void (*prepare_main)(const Scenario& s, const MainRunPlan& plan, TrainRequest& main);
   // Why the check cannot run from this start (it is reported skipped with this reason), or
   // nullopt; may be null.
   std::optional<std::string> (*skip)(const CheckContext& ctx);

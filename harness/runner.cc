@@ -351,8 +351,9 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
     TrainRequest req;
     req.faults = to_fault_injection(run.faults);
     req.trace = opts.trace;
+    const MainRunPlan plan{.start = start, .checkpoint_root = checkpoint_root(s, opts.out_dir)};
     for (const CheckDescriptor& c : check_table()) {
-      if (c.enabled(s) && c.prepare_main) c.prepare_main(s, req);
+      if (c.enabled(s) && c.prepare_main) c.prepare_main(s, plan, req);
     }
     req.on_step = progress.callback();
     req.scenario_hash = hash;

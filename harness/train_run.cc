@@ -263,12 +263,30 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   }
   // Rank 0's record of the periodic checkpoints this run committed (only rank 0 touches it).
   std::vector<fs::path> written;
+  // The resume check's save (TrainRequest::resume_save_at), recorded by the lead rank(s) as
+  // resume_scenario records its own.
+  fs::path resume_saved;
+  const bool lead_all = s.launcher == Launcher::kMpi;
+  auto resume_save = [&](engine::ShardedState& state, mesh::RankComms& comms, int64_t done) {
+    if (request.resume_save_at == 0 || done != request.resume_save_at) return false;
+    const fs::path root = create_check_folder(comms, request.resume_root,
+                                              fmt::format("resume_check_step{}", done), "resume");
+    const fs::path dir = engine::save_checkpoint(root, done, state, comms, co);
+    if (lead_all || comms.rank() == 0) resume_saved = dir;
+    return true;
+  };
+  if (request.resume_save_at > 0) {
+    o.after_step = [&](engine::ShardedState& state, mesh::RankComms& comms, int64_t done) {
+      return resume_save(state, comms, done);
+    };
+  }
   if (request.checkpoints && request.checkpoints->every > 0) {
     const CheckpointPlan plan = *request.checkpoints;
     const int64_t last = s.train.steps;
     o.after_step = [&, plan, last](engine::ShardedState& state, mesh::RankComms& comms,
                                    int64_t done) {
-      if (done % plan.every != 0 && done != last) return false;
+      const bool for_resume = resume_save(state, comms, done);
+      if (done % plan.every != 0 && done != last) return for_resume;
       const fs::path dir = engine::save_checkpoint(plan.dir, done, state, comms, co);
       // After the commit: rank 0 removes this run's own oldest checkpoints beyond keep_last.
       on_rank0_agreed(
@@ -356,6 +374,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   out.trace = std::move(res.trace);
   out.parity = std::move(res.parity);
   out.checkpoints = std::move(written);
+  out.resume_saved = std::move(resume_saved);
   if (!request.from_checkpoint.empty()) {
     out.notes.push_back(fmt::format("started from checkpoint {} (step {})",
                                     request.from_checkpoint.string(), s.train.steps - steps));
@@ -397,27 +416,44 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   const bool mpi = s.launcher == Launcher::kMpi;
   auto lead = [&](const mesh::RankComms& comms) { return mpi || comms.rank() == 0; };
   const std::string base = fmt::format("resume_check_step{}", request.at_step);
-  // Run to at_step on the scenario's mesh and save into a folder of the check's own.
   std::filesystem::path saved;
+  if (const TrainOutcome* main = request.first_half) {
+    // The main run trained the first half and saved after at_step: take its rows, not its time.
+    const auto n = static_cast<size_t>(request.at_step - start);
+    MP_CHECK(!main->resume_saved.empty() && main->steps.size() >= n &&
+                 (!request.trace || main->trace.size() >= n),
+             "{}: the main run did not save after step {} for the resume check", s.name,
+             request.at_step);
+    saved = main->resume_saved;
+    for (size_t i = 0; i < n; ++i) {
+      reports::StepMetrics row = main->steps[i];
+      row.time = {};
+      out.steps.push_back(row);
+    }
+    if (request.trace) out.trace.assign(main->trace.begin(), main->trace.begin() + n);
+  }
+  // Run to at_step on the scenario's mesh and save into a folder of the check's own.
   std::atomic<bool> load_failed{false};
-  rethrow_load_failure(load_failed, [&] {
-    engine::run_on_ranks(first, [&](mesh::RankComms& comms) {
-      engine::TrainingSession session(first, comms);
-      if (!request.from_checkpoint.empty()) {
-        load_start(request.from_checkpoint, session.state(), comms, co, load_failed);
-        session.load_scalars();
-      }
-      while (session.steps_done() < request.at_step) {
-        const engine::StepMetrics m = session.step();
-        trace_step(session, comms);
-        if (lead(comms)) record(m);
-      }
-      const fs::path root = create_check_folder(comms, request.checkpoint_root, base, "resume");
-      const std::filesystem::path dir =
-          engine::save_checkpoint(root, request.at_step, session.state(), comms, co);
-      if (lead(comms)) saved = dir;
+  if (saved.empty()) {
+    rethrow_load_failure(load_failed, [&] {
+      engine::run_on_ranks(first, [&](mesh::RankComms& comms) {
+        engine::TrainingSession session(first, comms);
+        if (!request.from_checkpoint.empty()) {
+          load_start(request.from_checkpoint, session.state(), comms, co, load_failed);
+          session.load_scalars();
+        }
+        while (session.steps_done() < request.at_step) {
+          const engine::StepMetrics m = session.step();
+          trace_step(session, comms);
+          if (lead(comms)) record(m);
+        }
+        const fs::path root = create_check_folder(comms, request.checkpoint_root, base, "resume");
+        const std::filesystem::path dir =
+            engine::save_checkpoint(root, request.at_step, session.state(), comms, co);
+        if (lead(comms)) saved = dir;
+      });
     });
-  });
+  }
   // A fresh engine (on the resume mesh), load, finish.
   std::map<std::string, kernels::Tensor> final_params;
   engine::run_on_ranks(
@@ -453,7 +489,8 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
       });
   // The folder the check created (saved is its step_N inside): the runner removes it on a pass.
   out.checkpoints.push_back(saved.parent_path());
-  out.notes.push_back(fmt::format("resume: saved {} after step {}, resumed on {}", saved.string(),
+  out.notes.push_back(fmt::format("resume: {} saved {} after step {}, resumed on {}",
+                                  request.first_half ? "the main run" : "the check", saved.string(),
                                   request.at_step, describe_mesh(resumed.mesh)));
   return out;
 }

@@ -90,6 +90,11 @@ struct TrainRequest {
   bool record_collectives = false;
   // Called after each step with the step's metrics (1-based step) and the steps planned.
   std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
+  // The resume check's save, taken by the main run (TrainOutcome::resume_saved): after this step
+  // (1-based, absolute) the run saves into a folder it creates under resume_root, as
+  // resume_scenario's first half would (resume_check_step<N>[.<k>]). 0: none.
+  int64_t resume_save_at = 0;
+  std::filesystem::path resume_root;
 };
 
 struct TrainOutcome {
@@ -105,6 +110,8 @@ struct TrainOutcome {
   std::vector<std::pair<int, std::vector<mesh::CollectiveCall>>> calls;
   // Periodic checkpoints kept, oldest first; for the resume check, the one folder it saved into.
   std::vector<std::filesystem::path> checkpoints;
+  // With TrainRequest::resume_save_at: the step_N folder the main run saved for the resume check.
+  std::filesystem::path resume_saved;
 };
 
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);
@@ -126,11 +133,18 @@ struct ResumeRequest {
   // Called on rank 0 after each step of both halves with the step's metrics (1-based step,
   // loss, grad_norm, lr, tokens; no timing) and the scenario's step count.
   std::function<void(const reports::StepMetrics&, int64_t total_steps)> on_step;
+  // The main run of the same scenario, faults and start, which saved after at_step
+  // (TrainRequest::resume_save_at, TrainOutcome::resume_saved): its first steps and trace are the
+  // first half's, and only the second half is trained. The first half is the same computation
+  // (the engine is deterministic, which the determinism check proves on its own), so reusing it
+  // changes what is compared by nothing but the time it takes. Null: train the first half.
+  const TrainOutcome* first_half = nullptr;
 };
 
 // The resume half of the resume check: train to at_step on the scenario's mesh (from
 // from_checkpoint when given), save a checkpoint in a fresh folder under checkpoint_root,
-// construct a fresh engine (on the resume mesh), load, and train to the end. Returns the stitched
+// construct a fresh engine (on the resume mesh), load, and train to the end (with
+// request.first_half, only the last part: the main run saved). Returns the stitched
 // per-step metrics (the steps run, up to train.steps), trace (with request.trace) and the final
 // global parameters.
 TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request);

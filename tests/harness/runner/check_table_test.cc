@@ -48,7 +48,7 @@ TEST(CheckTable, CollectivesRecordsTheMainRun) {
   EXPECT_EQ(enabled_claims(s), std::vector<std::string>{"collectives"});
   TrainRequest req;
   ASSERT_NE(find_check("collectives")->prepare_main, nullptr);
-  find_check("collectives")->prepare_main(s, req);
+  find_check("collectives")->prepare_main(s, {}, req);
   EXPECT_TRUE(req.record_collectives);
 }
 
@@ -114,13 +114,37 @@ TEST(CheckTable, ResumeWithAMeshOverrideIsClaimedAsCrossMesh) {
   EXPECT_EQ(describe_claim("reference"), "reference");
 }
 
-// allgather_parity asks the main run to compare its FP8 all-gathers; no other check asks anything.
+// allgather_parity asks the main run to compare its FP8 all-gathers; no other check asks that.
 TEST(CheckTable, OnlyAllgatherParityPreparesTheMainRun) {
   Scenario s;
   for (const CheckDescriptor& c : check_table()) {
     TrainRequest req;
-    if (c.prepare_main) c.prepare_main(s, req);
+    if (c.prepare_main) c.prepare_main(s, {}, req);
     EXPECT_EQ(req.allgather_parity, c.name == "allgather_parity") << c.name;
+  }
+}
+
+// The resume check asks the main run to save after start + at_step into the checkpoint root
+// (its first half), and nothing when it is skipped (no step would be left to resume).
+TEST(CheckTable, ResumeAsksTheMainRunToSaveItsFirstHalf) {
+  Scenario s;
+  s.train.steps = 6;
+  s.checks.resume.enabled = true;
+  s.checks.resume.at_step = 2;
+  const CheckDescriptor& resume = *find_check("resume");
+  ASSERT_NE(resume.prepare_main, nullptr);
+  TrainRequest req;
+  resume.prepare_main(s, {.start = 3, .checkpoint_root = "/tmp/root"}, req);
+  EXPECT_EQ(req.resume_save_at, 5);
+  EXPECT_EQ(req.resume_root, "/tmp/root");
+  TrainRequest skipped;
+  resume.prepare_main(s, {.start = 4, .checkpoint_root = "/tmp/root"}, skipped);  // 4 + 2 = 6
+  EXPECT_EQ(skipped.resume_save_at, 0);
+  for (const CheckDescriptor& c : check_table()) {
+    if (c.name == "resume" || !c.prepare_main) continue;
+    TrainRequest other;
+    c.prepare_main(s, {.start = 0, .checkpoint_root = "/tmp/root"}, other);
+    EXPECT_EQ(other.resume_save_at, 0) << c.name;
   }
 }
 

@@ -108,5 +108,56 @@ TEST(StateRoundtrip, CleanIsBitwiseAndAnUnrestoredMomentIsNamed) {
   fs::remove_all(root);
 }
 
+// The resume check's first half taken from the main run (issue 26: checks share what they can):
+// the main run saves after at_step into the check's folder, and resuming from that save gives the
+// same rows, trace and final parameters, bit for bit, as a check that trains the first half
+// itself; with a save-side fault the main run's save carries it (the resumed run then departs
+// from the straight one in both ways alike), so reusing the save proves no less.
+TEST(ResumeFromTheMainRun, SameRowsTraceAndParamsAsTrainingTheFirstHalf) {
+  const fs::path root = fs::temp_directory_path() / "meshproof_resume_first_half_test";
+  fs::remove_all(root);
+  Scenario s = tiny_state_scenario();
+  s.name = "resume_first_half_test";
+  for (const bool fault : {false, true}) {
+    SCOPED_TRACE(fault ? "save drops the second moments" : "no fault");
+    engine::FaultInjection faults;
+    if (fault) faults.drop_checkpoint_key = "optim/*/exp_avg_sq";
+    TrainRequest mreq;
+    mreq.faults = faults;
+    mreq.trace = true;
+    mreq.resume_save_at = 2;
+    mreq.resume_root = root;
+    const TrainOutcome main = train_scenario(s, mreq);
+    ASSERT_FALSE(main.resume_saved.empty());
+    EXPECT_TRUE(fs::is_directory(main.resume_saved)) << main.resume_saved;
+    EXPECT_TRUE(
+        main.resume_saved.parent_path().filename().string().starts_with("resume_check_step2"))
+        << main.resume_saved;
+
+    ResumeRequest req;
+    req.at_step = 2;
+    req.faults = faults;
+    req.trace = true;
+    req.checkpoint_root = root;
+    const TrainOutcome trained = resume_scenario(s, req);
+    req.first_half = &main;
+    const TrainOutcome reused = resume_scenario(s, req);
+    ASSERT_EQ(reused.checkpoints.size(), 1u);
+    EXPECT_EQ(reused.checkpoints[0], main.resume_saved.parent_path());
+    EXPECT_NE(trained.checkpoints[0], reused.checkpoints[0]);  // the check's own folder
+    ASSERT_EQ(reused.steps.size(), 3u);
+    EXPECT_EQ(reused.steps[0].time.total_s, 0.0);  // rows, not the main run's timings
+
+    const RunView a{&reused.steps, &reused.final_params, &reused.trace};
+    const RunView b{&trained.steps, &trained.final_params, &trained.trace};
+    const RunView m{&main.steps, &main.final_params, &main.trace};
+    reports::CheckResult r = compare_bitwise("resume", "resume", a, b, "reused first half", true);
+    EXPECT_EQ(r.verdict, Verdict::kPass) << r.message;
+    r = compare_bitwise("resume", "resume", a, m, "resumed from the main run's save", true);
+    EXPECT_EQ(r.verdict, fault ? Verdict::kFail : Verdict::kPass) << r.message;
+  }
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace meshproof::harness
