@@ -6,6 +6,9 @@
 // Handles and workspaces are per stream (released by release_stream_resources), the heuristic's
 // choice is cached per AlgoKey (docs/design.md section 31). Validation happened in gemm.cc; here
 // the problem is well formed.
+// Over 600 lines on purpose: one file per op family; every native path (fp32/bf16, per-tensor FP8,
+// MXFP8, block, NVFP4) shares the descriptor, layout, scale-pointer and heuristic/cache helpers
+// defined here, which a split would have to export from the CUDA-only part of the library.
 //
 // Row-major vs column-major (the classic source of bugs). We compute, row-major,
 //   C[R,S] = A[R,K] . B[S,K]^T          (gemm_internal.h: A, B "K-major" = canonical)
