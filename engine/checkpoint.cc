@@ -256,11 +256,21 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
           const fs::path file_path = partial / file_name;
           json records = json::array();
           std::vector<std::pair<std::string, Tensor>> to_write;  // dataset, host data
+          // The entries this rank writes, downloaded from a device in one batched transfer
+          // (kernels::to_host_batched; host entries are used as they are).
+          std::vector<Tensor> written;
           for (const StateEntry& e : state.entries) {
+            bool owns = false;
+            for (const mesh::Chunk& c : e.layout.chunks()) owns = owns || c.owner == rank;
+            written.push_back(owns && faults.checkpoint_keeps(e.key, step) ? e.local : Tensor());
+          }
+          written = kernels::to_host_batched(written);
+          for (size_t ei = 0; ei < state.entries.size(); ++ei) {
+            const StateEntry& e = state.entries[ei];
             if (!faults.checkpoint_keeps(e.key, step)) continue;
             for (const mesh::Chunk& c : e.layout.chunks()) {
               if (c.owner != rank) continue;
-              const Tensor host = faults.checkpoint_bytes(e.key, step, to_host(e.local));
+              const Tensor host = faults.checkpoint_bytes(e.key, step, written[ei]);
               const std::string dataset = "/" + e.key;
               records.push_back({{"key", e.key},
                                  {"dataset", dataset},
@@ -516,12 +526,17 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
   cache.reset();
   agree(comms, error, "load");
 
-  // Commit: every rank staged everything.
+  // Commit: every rank staged everything. A device-resident state is uploaded in one batched
+  // transfer (kernels::copy_batched).
+  std::vector<Tensor*> dsts;
+  std::vector<Tensor> srcs;
   for (size_t i = 0; i < state.entries.size(); ++i) {
     if (staged[i].defined() && staged[i].numel().value > 0) {
-      state.entries[i].local.copy_from(staged[i]);
+      dsts.push_back(&state.entries[i].local);
+      srcs.push_back(staged[i]);
     }
   }
+  kernels::copy_batched(dsts, srcs);
   for (const auto& [name, v] : staged_scalars) state.scalars[name] = v;
   return stats;
 }

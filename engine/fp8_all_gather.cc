@@ -58,7 +58,7 @@ Tensor gather_rows_keeping_scale_padding(mesh::Communicator& comm, const Tensor&
     rows += round_up(p.rows);
   }
   Tensor mine = Tensor::zeros(kernels::Shape{round_up(local.shape()[0]), cols}, local.dtype(),
-                              kernels::Device::cpu());
+                              local.device());
   if (local.shape()[0] > 0) mine.slice_rows(0, local.shape()[0]).copy_from(local);
   const Tensor all = gather_rows(comm, mine, padded, rows, cols);
   return all.slice_rows(0, total_rows).clone();
@@ -86,15 +86,20 @@ std::vector<RowPiece> row_pieces(mesh::Communicator& gather, const mesh::Layout&
   return pieces;
 }
 
+// A tensor's bytes readable on the host (allgather_parity's comparisons read device buffers too).
+Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(kernels::Device::cpu()); }
+
 // Compares two buffers byte by byte; a size difference counts every byte of the larger one.
-void compare_bytes(const Tensor& got, const Tensor& want, AllGatherParity& p) {
-  const int64_t ng = got.defined() ? got.nbytes().value : 0;
-  const int64_t nw = want.defined() ? want.nbytes().value : 0;
+void compare_bytes(const Tensor& got_any, const Tensor& want_any, AllGatherParity& p) {
+  const int64_t ng = got_any.defined() ? got_any.nbytes().value : 0;
+  const int64_t nw = want_any.defined() ? want_any.nbytes().value : 0;
   if (ng != nw) {
     p.bytes += std::max(ng, nw);
     p.mismatched_bytes += std::max(ng, nw);
     return;
   }
+  const Tensor got = ng > 0 ? on_host(got_any) : got_any;
+  const Tensor want = nw > 0 ? on_host(want_any) : want_any;
   const auto* a = static_cast<const unsigned char*>(ng > 0 ? got.raw_data() : nullptr);
   const auto* b = static_cast<const unsigned char*>(nw > 0 ? want.raw_data() : nullptr);
   p.bytes += ng;
@@ -129,8 +134,9 @@ double max_abs_error(const kernels::QuantizedTensor& got, const kernels::Quantiz
 }
 
 // The first element of a scale_inv buffer as a number (float32 per-tensor, e8m0 per block).
-double first_scale_inv(const Tensor& s) {
-  if (!s.defined() || s.numel().value == 0) return std::nan("");
+double first_scale_inv(const Tensor& any) {
+  if (!any.defined() || any.numel().value == 0) return std::nan("");
+  const Tensor s = on_host(any);
   if (s.dtype() == DType::kFloat32) return s.data<float>()[0];
   if (s.dtype() == DType::kE8M0)
     return kernels::fmt8::e8m0_to_float(static_cast<const uint8_t*>(s.raw_data())[0]);

@@ -1,7 +1,6 @@
 #include "engine/fsdp_units.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "engine/mesh_groups.h"
 #include "kernels/cast.h"
@@ -22,33 +21,6 @@ namespace {
 
 Tensor on_device(const Tensor& t, kernels::Device device) {
   return t.device() == device ? t : t.to(device);
-}
-
-// The gathered weight's inverse: `full` holds box `source` on every member (each member's own
-// contribution); member s receives the reduction (op) of everybody's copy of its box. Each
-// member's box is cut out and padded to the largest member size, then reduce-scattered. `run`
-// false (the skip_collective fault): no collective, each member keeps its own copy of its box.
-Tensor reduce_scatter_box(mesh::Communicator& comm, const Layout& layout, const Tensor& full,
-                          const Box& source, mesh::ReduceOp op, bool run) {
-  const Box& mine = layout.box(comm.ranks()[static_cast<size_t>(comm.rank())]);
-  Tensor out = Tensor::empty(mine.shape(), DType::kFloat32, kernels::Device::cpu());
-  if (comm.size() == 1 || !run) {
-    mesh::copy_region(full, source, out, mine, mine);
-    return out;
-  }
-  int64_t chunk = 1;
-  for (int r : comm.ranks()) chunk = std::max(chunk, layout.box(r).numel().value);
-  Tensor send = Tensor::zeros({comm.size() * chunk}, DType::kFloat32, kernels::Device::cpu());
-  for (int s = 0; s < comm.size(); ++s) {
-    const Box& b = layout.box(comm.ranks()[static_cast<size_t>(s)]);
-    if (b.empty()) continue;
-    Tensor piece = send.slice_rows(s * chunk, s * chunk + b.numel().value).view(b.shape());
-    mesh::copy_region(full, source, piece, b, b);
-  }
-  Tensor recv = Tensor::empty({chunk}, DType::kFloat32, kernels::Device::cpu());
-  comm.reduce_scatter(send, recv, op);
-  if (mine.numel().value > 0) std::memcpy(out.raw_data(), recv.raw_data(), out.nbytes().value);
-  return out;
 }
 
 }  // namespace
@@ -127,10 +99,11 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
                             .group = groups::kDpShard,
                             .tensor = p.spec.name,
                             .step = step_});
+    // On the masters' device: the gather, the casts and the padding never leave it.
     Tensor full;
     if (!act.run) {
       // Not gathered: only this rank's own rows, the others zero.
-      full = Tensor::zeros(p.compute.shape(), DType::kFloat32, kernels::Device::cpu());
+      full = Tensor::zeros(p.compute.shape(), DType::kFloat32, p.master.device());
       const Box& mine = p.layout.box(comms_.rank());
       mesh::copy_region(p.master, mine, full, p.compute, mine.intersect(p.compute));
     } else {
@@ -188,8 +161,9 @@ void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
     // A gradient of a weight gathered with its padding: the padding's rows are dropped here.
     const Tensor real =
         g.shape()[0] == p.compute.extent[0].value ? g : g.slice_rows(0, p.compute.extent[0].value);
-    Tensor reduced = reduce_scatter_box(
-        shard, p.layout, on_device(real, kernels::Device::cpu()), p.compute, mesh::ReduceOp::kAvg,
+    // On the gradient shard's device (the rank's compute device when the state is resident).
+    Tensor reduced = mesh::reduce_scatter_box(
+        shard, p.layout, on_device(real, p.grad.device()), p.compute, mesh::ReduceOp::kAvg,
         runs(mesh::CollectiveKind::kReduceScatter, groups::kDpShard));
     if (replicate.size() > 1 && over_replicas && reduced.numel().value > 0 &&
         runs(mesh::CollectiveKind::kAllReduce, groups::kDpReplicate))

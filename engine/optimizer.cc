@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "engine/rank_scalars.h"
 #include "kernels/adamw.h"
@@ -49,11 +50,13 @@ OptimizerStepResult sharded_optimizer_step(ShardPlan& plan, mesh::RankComms& com
                                            const TrainingConfig& t, int64_t step) {
   using mesh::MeshDim;
   OptimizerStepResult r;
-  double sq = 0;
   const bool tp_lead = comms.mesh().coord(comms.rank(), MeshDim::kTp) == 0;
+  std::vector<const kernels::Tensor*> counted;
   for (const ShardedParam& p : plan.params())
-    if (tp_lead || p.layout.placement(MeshDim::kTp).is_shard())
-      sq += kernels::sum_of_squares(p.grad);
+    if (tp_lead || p.layout.placement(MeshDim::kTp).is_shard()) counted.push_back(&p.grad);
+  // The shards' sums of squares in plan order; on a device the sums run there (bitwise the
+  // host's) and only this rank's total comes back.
+  const double sq = kernels::sum_of_squares_total(counted);
   r.grad_norm =
       std::sqrt(sum_doubles(comms.group(mesh::DimSet{MeshDim::kDpShard, MeshDim::kTp}), sq));
   const double coef = clip_coefficient(r.grad_norm, t.max_grad_norm);

@@ -45,7 +45,9 @@ class AdamW {
 // The sharded optimizer step: the global gradient norm over the plan's reduced gradient shards
 // (the shards over dp_shard x tp are disjoint except for tp-replicated parameters, which only tp
 // rank 0 counts; dp_replicate replicas are not summed), clipping, then AdamW on every non-empty
-// local shard as step `step` + 1 (bias correction). Collective over dp_shard x tp.
+// local shard as step `step` + 1 (bias correction). Collective over dp_shard x tp. Runs where the
+// plan's shards live: on a device the sums of squares, the clipping and AdamW are device
+// kernels and the host receives only the rank's sum of squares (8 bytes).
 struct OptimizerStepResult {
   double grad_norm = 0;  // before clipping
   double lr = 0;

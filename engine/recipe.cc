@@ -22,9 +22,17 @@ std::string_view fp8_role_name(Fp8Role r) {
   return "?";
 }
 
-// The reduction hook works on host floats (the executor's communicators); amaxes computed on a
-// GPU travel through a host copy and back.
+// The tensor hook reduces where the amax lives (a session's communicators take device buffers);
+// the float hook works on host floats, so amaxes computed on a GPU travel through a host copy and
+// back.
 void Fp8Recipe::reduce(const std::string& linear, Fp8Role role, Tensor& amax, int64_t n) {
+  if (reduce_amax_tensor_) {
+    MP_CHECK(amax.dtype() == DType::kFloat32 && 0 <= n && n <= amax.numel().value,
+             "Fp8Recipe::reduce: the first {} amaxes of {}", n, amax.describe());
+    Tensor first = amax.view({amax.numel().value}).slice_rows(0, n);
+    reduce_amax_tensor_(linear, role, first);
+    return;
+  }
   if (amax.device().is_cpu()) {
     reduce_amax_(linear, role, amax.data<float>(), n);
     return;

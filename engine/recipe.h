@@ -81,6 +81,13 @@ class Fp8Recipe {
   using Nvfp4Hook = std::function<kernels::Nvfp4Options(const std::string& linear, Fp8Role role,
                                                         kernels::Nvfp4Options)>;
   void set_nvfp4_hook(Nvfp4Hook h) { nvfp4_hook_ = std::move(h); }
+  // MAX-reduces `amax` (float32, n elements, on the host or a device) in place, where it lives:
+  // set by a training session so that a device amax is reduced on the device (a collective on the
+  // device buffer, none for a group of one) instead of through a host copy. When set it replaces
+  // the AmaxHook for every reduction.
+  using AmaxTensorHook =
+      std::function<void(const std::string& linear, Fp8Role role, kernels::Tensor& amax)>;
+  void set_amax_tensor_hook(AmaxTensorHook h) { reduce_amax_tensor_ = std::move(h); }
   // The options an NVFP4 quantization of (linear, role) with `usage` at `place` uses: 16x16 tiles
   // for weights, the RHT on a columnwise copy of the others, stochastic rounding of output
   // gradients, then the fault hook. quantize() uses them; the FP4 all-gather quantizes weight
@@ -102,6 +109,7 @@ class Fp8Recipe {
 
   RecipeConfig config_;
   AmaxHook reduce_amax_;
+  AmaxTensorHook reduce_amax_tensor_;
   uint64_t seed_ = 0;
   Nvfp4Hook nvfp4_hook_;
   bool enabled_ = false;

@@ -10,7 +10,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <optional>
 
@@ -67,9 +66,10 @@ const mesh::DeviceMesh& checked_mesh(const mesh::RankComms& comms, const RunOpti
 struct TrainingSession::Impl {
   RunOptions options;
   const Config& config;
-  // Where the model computes (options.backend). The fp32 masters, AdamW moments, reduced
-  // gradients and the data-parallel collectives stay on the host; gathered weights go to the
-  // compute device and the unsharded gradients come back for the reduce-scatter.
+  // Where the model computes (options.backend), and where the shard plan's fp32 masters, AdamW
+  // moments and reduced gradients live: the weight gathers, the gradient reduce-scatters and
+  // all-reduces and the optimizer run on device buffers (docs/design.md, "Device-resident
+  // training state").
   kernels::Device device;
   mesh::RankComms& comms;
   mesh::DeviceMesh mesh;
@@ -87,6 +87,7 @@ struct TrainingSession::Impl {
   int64_t cursor = 0;  // next global batch
   StepTime time;
   MemoryBreakdown mem;
+  int64_t fp8_primary_bytes = 0;  // FP8 primary weights (host: engine/fp8_weights.h)
   // RunOptions::trace: the forward's FP8 state of the last step, taken at the step's start,
   // before the forward reads the delayed scales and the FP8 primary weights.
   std::vector<TensorDigest> fp8_trace_before;
@@ -110,13 +111,19 @@ struct TrainingSession::Impl {
         faults(make_fault_hooks(options.faults)),
         model(options.config),
         data(config.model.vocab, config.data, config.training.batch, config.training.seq_len),
+        // The amaxes are reduced by the tensor hook set below (on their own buffers); the float
+        // hook is the recipe's host fallback, which a session never reaches.
         recipe(
             config.recipe,
-            [this](const std::string& linear, Fp8Role role, float* amax, int64_t n) {
-              reduce_amax(linear, role, amax, n);
+            [](const std::string& linear, Fp8Role role, float*, int64_t) {
+              MP_FAIL("session: amax of {}/{} reduced through the host hook", linear,
+                      fp8_role_name(role));
             },
             config.seed),
-        plan(config, c.mesh(), c.rank(), faults) {
+        plan(config, c.mesh(), c.rank(), faults, device) {
+    recipe.set_amax_tensor_hook([this](const std::string& linear, Fp8Role role, Tensor& amax) {
+      reduce_amax(linear, role, amax);
+    });
     const RecipeKind rk = config.recipe.kind;
     // FP8 primary weights are gathered as FP8 (there is no high-precision compute copy); a fault
     // hook on the backward weight needs the quantized weights too. NVFP4 weights travel as FP4
@@ -168,6 +175,7 @@ struct TrainingSession::Impl {
     for (size_t i = 0; i < plan.params().size(); ++i) {
       const ShardedParam& p = plan.params()[i];
       mem.params += p.master.nbytes().value + fp8->primary_bytes(i);
+      fp8_primary_bytes += fp8->primary_bytes(i);
       mem.grads += p.grad.nbytes().value;
       mem.optimizer += p.exp_avg.nbytes().value + p.exp_avg_sq.nbytes().value;
     }
@@ -197,12 +205,14 @@ struct TrainingSession::Impl {
   }
   // A weight's amax reductions are attributed to the weight (the collectives check; the
   // collective fault point); the activations' and gradients' are not in the budget.
-  void reduce_amax(const std::string& linear, Fp8Role role, float* amax, int64_t n) {
+  // The reduction runs on the amax's own buffer, where it lives: on the CUDA backend a device
+  // MAX over the group (the local communicator's rank-order kernel, NCCL under mpi), no host
+  // round trip, and nothing at all for a group of one.
+  void reduce_amax(const std::string& linear, Fp8Role role, Tensor& buf) {
     const DimSet dims = amax_dims(linear, role);
     const bool weight = role == Fp8Role::kWeight;
     const std::string tensor = weight ? linear + ".weight" : std::string();
     const mesh::CollectiveRecorder::Subject subject(recorder ? &*recorder : nullptr, tensor);
-    Tensor buf = Tensor::from_vector<float>({n}, std::vector<float>(amax, amax + n));
     mesh::Communicator& group = comms.group(dims);
     if (group.size() > 1 && (!weight || faults
                                             .collective({.kind = mesh::CollectiveKind::kAllReduce,
@@ -215,7 +225,6 @@ struct TrainingSession::Impl {
     const DimSet extra = weight ? faults.extra_amax_group(linear, step) : DimSet{};
     if (!extra.empty() && comms.group(extra).size() > 1)
       comms.group(extra).all_reduce(buf, mesh::ReduceOp::kMax);
-    std::memcpy(amax, buf.raw_data(), static_cast<size_t>(n) * sizeof(float));
   }
 
   // One optimizer step, top to bottom: micro-batched forward/backward on this data-parallel
@@ -294,11 +303,11 @@ struct TrainingSession::Impl {
     mem.gathered_weights = units->peak_gathered_bytes();
     if (kernels::MemoryTracker* m = kernels::current_context().memory)
       mem.peak = m->peak(device.type).value;
-    // On the CPU everything shares the tracker's peak; on a GPU the device holds the gathered
-    // weights, unsharded gradients and activations (the sharded state stays on the host).
-    const int64_t resident = device.is_cpu()
-                                 ? mem.params + mem.grads + mem.optimizer + mem.gathered_weights
-                                 : mem.gathered_weights;
+    // The tracker's peak (of the compute device) holds the sharded state, the gathered weights,
+    // the unsharded gradients and the activations; on a GPU the FP8 primary weights may be host
+    // tensors (NVFP4, engine/fp8_weights.h primary_on_host).
+    const int64_t resident = mem.params + mem.grads + mem.optimizer + mem.gathered_weights -
+                             (!device.is_cpu() && fp8->primary_on_host() ? fp8_primary_bytes : 0);
     mem.activations = std::max<int64_t>(0, mem.peak - resident);
   }
 };

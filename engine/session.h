@@ -34,9 +34,10 @@
 //     fp32 master after every optimizer step, gathered in FP8 and saved in checkpoints
 //     ("fp8/params/<name>/..."), so a resumed run computes with the loaded FP8 weights.
 // Backends: the model computes on the rank's device (CPU, or CUDA: virtual ranks on cuda:0 with
-// launcher local, one GPU per process with launcher mpi); fp32 masters, AdamW moments, reduced
-// gradients and the data-parallel collectives stay on the host (mpi + CUDA: host buffers over
-// MPI, device buffers over NCCL, mesh/split_comm.h).
+// launcher local, one GPU per process with launcher mpi); on CUDA the fp32 masters, AdamW
+// moments, reduced gradients and the data-parallel collectives live there too (docs/design.md,
+// "Device-resident training state"; mpi + CUDA: device buffers over NCCL, host buffers over
+// MPI, mesh/split_comm.h).
 // Current limits (input errors, not silent): sequence parallelism needs dropout 0; fp8_params
 // needs current, delayed or mxfp8 (mxfp8: 32-row-aligned shards).
 // Faults act through the named points of engine/fault_hooks.h (weight gather padding, amax

@@ -48,6 +48,10 @@ Tensor host_fp32(const Tensor& t) {
   return out;
 }
 
+// Gathered on the shards' device (one collective), then copied to the host for the digests
+// and exports that read it.
+Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t : t.to(kernels::Device::cpu()); }
+
 // The whole global tensor of a sharded entry, on every member of the world (collective).
 Tensor gather_whole(mesh::RankComms& comms, const mesh::Layout& layout, const Tensor& local) {
   mesh::Communicator& world = comms.group(groups::kWorld);
@@ -101,7 +105,7 @@ std::map<std::string, Tensor> gather_global(const ShardPlan& plan, mesh::RankCom
                                             bool grad) {
   std::map<std::string, Tensor> out;
   for (const ShardedParam& p : plan.params())
-    out[p.spec.name] = gather_whole(comms, p.layout, grad ? p.grad : p.master);
+    out[p.spec.name] = host_copy(gather_whole(comms, p.layout, grad ? p.grad : p.master));
   return out;
 }
 

@@ -19,7 +19,7 @@ namespace meshproof::engine {
 TensorDigest digest(const std::string& name, const kernels::Tensor& t);
 
 // Every parameter's global fp32 master weight (grad: reduced gradient) gathered over the whole
-// mesh (collective), keyed by parameter name.
+// mesh (collective), keyed by parameter name, on the host (gathered where the shards live).
 std::map<std::string, kernels::Tensor> gather_global(const ShardPlan& plan, mesh::RankComms& comms,
                                                      bool grad);
 

@@ -41,7 +41,8 @@ Box compute_box(const Layout& layout, int rank) {
 }
 
 ShardPlan::ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int rank,
-                     const FaultHooks& faults) {
+                     const FaultHooks& faults, kernels::Device device)
+    : device_(device) {
   const auto host = kernels::Device::cpu();
   for (ParamSpec& s : param_specs(config.model)) {
     Layout layout(mesh, s.shape, placements(s, mesh));
@@ -58,10 +59,11 @@ ShardPlan::ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int ran
     Layout described = faults.state_layout(s, layout, rank);
     units_[s.unit].push_back(params_.size());
     if (s.quantized()) linear_kinds_.emplace(s.linear, s.linear_kind);
+    if (device != host) master = master.to(device);
     params_.push_back({std::move(s), layout, compute_box(layout, rank), std::move(described),
-                       std::move(master), Tensor::zeros(b.shape(), DType::kFloat32, host),
-                       Tensor::zeros(b.shape(), DType::kFloat32, host),
-                       Tensor::zeros(b.shape(), DType::kFloat32, host)});
+                       std::move(master), Tensor::zeros(b.shape(), DType::kFloat32, device),
+                       Tensor::zeros(b.shape(), DType::kFloat32, device),
+                       Tensor::zeros(b.shape(), DType::kFloat32, device)});
   }
 }
 

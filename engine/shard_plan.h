@@ -36,21 +36,27 @@ mesh::Box compute_box(const mesh::Layout& layout, int rank);
 // One parameter in the plan, with this rank's shards.
 struct ShardedParam {
   ParamSpec spec;
-  mesh::Layout layout;         // master / moments / gradient shard layout
-  mesh::Box compute;           // box of the compute tensor after the dp_shard gather
-  mesh::Layout described;      // the layout its checkpoint entries describe (FaultHooks)
-  kernels::Tensor master;      // fp32 host, layout.box(rank)
-  kernels::Tensor exp_avg;     // fp32 host, same
-  kernels::Tensor exp_avg_sq;  // fp32 host, same
-  kernels::Tensor grad;        // fp32 host, same (reduced gradient of the last step)
+  mesh::Layout layout;     // master / moments / gradient shard layout
+  mesh::Box compute;       // box of the compute tensor after the dp_shard gather
+  mesh::Layout described;  // the layout its checkpoint entries describe (FaultHooks)
+  // On the plan's state device (the host on the CPU backend, the rank's GPU on the CUDA one):
+  kernels::Tensor master;      // fp32, layout.box(rank)
+  kernels::Tensor exp_avg;     // fp32, same
+  kernels::Tensor exp_avg_sq;  // fp32, same
+  kernels::Tensor grad;        // fp32, same (reduced gradient of the last step)
 };
 
 class ShardPlan {
  public:
   // Every parameter of config.model on `mesh`, this rank's master shard initialised (Philox keyed
   // by global element index: only the rows of its box are materialised), moments and gradient
-  // zero.
-  ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int rank, const FaultHooks& faults);
+  // zero. The shards live on `device` (docs/design.md section 2 and "Device-resident training
+  // state"): the masters are initialised on the host and uploaded once, here.
+  ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int rank, const FaultHooks& faults,
+            kernels::Device device = kernels::Device::cpu());
+
+  // Where the shards live.
+  kernels::Device device() const { return device_; }
 
   std::vector<ShardedParam>& params() { return params_; }
   const std::vector<ShardedParam>& params() const { return params_; }
@@ -65,6 +71,7 @@ class ShardPlan {
   std::vector<std::string> linears() const;
 
  private:
+  kernels::Device device_;
   std::vector<ShardedParam> params_;
   std::map<int64_t, std::vector<size_t>> units_;
   std::map<std::string, LinearKind, std::less<>> linear_kinds_;

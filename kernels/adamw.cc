@@ -69,4 +69,37 @@ double sum_of_squares(const Tensor& t) {
   });
 }
 
+double sum_of_squares_total(const std::vector<const Tensor*>& tensors) {
+  constexpr std::string_view op = "sum_of_squares_total";
+  if (tensors.empty()) return 0.0;
+  for (const Tensor* t : tensors) {
+    MP_CHECK(t != nullptr, "{}: null tensor", op);
+    detail::check_operand(*t, op, "t");
+    MP_CHECK(t->dtype() == DType::kFloat32, "{}: {} is not float32", op, t->describe());
+    MP_CHECK(t->device() == tensors[0]->device(), "{}: {} is not on {} like the first tensor", op,
+             t->describe(), tensors[0]->device().str());
+  }
+  if (tensors[0]->device().is_cpu()) {
+    double sq = 0;
+    for (const Tensor* t : tensors) sq += sum_of_squares(*t);
+    return sq;
+  }
+  const Device dev = tensors[0]->device();
+  const auto count = static_cast<int64_t>(tensors.size());
+  std::vector<const float*> ptrs;
+  std::vector<int64_t> sizes;
+  for (const Tensor* t : tensors) {
+    ptrs.push_back(t->data<float>());
+    sizes.push_back(t->numel().value);
+  }
+  Tensor partial = Tensor::empty({count}, DType::kFloat64, dev);
+  Tensor out = Tensor::empty({1}, DType::kFloat64, dev);
+  MP_OP_CUDA(
+      op, launch_sum_of_squares_in_order(ptrs.data(), sizes.data(), count, partial.data<double>(),
+                                         out.data<double>(), detail::cuda_stream()));
+  double result = 0;
+  copy_bytes(&result, Device::cpu(), out.raw_data(), dev, Bytes(sizeof(double)));  // synchronises
+  return result;
+}
+
 }  // namespace meshproof::kernels

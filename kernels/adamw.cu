@@ -2,6 +2,7 @@
 // rounded intrinsics (no FMA contraction, IEEE sqrt/div), so the result is bitwise the CPU's.
 // sum_of_squares: one block, per-thread strided partial sums in double, fixed tree order
 // (deterministic; differs from the CPU's serial double sum by ~1e-15 relative).
+// sum_of_squares_in_order: the CPU's serial double sums, operation for operation (bitwise).
 #include "kernels/ops_cuda.h"
 #include "kernels/ops_cuda_util.cuh"
 
@@ -44,7 +45,55 @@ __global__ void sum_of_squares_kernel(const T* x, int64_t n, double* out) {
   if (threadIdx.x == 0) out[0] = total;
 }
 
+// Tensors per launch of the serial kernel: the spans travel as a kernel parameter (no upload),
+// 128 x 16 bytes, well inside the 4 KiB parameter limit of every CUDA version.
+constexpr int kMaxSpans = 128;
+struct Spans {
+  const float* ptr[kMaxSpans];
+  int64_t n[kMaxSpans];
+  int count;
+};
+
+// Block k, thread 0: partial[k] = sum of squares of tensor k, serial in index order.
+__global__ void serial_sum_of_squares_kernel(Spans spans, double* partial) {
+  const int k = static_cast<int>(blockIdx.x);
+  if (threadIdx.x != 0 || k >= spans.count) return;
+  const float* x = spans.ptr[k];
+  double acc = 0.0;
+  for (int64_t i = 0; i < spans.n[k]; ++i) {
+    const double v = static_cast<double>(x[i]);
+    acc = __dadd_rn(acc, __dmul_rn(v, v));
+  }
+  partial[k] = acc;
+}
+
+// out[0] = partial[0] + partial[1] + ... in order, from 0.0 (the host's running sum).
+__global__ void ordered_total_kernel(const double* partial, int64_t count, double* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double acc = 0.0;
+  for (int64_t k = 0; k < count; ++k) acc = __dadd_rn(acc, partial[k]);
+  out[0] = acc;
+}
+
 }  // namespace
+
+cudaError_t launch_sum_of_squares_in_order(const float* const* x, const int64_t* n, int64_t count,
+                                           double* partial, double* out, void* stream) {
+  auto s = detail::as_stream(stream);
+  for (int64_t first = 0; first < count; first += kMaxSpans) {
+    Spans spans{};
+    spans.count = static_cast<int>(count - first < kMaxSpans ? count - first : kMaxSpans);
+    for (int k = 0; k < spans.count; ++k) {
+      spans.ptr[k] = x[first + k];
+      spans.n[k] = n[first + k];
+    }
+    serial_sum_of_squares_kernel<<<static_cast<unsigned>(spans.count), 1, 0, s>>>(spans,
+                                                                                  partial + first);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  ordered_total_kernel<<<1, 1, 0, s>>>(partial, count, out);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                          int64_t n, bool decay_on, float decay, float beta1, float beta2,

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/tensor.h"
 
@@ -26,5 +27,12 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
 
 // Sum of squares of a float32/float64 tensor, accumulated in double in index order.
 double sum_of_squares(const Tensor& t);
+
+// The sum over `tensors` (float32, all on the host or all on one device) of sum_of_squares(t),
+// accumulated in list order from 0: exactly `double s = 0; for (t : tensors) s +=
+// sum_of_squares(*t);` on the host. On a device the same serial double operations run as
+// kernels (bitwise equal to the host's) and only the 8-byte result comes back (one
+// device-to-host copy, whatever the number of tensors): the global grad norm's per-rank part.
+double sum_of_squares_total(const std::vector<const Tensor*>& tensors);
 
 }  // namespace meshproof::kernels

@@ -113,5 +113,11 @@ cudaError_t launch_adamw(float* param, const float* grad, float* exp_avg, float*
                          float bc2_sqrt, float eps, void* stream);
 // out[0] = sum of squares (double, fixed single-block tree order: deterministic).
 cudaError_t launch_sum_of_squares(const void* x, bool bf16, int64_t n, double* out, void* stream);
+// out[0] = sum over k of (sum over i of double(x[k][i])^2), each inner sum serial in index order
+// and the outer one in k order, every operation a rounded double op: bitwise the host's
+// sum_of_squares_total over float32 tensors. `partial` holds `count` doubles (scratch). One
+// single-thread block per tensor (serial on purpose: the order is the contract).
+cudaError_t launch_sum_of_squares_in_order(const float* const* x, const int64_t* n, int64_t count,
+                                           double* partial, double* out, void* stream);
 
 }  // namespace meshproof::kernels::cuda

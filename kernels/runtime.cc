@@ -34,9 +34,34 @@ void MemoryTracker::reset_peak() {
   for (int i = 0; i < 2; ++i) peak_[i].store(current_[i].load());
 }
 
+void CopyCounter::add(bool to_device, Bytes n) {
+  (to_device ? h2d_ : d2h_).fetch_add(n.value, std::memory_order_relaxed);
+  if (n.value > kScalarCopyBytes) {
+    (to_device ? bulk_h2d_ : bulk_d2h_).fetch_add(n.value, std::memory_order_relaxed);
+    bulk_copies_.fetch_add(1, std::memory_order_relaxed);
+  }
+  copies_.fetch_add(1, std::memory_order_relaxed);
+}
+
+CopyCounts CopyCounter::counts() const {
+  constexpr auto r = std::memory_order_relaxed;
+  return {h2d_.load(r),      d2h_.load(r),    bulk_h2d_.load(r),
+          bulk_d2h_.load(r), copies_.load(r), bulk_copies_.load(r)};
+}
+
+void CopyCounter::reset() {
+  for (std::atomic<int64_t>* a : {&h2d_, &d2h_, &bulk_h2d_, &bulk_d2h_, &copies_, &bulk_copies_})
+    a->store(0);
+}
+
+CopyCounter& global_copy_counter() {
+  static CopyCounter c;
+  return c;
+}
+
 namespace {
 MemoryTracker g_default_tracker;
-thread_local RankContext t_context{0, Device::cpu(), nullptr, &g_default_tracker};
+thread_local RankContext t_context{0, Device::cpu(), nullptr, &g_default_tracker, nullptr};
 }  // namespace
 
 RankContext& current_context() { return t_context; }

@@ -38,11 +38,51 @@ class MemoryTracker {
   std::atomic<int64_t> peak_[2] = {0, 0};
 };
 
+// Bytes copied between the host and a device (kernels::copy_bytes, so Tensor::to and
+// Tensor::copy_from too), by direction. Device-to-device and host-to-host copies are not counted:
+// the counter measures what crosses PCIe (docs/design.md, "Device-resident training state").
+// Copies of at most kScalarCopyBytes (a double: a loss, a norm) are "scalars"; the bulk_ fields
+// count the bytes of the larger ones only.
+inline constexpr int64_t kScalarCopyBytes = 8;
+
+struct CopyCounts {
+  int64_t host_to_device = 0;
+  int64_t device_to_host = 0;
+  int64_t bulk_host_to_device = 0;  // bytes of copies larger than kScalarCopyBytes
+  int64_t bulk_device_to_host = 0;
+  int64_t copies = 0;       // number of counted copies (either direction)
+  int64_t bulk_copies = 0;  // of which larger than kScalarCopyBytes
+  int64_t total() const { return host_to_device + device_to_host; }
+  CopyCounts operator-(const CopyCounts& o) const {
+    return {host_to_device - o.host_to_device,
+            device_to_host - o.device_to_host,
+            bulk_host_to_device - o.bulk_host_to_device,
+            bulk_device_to_host - o.bulk_device_to_host,
+            copies - o.copies,
+            bulk_copies - o.bulk_copies};
+  }
+};
+
+class CopyCounter {
+ public:
+  void add(bool to_device, Bytes n);
+  CopyCounts counts() const;
+  void reset();
+
+ private:
+  std::atomic<int64_t> h2d_{0}, d2h_{0}, bulk_h2d_{0}, bulk_d2h_{0}, copies_{0}, bulk_copies_{0};
+};
+
+// Every host<->device copy of the process, all ranks together.
+CopyCounter& global_copy_counter();
+
 struct RankContext {
   int rank = 0;
   Device device = Device::cpu();
   void* stream = nullptr;  // cudaStream_t of this rank; nullptr = legacy default stream / CPU
   MemoryTracker* memory = nullptr;
+  // This rank's host<->device copies (nullptr: counted only in global_copy_counter()).
+  CopyCounter* copies = nullptr;
 };
 
 // The calling thread's context (a process-wide default CPU context until one is installed).

@@ -103,10 +103,35 @@ class Tensor {
 };
 
 // Copies `n` bytes between any two devices on the current rank's stream; host destinations are
-// synchronised before return.
+// synchronised before return. Host<->device copies are counted (kernels/runtime.h CopyCounter:
+// the process's counter and the current rank context's).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, Bytes n);
 
+// `height` rows of `width` bytes, row r from src + r * src_pitch to dst + r * dst_pitch (pitches
+// in bytes, >= width), between any two devices: one cudaMemcpy2DAsync on the current rank's
+// stream when a device is involved (so a strided region of a device tensor is one copy, not one
+// per row), row by row on the host. Synchronised like copy_bytes; counted like copy_bytes.
+void copy_bytes_2d(void* dst, Device dst_device, int64_t dst_pitch, const void* src,
+                   Device src_device, int64_t src_pitch, int64_t width, int64_t height);
+
+// Host copies of `tensors` (host tensors are returned as they are, sharing storage). The device
+// tensors of one device are packed on the device (device-to-device copies) and cross to the host
+// in ONE asynchronous copy into pinned memory (one synchronisation), then are unpacked into
+// ordinary host tensors: a checkpoint save's download, one transfer whatever the number of
+// tensors. All device tensors must be on the current rank's device.
+std::vector<Tensor> to_host_batched(const std::vector<Tensor>& tensors);
+
+// dsts[i]->copy_from(srcs[i]) for every i (same dtype and element count each). Host sources for
+// device destinations are packed into pinned memory and cross in ONE asynchronous copy (a
+// checkpoint load's upload), then are scattered on the device; every other pair is copied as
+// copy_from does. Returns after the copies are complete.
+void copy_batched(const std::vector<Tensor*>& dsts, const std::vector<Tensor>& srcs);
+
 namespace detail {
+// The copy counting of copy_bytes: adds `n` to the global and the current context's counters
+// when exactly one of the two devices is the host (exposed for the counter's unit test).
+void count_copy(Device dst_device, Device src_device, Bytes n);
+
 // The calling thread's cache of freed host blocks (tensor.cc, docs/design.md section 21), for the
 // tests: whether it is compiled in (not under AddressSanitizer), the bytes it holds, how many
 // allocations it served, and its limits.

@@ -248,21 +248,32 @@ void copy_region(const Tensor& src, const Box& src_box, Tensor& dst, const Box& 
     --k;
     run *= region.extent[static_cast<size_t>(k)].value;
   }
-  // Iterate over the region's index tuples for dims [0, k).
-  std::vector<int64_t> idx(static_cast<size_t>(k), 0);
+  // Iterate over the region's index tuples for dims [0, outer). On the host each tuple of dims
+  // [0, k) is one contiguous run; with a device involved the runs of dim k - 1 are one strided
+  // 2-D copy (kernels::copy_bytes_2d), so a region of a device tensor costs one copy per tuple
+  // of dims [0, k - 1) (one in all for a 2-D tensor), not one per row.
+  const bool device_copy = !src.device().is_cpu() || !dst.device().is_cpu();
+  const int outer = device_copy && k >= 1 ? k - 1 : k;
+  std::vector<int64_t> idx(static_cast<size_t>(outer), 0);
   const char* sp = static_cast<const char*>(src.raw_data());
   char* dp = static_cast<char*>(dst.raw_data());
   while (true) {
     int64_t so = 0, dof = 0;
     for (int d = 0; d < ndim; ++d) {
       const size_t i = static_cast<size_t>(d);
-      const int64_t g = region.offset[i].value + (d < k ? idx[i] : 0);
+      const int64_t g = region.offset[i].value + (d < outer ? idx[i] : 0);
       so += (g - src_box.offset[i].value) * ss[i];
       dof += (g - dst_box.offset[i].value) * ds[i];
     }
-    kernels::copy_bytes(dp + dof * esize, dst.device(), sp + so * esize, src.device(),
-                        kernels::Bytes(run * esize));
-    int d = k - 1;
+    if (outer < k) {
+      const size_t r = static_cast<size_t>(k - 1);
+      kernels::copy_bytes_2d(dp + dof * esize, dst.device(), ds[r] * esize, sp + so * esize,
+                             src.device(), ss[r] * esize, run * esize, region.extent[r].value);
+    } else {
+      kernels::copy_bytes(dp + dof * esize, dst.device(), sp + so * esize, src.device(),
+                          kernels::Bytes(run * esize));
+    }
+    int d = outer - 1;
     while (d >= 0) {
       const size_t i = static_cast<size_t>(d);
       if (++idx[i] < region.extent[i].value) break;

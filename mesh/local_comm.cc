@@ -367,6 +367,7 @@ LocalWorld::LocalWorld(DeviceMesh mesh, LocalWorldOptions options)
   MP_CHECK_INPUT(options_.timeout.count() > 0, "local world: timeout must be positive");
   for (int r = 0; r < mesh_.world_size(); ++r) {
     memory_.push_back(std::make_unique<kernels::MemoryTracker>());
+    copies_.push_back(std::make_unique<kernels::CopyCounter>());
   }
 }
 
@@ -376,6 +377,12 @@ const kernels::MemoryTracker& LocalWorld::memory(int rank) const {
   MP_CHECK_INPUT(0 <= rank && rank < mesh_.world_size(), "rank {} outside mesh {}", rank,
                  mesh_.str());
   return *memory_[static_cast<size_t>(rank)];
+}
+
+const kernels::CopyCounter& LocalWorld::copies(int rank) const {
+  MP_CHECK_INPUT(0 <= rank && rank < mesh_.world_size(), "rank {} outside mesh {}", rank,
+                 mesh_.str());
+  return *copies_[static_cast<size_t>(rank)];
 }
 
 void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
@@ -427,9 +434,9 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
   for (int r = 0; r < n; ++r) {
     std::function<void()> body = [this, &impl, &fn, &streams, r] {
       try {
-        kernels::ScopedRankContext ctx(kernels::RankContext{r, options_.device,
-                                                            streams[static_cast<size_t>(r)],
-                                                            memory_[static_cast<size_t>(r)].get()});
+        kernels::ScopedRankContext ctx(kernels::RankContext{
+            r, options_.device, streams[static_cast<size_t>(r)],
+            memory_[static_cast<size_t>(r)].get(), copies_[static_cast<size_t>(r)].get()});
         LocalRankComms comms(impl, r);
         fn(comms);
         kernels::synchronize_current();

@@ -50,6 +50,8 @@ class LocalWorld {
 
   // Per-rank memory accounting of the last run (live and peak bytes).
   const kernels::MemoryTracker& memory(int rank) const;
+  // Per-rank host<->device copy counts of this world's runs (kernels/runtime.h CopyCounter).
+  const kernels::CopyCounter& copies(int rank) const;
 
   struct Impl;
 
@@ -57,6 +59,7 @@ class LocalWorld {
   DeviceMesh mesh_;
   LocalWorldOptions options_;
   std::vector<std::unique_ptr<kernels::MemoryTracker>> memory_;
+  std::vector<std::unique_ptr<kernels::CopyCounter>> copies_;
 };
 
 }  // namespace meshproof::mesh

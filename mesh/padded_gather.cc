@@ -1,7 +1,6 @@
 #include "mesh/padded_gather.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "kernels/error.h"
 
@@ -11,10 +10,10 @@ using kernels::Tensor;
 
 namespace {
 
-// Elements [begin, begin + numel(shape)) of a dense host tensor's flat storage, as `shape`.
+// Elements [begin, begin + numel(shape)) of a dense tensor's flat storage, as `shape`.
 Tensor flat_slice(const Tensor& t, int64_t begin, const kernels::Shape& shape) {
   const int64_t n = shape.numel().value;
-  if (n == 0) return Tensor::empty(shape, t.dtype(), kernels::Device::cpu());
+  if (n == 0) return Tensor::empty(shape, t.dtype(), t.device());
   return t.view({t.numel().value}).slice_rows(begin, begin + n).view(shape);
 }
 
@@ -31,7 +30,7 @@ Tensor gather_padded(Communicator& comm, const std::vector<Box>& boxes, const Te
   const int n = comm.size();
   MP_CHECK(static_cast<int>(boxes.size()) == n, "gather_padded: {} boxes for {} members",
            boxes.size(), n);
-  MP_CHECK(local.device().is_cpu(), "gather_padded: {} is not on the host", local.describe());
+  const kernels::Device dev = local.device();
   const Box& mine = boxes[static_cast<size_t>(comm.rank())];
   MP_CHECK(local.shape() == mine.shape(), "gather_padded: local {} is not the shape of box {}",
            local.describe(), mine.str());
@@ -52,25 +51,23 @@ Tensor gather_padded(Communicator& comm, const std::vector<Box>& boxes, const Te
                s, target.str());
     }
     chunk = std::max<int64_t>(chunk_rows * cols, 1);
-    Tensor send = Tensor::zeros({chunk}, local.dtype(), kernels::Device::cpu());
-    if (local.numel().value > 0)
-      std::memcpy(send.raw_data(), local.raw_data(), static_cast<size_t>(local.nbytes().value));
+    Tensor send = Tensor::zeros({chunk}, local.dtype(), dev);
+    kernels::copy_bytes(send.raw_data(), dev, local.raw_data(), dev, local.nbytes());
     if (n == 1) return flat_slice(send, 0, {chunk_rows, cols});
-    Tensor recv = Tensor::empty({n * chunk}, local.dtype(), kernels::Device::cpu());
+    Tensor recv = Tensor::empty({n * chunk}, local.dtype(), dev);
     comm.all_gather(send, recv);
     return flat_slice(recv, 0, {n * chunk_rows, cols});
   }
 
-  Tensor out = Tensor::empty(target.shape(), local.dtype(), kernels::Device::cpu());
+  Tensor out = Tensor::empty(target.shape(), local.dtype(), dev);
   if (n == 1) {
     const Box region = mine.intersect(target);
     if (!region.empty()) copy_region(local, mine, out, target, region);
     return out;
   }
-  Tensor send = Tensor::zeros({chunk}, local.dtype(), kernels::Device::cpu());
-  if (local.numel().value > 0)
-    std::memcpy(send.raw_data(), local.raw_data(), static_cast<size_t>(local.nbytes().value));
-  Tensor recv = Tensor::empty({n * chunk}, local.dtype(), kernels::Device::cpu());
+  Tensor send = Tensor::zeros({chunk}, local.dtype(), dev);
+  kernels::copy_bytes(send.raw_data(), dev, local.raw_data(), dev, local.nbytes());
+  Tensor recv = Tensor::empty({n * chunk}, local.dtype(), dev);
   comm.all_gather(send, recv);
   for (int s = 0; s < n; ++s) {
     const Box& b = boxes[static_cast<size_t>(s)];
@@ -78,6 +75,32 @@ Tensor gather_padded(Communicator& comm, const std::vector<Box>& boxes, const Te
     if (region.empty()) continue;
     copy_region(flat_slice(recv, s * chunk, b.shape()), b, out, target, region);
   }
+  return out;
+}
+
+Tensor reduce_scatter_box(Communicator& comm, const Layout& layout, const Tensor& full,
+                          const Box& source, ReduceOp op, bool run) {
+  const kernels::Device dev = full.device();
+  MP_CHECK(full.dtype() == kernels::DType::kFloat32,
+           "reduce_scatter_box: {} is not float32 (reductions are fp32)", full.describe());
+  const Box& mine = layout.box(comm.ranks()[static_cast<size_t>(comm.rank())]);
+  Tensor out = Tensor::empty(mine.shape(), kernels::DType::kFloat32, dev);
+  if (comm.size() == 1 || !run) {
+    copy_region(full, source, out, mine, mine);
+    return out;
+  }
+  int64_t chunk = 1;
+  for (int r : comm.ranks()) chunk = std::max(chunk, layout.box(r).numel().value);
+  Tensor send = Tensor::zeros({comm.size() * chunk}, kernels::DType::kFloat32, dev);
+  for (int s = 0; s < comm.size(); ++s) {
+    const Box& b = layout.box(comm.ranks()[static_cast<size_t>(s)]);
+    if (b.empty()) continue;
+    Tensor piece = send.slice_rows(s * chunk, s * chunk + b.numel().value).view(b.shape());
+    copy_region(full, source, piece, b, b);
+  }
+  Tensor recv = Tensor::empty({chunk}, kernels::DType::kFloat32, dev);
+  comm.reduce_scatter(send, recv, op);
+  kernels::copy_bytes(out.raw_data(), dev, recv.raw_data(), dev, out.nbytes());
   return out;
 }
 

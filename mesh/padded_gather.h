@@ -5,8 +5,10 @@
 // box is copied out of the receive buffer. The FSDP weight gather (fp32/bf16 masters), the FP8
 // all-gather (e4m3 bytes, e8m0 block scales) and tracing's global views all go through it.
 //
-// Host tensors only (the data-parallel collectives run on host buffers, engine/session.h).
-// Bitwise: the result holds the members' bytes unchanged, whatever their dtype.
+// On the device of the local tensor (host or GPU): every buffer is allocated there and the
+// region copies are device copies (mesh::copy_region, 2-D on a device), so a device tensor's
+// collective never touches the host. Bitwise: the result holds the members' bytes unchanged,
+// whatever their dtype.
 #pragma once
 
 #include <vector>
@@ -29,13 +31,22 @@ enum class Padding : uint8_t {
 
 // Collective over `comm`. `boxes[s]`: the box of the global tensor that member s (index in
 // comm.ranks()) holds, `local` this member's tensor of shape boxes[comm.rank()].shape(), dense,
-// on the host. With Padding::kCut returns `target` (a box of the same global tensor; each member's
-// box is intersected with it, the parts of `target` no member covers are left uninitialised, so
-// callers pass boxes that cover it); with kKeep see above. The send buffer holds
+// on any device. With Padding::kCut returns `target` (a box of the same global tensor; each
+// member's box is intersected with it, the parts of `target` no member covers are left
+// uninitialised, so callers pass boxes that cover it); with kKeep see above. The send buffer holds
 // max(1, largest member numel) elements. A comm of one member copies without a collective.
 kernels::Tensor gather_padded(Communicator& comm, const std::vector<Box>& boxes,
                               const kernels::Tensor& local, const Box& target,
                               Padding padding = Padding::kCut);
+
+// The gathered weight's inverse (the FSDP gradient reduce-scatter): `full` holds box `source` on
+// every member (each member's own contribution, float32); member s receives the reduction (op) of
+// everybody's copy of its box layout.box(comm.ranks()[s]). Each member's box is cut out and padded
+// to the largest member size, then reduce-scattered. `run` false (the skip_collective fault): no
+// collective, each member keeps its own copy of its box. On full's device, like gather_padded.
+kernels::Tensor reduce_scatter_box(Communicator& comm, const Layout& layout,
+                                   const kernels::Tensor& full, const Box& source, ReduceOp op,
+                                   bool run);
 
 // The boxes of comm's members under `layout` (layout.box(rank) for each of comm.ranks()).
 std::vector<Box> member_boxes(const Communicator& comm, const Layout& layout);

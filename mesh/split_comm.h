@@ -1,8 +1,9 @@
 // The mpi launcher with a CUDA compute device (docs/design.md section 2: "CPU tensors use MPI
 // collectives; CUDA tensors use NCCL"): one communicator per mesh group that sends host buffers
 // through the rank's host communicator (MPI) and device buffers through its device communicator
-// (NCCL). The engine keeps its masters and data-parallel collectives on the host and its
-// activations (tensor-parallel collectives) on the device, so one rank needs both.
+// (NCCL). On the CUDA backend the engine's state and collectives are on the device (NCCL);
+// host scalars (loss and grad-norm sums, checkpoint agreement) still go over MPI, so one rank
+// needs both.
 #pragma once
 
 #include <map>

@@ -250,6 +250,40 @@ INSTANTIATE_TEST_SUITE_P(RecipeOptions, Fp8FormatTraining,
                                            RecipeKind::kBlock),
                          recipe_param_name);
 
+// The tensor amax hook (a training session's: it reduces the amax where it lives, on the device
+// for the CUDA backend, with no host round trip) replaces the float hook: the float hook is never
+// called, the tensor hook sees the amax as float32 of the reduced length on the input's device,
+// and what it writes is what the scale is computed from (amax x 4 gives scale_inv x 4 exactly:
+// power-of-2 factors are exact in fp32).
+TEST(RecipeOptions, AmaxTensorHookReplacesTheFloatHookAndIsUsed) {
+  RecipeConfig rc;
+  rc.kind = RecipeKind::kCurrent;
+  int float_calls = 0;
+  Fp8Recipe plain(rc, no_reduction);
+  Fp8Recipe hooked(rc, [&](const std::string&, Fp8Role, float*, int64_t) { ++float_calls; });
+  std::vector<int64_t> lengths;
+  hooked.set_amax_tensor_hook([&](const std::string& linear, Fp8Role role, kernels::Tensor& amax) {
+    EXPECT_EQ(linear, "layers.0.attn.qkv");
+    EXPECT_EQ(role, Fp8Role::kInput);
+    EXPECT_EQ(amax.dtype(), kernels::DType::kFloat32);
+    EXPECT_TRUE(amax.device().is_cpu());
+    lengths.push_back(amax.numel().value);
+    float* a = amax.data<float>();
+    for (int64_t i = 0; i < amax.numel().value; ++i) a[i] *= 4.0f;
+  });
+  const kernels::Tensor g = grad_like(3.0f);
+  const kernels::QuantizedTensor q0 =
+      plain.quantize("layers.0.attn.qkv", Fp8Role::kInput, g, {true, false});
+  const kernels::QuantizedTensor q1 =
+      hooked.quantize("layers.0.attn.qkv", Fp8Role::kInput, g, {true, false});
+  EXPECT_EQ(float_calls, 0);
+  EXPECT_EQ(lengths, std::vector<int64_t>{1});
+  const float s0 = q0.rowwise_scale_inv.to_vector<float>().at(0);
+  const float s1 = q1.rowwise_scale_inv.to_vector<float>().at(0);
+  EXPECT_GT(s0, 0.0f);
+  EXPECT_EQ(s1, 4.0f * s0);
+}
+
 // power_2_scale false for block: fp32 scales fp8_max / block amax (some with mantissa bits), and
 // a run that differs from the power-of-2 default.
 TEST(RecipeOptions, BlockPower2ScaleFalseGivesFp32Scales) {

@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include "kernels/copy_plan.h"
+
 namespace meshproof::kernels {
 namespace {
 
@@ -46,6 +48,121 @@ TEST(TensorTest, MemoryIsAccountedToTheRanksTracker) {
   }
   EXPECT_EQ(tracker.current(DeviceType::kCpu).value, 0);
   EXPECT_EQ(tracker.peak(DeviceType::kCpu).value, 1536);
+}
+
+// The copy counter (kernels/runtime.h CopyCounter, counted in kernels::copy_bytes): a copy with
+// exactly one host side adds its bytes to its direction in the process's counter and the current
+// rank context's; host-host and device-device copies and empty copies add nothing. The counting
+// itself (detail::count_copy) is exercised with device descriptors, as a build without a GPU can.
+TEST(CopyCounterTest, CountsHostDeviceBytesPerDirectionGloballyAndPerRank) {
+  CopyCounter rank_counter;
+  const CopyCounts global0 = global_copy_counter().counts();
+  {
+    ScopedRankContext ctx(RankContext{3, Device::cpu(), nullptr, nullptr, &rank_counter});
+    detail::count_copy(Device::cuda(0), Device::cpu(), Bytes(100));   // host -> device
+    detail::count_copy(Device::cpu(), Device::cuda(1), Bytes(7));     // device -> host
+    detail::count_copy(Device::cuda(0), Device::cuda(0), Bytes(50));  // on the device
+    detail::count_copy(Device::cpu(), Device::cpu(), Bytes(60));      // on the host
+    detail::count_copy(Device::cuda(0), Device::cpu(), Bytes(0));     // nothing moved
+  }
+  const CopyCounts r = rank_counter.counts();
+  EXPECT_EQ(r.host_to_device, 100);
+  EXPECT_EQ(r.device_to_host, 7);
+  EXPECT_EQ(r.copies, 2);
+  EXPECT_EQ(r.total(), 107);
+  // 100 bytes is bulk; 7 bytes (<= kScalarCopyBytes) is a scalar.
+  EXPECT_EQ(r.bulk_host_to_device, 100);
+  EXPECT_EQ(r.bulk_device_to_host, 0);
+  EXPECT_EQ(r.bulk_copies, 1);
+  EXPECT_EQ((r - r).total(), 0);
+  const CopyCounts g = global_copy_counter().counts();
+  EXPECT_EQ(g.host_to_device - global0.host_to_device, 100);
+  EXPECT_EQ(g.device_to_host - global0.device_to_host, 7);
+  EXPECT_EQ(g.copies - global0.copies, 2);
+  // Without a rank counter only the global counter moves.
+  detail::count_copy(Device::cpu(), Device::cuda(0), Bytes(5));
+  EXPECT_EQ(global_copy_counter().counts().device_to_host - g.device_to_host, 5);
+  EXPECT_EQ(rank_counter.counts().device_to_host, 7);
+  rank_counter.reset();
+  EXPECT_EQ(rank_counter.counts().total(), 0);
+  EXPECT_EQ(rank_counter.counts().copies, 0);
+  // The scalar bound is inclusive: 8 bytes (a double) is a scalar, 9 bytes is bulk.
+  {
+    ScopedRankContext ctx(RankContext{3, Device::cpu(), nullptr, nullptr, &rank_counter});
+    detail::count_copy(Device::cpu(), Device::cuda(0), Bytes(kScalarCopyBytes));
+    detail::count_copy(Device::cpu(), Device::cuda(0), Bytes(kScalarCopyBytes + 1));
+  }
+  EXPECT_EQ(rank_counter.counts().device_to_host, 2 * kScalarCopyBytes + 1);
+  EXPECT_EQ(rank_counter.counts().bulk_device_to_host, kScalarCopyBytes + 1);
+  EXPECT_EQ(rank_counter.counts().bulk_copies, 1);
+}
+
+// Host tensors copy through copy_bytes, Tensor::to, copy_from, copy_bytes_2d, to_host_batched
+// and copy_batched without counting anything (the CPU backend crosses no PCIe).
+TEST(CopyCounterTest, HostCopiesAreNotCounted) {
+  CopyCounter rank_counter;
+  ScopedRankContext ctx(RankContext{0, Device::cpu(), nullptr, nullptr, &rank_counter});
+  Tensor a = Tensor::from_vector<float>(Shape{2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor b = a.to(Device::cpu());
+  b.copy_from(a);
+  const std::vector<Tensor> hosts = to_host_batched({a, b});
+  Tensor c = Tensor::zeros(Shape{2, 3}, DType::kFloat32, Device::cpu());
+  copy_batched({&c}, {a});
+  EXPECT_EQ(rank_counter.counts().copies, 0);
+  EXPECT_EQ(rank_counter.counts().total(), 0);
+  EXPECT_EQ(c.to_vector<float>(), a.to_vector<float>());
+  // Host tensors are returned as they are (no copy at all).
+  EXPECT_EQ(hosts[0].raw_data(), a.raw_data());
+  EXPECT_EQ(hosts[1].raw_data(), b.raw_data());
+}
+
+// copy_bytes_2d: rows of `width` bytes between pitched buffers (here: columns 1..2 of a [3, 4]
+// float matrix into a dense [3, 2] one), and a pitch below the width is an error.
+TEST(CopyBytes2dTest, CopiesPitchedRowsAndRejectsShortPitches) {
+  const Tensor src =
+      Tensor::from_vector<float>(Shape{3, 4}, {0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23});
+  Tensor dst = Tensor::zeros(Shape{3, 2}, DType::kFloat32, Device::cpu());
+  copy_bytes_2d(dst.raw_data(), Device::cpu(), 8, src.data<float>() + 1, Device::cpu(), 16, 8, 3);
+  EXPECT_EQ(dst.to_vector<float>(), (std::vector<float>{1, 2, 11, 12, 21, 22}));
+  EXPECT_THROW(
+      copy_bytes_2d(dst.raw_data(), Device::cpu(), 4, src.raw_data(), Device::cpu(), 16, 8, 3),
+      Error);
+}
+
+// The batched transfers' packing (kernels/copy_plan.h): every tensor, empty ones included, gets
+// its own span in list order, starting on a 256-byte boundary, not overlapping the next one, and
+// the buffer holds them all; a negative size is an error naming its position.
+TEST(PackPlanTest, EveryTensorGetsItsOwnAlignedSpanInOrder) {
+  const std::vector<int64_t> sizes = {0, 1, 255, 256, 257, 1000, 0, 4096};
+  const PackPlan plan = pack_plan(sizes);
+  ASSERT_EQ(plan.offsets.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(plan.offsets[i] % kPackAlignment, 0) << i;
+    const int64_t end = plan.offsets[i] + sizes[i];
+    const int64_t next = i + 1 < sizes.size() ? plan.offsets[i + 1] : plan.total;
+    EXPECT_LE(end, next) << i;
+    if (i > 0) {
+      EXPECT_LE(plan.offsets[i - 1], plan.offsets[i]) << i;
+    }
+  }
+  // 0, 256, 256, 256, 512, 1024, 0, 4096 bytes after rounding.
+  EXPECT_EQ(plan.offsets, (std::vector<int64_t>{0, 0, 256, 512, 768, 1280, 2304, 2304}));
+  EXPECT_EQ(plan.total, 6400);
+  EXPECT_EQ(pack_plan({}).total, 0);
+  try {
+    pack_plan({8, -1});
+    ADD_FAILURE() << "a negative size was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("negative size -1 at position 1"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CopyBatchedTest, RejectsMismatchedPairs) {
+  Tensor a = Tensor::zeros(Shape{4}, DType::kFloat32, Device::cpu());
+  const Tensor b = Tensor::zeros(Shape{3}, DType::kFloat32, Device::cpu());
+  EXPECT_THROW(copy_batched({&a}, {b}), Error);
+  EXPECT_THROW(copy_batched({&a}, {}), Error);
 }
 
 TEST(TensorTest, ViewRejectsWrongElementCount) {

@@ -10,6 +10,7 @@
 #include "kernels/error.h"
 #include "kernels/tensor.h"
 #include "mesh/local_comm.h"
+#include "tests/mesh/dp_collective_suite.h"
 
 namespace meshproof::mesh {
 namespace {
@@ -160,6 +161,64 @@ TEST(PaddedGather, KeepPaddingRejectsColumnShards) {
                   Box::whole(shape), Padding::kKeep);
   }),
                kernels::Error);
+}
+
+// The DP suite on the host (tests/mesh/dp_collective_suite.h): for 1..8 members with uneven and
+// empty chunks every member gathers the global tensor bitwise, and receives for its box the
+// rank-order fp32 average (sum in member order, then / n: the communicator's contract) of every
+// member's contribution. The GPU test runs the same suite on a device against this one.
+TEST(ReduceScatterBox, AveragesEachMembersBoxInRankOrderForOneToEightMembers) {
+  for (int n = 1; n <= 8; ++n) {
+    for (const int64_t rows : testing::dp_suite_rows(n)) {
+      const testing::DpSuiteResult r = testing::run_dp_suite(n, rows, kernels::Device::cpu());
+      const kernels::Shape shape{rows, testing::kDpSuiteCols};
+      const Layout layout(DeviceMesh(1, n, 1), shape,
+                          {Placement::replicate(), Placement::shard(0), Placement::replicate()});
+      for (int m = 0; m < n; ++m) {
+        const auto& got = r.gathered[static_cast<size_t>(m)];
+        ASSERT_EQ(got.size(), static_cast<size_t>(shape.numel().value));
+        for (size_t k = 0; k < got.size(); ++k)
+          ASSERT_EQ(got[k], testing::dp_value(-1, static_cast<int64_t>(k)))
+              << "n=" << n << " rows=" << rows << " member " << m << " element " << k;
+        const Box& b = layout.box(m);
+        const auto& red = r.reduced[static_cast<size_t>(m)];
+        ASSERT_EQ(red.size(), static_cast<size_t>(b.numel().value)) << "n=" << n << " m=" << m;
+        for (int64_t i = 0; i < b.extent[0].value; ++i) {
+          for (int64_t j = 0; j < testing::kDpSuiteCols; ++j) {
+            const int64_t k = (b.offset[0].value + i) * testing::kDpSuiteCols + j;
+            float acc = testing::dp_value(0, k);
+            for (int s = 1; s < n; ++s) acc += testing::dp_value(s, k);
+            acc = acc / static_cast<float>(n);
+            ASSERT_EQ(red[static_cast<size_t>(i * testing::kDpSuiteCols + j)], acc)
+                << "n=" << n << " rows=" << rows << " member " << m << " element " << k;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A float32 contribution is required (the reductions are fp32), named in the error.
+TEST(ReduceScatterBox, RejectsANonFloat32Contribution) {
+  const DeviceMesh mesh(1, 2, 1);
+  const Shape shape{4, 2};
+  const Layout layout(mesh, shape,
+                      {Placement::replicate(), Placement::shard(0), Placement::replicate()});
+  LocalWorld world(mesh, short_timeout());
+  EXPECT_THROW(
+      {
+        try {
+          world.run([&](RankComms& comms) {
+            Communicator& c = comms.group({MeshDim::kDpShard});
+            const Tensor full = Tensor::zeros(shape, DType::kBFloat16, kernels::Device::cpu());
+            reduce_scatter_box(c, layout, full, Box::whole(shape), ReduceOp::kSum, true);
+          });
+        } catch (const kernels::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("is not float32"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      kernels::Error);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The sharded engine on one GPU with virtual ranks (issue: "the same mesh matrix on one GPU"):
-// the model computes on cuda:0 (each virtual rank on its own stream), the fp32 masters, AdamW
-// and the data-parallel collectives stay on the host (engine/fsdp_units.cc). Every mesh and recipe
+// the model computes on cuda:0 (each virtual rank on its own stream), where the fp32 masters,
+// AdamW and the data-parallel collectives live too (docs/design.md, "Device-resident training
+// state"). Every mesh and recipe
 // is compared with the same run on the CPU backend.
 #include <gtest/gtest.h>
 

@@ -323,6 +323,36 @@ TEST(Cast, RoundTripsFloat32ThroughFloat64) {
   EXPECT_EQ(d.data<double>()[1], -2.25);
 }
 
+// sum_of_squares_total (the grad norm's per-rank part) is exactly the running host sum of the
+// per-tensor sums in list order (bitwise: EXPECT_EQ on doubles), 0 for no tensors, and rejects
+// non-float32 tensors by name.
+TEST(SumOfSquaresTotal, IsTheRunningSumOfPerTensorSumsInOrder) {
+  std::vector<Tensor> ts;
+  for (int64_t n : {0, 1, 7, 1000, 33}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      v[static_cast<size_t>(i)] =
+          std::ldexp(static_cast<float>((i * 37 + n) % 101) - 50.0f, static_cast<int>(i % 13) - 6);
+    ts.push_back(Tensor::from_vector(Shape{n}, v));
+  }
+  std::vector<const Tensor*> ptrs;
+  double want = 0;
+  for (const Tensor& t : ts) {
+    ptrs.push_back(&t);
+    want += sum_of_squares(t);
+  }
+  EXPECT_EQ(sum_of_squares_total(ptrs), want);
+  EXPECT_GT(want, 0.0);
+  EXPECT_EQ(sum_of_squares_total({}), 0.0);
+  const Tensor bf = Tensor::zeros(Shape{4}, DType::kBFloat16, Device::cpu());
+  try {
+    sum_of_squares_total({&ts[1], &bf});
+    ADD_FAILURE() << "a bfloat16 tensor was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not float32"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace meshproof::kernels
 

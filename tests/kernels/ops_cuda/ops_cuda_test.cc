@@ -15,6 +15,7 @@
 #include "kernels/attention.h"
 #include "kernels/cast.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/cuda_check.h"
 #include "kernels/device.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -330,6 +331,82 @@ TEST(OpsCuda, AdamWBitwise) {
   }
   // Tree vs serial double sum of n squares: ~n * 2^-53 relative; 1e-12 is a 1000x margin.
   EXPECT_NEAR(sum_of_squares(on_gpu(p0)), sum_of_squares(p0), 1e-12 * sum_of_squares(p0));
+}
+
+// The grad norm's per-rank part on the device: the serial per-tensor sums and their running total
+// (kernels::sum_of_squares_total) are bitwise the host's (EXPECT_EQ on doubles), over 130
+// tensors (two launches of the 128-tensor kernel) of mixed sizes, empty ones included, and only
+// the 8-byte result crosses to the host.
+TEST(OpsCuda, SumOfSquaresTotalBitwiseAndOneScalarDownload) {
+  SKIP_WITHOUT_GPU();
+  std::vector<Tensor> host, dev;
+  for (int k = 0; k < 130; ++k) {
+    const int64_t n = k % 17 == 0 ? 0 : (k * 977) % 4099 + 1;
+    host.push_back(random_tensor({n}, DType::kFloat32, 100 + static_cast<uint32_t>(k), 0.05));
+    dev.push_back(on_gpu(host.back()));
+  }
+  std::vector<const Tensor*> hp, dp;
+  for (size_t k = 0; k < host.size(); ++k) {
+    hp.push_back(&host[k]);
+    dp.push_back(&dev[k]);
+  }
+  CopyCounter counter;
+  double got = 0;
+  {
+    ScopedRankContext ctx(RankContext{0, kGpu, nullptr, nullptr, &counter});
+    got = sum_of_squares_total(dp);
+  }
+  EXPECT_EQ(got, sum_of_squares_total(hp));
+  EXPECT_EQ(counter.counts().device_to_host, 8);
+  EXPECT_EQ(counter.counts().host_to_device, 0);
+}
+
+// A checkpoint's transfers: to_host_batched downloads device tensors of mixed dtypes and sizes
+// bitwise in one bulk copy; copy_batched uploads them back in one bulk copy.
+TEST(OpsCuda, BatchedDownloadAndUploadAreOneCopyEachAndBitwise) {
+  SKIP_WITHOUT_GPU();
+  CopyCounter counter;
+  ScopedRankContext ctx(RankContext{0, kGpu, nullptr, nullptr, &counter});
+  const std::vector<Tensor> host = {random_tensor({3, 5}, DType::kFloat32, 1),
+                                    random_tensor({7}, DType::kBFloat16, 2),
+                                    Tensor::zeros({0}, DType::kFloat32, Device::cpu()),
+                                    random_tensor({1000}, DType::kFloat32, 3)};
+  std::vector<Tensor> dev;
+  for (const Tensor& t : host) dev.push_back(on_gpu(t));
+  const CopyCounts before = counter.counts();
+  const std::vector<Tensor> down = to_host_batched(dev);
+  const CopyCounts after_down = counter.counts() - before;
+  EXPECT_EQ(after_down.bulk_copies, 1);
+  EXPECT_EQ(after_down.host_to_device, 0);
+  for (size_t k = 0; k < host.size(); ++k) {
+    EXPECT_TRUE(down[k].device().is_cpu());
+    expect_bitwise(host[k], down[k], "to_host_batched");
+  }
+  std::vector<Tensor> back;
+  std::vector<Tensor*> dsts;
+  for (const Tensor& t : host) back.push_back(Tensor::zeros(t.shape(), t.dtype(), kGpu));
+  for (Tensor& t : back) dsts.push_back(&t);
+  const CopyCounts before_up = counter.counts();
+  copy_batched(dsts, host);
+  const CopyCounts up = counter.counts() - before_up;
+  EXPECT_EQ(up.bulk_copies, 1);
+  EXPECT_EQ(up.device_to_host, 0);
+  for (size_t k = 0; k < host.size(); ++k) expect_bitwise(host[k], back[k], "copy_batched");
+}
+
+// Storage honours the device index: a tensor on the last visible device is allocated there and
+// reads back (a no-op difference with one GPU, where it is device 0).
+TEST(OpsCuda, AllocationOnTheTensorsDevice) {
+  SKIP_WITHOUT_GPU();
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  const Device last = Device::cuda(count - 1);
+  const Tensor h = random_tensor({257}, DType::kFloat32, 9);
+  const Tensor d = h.to(last);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, d.raw_data()), cudaSuccess);
+  EXPECT_EQ(attr.device, count - 1);
+  expect_bitwise(h, d, "tensor on the last device");
 }
 
 }  // namespace
