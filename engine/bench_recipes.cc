@@ -337,6 +337,9 @@ std::vector<Measurement> measure_grouped_gemms(RecipeKind r, const GroupedSplit&
     time_into(m, o.device, o.warmup, o.iters, [&](int i) {
       GroupedSet& s = sets[static_cast<size_t>(i % pool)];
       for (size_t e = 0; e < g.rows.size(); ++e) {
+        // An empty block (fp32 / bf16: an expert with no rows) has no GEMM to run; its weight
+        // gradient is zero, which is not a GEMM's work either.
+        if (off[e + 1] == off[e]) continue;
         const bool q = recipe.enabled();
         const Tensor xe = s.x.slice_rows(off[e], off[e + 1]);
         const Tensor dye = s.dy.slice_rows(off[e], off[e + 1]);
