@@ -8,6 +8,7 @@
 #include <random>
 
 #include "engine/model.h"
+#include "engine/moe.h"
 #include "engine/params.h"
 #include "engine/recipe.h"
 #include "engine/session.h"
@@ -253,6 +254,163 @@ std::vector<std::pair<OperandSpec, bool>> role_quantizations(GemmRole role) {
 
 const std::vector<GemmRole> kAllRoles = {GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWgrad};
 
+// N(0, 1) rows of each expert's block ([padded_rows, cols] of `dtype` on `device`), zero in the
+// padding rows as the engine's dispatch leaves them.
+Tensor random_blocks(const GroupedSplit& g, int64_t cols, DType dtype, Device device,
+                     uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(g.padded_rows() * cols), 0.0f);
+  int64_t row = 0;
+  for (size_t e = 0; e < g.rows.size(); ++e) {
+    for (int64_t i = 0; i < g.rows[e] * cols; ++i)
+      v[static_cast<size_t>(row * cols + i)] = dist(rng);
+    row += g.padded[e];
+  }
+  Tensor t = Tensor::from_vector<float>({g.padded_rows(), cols}, v);
+  if (dtype != DType::kFloat32) t = kernels::cast_to(t, dtype);
+  return device.is_cpu() ? t : t.to(device);
+}
+
+// First row of each expert's block.
+std::vector<int64_t> block_offsets(const GroupedSplit& g) {
+  std::vector<int64_t> off(g.padded.size() + 1, 0);
+  for (size_t e = 0; e < g.padded.size(); ++e) off[e + 1] = off[e] + g.padded[e];
+  return off;
+}
+
+// Quantizations of a grouped operand per expert name ("bench.expert<e>"); experts with an empty
+// block (fp32 / bf16 only: quantized recipes pad an empty expert to one block) are skipped.
+std::string expert_name(size_t e) { return fmt::format("bench.expert{}", e); }
+
+// One rotation set of the grouped GEMM: X [P, K] and dY [P, N] with the experts' blocks as rows,
+// one W [N, K] per expert, their per-expert quantized copies and the outputs.
+struct GroupedSet {
+  Tensor x, dy;
+  std::vector<Tensor> w;
+  std::vector<QuantizedTensor> qx, qw, qdy;  // per expert (quantized recipes)
+  Tensor y, dx;                              // [P, N], [P, K]
+  std::vector<Tensor> dw;                    // per expert [N, K] fp32
+};
+
+// The recipe's grouped GEMM in each of the three roles over split g at linear (out n, in k): one
+// GEMM per expert block in expert order on row views, as GptModel::moe_forward / moe_backward run
+// it.
+std::vector<Measurement> measure_grouped_gemms(RecipeKind r, const GroupedSplit& g, int64_t n,
+                                               int64_t k, const RecipeBenchOptions& o,
+                                               int64_t cache) {
+  const DType dt = r == RecipeKind::kFp32 ? DType::kFloat32 : DType::kBFloat16;
+  const int64_t es = r == RecipeKind::kFp32 ? 4 : 2;
+  const int64_t p = g.padded_rows(), experts = static_cast<int64_t>(g.rows.size());
+  const int64_t set_bytes = es * (p * k + experts * n * k + p * n) * 2 + 4 * experts * n * k;
+  const int pool = rotation_count(set_bytes, cache);
+  const std::vector<int64_t> off = block_offsets(g);
+  Fp8Recipe recipe(recipe_config(r), kSingleRank);
+  std::vector<GroupedSet> sets(static_cast<size_t>(pool));
+  for (int i = 0; i < pool; ++i) {
+    GroupedSet& s = sets[static_cast<size_t>(i)];
+    const auto seed = static_cast<uint32_t>(5000 + 16 * i);
+    s.x = random_blocks(g, k, dt, o.device, seed);
+    s.dy = random_blocks(g, n, dt, o.device, seed + 1);
+    for (size_t e = 0; e < g.rows.size(); ++e) {
+      s.w.push_back(random_tensor(n, k, dt, o.device, seed + 2 + static_cast<uint32_t>(e)));
+      s.dw.push_back(Tensor::empty({n, k}, DType::kFloat32, o.device));
+      if (recipe.enabled()) {
+        const kernels::Usage both{true, true};
+        const std::string name = expert_name(e);
+        s.qx.push_back(
+            recipe.quantize(name, Fp8Role::kInput, s.x.slice_rows(off[e], off[e + 1]), both));
+        s.qw.push_back(recipe.quantize(name, Fp8Role::kWeight, s.w.back(), both));
+        s.qdy.push_back(
+            recipe.quantize(name, Fp8Role::kGradOutput, s.dy.slice_rows(off[e], off[e + 1]), both));
+      }
+    }
+    s.y = Tensor::empty({p, n}, dt, o.device);
+    s.dx = Tensor::empty({p, k}, dt, o.device);
+  }
+  std::vector<Measurement> out;
+  for (GemmRole role : kAllRoles) {
+    Measurement m;
+    m.flops =
+        2.0 * static_cast<double>(g.tokens()) * static_cast<double>(n) * static_cast<double>(k);
+    const kernels::GemmOptions opts = recipe.options(role);
+    time_into(m, o.device, o.warmup, o.iters, [&](int i) {
+      GroupedSet& s = sets[static_cast<size_t>(i % pool)];
+      for (size_t e = 0; e < g.rows.size(); ++e) {
+        // An empty block (fp32 / bf16: an expert with no rows) has no GEMM to run; its weight
+        // gradient is zero, which is not a GEMM's work either.
+        if (off[e + 1] == off[e]) continue;
+        const bool q = recipe.enabled();
+        const Tensor xe = s.x.slice_rows(off[e], off[e + 1]);
+        const Tensor dye = s.dy.slice_rows(off[e], off[e + 1]);
+        const kernels::GemmOperand x = q ? kernels::GemmOperand(&s.qx[e]) : &xe;
+        const kernels::GemmOperand w = q ? kernels::GemmOperand(&s.qw[e]) : &s.w[e];
+        const kernels::GemmOperand dy = q ? kernels::GemmOperand(&s.qdy[e]) : &dye;
+        switch (role) {
+          case GemmRole::kFprop: {
+            Tensor ye = s.y.slice_rows(off[e], off[e + 1]);
+            kernels::gemm_fprop(x, w, ye, opts);
+            break;
+          }
+          case GemmRole::kDgrad: {
+            Tensor dxe = s.dx.slice_rows(off[e], off[e + 1]);
+            kernels::gemm_dgrad(dy, w, dxe, opts);
+            break;
+          }
+          case GemmRole::kWgrad:
+            kernels::gemm_wgrad(dy, x, s.dw[e], opts);
+            break;
+        }
+      }
+    });
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+// Quantizing one grouped operand (x [P, K], w: E x [N, K], dy [P, N]) into one copy: every
+// expert's block in expert order per repetition, from bf16.
+QuantizeFigure measure_grouped_quantize(RecipeKind r, const GroupedSplit& g, int64_t n, int64_t k,
+                                        const OperandSpec& op, bool columnwise,
+                                        const RecipeBenchOptions& o, int64_t cache) {
+  QuantizeFigure f;
+  f.operand = op.name;
+  f.columnwise = columnwise;
+  const bool weight = op.role == Fp8Role::kWeight;
+  const int64_t experts = static_cast<int64_t>(g.rows.size());
+  f.rows = weight ? experts * n : g.padded_rows();
+  f.cols = op.role == Fp8Role::kGradOutput ? n : k;
+  const int64_t in_bytes = f.rows * f.cols * 2;
+  const int pool = rotation_count(in_bytes + f.rows * f.cols, cache);
+  // Weights: E stacked [N, K] blocks; activations: the experts' padded blocks.
+  GroupedSplit wsplit;
+  wsplit.rows.assign(g.rows.size(), n);
+  wsplit.padded = wsplit.rows;
+  const GroupedSplit& blocks = weight ? wsplit : g;
+  const std::vector<int64_t> off = block_offsets(blocks);
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < pool; ++i) {
+    inputs.push_back(
+        random_blocks(blocks, f.cols, DType::kBFloat16, o.device, 7000 + static_cast<uint32_t>(i)));
+  }
+  Fp8Recipe recipe(recipe_config(r), kSingleRank);
+  int64_t out_bytes = 0;
+  time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
+    out_bytes = 0;
+    for (size_t e = 0; e < blocks.rows.size(); ++e) {
+      if (off[e + 1] == off[e]) continue;
+      QuantizedTensor q =
+          recipe.quantize(expert_name(e), op.role,
+                          inputs[static_cast<size_t>(i % pool)].slice_rows(off[e], off[e + 1]),
+                          {!columnwise, columnwise});
+      out_bytes += quantized_bytes(q);
+    }
+  });
+  const bool per_tensor = r == RecipeKind::kDelayed || r == RecipeKind::kCurrent;
+  f.m.bytes = static_cast<double>((per_tensor ? 2 : 1) * in_bytes + out_bytes);
+  return f;
+}
+
 // A block linear's name without its "attn."/"mlp." prefix: "qkv", "fc1_gate".
 std::string short_linear(std::string_view name) {
   const size_t dot = name.rfind('.');
@@ -347,6 +505,34 @@ Speedup gemm_speedup(double bf16_s, double gemm_s, double quantize_s) {
                  "speedup needs bf16 > 0, gemm > 0 and quantize >= 0 seconds (got {}, {}, {})",
                  bf16_s, gemm_s, quantize_s);
   return {bf16_s / (gemm_s + quantize_s), bf16_s / gemm_s};
+}
+
+int64_t GroupedSplit::tokens() const {
+  int64_t t = 0;
+  for (int64_t r : rows) t += r;
+  return t;
+}
+
+int64_t GroupedSplit::padded_rows() const {
+  int64_t t = 0;
+  for (int64_t r : padded) t += r;
+  return t;
+}
+
+GroupedSplit grouped_split(RecipeKind recipe, int64_t tokens) {
+  MP_CHECK_INPUT(tokens > 0 && tokens % 8 == 0,
+                 "grouped GEMM split: {} tokens is not a positive multiple of 8", tokens);
+  static_assert(kGroupedExperts == 4, "the split below names four experts");
+  GroupedSplit g;
+  g.rows = {tokens / 2, 3 * tokens / 8, 0, tokens / 8};
+  g.alignment = moe::row_alignment(recipe);
+  // The engine's dispatch rule (moe::dispatch): padded to the alignment, an empty expert one
+  // block under the quantized recipes (keep_empty).
+  for (int64_t r : g.rows) {
+    const int64_t n = std::max<int64_t>(r, is_fp8(recipe) ? 1 : 0);
+    g.padded.push_back((n + g.alignment - 1) / g.alignment * g.alignment);
+  }
+  return g;
 }
 
 double RoleFigure::quantize_seconds() const {
@@ -517,6 +703,23 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
         measure_gemms(RecipeKind::kBf16, s, {GemmRole::kFprop}, o, rep.cache_bytes)[0]);
   }
 
+  // The grouped expert GEMM (docs/design.md section 27): the block's first MLP linear as
+  // kGroupedExperts experts over the model's tokens, split unevenly; bf16 baseline once.
+  const ModelConfig block = o.model.model_config(1);
+  std::string grouped_linear;
+  int64_t grouped_n = 0, grouped_k = 0;
+  for (const LinearLayer& lin : block_linears(block.activation)) {
+    if (!lin.name.starts_with("mlp.")) continue;
+    grouped_linear = short_linear(lin.name);
+    grouped_n = lin.out_mult * model_dim(block, lin.out_dim);
+    grouped_k = model_dim(block, lin.in_dim);
+    break;
+  }
+  MP_CHECK(grouped_n > 0, "bench recipes: the block has no MLP linear for the grouped GEMM");
+  const GroupedSplit bf16_split = grouped_split(RecipeKind::kBf16, o.model.tokens());
+  const std::vector<Measurement> bf16_grouped = measure_grouped_gemms(
+      RecipeKind::kBf16, bf16_split, grouped_n, grouped_k, o, rep.cache_bytes);
+
   if (o.steps > 0) {
     rep.bf16_curve = train_curve(RecipeKind::kBf16, o);
     rep.fp32_curve = train_curve(RecipeKind::kFp32, o);
@@ -528,9 +731,14 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
     res.gemm_dtype = recipe_gemm_dtype(r, rep.compute_capability);
     // The label from every GEMM shape this run measures (a shape a native path does not take
     // makes the recipe's figures an emulation, with that GEMM's reason).
+    res.split = grouped_split(r, o.model.tokens());
     std::vector<GemmShape> measured;
     for (const auto& [name, s] : shapes) measured.push_back(s);
     for (const auto& [name, s] : sweep_shapes) measured.push_back(s);
+    // Every expert block's GEMM (an empty block runs no GEMM a path decides).
+    for (int64_t rows : res.split.padded) {
+      if (rows > 0) measured.push_back({rows, grouped_n, grouped_k});
+    }
     res.emulation = recipe_emulation(r, rep.compute_capability, label_cublaslt_version(), measured);
     const bool quantized = is_fp8(r);
     for (size_t si = 0; si < shapes.size(); ++si) {
@@ -587,6 +795,38 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
     for (int64_t m : skipped) {
       res.notes.push_back(fmt::format("M sweep: M = {} not measured ({} needs M % {} == 0)", m,
                                       recipe_name(r), mult));
+    }
+    {
+      // The grouped GEMM rows: the bf16 recipe's are the baselines themselves.
+      const std::vector<Measurement> times =
+          r == RecipeKind::kBf16
+              ? bf16_grouped
+              : measure_grouped_gemms(r, res.split, grouped_n, grouped_k, o, rep.cache_bytes);
+      std::vector<QuantizeFigure> quants;
+      auto quant = [&](const OperandSpec& op, bool col) -> const QuantizeFigure& {
+        for (const QuantizeFigure& q : quants) {
+          if (q.operand == op.name && q.columnwise == col) return q;
+        }
+        quants.push_back(measure_grouped_quantize(r, res.split, grouped_n, grouped_k, op, col, o,
+                                                  rep.cache_bytes));
+        return quants.back();
+      };
+      std::string rows;
+      for (int64_t n : res.split.rows) rows += fmt::format("{}{}", rows.empty() ? "" : "/", n);
+      for (size_t ri = 0; ri < kAllRoles.size(); ++ri) {
+        RoleFigure f;
+        f.gemm = {fmt::format("experts {} rows {}", grouped_linear, rows),
+                  kAllRoles[ri],
+                  {res.split.tokens(), grouped_n, grouped_k}};
+        f.bf16 = bf16_grouped[ri];
+        f.time = times[ri];
+        if (quantized) {
+          for (const auto& [op, col] : role_quantizations(kAllRoles[ri])) {
+            f.quantize.push_back(quant(op, col));
+          }
+        }
+        res.grouped.push_back(std::move(f));
+      }
     }
     res.layer = measure_layer(r, o);
     if (o.steps > 0) {

@@ -174,6 +174,23 @@ struct ConvergenceCurve {
   std::vector<double> loss;  // per step, nats (mean cross-entropy)
 };
 
+// The grouped expert GEMM's uneven split (docs/design.md sections 26 and 27): the block's first
+// MLP linear (fc1, or fc1_gate under SwiGLU) as kGroupedExperts experts, each with its own
+// [out, in] weight, over the bench's T tokens routed top-1 as T/2, 3T/8, 0 and T/8 rows (one
+// expert with none). Each expert's rows are padded with zero rows to the recipe's alignment
+// (moe::row_alignment; quantized recipes give the empty expert one block of zero rows, as the
+// engine's dispatch does), so the GEMMs and quantizations run on exactly the blocks training runs.
+inline constexpr int64_t kGroupedExperts = 4;
+struct GroupedSplit {
+  std::vector<int64_t> rows;    // [E] routed rows per expert
+  int64_t alignment = 1;        // the recipe's expert row alignment
+  std::vector<int64_t> padded;  // [E] rows of each expert's block after padding
+  int64_t tokens() const;       // sum of rows (the useful rows the FLOPs count)
+  int64_t padded_rows() const;  // sum of padded
+};
+// Input error unless tokens is a positive multiple of 8.
+GroupedSplit grouped_split(RecipeKind recipe, int64_t tokens);
+
 struct RecipeBenchResult {
   RecipeKind recipe = RecipeKind::kFp32;
   // Dtype the recipe's GEMMs execute in on this device (recipe_gemm_dtype).
@@ -181,8 +198,15 @@ struct RecipeBenchResult {
   // Empty when the recipe runs natively on this device, else why its figures are an emulation
   // (recipe_emulation).
   std::string emulation;
-  std::vector<RoleFigure> roles;     // the model's GEMMs, then the --shapes ones ("custom")
-  std::vector<RoleFigure> sweep;     // fprop per linear per M of the sweep the recipe can take
+  std::vector<RoleFigure> roles;  // the model's GEMMs, then the --shapes ones ("custom")
+  std::vector<RoleFigure> sweep;  // fprop per linear per M of the sweep the recipe can take
+  // The grouped expert GEMM per role over `split` (engine::grouped_split): gemm.linear
+  // "experts fc1 rows A/B/C/D", gemm.shape (T, out, in) with T the routed rows (FLOPs count them,
+  // not the padding); time: one GEMM per expert block in expert order (the engine's grouped GEMM),
+  // operands quantized per expert beforehand; bf16: the same loop in bf16 over the unpadded
+  // blocks; quantize: every expert's block of each operand copy, summed.
+  std::vector<RoleFigure> grouped;
+  GroupedSplit split;
   std::optional<LayerFigure> layer;  // absent where the engine's ops have no kernel (CUDA)
   std::optional<ConvergenceCurve> convergence;
   std::vector<std::string> notes;

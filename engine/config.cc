@@ -200,14 +200,6 @@ std::vector<ConfigIssue> check_config(const Config& c) {
                       "load-balancing loss over the global batch with gradient accumulation is "
                       "not built yet (docs/design.md section 27); use micro_batches 1",
                       t.micro_batches, moe.aux_loss_coef));
-    // The recipes whose MoE runs are tested against one rank; the others are refused, not run.
-    const RecipeKind rk = c.recipe.kind;
-    needf("recipe.kind",
-          rk == RecipeKind::kFp32 || rk == RecipeKind::kBf16 || rk == RecipeKind::kCurrent ||
-              rk == RecipeKind::kMxfp8,
-          fmt::format("recipe = {} with model.moe is not built yet (docs/design.md section 27): "
-                      "MoE runs with fp32, bf16, current or mxfp8",
-                      recipe_name(rk)));
   }
 
   const DataConfig& d = c.data;

@@ -279,6 +279,13 @@ reports::RunRecord bench_recipes_record(const engine::RecipeBenchReport& rep,
     };
     add_roles(r.roles, "");
     add_roles(r.sweep, "sweep ");
+    // The grouped expert GEMM over an uneven split (docs/design.md section 27): its rows and
+    // padded blocks in the scenario's config, its figures named "grouped experts fc1 rows ...".
+    add_roles(r.grouped, "grouped ");
+    s.config["grouped_split"] = {{"experts", r.split.rows.size()},
+                                 {"rows", r.split.rows},
+                                 {"alignment", r.split.alignment},
+                                 {"padded_rows", r.split.padded}};
     // Quantizer throughput of each distinct (operand, copy) against the copy bandwidth.
     std::vector<std::string> seen;
     for (const engine::RoleFigure& g : r.roles) {

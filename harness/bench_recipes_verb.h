@@ -1,7 +1,8 @@
 // `meshproof bench recipes`: per recipe (every row of the engine's recipe table) and per GEMM of
 // a model's linear layers (qkv, proj, fc1, fc2 x fprop, dgrad, wgrad): BF16 time at the same
 // shape, the recipe's GEMM time, its quantization time and the autocast and pre-quantized
-// speedups over BF16; a forward M sweep; one layer's step time, tokens/s, MFU (GPU only) and peak
+// speedups over BF16; a forward M sweep; the grouped expert GEMM over an uneven split of the
+// tokens (one expert with none); one layer's step time, tokens/s, MFU (GPU only) and peak
 // memory; optionally the loss after N training steps against BF16 and fp32. Emulated figures
 // (every CPU figure, MXFP8 below sm_100, block scaling) carry their reason in every report.
 // Measurement: engine/bench_recipes.h; the contract: docs/design.md section 26.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -394,6 +395,31 @@ TEST(BenchRecipes, MeasuresEveryRecipeOnTheCpu) {
     }
     // 4 linears x 2 Ms, except where the recipe cannot take M = 16 (MXFP8 blocks of 32).
     EXPECT_EQ(r.sweep.size(), r.recipe == RecipeKind::kMxfp8 ? 4u : 8u);
+    // The grouped expert GEMM: fc1 (64 x 32) as 4 experts over the 32 tokens split 16/12/0/4,
+    // one figure per role with the routed rows as M; quantized per expert (2 operand copies per
+    // role as the dense GEMMs); the bf16 recipe's times are the baselines.
+    EXPECT_EQ(r.split.rows, (std::vector<int64_t>{16, 12, 0, 4}));
+    ASSERT_EQ(r.grouped.size(), 3u);
+    for (size_t i = 0; i < r.grouped.size(); ++i) {
+      const engine::RoleFigure& g = r.grouped[i];
+      EXPECT_EQ(g.gemm.linear, "experts fc1 rows 16/12/0/4");
+      EXPECT_EQ(g.gemm.role, (std::array{GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWgrad})[i]);
+      EXPECT_EQ(g.gemm.shape, (GemmShape{32, 64, 32}));
+      EXPECT_GT(g.time.seconds, 0);
+      EXPECT_GT(g.bf16.seconds, 0);
+      EXPECT_EQ(g.time.samples.size(), 2u);
+      EXPECT_DOUBLE_EQ(g.time.flops, 2.0 * 32 * 64 * 32);  // routed rows only, not the padding
+      EXPECT_EQ(g.quantize.size(), engine::is_fp8(r.recipe) ? 2u : 0u);
+      for (const auto& q : g.quantize) {
+        EXPECT_GT(q.m.seconds, 0);
+        EXPECT_GT(q.m.bytes, 0);
+        // x / dy: every expert's padded block; w: the 4 experts' [64, 32] weights.
+        EXPECT_EQ(q.rows, q.operand == std::string("w") ? 4 * 64 : r.split.padded_rows());
+      }
+      if (r.recipe == RecipeKind::kBf16) {
+        EXPECT_EQ(g.time.samples, g.bf16.samples);
+      }
+    }
     ASSERT_TRUE(r.layer);
     EXPECT_GT(r.layer->m.seconds, 0);
     EXPECT_EQ(r.layer->tokens, 32);
@@ -415,7 +441,59 @@ TEST(BenchRecipes, MeasuresEveryRecipeOnTheCpu) {
         "Loss difference per step: recipes.mxfp8 (emulated: CPU emulation)"}) {
     EXPECT_NE(html.find(plot), std::string::npos) << plot;
   }
+  // The grouped rows in every writer that lists figures, each labelled: JSON (emulated and the
+  // split in config), Markdown and HTML.
+  const std::string grouped = "grouped experts fc1 rows 16/12/0/4 wgrad 64x32x32";
+  const nlohmann::json js = nlohmann::json::parse(reports::render_json(run));
+  size_t grouped_figures = 0;
+  for (const nlohmann::json& sc : js.at("scenarios")) {
+    if (sc.at("name") == "recipes.ceilings") continue;
+    EXPECT_EQ(sc.at("config").at("grouped_split").at("rows"), (std::vector<int64_t>{16, 12, 0, 4}));
+    for (const nlohmann::json& f : sc.at("benchmarks")) {
+      if (f.at("name").get<std::string>().rfind("grouped ", 0) != 0) continue;
+      ++grouped_figures;
+      EXPECT_EQ(f.at("emulated"), "CPU emulation") << f.at("name");
+    }
+  }
+  // Per recipe 3 roles x (bf16_ms, gemm_ms, gemm_tflops, 2 speedups), + quantize_ms when FP8.
+  EXPECT_EQ(grouped_figures, 7u * 3u * 5u + 5u * 3u);
+  EXPECT_EQ(mx.config.at("grouped_split").at("padded_rows"),
+            (std::vector<int64_t>{32, 32, 32, 32}));
+  EXPECT_EQ(mx.config.at("grouped_split").at("alignment"), 32);
+  EXPECT_NE(reports::render_markdown(run).find(grouped + " (emulated: CPU emulation)"),
+            std::string::npos);
+  EXPECT_NE(html.find(grouped), std::string::npos);
+  // JUnit carries figures per suite only: its `emulated` property covers the grouped rows too.
+  EXPECT_NE(reports::render_junit(run).find(R"(<property name="emulated" value="CPU emulation"/>)"),
+            std::string::npos);
   EXPECT_EQ(reports::run_verdict(run), reports::Verdict::kPass);
+}
+
+// The uneven split of the grouped GEMM: T/2, 3T/8, 0, T/8 routed rows, each expert padded to the
+// recipe's alignment (the engine's dispatch rule), the empty expert one zero block when quantized.
+TEST(BenchRecipes, GroupedSplitIsUnevenWithAnEmptyExpertPaddedPerRecipe) {
+  for (const auto& [kind, name] : engine::kRecipeNames) {
+    SCOPED_TRACE(std::string(name));
+    const engine::GroupedSplit g = engine::grouped_split(kind, 512);
+    EXPECT_EQ(g.rows, (std::vector<int64_t>{256, 192, 0, 64}));
+    EXPECT_EQ(g.tokens(), 512);
+    const int64_t a = kind == RecipeKind::kBlock   ? 128
+                      : kind == RecipeKind::kMxfp8 ? 32
+                      : engine::is_fp8(kind)       ? 16
+                                                   : 1;
+    EXPECT_EQ(g.alignment, a);
+    ASSERT_EQ(g.padded.size(), 4u);
+    for (size_t e = 0; e < 4; ++e) {
+      EXPECT_EQ(g.padded[e] % a, 0);
+      EXPECT_GE(g.padded[e], g.rows[e]);
+      EXPECT_LT(g.padded[e], std::max<int64_t>(g.rows[e], 1) + a);
+    }
+    EXPECT_EQ(g.padded[2], engine::is_fp8(kind) ? a : 0);
+  }
+  EXPECT_EQ(engine::grouped_split(RecipeKind::kBlock, 32).padded,
+            (std::vector<int64_t>{128, 128, 128, 128}));
+  EXPECT_TRUE(is_input_error([] { engine::grouped_split(RecipeKind::kFp32, 12); }));
+  EXPECT_TRUE(is_input_error([] { engine::grouped_split(RecipeKind::kFp32, 0); }));
 }
 
 }  // namespace

@@ -12,7 +12,8 @@ MODEL is hidden,ffn,heads,kv_heads,seq,micro_batch (GELU); SHAPES the extra MxNx
 - every recipe (fp32, bf16, delayed, current, mxfp8, block) has per GEMM bf16_ms, gemm_ms,
   gemm_tflops, speedup_autocast, speedup_prequantized (and quantize_ms for the FP8 recipes), with
   autocast == bf16 / (gemm + quantize) and pre-quantized == bf16 / gemm; the sweep's fprop
-  figures for every M the recipe can take (MXFP8: M % 32 == 0); the layer step figures;
+  figures for every M the recipe can take (MXFP8: M % 32 == 0); the grouped expert GEMM's
+  figures over the uneven split T/2, 3T/8, 0, T/8 and its padded blocks; the layer step figures;
 - every figure is positive, within its range, labelled "CPU emulation" (JSON and report.md),
   and there is no MFU and no table or calibration peak (CPU backend).
 Exits 1 with a list of problems.
@@ -88,6 +89,20 @@ def main():
                 continue
             for name, n, k in (("qkv", 3 * h, h), ("proj", h, h), ("fc1", f, h), ("fc2", h, f)):
                 role_names.append("sweep %s fprop %dx%dx%d" % (name, m, n, k))
+        # The grouped expert GEMM: fc1 as 4 experts over T tokens split T/2, 3T/8, 0, T/8, each
+        # expert padded to the recipe's alignment (an empty one to one block when quantized).
+        t = seq * mb
+        rows = [t // 2, 3 * t // 8, 0, t // 8]
+        align = {"fp32": 1, "bf16": 1, "delayed": 16, "current": 16, "nvfp4": 16, "mxfp8": 32,
+                 "block": 128}[recipe]
+        padded = [-(-max(r, 1 if fp8 else 0) // align) * align for r in rows]
+        split = s["config"].get("grouped_split", {})
+        expect(split.get("rows") == rows and split.get("padded_rows") == padded
+               and split.get("alignment") == align,
+               "%s: grouped_split %r, want rows %r padded %r" % (recipe, split, rows, padded))
+        label = "grouped experts fc1 rows %s" % "/".join(map(str, rows))
+        for role, dims in (("fprop", (t, f, h)), ("dgrad", (t, h, f)), ("wgrad", (f, h, t))):
+            role_names.append("%s %s %dx%dx%d" % ((label, role) + dims))
         for n in role_names:
             metrics = ["bf16_ms", "gemm_ms", "gemm_tflops", "speedup_autocast", "speedup_prequantized"]
             if fp8:
