@@ -43,6 +43,10 @@ std::string_view collective_name(CollectiveKind k) {
       return "broadcast";
     case CollectiveKind::kBarrier:
       return "barrier";
+    case CollectiveKind::kSend:
+      return "send";
+    case CollectiveKind::kRecv:
+      return "recv";
   }
   return "?";
 }
@@ -58,6 +62,9 @@ double bus_bandwidth_factor(CollectiveKind k, int n) {
       return 1.0;
     case CollectiveKind::kBarrier:
       return 0.0;
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv:
+      return 1.0;
   }
   return 0.0;
 }
@@ -163,6 +170,28 @@ void Communicator::barrier() {
   do_barrier();
   account(CollectiveKind::kBarrier, kernels::Bytes(0), seconds_since(t0), ReduceOp::kSum,
           DType::kUInt8);
+}
+
+void Communicator::send(const Tensor& buffer, int peer) {
+  check_byte_sized(buffer, "send", *this);
+  MP_CHECK_INPUT(0 <= peer && peer < size() && peer != rank(),
+                 "send on {}: peer {} is not another member of the group (this member is {})",
+                 describe(), peer, rank());
+  const auto t0 = std::chrono::steady_clock::now();
+  do_send(buffer, peer);
+  account(CollectiveKind::kSend, buffer.nbytes(), seconds_since(t0), ReduceOp::kSum,
+          buffer.dtype());
+}
+
+void Communicator::recv(Tensor& buffer, int peer) {
+  check_byte_sized(buffer, "recv", *this);
+  MP_CHECK_INPUT(0 <= peer && peer < size() && peer != rank(),
+                 "recv on {}: peer {} is not another member of the group (this member is {})",
+                 describe(), peer, rank());
+  const auto t0 = std::chrono::steady_clock::now();
+  do_recv(buffer, peer);
+  account(CollectiveKind::kRecv, buffer.nbytes(), seconds_since(t0), ReduceOp::kSum,
+          buffer.dtype());
 }
 
 void reduce_rank_order_host(float* out, const float* const* inputs, int n, int64_t count,

@@ -25,6 +25,8 @@ class SplitComm final : public Communicator {
   void do_all_reduce(kernels::Tensor& buffer, ReduceOp op) override;
   void do_broadcast(kernels::Tensor& buffer, int root) override;
   void do_barrier() override;
+  void do_send(const kernels::Tensor& buffer, int peer) override;
+  void do_recv(kernels::Tensor& buffer, int peer) override;
 
  private:
   // The communicator for a buffer on `t`'s device.

@@ -30,6 +30,8 @@ class CorruptingCommunicator final : public Communicator {
   void do_all_reduce(Tensor& b, ReduceOp op) override { inner_.all_reduce(b, op); }
   void do_broadcast(Tensor& b, int root) override { inner_.broadcast(b, root); }
   void do_barrier() override { inner_.barrier(); }
+  void do_send(const Tensor& b, int peer) override { inner_.send(b, peer); }
+  void do_recv(Tensor& b, int peer) override { inner_.recv(b, peer); }
 
  private:
   Communicator& inner_;
