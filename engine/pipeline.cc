@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <deque>
+#include <map>
 #include <numeric>
 #include <string>
 
@@ -174,38 +176,151 @@ ScheduleTimeline simulate_schedule(PpSchedule schedule, int pp, int64_t micro_ba
   return simulate_schedule(stages, forward_cost, backward_cost);
 }
 
+namespace {
+
+// The neighbour a pass receives its input from, or -1 (the first stage's forward reads tokens,
+// the last stage's backward starts from its loss).
+int input_peer(const PpStep& p, int stage, int stages) {
+  if (p.pass == PpPass::kForward) return stage > 0 ? stage - 1 : -1;
+  return stage < stages - 1 ? stage + 1 : -1;
+}
+
+// The neighbour a pass sends its output to, or -1.
+int output_peer(const PpStep& p, int stage, int stages) {
+  if (p.pass == PpPass::kForward) return stage < stages - 1 ? stage + 1 : -1;
+  return stage > 0 ? stage - 1 : -1;
+}
+
+std::string describe(const PpOp& op) {
+  const char* kind = op.kind == PpOp::Kind::kRecv   ? "recv"
+                     : op.kind == PpOp::Kind::kSend ? "send"
+                                                    : "compute";
+  std::string out = fmt::format("{} {}{}", kind, op.step.pass == PpPass::kForward ? 'F' : 'B',
+                                op.step.micro_batch);
+  if (op.kind == PpOp::Kind::kRecv) out += fmt::format(" from {}", op.peer);
+  if (op.kind == PpOp::Kind::kSend) out += fmt::format(" to {}", op.peer);
+  return out;
+}
+
+}  // namespace
+
+std::vector<PpOp> stage_program(const std::vector<PpStep>& steps, int stage, int stages) {
+  MP_CHECK(0 <= stage && stage < stages, "stage {} of {}", stage, stages);
+  std::vector<PpOp> out;
+  bool received_next = false;  // the next pass's input was received before the last send
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const PpStep& p = steps[i];
+    const int in = input_peer(p, stage, stages);
+    if (in >= 0 && !received_next) out.push_back({PpOp::Kind::kRecv, p, in});
+    received_next = false;
+    out.push_back({PpOp::Kind::kCompute, p, -1});
+    const int to = output_peer(p, stage, stages);
+    if (to < 0) continue;
+    // The crossing: the upper of the two stages (`to` below this one) receives first.
+    if (i + 1 < steps.size() && to < stage && input_peer(steps[i + 1], stage, stages) == to) {
+      out.push_back({PpOp::Kind::kRecv, steps[i + 1], to});
+      received_next = true;
+    }
+    out.push_back({PpOp::Kind::kSend, p, to});
+  }
+  return out;
+}
+
+void check_programs(const std::vector<std::vector<PpOp>>& programs, bool eager) {
+  const int n = static_cast<int>(programs.size());
+  std::vector<size_t> pc(static_cast<size_t>(n), 0);
+  // Eager: messages in flight per (from, to), in send order.
+  std::map<std::pair<int, int>, std::deque<PpStep>> queue;
+  const auto at = [&](int s) -> const PpOp* {
+    const auto& prog = programs[static_cast<size_t>(s)];
+    const size_t i = pc[static_cast<size_t>(s)];
+    return i < prog.size() ? &prog[i] : nullptr;
+  };
+  const auto deliver = [&](int to, const PpOp& recv, const PpStep& sent, int from) {
+    MP_CHECK(recv.step == sent, "pipeline program: stage {} at {} gets stage {}'s message of {}{}",
+             to, describe(recv), from, sent.pass == PpPass::kForward ? 'F' : 'B', sent.micro_batch);
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < n; ++s) {
+      const PpOp* op = at(s);
+      if (op == nullptr) continue;
+      MP_CHECK(op->kind == PpOp::Kind::kCompute || (0 <= op->peer && op->peer < n && op->peer != s),
+               "pipeline program: stage {} at {}: no such peer", s, describe(*op));
+      if (op->kind == PpOp::Kind::kCompute) {
+        ++pc[static_cast<size_t>(s)];
+        progress = true;
+      } else if (op->kind == PpOp::Kind::kSend && eager) {
+        queue[{s, op->peer}].push_back(op->step);
+        ++pc[static_cast<size_t>(s)];
+        progress = true;
+      } else if (op->kind == PpOp::Kind::kRecv && eager) {
+        auto& q = queue[{op->peer, s}];
+        if (q.empty()) continue;
+        deliver(s, *op, q.front(), op->peer);
+        q.pop_front();
+        ++pc[static_cast<size_t>(s)];
+        progress = true;
+      } else if (op->kind == PpOp::Kind::kSend) {
+        // Rendezvous: the send completes with the receiver at its matching receive.
+        const PpOp* r = at(op->peer);
+        if (r == nullptr || r->kind != PpOp::Kind::kRecv || r->peer != s) continue;
+        deliver(op->peer, *r, op->step, s);
+        ++pc[static_cast<size_t>(s)];
+        ++pc[static_cast<size_t>(op->peer)];
+        progress = true;
+      }
+    }
+  }
+  std::vector<std::string> stuck;
+  for (int s = 0; s < n; ++s)
+    if (const PpOp* op = at(s)) stuck.push_back(fmt::format("stage {} at {}", s, describe(*op)));
+  MP_CHECK(stuck.empty(), "pipeline program deadlocks with {} sends: {}",
+           eager ? "eager" : "rendezvous", fmt::join(stuck, "; "));
+  for (const auto& [pair, q] : queue)
+    MP_CHECK(q.empty(), "pipeline program: {} message(s) from stage {} to stage {} never received",
+             q.size(), pair.first, pair.second);
+}
+
 void run_stage_schedule(mesh::Communicator& pp, const std::vector<PpStep>& steps,
                         StagePasses& passes) {
-  const int stage = pp.rank(), stages = pp.size();
-  const bool first = stage == 0, last = stage == stages - 1;
-  for (const PpStep& p : steps) {
-    if (p.pass == PpPass::kForward) {
-      kernels::Tensor input;
-      if (!first) {
-        input = passes.input_buffer(p.micro_batch);
-        pp.recv(input, stage - 1);
+  const int stage = pp.rank();
+  // Received inputs and computed outputs waiting for their op, by (pass, micro-batch).
+  std::map<std::pair<PpPass, int64_t>, kernels::Tensor> inputs, outputs;
+  for (const PpOp& op : stage_program(steps, stage, pp.size())) {
+    const PpStep& p = op.step;
+    const std::pair<PpPass, int64_t> key{p.pass, p.micro_batch};
+    switch (op.kind) {
+      case PpOp::Kind::kRecv: {
+        kernels::Tensor buf = p.pass == PpPass::kForward ? passes.input_buffer(p.micro_batch)
+                                                         : passes.grad_output_buffer(p.micro_batch);
+        pp.recv(buf, op.peer);
+        inputs[key] = std::move(buf);
+        break;
       }
-      const kernels::Tensor out = passes.forward(p.micro_batch, input);
-      if (!last) {
-        MP_CHECK(out.defined(),
-                 "pipeline stage {}: the forward of micro-batch {} returned no "
-                 "activation for stage {}",
-                 stage, p.micro_batch, stage + 1);
-        pp.send(out, stage + 1);
+      case PpOp::Kind::kCompute: {
+        kernels::Tensor in;
+        if (auto it = inputs.find(key); it != inputs.end()) {
+          in = std::move(it->second);
+          inputs.erase(it);
+        }
+        kernels::Tensor out = p.pass == PpPass::kForward
+                                  ? passes.forward(p.micro_batch, in)
+                                  : passes.backward(p.micro_batch, in, p.last_backward);
+        // Kept for its kSend only (the last stage's forward and the first stage's backward
+        // send nothing).
+        if (output_peer(p, stage, pp.size()) >= 0) outputs[key] = std::move(out);
+        break;
       }
-    } else {
-      kernels::Tensor grad;
-      if (!last) {
-        grad = passes.grad_output_buffer(p.micro_batch);
-        pp.recv(grad, stage + 1);
-      }
-      const kernels::Tensor dx = passes.backward(p.micro_batch, grad, p.last_backward);
-      if (!first) {
-        MP_CHECK(dx.defined(),
-                 "pipeline stage {}: the backward of micro-batch {} returned no "
-                 "input gradient for stage {}",
-                 stage, p.micro_batch, stage - 1);
-        pp.send(dx, stage - 1);
+      case PpOp::Kind::kSend: {
+        auto it = outputs.find(key);
+        MP_CHECK(it != outputs.end() && it->second.defined(),
+                 "pipeline stage {}: the {} of micro-batch {} returned nothing to send to stage {}",
+                 stage, p.pass == PpPass::kForward ? "forward" : "backward", p.micro_batch,
+                 op.peer);
+        pp.send(it->second, op.peer);
+        outputs.erase(it);
+        break;
       }
     }
   }

@@ -101,13 +101,35 @@ class StagePasses {
                                    bool last_backward) = 0;
 };
 
-// Plays `steps` (this stage's stage_schedule) on stage pp.rank() of pp.size(): receives each
-// pass's input from its neighbour over `pp`, runs it, sends its output on. Every stage of the
-// group calls it with its own order of the same schedule. Sends are issued as soon as a pass
-// ends: on the local communicator they never wait (buffered), so every schedule whose
-// simulate_schedule succeeds completes; MPI's rendezvous sends may wait for their receive, so a
-// 1F1B steady state (a forward's send and a backward's send crossing between two stages) is
-// safe there only for messages under MPI's eager limit (docs/design.md, "Pipeline parallelism").
+// The communication and computation of one stage, in order: what run_stage_schedule executes
+// and check_programs plays. A pass's input is received (kRecv) before its computation
+// (kCompute), its output sent (kSend) after. Where two neighbours would each send to the other
+// at once (1F1B's steady state: the lower stage sends a forward's activation up and next waits
+// for a gradient from above, while the upper stage sends a backward's gradient down and next
+// waits for an activation from below), the upper stage receives its next input before sending:
+// with rendezvous sends (MPI above its eager limit) the crossing sends would otherwise wait on
+// each other forever.
+struct PpOp {
+  enum class Kind : uint8_t { kRecv, kCompute, kSend };
+  Kind kind = Kind::kCompute;
+  PpStep step;    // the pass whose input (kRecv), computation or output (kSend) this is
+  int peer = -1;  // kRecv, kSend: the neighbouring stage
+  bool operator==(const PpOp&) const = default;
+};
+// Stage `stage` of `stages`: the program of its `steps` (stage_schedule's list).
+std::vector<PpOp> stage_program(const std::vector<PpStep>& steps, int stage, int stages);
+
+// Plays every stage's program (programs[s] for stage s) with sends that are buffered (`eager`,
+// the local communicator) or that complete only when the receiver is at the matching receive
+// (rendezvous, the worst case of MPI); every receive must get the message of the pass it names,
+// in order. Throws (internal error) naming the stuck stages and their ops on a deadlock, and on
+// a message received by a receive of another pass.
+void check_programs(const std::vector<std::vector<PpOp>>& programs, bool eager);
+
+// Executes `steps` (this stage's stage_schedule) on stage pp.rank() of pp.size() as
+// stage_program orders it: receives over `pp`, calls `passes`, sends. Every stage of the group
+// calls it with its own list of the same schedule. check_programs proves every gpipe and 1f1b
+// program free of deadlocks with eager and with rendezvous sends (tests/engine/pipeline_test.cc).
 void run_stage_schedule(mesh::Communicator& pp, const std::vector<PpStep>& steps,
                         StagePasses& passes);
 

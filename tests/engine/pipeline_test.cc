@@ -182,6 +182,108 @@ TEST(PipelineSchedule, SimulationFindsDeadlocksAndMissingPasses) {
   EXPECT_EQ(simulate_schedule({{f0, f1, b0, b1}, {f0, b0, f1, b1}}, 1, 1).makespan, 6);
 }
 
+// ---- stage programs: the executor's order of receives, computations and sends ---------------
+
+std::string render(const std::vector<PpOp>& ops) {
+  std::string out;
+  for (const PpOp& op : ops) {
+    if (!out.empty()) out += ", ";
+    const char* kind = op.kind == PpOp::Kind::kRecv   ? "recv"
+                       : op.kind == PpOp::Kind::kSend ? "send"
+                                                      : "compute";
+    out += fmt::format("{} {}{}", kind, op.step.pass == PpPass::kForward ? 'F' : 'B',
+                       op.step.micro_batch);
+    if (op.kind != PpOp::Kind::kCompute)
+      out += fmt::format(" {} {}", op.kind == PpOp::Kind::kRecv ? "from" : "to", op.peer);
+  }
+  return out;
+}
+
+std::vector<std::vector<PpOp>> programs_of(PpSchedule sched, int pp, int64_t m) {
+  std::vector<std::vector<PpOp>> out;
+  for (int s = 0; s < pp; ++s) out.push_back(stage_program(stage_schedule(sched, pp, s, m), s, pp));
+  return out;
+}
+
+// Every pass's receive right before it and its send right after: what run_stage_schedule would
+// do without the crossing rule.
+std::vector<std::vector<PpOp>> naive_programs_of(PpSchedule sched, int pp, int64_t m) {
+  std::vector<std::vector<PpOp>> out;
+  for (int s = 0; s < pp; ++s) {
+    std::vector<PpOp> prog;
+    for (const PpStep& p : stage_schedule(sched, pp, s, m)) {
+      const bool fwd = p.pass == PpPass::kForward;
+      const int in = fwd ? s - 1 : (s + 1 < pp ? s + 1 : -1);
+      const int to = fwd ? (s + 1 < pp ? s + 1 : -1) : s - 1;
+      if (in >= 0) prog.push_back({PpOp::Kind::kRecv, p, in});
+      prog.push_back({PpOp::Kind::kCompute, p, -1});
+      if (to >= 0) prog.push_back({PpOp::Kind::kSend, p, to});
+    }
+    out.push_back(std::move(prog));
+  }
+  return out;
+}
+
+TEST(PipelineProgram, UpperStageReceivesBeforeACrossingSend) {
+  const auto progs = programs_of(PpSchedule::kOneFOneB, 2, 2);
+  EXPECT_EQ(render(progs[0]),
+            "compute F0, send F0 to 1, compute F1, send F1 to 1, recv B0 from 1, compute B0, "
+            "recv B1 from 1, compute B1");
+  EXPECT_EQ(render(progs[1]),
+            "recv F0 from 0, compute F0, compute B0, recv F1 from 0, send B0 to 0, compute F1, "
+            "compute B1, send B1 to 0");
+  // One stage: no communication at all.
+  EXPECT_EQ(render(stage_program(stage_schedule(PpSchedule::kGpipe, 1, 0, 2), 0, 1)),
+            "compute F0, compute F1, compute B0, compute B1");
+}
+
+// Every GPipe and 1F1B program completes with buffered sends (local) and with rendezvous sends
+// (MPI above its eager limit), each receive getting the message of its own pass.
+TEST(PipelineProgram, EverySchedulesProgramIsFreeOfDeadlocksEagerAndRendezvous) {
+  for (PpSchedule sched : {PpSchedule::kGpipe, PpSchedule::kOneFOneB})
+    for (int pp : {1, 2, 3, 4, 5, 8})
+      for (int64_t m : {1, 2, 3, 4, 7, 16}) {
+        SCOPED_TRACE(fmt::format("{} pp {} m {}", pp_schedule_name(sched), pp, m));
+        const auto progs = programs_of(sched, pp, m);
+        EXPECT_NO_THROW(check_programs(progs, true));
+        EXPECT_NO_THROW(check_programs(progs, false));
+      }
+}
+
+// Negative controls of check_programs: without the crossing rule 1F1B deadlocks once sends are
+// rendezvous (GPipe, whose sends never cross, does not); a receive that gets another pass's
+// message and a message nobody receives are errors.
+TEST(PipelineProgram, CheckFindsCrossingSendsWrongMessagesAndLeftovers) {
+  const auto naive = naive_programs_of(PpSchedule::kOneFOneB, 2, 2);
+  EXPECT_NO_THROW(check_programs(naive, true));
+  const std::string dead =
+      error_of([&] { check_programs(naive, false); }, kernels::ErrorKind::kRuntime);
+  EXPECT_NE(dead.find("deadlocks with rendezvous sends: stage 0 at send F1 to 1; stage 1 at send "
+                      "B0 to 0"),
+            std::string::npos)
+      << dead;
+  for (int pp : {2, 4})
+    EXPECT_NO_THROW(check_programs(naive_programs_of(PpSchedule::kGpipe, pp, 4), false));
+  const PpStep f0{PpPass::kForward, 0}, f1{PpPass::kForward, 1};
+  const std::vector<std::vector<PpOp>> swapped = {
+      {{PpOp::Kind::kSend, f0, 1}, {PpOp::Kind::kSend, f1, 1}},
+      {{PpOp::Kind::kRecv, f1, 0}, {PpOp::Kind::kRecv, f0, 0}}};
+  for (bool eager : {true, false}) {
+    const std::string wrong =
+        error_of([&] { check_programs(swapped, eager); }, kernels::ErrorKind::kRuntime);
+    EXPECT_NE(wrong.find("stage 1 at recv F1 from 0 gets stage 0's message of F0"),
+              std::string::npos)
+        << wrong;
+  }
+  const std::string left = error_of(
+      [&] {
+        check_programs({{{PpOp::Kind::kSend, f0, 1}}, {}}, true);
+      },
+      kernels::ErrorKind::kRuntime);
+  EXPECT_NE(left.find("1 message(s) from stage 0 to stage 1 never received"), std::string::npos)
+      << left;
+}
+
 // ---- the stage executor ------------------------------------------------------------------
 
 // A toy model of `kLayers` elementwise layers on vectors of kWidth floats: layer l computes
