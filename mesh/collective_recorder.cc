@@ -42,7 +42,7 @@ CollectiveRecorder::Subject::~Subject() {
 }
 
 void attach_recorder(RankComms& comms, CollectiveRecorder* r) {
-  for (unsigned bits = 1; bits < (1u << kNumMeshDims); ++bits) {
+  for (unsigned bits = 1; bits < (1u << kNumGroupDims); ++bits) {
     const DimSet dims = DimSet::from_bits(bits);
     if (comms.mesh().group_size(dims) > 1) comms.group(dims).set_recorder(r);
   }

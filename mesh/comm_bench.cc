@@ -110,6 +110,10 @@ int64_t run_and_check(Communicator& c, const Case& cs, int64_t count, kernels::D
       };
       break;
     }
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv:
+      MP_FAIL("bench comm: {} is point-to-point, not one of the benched collectives",
+              collective_name(cs.kind));
   }
   int64_t wrong = 0;
   for (size_t k = 0; k < got.size(); ++k) {
@@ -164,6 +168,10 @@ double time_calls(Communicator& c, const Case& cs, int64_t count, kernels::Devic
         c.all_to_all_v(a, counts, b, counts);
         break;
       }
+      case CollectiveKind::kSend:
+      case CollectiveKind::kRecv:
+        MP_FAIL("bench comm: {} is point-to-point, not one of the benched collectives",
+                collective_name(cs.kind));
     }
   };
   for (int i = 0; i < warmup; ++i) once();
@@ -182,11 +190,12 @@ std::vector<CommBenchRow> run_comm_bench(RankComms& comms, const CommBenchOption
                  options.iters, options.warmup_iters);
   MP_CHECK_INPUT(!options.counts.empty(), "bench comm: no sizes given");
   const DeviceMesh& mesh = comms.mesh();
-  Communicator& world = comms.group({MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp});
+  Communicator& world =
+      comms.group({MeshDim::kPp, MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kTp});
   // Distinct multi-rank groupings: dim sets that partition the world the same way run once.
   std::vector<DimSet> sets;
   std::set<std::vector<std::vector<int>>> seen;
-  for (unsigned bits = 1; bits < (1u << kNumMeshDims); ++bits) {
+  for (unsigned bits = 1; bits < (1u << kNumGroupDims); ++bits) {
     const DimSet d = DimSet::from_bits(bits);
     if (mesh.group_size(d) < 2) continue;
     if (seen.insert(mesh.groups(d)).second) sets.push_back(d);

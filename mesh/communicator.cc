@@ -45,6 +45,10 @@ std::string_view collective_name(CollectiveKind k) {
       return "barrier";
     case CollectiveKind::kAllToAll:
       return "all_to_all";
+    case CollectiveKind::kSend:
+      return "send";
+    case CollectiveKind::kRecv:
+      return "recv";
   }
   return "?";
 }
@@ -62,6 +66,9 @@ double bus_bandwidth_factor(CollectiveKind k, int n) {
       return 0.0;
     case CollectiveKind::kAllToAll:
       return static_cast<double>(n - 1) / n;
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv:
+      return 1.0;
   }
   return 0.0;
 }
@@ -196,6 +203,28 @@ void Communicator::all_to_all_v(const Tensor& input, const std::vector<int64_t>&
   do_all_to_all_v(input, send_counts, output, recv_counts);
   account(CollectiveKind::kAllToAll, input.nbytes(), seconds_since(t0), ReduceOp::kSum,
           input.dtype());
+}
+
+void Communicator::send(const Tensor& buffer, int peer) {
+  check_byte_sized(buffer, "send", *this);
+  MP_CHECK_INPUT(0 <= peer && peer < size() && peer != rank(),
+                 "send on {}: peer {} is not another member of the group (this member is {})",
+                 describe(), peer, rank());
+  const auto t0 = std::chrono::steady_clock::now();
+  do_send(buffer, peer);
+  account(CollectiveKind::kSend, buffer.nbytes(), seconds_since(t0), ReduceOp::kSum,
+          buffer.dtype());
+}
+
+void Communicator::recv(Tensor& buffer, int peer) {
+  check_byte_sized(buffer, "recv", *this);
+  MP_CHECK_INPUT(0 <= peer && peer < size() && peer != rank(),
+                 "recv on {}: peer {} is not another member of the group (this member is {})",
+                 describe(), peer, rank());
+  const auto t0 = std::chrono::steady_clock::now();
+  do_recv(buffer, peer);
+  account(CollectiveKind::kRecv, buffer.nbytes(), seconds_since(t0), ReduceOp::kSum,
+          buffer.dtype());
 }
 
 void reduce_rank_order_host(float* out, const float* const* inputs, int n, int64_t count,

@@ -11,7 +11,13 @@
 // Every collective is blocking: when it returns, the output is complete and the input may be
 // reused (device backends synchronise the rank's stream). Each communicator counts calls, bytes
 // and wall time per collective kind; bytes follow nccl-tests' "size": all_gather counts the
-// gathered output, reduce_scatter the full input, all_reduce and broadcast the buffer.
+// gathered output, reduce_scatter the full input, all_reduce and broadcast the buffer, send and
+// recv the message.
+//
+// Point-to-point send/recv (pipeline stages, docs/design.md "Pipeline parallelism") moves the
+// bytes of one member's buffer into another's, bit for bit, on every backend. Messages between
+// one ordered pair of members arrive in the order they were sent; the two ends agree on dtype
+// and element count (local and mpi check it and fail naming both; nccl cannot tell).
 #pragma once
 
 #include <array>
@@ -36,13 +42,15 @@ enum class CollectiveKind : uint8_t {
   kBroadcast,
   kBarrier,
   kAllToAll,  // all_to_all_v (MoE expert parallelism)
+  kSend,      // point-to-point (not collectives, counted alike)
+  kRecv
 };
-inline constexpr int kNumCollectiveKinds = 6;
+inline constexpr int kNumCollectiveKinds = 8;
 
 std::string_view reduce_op_name(ReduceOp op);        // "sum", "avg", "max"
 std::string_view collective_name(CollectiveKind k);  // "all_gather", ...
 // nccl-tests: busbw = algbw * factor; all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n,
-// broadcast 1, barrier 0, all_to_all (n-1)/n.
+// broadcast 1, barrier 0, all_to_all (n-1)/n, send and recv 1.
 double bus_bandwidth_factor(CollectiveKind k, int n);
 
 struct CollectiveStats {
@@ -77,6 +85,14 @@ class Communicator {
   // Any byte-sized dtype: every member's buffer becomes member `root`'s buffer.
   void broadcast(kernels::Tensor& buffer, int root);
   void barrier();
+  // Point-to-point: `peer` is the member index inside this group (not this member). send
+  // returns when `buffer` may be reused (local: copied out; mpi: delivered or buffered by MPI;
+  // nccl: the stream waited on), recv when the bytes are in `buffer`. Any byte-sized dtype.
+  // local and nccl buffer a send without a matching recv posted; under mpi a large send may wait
+  // for its recv (MPI's rendezvous protocol), so a schedule must not send in a cycle without
+  // receives in between. Waits are bounded by the collective watchdog (collective_timeout()).
+  void send(const kernels::Tensor& buffer, int peer);
+  void recv(kernels::Tensor& buffer, int peer);
 
   // Personalised exchange (MPI_Alltoallv; NCCL: grouped ncclSend/ncclRecv). Any byte-sized
   // dtype, counts in elements, one per member in group order: `input` holds send_counts[0]
@@ -105,6 +121,8 @@ class Communicator {
   virtual void do_all_to_all_v(const kernels::Tensor& input,
                                const std::vector<int64_t>& send_counts, kernels::Tensor& output,
                                const std::vector<int64_t>& recv_counts) = 0;
+  virtual void do_send(const kernels::Tensor& buffer, int peer) = 0;
+  virtual void do_recv(kernels::Tensor& buffer, int peer) = 0;
 
  private:
   void account(CollectiveKind k, kernels::Bytes bytes, double seconds, ReduceOp op,

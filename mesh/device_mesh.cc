@@ -17,16 +17,18 @@ std::string_view mesh_dim_name(MeshDim d) {
       return "dp_shard";
     case MeshDim::kTp:
       return "tp";
+    case MeshDim::kPp:
+      return "pp";
   }
   MP_FAIL("invalid MeshDim {}", static_cast<int>(d));
 }
 
 MeshDim parse_mesh_dim(std::string_view name) {
-  for (MeshDim d : kAllMeshDims) {
+  for (MeshDim d : kAllGroupDims) {
     if (name == mesh_dim_name(d)) return d;
   }
   MP_CHECK_INPUT(name != "cp", "mesh dim 'cp' (context parallel) is reserved and not supported");
-  MP_FAIL_INPUT("unknown mesh dim '{}' (expected dp_replicate, dp_shard or tp)", name);
+  MP_FAIL_INPUT("unknown mesh dim '{}' (expected pp, dp_replicate, dp_shard or tp)", name);
 }
 
 DimSet::DimSet(std::initializer_list<MeshDim> dims) {
@@ -35,7 +37,7 @@ DimSet::DimSet(std::initializer_list<MeshDim> dims) {
 
 std::vector<MeshDim> DimSet::dims() const {
   std::vector<MeshDim> out;
-  for (MeshDim d : kAllMeshDims) {
+  for (MeshDim d : kAllGroupDims) {
     if (contains(d)) out.push_back(d);
   }
   return out;
@@ -64,23 +66,23 @@ DimSet DimSet::parse(std::string_view spec) {
 }
 
 DimSet DimSet::from_bits(unsigned bits) {
-  MP_CHECK(bits < (1u << kNumMeshDims), "DimSet bits {} out of range", bits);
+  MP_CHECK(bits < (1u << kNumGroupDims), "DimSet bits {} out of range", bits);
   DimSet s;
   s.bits_ = bits;
   return s;
 }
 
-DeviceMesh::DeviceMesh(int dp_replicate, int dp_shard, int tp)
-    : sizes_{dp_replicate, dp_shard, tp} {
-  for (MeshDim d : kAllMeshDims) {
+DeviceMesh::DeviceMesh(int dp_replicate, int dp_shard, int tp, int pp)
+    : sizes_{dp_replicate, dp_shard, tp}, pp_(pp) {
+  for (MeshDim d : kAllGroupDims) {
     MP_CHECK_INPUT(size(d) >= 1, "mesh dim {} has size {}; every mesh dim must be >= 1",
                    mesh_dim_name(d), size(d));
   }
 }
 
 DeviceMesh DeviceMesh::parse(std::string_view spec, int world_size) {
-  std::array<int, kNumMeshDims> sizes = {1, 1, 1};
-  std::array<bool, kNumMeshDims> seen = {false, false, false};
+  std::array<int, kNumGroupDims> sizes = {1, 1, 1, 1};  // indexed by MeshDim
+  std::array<bool, kNumGroupDims> seen = {false, false, false, false};
   MP_CHECK_INPUT(!spec.empty(), "empty mesh spec (expected e.g. dp_shard=4,tp=2)");
   size_t pos = 0;
   while (true) {
@@ -106,7 +108,7 @@ DeviceMesh DeviceMesh::parse(std::string_view spec, int world_size) {
     if (comma == std::string_view::npos) break;
     pos = comma + 1;
   }
-  DeviceMesh m(sizes[0], sizes[1], sizes[2]);
+  DeviceMesh m(sizes[0], sizes[1], sizes[2], sizes[3]);
   if (world_size > 0) m.check_world_size(world_size);
   return m;
 }
@@ -126,7 +128,7 @@ void DeviceMesh::check_rank(int rank) const {
 Coords DeviceMesh::coords(int rank) const {
   check_rank(rank);
   Coords c{};
-  int r = rank;
+  int r = rank % stage_size();
   for (int i = kNumMeshDims - 1; i >= 0; --i) {
     c[static_cast<size_t>(i)] = r % sizes_[static_cast<size_t>(i)];
     r /= sizes_[static_cast<size_t>(i)];
@@ -134,8 +136,15 @@ Coords DeviceMesh::coords(int rank) const {
   return c;
 }
 
-int DeviceMesh::rank_of(const Coords& c) const {
-  int r = 0;
+int DeviceMesh::stage(int rank) const {
+  check_rank(rank);
+  return rank / stage_size();
+}
+
+int DeviceMesh::rank_of(const Coords& c, int stage) const {
+  MP_CHECK_INPUT(0 <= stage && stage < pp_, "stage {} is outside mesh {} ({} pipeline stages)",
+                 stage, str(), pp_);
+  int r = stage;
   for (int i = 0; i < kNumMeshDims; ++i) {
     MP_CHECK_INPUT(0 <= c[static_cast<size_t>(i)] &&
                        c[static_cast<size_t>(i)] < sizes_[static_cast<size_t>(i)],
@@ -146,6 +155,18 @@ int DeviceMesh::rank_of(const Coords& c) const {
   return r;
 }
 
+namespace {
+
+// Every coordinate of a rank, pp included, indexed by MeshDim.
+using AllCoords = std::array<int, kNumGroupDims>;
+
+AllCoords all_coords(const DeviceMesh& m, int rank) {
+  const Coords c = m.coords(rank);
+  return {c[0], c[1], c[2], m.stage(rank)};
+}
+
+}  // namespace
+
 int DeviceMesh::group_size(DimSet dims) const {
   int n = 1;
   for (MeshDim d : dims.dims()) n *= size(d);
@@ -153,35 +174,35 @@ int DeviceMesh::group_size(DimSet dims) const {
 }
 
 std::vector<int> DeviceMesh::group_ranks(int rank, DimSet dims) const {
-  const Coords base = coords(rank);
+  const AllCoords base = all_coords(*this, rank);
   const std::vector<MeshDim> ds = dims.dims();
   std::vector<int> out;
   const int n = group_size(dims);
   out.reserve(static_cast<size_t>(n));
   for (int idx = 0; idx < n; ++idx) {
     // Decompose idx over `ds` with the last dim fastest, matching the rank formula.
-    Coords c = base;
+    AllCoords c = base;
     int rem = idx;
     for (auto it = ds.rbegin(); it != ds.rend(); ++it) {
       c[static_cast<size_t>(*it)] = rem % size(*it);
       rem /= size(*it);
     }
-    out.push_back(rank_of(c));
+    out.push_back(rank_of({c[0], c[1], c[2]}, c[static_cast<size_t>(MeshDim::kPp)]));
   }
   return out;
 }
 
 int DeviceMesh::group_index(int rank, DimSet dims) const {
-  const Coords c = coords(rank);
+  const AllCoords c = all_coords(*this, rank);
   int idx = 0;
   for (MeshDim d : dims.dims()) idx = idx * size(d) + c[static_cast<size_t>(d)];
   return idx;
 }
 
 int DeviceMesh::group_color(int rank, DimSet dims) const {
-  const Coords c = coords(rank);
+  const AllCoords c = all_coords(*this, rank);
   int color = 0;
-  for (MeshDim d : kAllMeshDims) {
+  for (MeshDim d : kAllGroupDims) {
     if (!dims.contains(d)) color = color * size(d) + c[static_cast<size_t>(d)];
   }
   return color;
@@ -197,7 +218,9 @@ std::vector<std::vector<int>> DeviceMesh::groups(DimSet dims) const {
 }
 
 std::string DeviceMesh::str() const {
-  return fmt::format("dp_replicate={},dp_shard={},tp={}", sizes_[0], sizes_[1], sizes_[2]);
+  return fmt::format("{}dp_replicate={},dp_shard={},tp={}",
+                     pp_ > 1 ? fmt::format("pp={},", pp_) : std::string(), sizes_[0], sizes_[1],
+                     sizes_[2]);
 }
 
 }  // namespace meshproof::mesh

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -129,7 +130,18 @@ class LocalWorld::Impl::Group {
   void wake_all() {
     std::lock_guard<std::mutex> lk(mu_);
     cv_.notify_all();
+    p2p_cv_.notify_all();
   }
+
+  // Point-to-point (defined at the end of the file): `from` posts a copy of its bytes to `to`'s
+  // queue; `to` takes the oldest message from `from`.
+  struct Message {
+    kernels::DType dtype = kernels::DType::kUInt8;
+    int64_t numel = 0;
+    std::vector<std::byte> bytes;
+  };
+  void post(int from, int to, Message m);
+  Message take(int from, int to, std::string_view what);
 
  private:
   void throw_if_aborted(std::string_view what) {
@@ -149,6 +161,9 @@ class LocalWorld::Impl::Group {
   std::vector<char> present_;
   std::vector<Slot> slots_;
   std::vector<Counts> counts_;
+  // Point-to-point queues by (sender, receiver) member index, guarded by mu_.
+  std::map<std::pair<int, int>, std::deque<Message>> p2p_;
+  std::condition_variable p2p_cv_;
 };
 
 void LocalWorld::Impl::abort() {
@@ -287,6 +302,8 @@ class LocalCommunicator final : public Communicator {
     }
     depart("all_to_all");
   }
+  void do_send(const Tensor& buffer, int peer) override;  // at the end of the file
+  void do_recv(Tensor& buffer, int peer) override;
 
  private:
   // Publishes this member's call (its input must be complete: the stream is synchronised),
@@ -357,7 +374,7 @@ class LocalRankComms final : public RankComms {
  private:
   LocalWorld::Impl& impl_;
   int rank_;
-  std::array<std::unique_ptr<LocalCommunicator>, 1u << kNumMeshDims> comms_;
+  std::array<std::unique_ptr<LocalCommunicator>, 1u << kNumGroupDims> comms_;
 };
 
 }  // namespace
@@ -388,7 +405,7 @@ const kernels::CopyCounter& LocalWorld::copies(int rank) const {
 void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
   Impl impl(*this);
   // Every group of every dim set, built before any thread starts (the map is read-only after).
-  for (unsigned bits = 0; bits < (1u << kNumMeshDims); ++bits) {
+  for (unsigned bits = 0; bits < (1u << kNumGroupDims); ++bits) {
     const DimSet dims = DimSet::from_bits(bits);
     const auto groups = mesh_.groups(dims);
     for (size_t color = 0; color < groups.size(); ++color) {
@@ -475,5 +492,64 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
   for (auto& t : threads) t.join();
   if (impl.first_error) std::rethrow_exception(impl.first_error);
 }
+
+// ---- point-to-point ----------------------------------------------------------------------------
+
+void LocalWorld::Impl::Group::post(int from, int to, Message m) {
+  std::lock_guard<std::mutex> lk(mu_);
+  p2p_[{from, to}].push_back(std::move(m));
+  p2p_cv_.notify_all();
+}
+
+LocalWorld::Impl::Group::Message LocalWorld::Impl::Group::take(int from, int to,
+                                                               std::string_view what) {
+  std::unique_lock<std::mutex> lk(mu_);
+  const auto timeout = impl_.world.options().timeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::deque<Message>& q = p2p_[{from, to}];
+  while (q.empty()) {
+    throw_if_aborted(what);
+    if (p2p_cv_.wait_until(lk, deadline) == std::cv_status::timeout && q.empty()) {
+      MP_FAIL(
+          "local {} on {} group of ranks [{}] timed out after {:.3f} s on rank {}: rank {} never "
+          "sent (stalled, hung or not making this call); {} sets the limit in seconds (default "
+          "{})",
+          what, label_, fmt::join(ranks_, ", "), std::chrono::duration<double>(timeout).count(),
+          ranks_[static_cast<size_t>(to)], ranks_[static_cast<size_t>(from)], kCollectiveTimeoutEnv,
+          kDefaultCollectiveTimeout.count());
+    }
+  }
+  Message m = std::move(q.front());
+  q.pop_front();
+  return m;
+}
+
+namespace {
+
+// The bytes are copied out before send returns (the buffer may be reused at once), so a send
+// never waits for its receive: a pipeline stage may send its activation and go on.
+void LocalCommunicator::do_send(const Tensor& buffer, int peer) {
+  sync_rank_stream();
+  LocalWorld::Impl::Group::Message m;
+  m.dtype = buffer.dtype();
+  m.numel = buffer.numel().value;
+  m.bytes.resize(static_cast<size_t>(buffer.nbytes().value));
+  kernels::copy_bytes(m.bytes.data(), kernels::Device::cpu(), buffer.raw_data(), buffer.device(),
+                      buffer.nbytes());
+  group_.post(rank(), peer, std::move(m));
+}
+
+void LocalCommunicator::do_recv(Tensor& buffer, int peer) {
+  const LocalWorld::Impl::Group::Message m = group_.take(peer, rank(), "recv");
+  MP_CHECK(m.dtype == buffer.dtype() && m.numel == buffer.numel().value,
+           "local recv on {}: rank {} sent {} elements of {} but rank {} receives into {}",
+           describe(), ranks()[static_cast<size_t>(peer)], m.numel, kernels::dtype_name(m.dtype),
+           ranks()[static_cast<size_t>(rank())], buffer.describe());
+  kernels::copy_bytes(buffer.raw_data(), buffer.device(), m.bytes.data(), kernels::Device::cpu(),
+                      buffer.nbytes());
+  sync_rank_stream();
+}
+
+}  // namespace
 
 }  // namespace meshproof::mesh

@@ -170,6 +170,8 @@ class MpiCommunicator final : public Communicator {
                                 rc.data(), rd.data(), MPI_BYTE, comm_, &req));
     watched_wait(req, "all_to_all_v");
   }
+  void do_send(const Tensor& buffer, int peer) override;  // at the end of the file
+  void do_recv(Tensor& buffer, int peer) override;
 
  private:
   void reduce_from(const std::vector<float>& recv, float* out, int64_t count, ReduceOp op) {
@@ -234,6 +236,8 @@ class MpiCommunicator final : public Communicator {
                              watch_, &listen_[static_cast<size_t>(m)]));
     }
   }
+
+  void p2p_wait(MPI_Request& req, std::string_view what, int peer);
 
   void stop_listening() {
     for (MPI_Request& r : listen_) {
@@ -300,7 +304,7 @@ MpiRankComms::MpiRankComms(DeviceMesh mesh, std::chrono::milliseconds timeout) :
   MP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   mesh_.check_world_size(world);
   // Every group of every dim set, split in the same order on every process.
-  for (unsigned bits = 0; bits < (1u << kNumMeshDims); ++bits) {
+  for (unsigned bits = 0; bits < (1u << kNumGroupDims); ++bits) {
     const DimSet dims = DimSet::from_bits(bits);
     MPI_Comm comm = MPI_COMM_NULL;
     MP_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, mesh_.group_color(rank_, dims),
@@ -334,6 +338,77 @@ Communicator& MpiRankComms::group(DimSet) {
   MP_FAIL_INPUT("the mpi launcher is not available: meshproof was built without MPI");
 }
 
+#endif
+
+#if MESHPROOF_HAVE_MPI
+// ---- point-to-point ----------------------------------------------------------------------------
+namespace {
+
+// Tags on the group's own communicator (point-to-point never matches a collective): a header
+// (dtype, element count) then the bytes, so a receive into a buffer of another dtype or size
+// fails naming both ends instead of truncating.
+constexpr int kP2pHeaderTag = 1;
+constexpr int kP2pDataTag = 2;
+
+// A point-to-point wait: the same polling as watched_wait, without the arrival notices (only two
+// members take part, and the others' call counts do not move); at the deadline the job aborts
+// naming the peer.
+void MpiCommunicator::p2p_wait(MPI_Request& req, std::string_view what, int peer) {
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + timeout_;
+  std::chrono::microseconds nap{0};
+  for (;;) {
+    int done = 0;
+    MP_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      const std::string msg = fmt::format(
+          "meshproof: mpi {} between ranks {} and {} on {} group of ranks [{}] timed out after "
+          "{:.3f} s: the peer never made the matching call (stopped, hung or dead); aborting the "
+          "job. {} sets the limit in seconds (default {})",
+          what, ranks()[static_cast<size_t>(rank())], ranks()[static_cast<size_t>(peer)], label(),
+          fmt::join(ranks(), ", "), std::chrono::duration<double>(now - start).count(),
+          kCollectiveTimeoutEnv, kDefaultCollectiveTimeout.count());
+      std::fprintf(stderr, "%s\n", msg.c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);
+      std::_Exit(kWatchdogExitCode);
+    }
+    if (now - start < std::chrono::microseconds(200)) continue;
+    nap = std::clamp(nap * 2, std::chrono::microseconds(20), std::chrono::microseconds(5000));
+    std::this_thread::sleep_for(nap);
+  }
+}
+
+void MpiCommunicator::do_send(const Tensor& buffer, int peer) {
+  check_host(buffer, "send");
+  const int bytes = checked_int(buffer.nbytes().value, "send");
+  const int64_t header[2] = {static_cast<int64_t>(buffer.dtype()), buffer.numel().value};
+  MPI_Request req = MPI_REQUEST_NULL;
+  MP_MPI_CHECK(MPI_Isend(header, 2, MPI_INT64_T, peer, kP2pHeaderTag, comm_, &req));
+  p2p_wait(req, "send", peer);
+  MP_MPI_CHECK(MPI_Isend(buffer.raw_data(), bytes, MPI_BYTE, peer, kP2pDataTag, comm_, &req));
+  p2p_wait(req, "send", peer);
+}
+
+void MpiCommunicator::do_recv(Tensor& buffer, int peer) {
+  check_host(buffer, "recv");
+  const int bytes = checked_int(buffer.nbytes().value, "recv");
+  int64_t header[2] = {0, 0};
+  MPI_Request req = MPI_REQUEST_NULL;
+  MP_MPI_CHECK(MPI_Irecv(header, 2, MPI_INT64_T, peer, kP2pHeaderTag, comm_, &req));
+  p2p_wait(req, "recv", peer);
+  const auto dtype = static_cast<kernels::DType>(header[0]);
+  MP_CHECK(dtype == buffer.dtype() && header[1] == buffer.numel().value,
+           "mpi recv on {}: rank {} sends {} elements of {} but rank {} receives into {}",
+           describe(), ranks()[static_cast<size_t>(peer)], header[1], kernels::dtype_name(dtype),
+           ranks()[static_cast<size_t>(rank())], buffer.describe());
+  MP_MPI_CHECK(MPI_Irecv(buffer.raw_data(), bytes, MPI_BYTE, peer, kP2pDataTag, comm_, &req));
+  p2p_wait(req, "recv", peer);
+}
+
+}  // namespace
 #endif
 
 }  // namespace meshproof::mesh

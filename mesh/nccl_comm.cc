@@ -146,6 +146,8 @@ class NcclCommunicator final : public Communicator {
     MP_NCCL_CHECK(ncclGroupEnd());
     wait("all_to_all_v");
   }
+  void do_send(const Tensor& buffer, int peer) override;  // at the end of the file
+  void do_recv(Tensor& buffer, int peer) override;
 
  private:
   cudaStream_t stream() const {
@@ -179,8 +181,9 @@ class NcclCommunicator final : public Communicator {
   Tensor scratch_;
 };
 
-// Splits `world` into one communicator per dim set (bits 0..7); must be called by every rank
-// (inside ncclGroupStart/End when one thread drives several ranks).
+// Splits `world` into one communicator per slot (DeviceMesh::group_slots: the dim sets, pp's only
+// with pp > 1); must be called by every rank (inside ncclGroupStart/End when one thread drives
+// several ranks).
 void split_groups(NcclRankComms::State& st, const DeviceMesh& mesh, int rank, unsigned bits) {
   const DimSet dims = DimSet::from_bits(bits);
   MP_NCCL_CHECK(ncclCommSplit(st.world, mesh.group_color(rank, dims), mesh.group_index(rank, dims),
@@ -188,7 +191,7 @@ void split_groups(NcclRankComms::State& st, const DeviceMesh& mesh, int rank, un
 }
 
 void make_communicators(NcclRankComms::State& st, const DeviceMesh& mesh, int rank) {
-  for (unsigned bits = 0; bits < (1u << kNumMeshDims); ++bits) {
+  for (unsigned bits = 0; bits < mesh.group_slots(); ++bits) {
     const DimSet dims = DimSet::from_bits(bits);
     int index = -1;
     MP_NCCL_CHECK(ncclCommUserRank(st.raw[bits], &index));
@@ -203,13 +206,15 @@ void make_communicators(NcclRankComms::State& st, const DeviceMesh& mesh, int ra
 
 NcclRankComms::NcclRankComms(DeviceMesh mesh, int rank)
     : mesh_(mesh), rank_(rank), state_(std::make_unique<State>()) {
-  state_->raw.assign(1u << kNumMeshDims, nullptr);
+  state_->raw.assign(mesh_.group_slots(), nullptr);
 }
 
 NcclRankComms::NcclRankComms(NcclRankComms&&) noexcept = default;
 NcclRankComms::~NcclRankComms() = default;
 
-Communicator& NcclRankComms::group(DimSet dims) { return *state_->comms.at(dims.bits()); }
+Communicator& NcclRankComms::group(DimSet dims) {
+  return *state_->comms.at(mesh_.group_slot(dims));
+}
 
 #if MESHPROOF_HAVE_MPI
 NcclRankComms NcclRankComms::bootstrap_mpi(const DeviceMesh& mesh) {
@@ -240,7 +245,7 @@ NcclRankComms NcclRankComms::bootstrap_mpi(const DeviceMesh& mesh) {
   if (rank == 0) MP_NCCL_CHECK(ncclGetUniqueId(&id));
   MP_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
   MP_NCCL_CHECK(ncclCommInitRank(&self.state_->world, world, id, rank));
-  for (unsigned bits = 0; bits < (1u << kNumMeshDims); ++bits) {
+  for (unsigned bits = 0; bits < mesh.group_slots(); ++bits) {
     split_groups(*self.state_, mesh, rank, bits);
   }
   make_communicators(*self.state_, mesh, rank);
@@ -277,7 +282,7 @@ void run_nccl_single_process(const DeviceMesh& mesh,
     ranks.push_back(std::move(rc));
   }
   // One thread drives every rank here, so each split is a group call over all ranks.
-  for (unsigned bits = 0; bits < (1u << kNumMeshDims); ++bits) {
+  for (unsigned bits = 0; bits < mesh.group_slots(); ++bits) {
     MP_NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < n; ++r) {
       MP_CUDA_CHECK(cudaSetDevice(r));
@@ -323,6 +328,28 @@ void run_nccl_single_process(const DeviceMesh& mesh,
     std::rethrow_exception(first);
   }
 }
+
+// ---- point-to-point ----------------------------------------------------------------------------
+namespace {
+
+// Raw bytes (ncclUint8), so any byte-sized dtype travels bit for bit; NCCL matches sends and
+// receives by order per peer and cannot check the receiver's dtype or size (the pipeline sizes
+// both ends from the same shapes). Blocking like the collectives: the stream is waited on.
+void NcclCommunicator::do_send(const Tensor& buffer, int peer) {
+  check_device(buffer, "send");
+  MP_NCCL_CHECK(ncclSend(buffer.raw_data(), static_cast<size_t>(buffer.nbytes().value), ncclUint8,
+                         peer, comm_, stream()));
+  wait("send");
+}
+
+void NcclCommunicator::do_recv(Tensor& buffer, int peer) {
+  check_device(buffer, "recv");
+  MP_NCCL_CHECK(ncclRecv(buffer.raw_data(), static_cast<size_t>(buffer.nbytes().value), ncclUint8,
+                         peer, comm_, stream()));
+  wait("recv");
+}
+
+}  // namespace
 
 #else  // !MESHPROOF_HAVE_CUDA
 

@@ -37,6 +37,12 @@ void SplitComm::do_all_to_all_v(const Tensor& input, const std::vector<int64_t>&
   pick(input).all_to_all_v(input, send_counts, output, recv_counts);
 }
 
+// Both ends pick by their own buffer's device: a pipeline sends host buffers over MPI and device
+// buffers over NCCL, the same on both ends.
+void SplitComm::do_send(const Tensor& buffer, int peer) { pick(buffer).send(buffer, peer); }
+
+void SplitComm::do_recv(Tensor& buffer, int peer) { pick(buffer).recv(buffer, peer); }
+
 SplitRankComms::SplitRankComms(RankComms& host, RankComms& device) : host_(host), device_(device) {
   MP_CHECK(host.rank() == device.rank() && host.mesh() == device.mesh(),
            "split rank communicators: host rank {} on {} vs device rank {} on {}", host.rank(),

@@ -28,6 +28,8 @@ class SplitComm final : public Communicator {
   void do_barrier() override;
   void do_all_to_all_v(const kernels::Tensor& input, const std::vector<int64_t>& send_counts,
                        kernels::Tensor& output, const std::vector<int64_t>& recv_counts) override;
+  void do_send(const kernels::Tensor& buffer, int peer) override;
+  void do_recv(kernels::Tensor& buffer, int peer) override;
 
  private:
   // The communicator for a buffer on `t`'s device.

@@ -6,6 +6,9 @@
 //  - a digest: pseudo-random fp32 inputs with mixed exponents, whose rank-order sums round; the
 //    bits of every result on every rank are written to --out. CTest compares the local and the
 //    mpi digest byte for byte (docs/design.md section 2: the backends are bitwise equal).
+// Point-to-point send/recv runs on every multi-rank group too (pipeline stages): each member
+// passes noisy fp32 and bf16 buffers down the group's chain and back up, two messages per
+// hop to check their order; the received bits are checked exactly and written to the digest.
 //
 // Usage: mesh_comm_suite --launcher local|mpi --mesh dp_shard=2,tp=2 --out FILE
 #include <fmt/format.h>
@@ -17,6 +20,7 @@
 #include <iostream>
 #include <string>
 
+#include "kernels/cast.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
 #include "mesh/local_comm.h"
@@ -69,11 +73,51 @@ struct RankResult {
   int64_t order_sensitive = 0;  // digest sums that differ from the reverse-order fp32 sum
 };
 
+// A pipeline's traffic on group `c`: member i sends to i + 1 (activations), then i + 1 sends back
+// to i (their gradients), two messages per hop (the second must arrive second). A chain, never
+// a cycle, so it cannot deadlock on MPI's rendezvous sends. Received bytes are checked exactly
+// against what the sender wrote and go into the digest.
+void point_to_point(Communicator& c, int salt, RankResult& res) {
+  const int n = c.size(), me = c.rank();
+  const auto global = [&](int member) { return c.ranks()[static_cast<size_t>(member)]; };
+  const auto payload = [&](int from, int to, int which) {
+    return make(kCount, [&](int64_t k) {
+      return noisy_value(global(from) * 8 + global(to), k, 300 + salt * 4 + which);
+    });
+  };
+  const auto exchange = [&](int from, int to, int which) {
+    Tensor fp32 = payload(from, to, which);
+    Tensor bf16 = kernels::cast_to(fp32, DType::kBFloat16);
+    if (me == from) {
+      c.send(fp32, to);
+      c.send(bf16, to);
+    } else if (me == to) {
+      Tensor got = Tensor::empty(Shape{kCount}, DType::kFloat32, kernels::Device::cpu());
+      Tensor got16 = Tensor::empty(Shape{kCount}, DType::kBFloat16, kernels::Device::cpu());
+      c.recv(got, from);
+      c.recv(got16, from);
+      if (std::memcmp(got.raw_data(), fp32.raw_data(), static_cast<size_t>(fp32.nbytes().value)))
+        ++res.wrong;
+      if (std::memcmp(got16.raw_data(), bf16.raw_data(), static_cast<size_t>(bf16.nbytes().value)))
+        ++res.wrong;
+      append_bits(res.digest,
+                  fmt::format("{} recv {}<-{} #{}", c.label(), global(to), global(from), which),
+                  got);
+      append_bits(
+          res.digest,
+          fmt::format("{} recv bf16 {}<-{} #{}", c.label(), global(to), global(from), which),
+          got16);
+    }
+  };
+  for (int i = 0; i + 1 < n; ++i) exchange(i, i + 1, 0);  // forward
+  for (int i = n - 1; i > 0; --i) exchange(i, i - 1, 1);  // backward
+}
+
 RankResult run_suite(RankComms& comms) {
   RankResult res;
   const int me = comms.rank();
   res.digest = fmt::format("rank {}\n", me);
-  for (unsigned bits = 1; bits < (1u << kNumMeshDims); ++bits) {
+  for (unsigned bits = 1; bits < (1u << kNumGroupDims); ++bits) {
     const DimSet dims = DimSet::from_bits(bits);
     Communicator& c = comms.group(dims);
     if (c.size() == 1) continue;
@@ -173,6 +217,7 @@ RankResult run_suite(RankComms& comms) {
     Tensor out = Tensor::empty(Shape{n * kCount}, DType::kFloat32, kernels::Device::cpu());
     c.all_gather(in, out);
     append_bits(res.digest, fmt::format("{} all_gather", tag), out);
+    point_to_point(c, static_cast<int>(bits), res);
     c.barrier();
   }
   return res;

@@ -82,12 +82,74 @@ TEST(DeviceMeshTest, ParseAndClearErrors) {
   expect_input_error([] { DeviceMesh::parse("dp_shard=4,tp=2", 6); }, "world has 6");
   expect_input_error([] { DeviceMesh::parse("dp_shard=0"); }, ">= 1");
   expect_input_error([] { DeviceMesh(1, -1, 2); }, "dp_shard has size -1");
-  expect_input_error([] { DeviceMesh::parse("pp=2"); }, "unknown mesh dim 'pp'");
+  // pp is a dim since pipeline parallelism (DeviceMeshTest.PipelineDimIsOutermost); ep is not.
+  expect_input_error([] { DeviceMesh::parse("ep=2"); }, "unknown mesh dim 'ep'");
   expect_input_error([] { DeviceMesh::parse("cp=2"); }, "reserved");
   expect_input_error([] { DeviceMesh::parse("tp=2,tp=2"); }, "given twice");
   expect_input_error([] { DeviceMesh::parse("tp=x"); }, "not an integer");
   expect_input_error([] { DeviceMesh::parse("tp"); }, "not name=size");
   expect_input_error([] { DimSet::parse("dp_shard+foo"); }, "unknown mesh dim 'foo'");
+}
+
+// pp is the outermost dim: rank = ((i_pp * n_rep + i_rep) * n_shard + i_shard) * n_tp + i_tp.
+// Coords are the stage's (every stage lays out its shards like a pp = 1 mesh), groups without pp
+// stay inside one stage, the pp group links the same place of every stage, and with pp = 1
+// every rank, group, color and string is what it was before pp existed.
+TEST(DeviceMeshTest, PipelineDimIsOutermost) {
+  const DeviceMesh m(2, 2, 2, 3);  // dp_replicate 2, dp_shard 2, tp 2, pp 3
+  EXPECT_EQ(m.world_size(), 24);
+  EXPECT_EQ(m.stage_size(), 8);
+  EXPECT_EQ(m.size(MeshDim::kPp), 3);
+  for (int pp = 0; pp < 3; ++pp)
+    for (int rep = 0; rep < 2; ++rep)
+      for (int sh = 0; sh < 2; ++sh)
+        for (int tp = 0; tp < 2; ++tp) {
+          const int r = ((pp * 2 + rep) * 2 + sh) * 2 + tp;
+          EXPECT_EQ(m.rank_of({rep, sh, tp}, pp), r);
+          EXPECT_EQ(m.coords(r), (Coords{rep, sh, tp}));
+          EXPECT_EQ(m.stage(r), pp);
+          EXPECT_EQ(m.coord(r, MeshDim::kPp), pp);
+        }
+  const DimSet pp{MeshDim::kPp};
+  EXPECT_EQ(m.group_ranks(13, pp), (std::vector<int>{5, 13, 21}));
+  EXPECT_EQ(m.group_index(13, pp), 1);
+  EXPECT_EQ(m.group_ranks(13, {MeshDim::kDpShard}), (std::vector<int>{13, 15}));
+  EXPECT_EQ(m.group_ranks(13, DimSet::parse("dp_replicate+dp_shard+tp")),
+            (std::vector<int>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(m.group_ranks(1, {MeshDim::kPp, MeshDim::kTp}), (std::vector<int>{0, 1, 8, 9, 16, 17}));
+  EXPECT_EQ(DimSet::parse("tp+pp").str(), "pp+tp");
+  // Every dim set's groups partition the world, ordered by color.
+  for (unsigned bits = 0; bits < (1u << kNumGroupDims); ++bits) {
+    const DimSet d = DimSet::from_bits(bits);
+    const auto g = m.groups(d);
+    std::vector<int> seen(24, 0);
+    for (size_t c = 0; c < g.size(); ++c)
+      for (int r : g[c]) {
+        ++seen[static_cast<size_t>(r)];
+        EXPECT_EQ(m.group_color(r, d), static_cast<int>(c)) << d.str();
+        EXPECT_EQ(g[c][static_cast<size_t>(m.group_index(r, d))], r) << d.str();
+      }
+    EXPECT_EQ(seen, std::vector<int>(24, 1)) << d.str();
+  }
+  EXPECT_EQ(m.str(), "pp=3,dp_replicate=2,dp_shard=2,tp=2");
+  EXPECT_EQ(DeviceMesh::parse("dp_shard=2,pp=2", 4), DeviceMesh(1, 2, 1, 2));
+  expect_input_error([] { DeviceMesh::parse("pp=0"); }, ">= 1");
+  expect_input_error([] { DeviceMesh(1, 1, 1, 0); }, "pp has size 0");
+  expect_input_error([] { DeviceMesh(1, 2, 1, 2).rank_of({0, 0, 0}, 2); }, "stage 2 is outside");
+  // pp = 1: the mesh of three dims, unchanged.
+  const DeviceMesh flat(2, 2, 2);
+  EXPECT_EQ(flat, DeviceMesh(2, 2, 2, 1));
+  EXPECT_EQ(flat.str(), "dp_replicate=2,dp_shard=2,tp=2");
+  for (int r = 0; r < 8; ++r)
+    for (unsigned bits = 0; bits < 8; ++bits) {
+      const DimSet d = DimSet::from_bits(bits);
+      const DimSet with_pp = DimSet::from_bits(bits | (1u << static_cast<int>(MeshDim::kPp)));
+      EXPECT_EQ(flat.group_ranks(r, with_pp), flat.group_ranks(r, d));
+      EXPECT_EQ(flat.group_color(r, with_pp), flat.group_color(r, d));
+      EXPECT_EQ(flat.group_index(r, with_pp), flat.group_index(r, d));
+    }
+  EXPECT_EQ(flat.group_ranks(5, {MeshDim::kDpShard}), (std::vector<int>{5, 7}));
+  EXPECT_EQ(flat.group_color(5, {MeshDim::kDpShard}), 3);  // (rep 1, tp 1) over rep, tp
 }
 
 // Rows held by each rank of a [rows] tensor, as (offset, extent).

@@ -13,6 +13,7 @@
 #include <system_error>
 #include <thread>
 
+#include "kernels/cast.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
 
@@ -405,6 +406,147 @@ TEST(LocalCommTest, AllToAllVCountMismatchesAreErrors) {
     EXPECT_NE(std::string(e.message()).find("send counts sum to 2"), std::string::npos)
         << e.message();
   }
+}
+
+}  // namespace
+}  // namespace meshproof::mesh
+
+// ---- point-to-point (pipeline stages) ----------------------------------------------------------
+
+namespace meshproof::mesh {
+namespace {
+
+// Send/recv over the pp group of a pp = 4 x dp_shard = 2 mesh: every stage passes a buffer to
+// the next and gets one back, bit for bit (fp32 with NaN payloads and denormals, bf16, uint8),
+// in send order (two messages per hop), and the stats count each call and its bytes.
+TEST(LocalP2pTest, SendRecvIsBitwiseOrderedAndCounted) {
+  const DeviceMesh mesh(1, 2, 1, 4);
+  LocalWorld world(mesh, short_timeout());
+  world.run([&](RankComms& comms) {
+    Communicator& pp = comms.group({MeshDim::kPp});
+    ASSERT_EQ(pp.size(), 4);
+    EXPECT_EQ(pp.ranks(), mesh.group_ranks(comms.rank(), {MeshDim::kPp}));
+    const int s = pp.rank();
+    const auto bits_of = [](int from, int which) {
+      std::vector<uint32_t> v = {0x7fc00001u + static_cast<uint32_t>(from),  // NaN payload
+                                 0x00000001u,                                // denormal
+                                 0x80000000u,                                // -0
+                                 static_cast<uint32_t>(from * 1000 + which)};
+      Tensor t = Tensor::empty(Shape{4}, DType::kFloat32, kernels::Device::cpu());
+      std::memcpy(t.raw_data(), v.data(), 16);
+      return t;
+    };
+    if (s + 1 < pp.size()) {
+      pp.send(bits_of(s, 0), s + 1);
+      pp.send(bits_of(s, 1), s + 1);
+      Tensor bytes = Tensor::from_vector(Shape{3}, std::vector<uint8_t>{1, 2, uint8_t(s)});
+      pp.send(bytes, s + 1);
+    }
+    if (s > 0) {
+      for (int which = 0; which < 2; ++which) {
+        Tensor got = Tensor::empty(Shape{4}, DType::kFloat32, kernels::Device::cpu());
+        pp.recv(got, s - 1);
+        EXPECT_EQ(std::memcmp(got.raw_data(), bits_of(s - 1, which).raw_data(), 16), 0)
+            << "stage " << s << " message " << which;
+      }
+      Tensor bytes = Tensor::empty(Shape{3}, DType::kUInt8, kernels::Device::cpu());
+      pp.recv(bytes, s - 1);
+      EXPECT_EQ(bytes.to_vector<uint8_t>(), (std::vector<uint8_t>{1, 2, uint8_t(s - 1)}));
+    }
+    // The way back (gradients), bf16.
+    if (s > 0) {
+      Tensor g = Tensor::from_vector(Shape{2}, std::vector<float>{float(s), -float(s)});
+      pp.send(kernels::cast_to(g, DType::kBFloat16), s - 1);
+    }
+    if (s + 1 < pp.size()) {
+      Tensor got = Tensor::empty(Shape{2}, DType::kBFloat16, kernels::Device::cpu());
+      pp.recv(got, s + 1);
+      EXPECT_EQ(kernels::cast_to(got, DType::kFloat32).to_vector<float>(),
+                (std::vector<float>{float(s + 1), -float(s + 1)}));
+    }
+    const int64_t sends = (s + 1 < pp.size() ? 3 : 0) + (s > 0 ? 1 : 0);
+    const int64_t recvs = (s > 0 ? 3 : 0) + (s + 1 < pp.size() ? 1 : 0);
+    EXPECT_EQ(pp.stats(CollectiveKind::kSend).count, sends);
+    EXPECT_EQ(pp.stats(CollectiveKind::kRecv).count, recvs);
+    if (s == 0) {
+      EXPECT_EQ(pp.stats(CollectiveKind::kSend).bytes.value, 16 + 16 + 3);
+    }
+  });
+}
+
+// A receive into a buffer of another dtype or size fails naming both ends; a peer outside the
+// group or this member itself is an input error; a receive nobody sends to times out with the
+// silent peer named.
+TEST(LocalP2pTest, MismatchesBadPeersAndMissingSendersAreErrors) {
+  LocalWorld world(DeviceMesh(1, 1, 1, 2), short_timeout());
+  try {
+    world.run([&](RankComms& comms) {
+      Communicator& pp = comms.group({MeshDim::kPp});
+      if (pp.rank() == 0) {
+        pp.send(Tensor::from_vector(Shape{3}, std::vector<float>{1, 2, 3}), 1);
+      } else {
+        Tensor wrong = Tensor::empty(Shape{4}, DType::kFloat32, kernels::Device::cpu());
+        pp.recv(wrong, 0);
+      }
+    });
+    FAIL() << "expected a size mismatch";
+  } catch (const kernels::Error& e) {
+    EXPECT_NE(e.message().find("rank 0 sent 3 elements of float32 but rank 1 receives into"),
+              std::string::npos)
+        << e.message();
+  }
+  LocalWorld one(DeviceMesh(1, 1, 1, 2), short_timeout());
+  one.run([&](RankComms& comms) {
+    Communicator& pp = comms.group({MeshDim::kPp});
+    Tensor t = Tensor::zeros(Shape{1}, DType::kFloat32, kernels::Device::cpu());
+    for (int bad : {pp.rank(), 2, -1}) {
+      try {
+        pp.send(t, bad);
+        ADD_FAILURE() << "send to " << bad << " accepted";
+      } catch (const kernels::Error& e) {
+        EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+        EXPECT_NE(e.message().find("is not another member of the group"), std::string::npos);
+      }
+    }
+  });
+  LocalWorldOptions opts;
+  opts.timeout = std::chrono::milliseconds(300);
+  LocalWorld silent(DeviceMesh(1, 1, 1, 2), opts);
+  try {
+    silent.run([&](RankComms& comms) {
+      Communicator& pp = comms.group({MeshDim::kPp});
+      if (pp.rank() == 1) {
+        Tensor t = Tensor::empty(Shape{1}, DType::kFloat32, kernels::Device::cpu());
+        pp.recv(t, 0);
+      }
+    });
+    FAIL() << "expected a timeout";
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kRuntime);
+    EXPECT_NE(e.message().find("local recv on pp group of ranks [0, 1] timed out"),
+              std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("rank 0 never sent"), std::string::npos) << e.message();
+  }
+}
+
+// An error on one stage wakes a stage waiting in recv (abort), instead of leaving it to time out.
+TEST(LocalP2pTest, ExceptionOnOneStageAbortsAWaitingRecv) {
+  LocalWorld world(DeviceMesh(1, 1, 1, 2), short_timeout());
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    world.run([&](RankComms& comms) {
+      Communicator& pp = comms.group({MeshDim::kPp});
+      if (pp.rank() == 0) MP_FAIL("stage 0 failed");
+      Tensor t = Tensor::empty(Shape{1}, DType::kFloat32, kernels::Device::cpu());
+      pp.recv(t, 0);
+    });
+    FAIL() << "expected the stage's error";
+  } catch (const kernels::Error& e) {
+    EXPECT_NE(e.message().find("stage 0 failed"), std::string::npos) << e.message();
+  }
+  // Hang guard only: far below the 20 s timeout means the abort woke the receiver.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
 }
 
 }  // namespace
