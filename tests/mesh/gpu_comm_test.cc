@@ -10,6 +10,7 @@
 #include "kernels/tensor.h"
 #include "mesh/local_comm.h"
 #include "mesh/nccl_comm.h"
+#include "tests/gpu_test.h"
 
 namespace meshproof::mesh {
 namespace {
@@ -17,13 +18,6 @@ namespace {
 using kernels::DType;
 using kernels::Shape;
 using kernels::Tensor;
-
-#define SKIP_WITHOUT_GPU()                                                \
-  do {                                                                    \
-    if (!kernels::cuda_status().usable) {                                 \
-      GTEST_SKIP() << "no usable GPU: " << kernels::cuda_status().reason; \
-    }                                                                     \
-  } while (0)
 
 // Mixed magnitudes: rank-order fp32 sums of these round, so a different order shows.
 float noisy(int rank, int64_t k) {
@@ -86,7 +80,7 @@ std::vector<std::vector<float>> run_suite(kernels::Device device) {
 }
 
 TEST(GpuLocalCommTest, EightVirtualRanksOnOneGpuBitwiseEqualCpu) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const auto cpu = run_suite(kernels::Device::cpu());
   const auto gpu = run_suite(kernels::Device::cuda(0));
   ASSERT_EQ(cpu.size(), gpu.size());
@@ -99,7 +93,7 @@ TEST(GpuLocalCommTest, EightVirtualRanksOnOneGpuBitwiseEqualCpu) {
 }
 
 TEST(GpuNcclCommTest, CollectivesOnePerGpu) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const int n = std::min<int>(static_cast<int>(kernels::cuda_status().gpus.size()), 8);
   const DeviceMesh mesh(1, n, 1);
   const int64_t count = 1024;

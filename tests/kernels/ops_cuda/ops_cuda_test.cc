@@ -20,14 +20,10 @@
 #include "kernels/embedding.h"
 #include "kernels/error.h"
 #include "kernels/layernorm.h"
+#include "tests/gpu_test.h"
 
 namespace meshproof::kernels {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                 \
-  do {                                                                                     \
-    if (!cuda_status().usable) GTEST_SKIP() << "no CUDA device: " << cuda_status().reason; \
-  } while (0)
 
 const Device kGpu = Device::cuda(0);
 const DType kActDtypes[] = {DType::kFloat32, DType::kBFloat16};
@@ -89,7 +85,7 @@ void expect_close(const Tensor& cpu, const Tensor& gpu, double atol_rel, const c
 }
 
 TEST(OpsCuda, CastAllPairsBitwise) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (DType from : kActDtypes)
     for (DType to : kActDtypes) {
       const Tensor x = random_tensor({37, 41}, from, 1, 3.0);
@@ -102,13 +98,13 @@ TEST(OpsCuda, CastAllPairsBitwise) {
 }
 
 TEST(OpsCuda, Float64OnCudaIsAClearError) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   Tensor x = Tensor::zeros({4}, DType::kFloat64, kGpu);
   EXPECT_THROW(scale_(x, 2.0), Error);
 }
 
 TEST(OpsCuda, ElementwiseBitwise) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (DType dt : kActDtypes) {
     const Tensor y0 = random_tensor({33, 70}, dt, 2), bias = random_tensor({70}, dt, 3);
     const Tensor r = random_tensor({33, 70}, dt, 4);
@@ -143,7 +139,7 @@ TEST(OpsCuda, ElementwiseBitwise) {
 }
 
 TEST(OpsCuda, Activations) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (DType dt : kActDtypes) {
     const Tensor x = random_tensor({19, 130}, dt, 6, 2.0), u = random_tensor({19, 130}, dt, 7);
     const Tensor dy = random_tensor({19, 130}, dt, 8);
@@ -183,7 +179,7 @@ TEST(OpsCuda, Activations) {
 constexpr double kCancelSlack = 1e-9;
 
 TEST(OpsCuda, LayerNormAndRmsNorm) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const int64_t m = 23, h = 300;  // h > block size: several columns per thread
   for (DType dt : kActDtypes) {
     const Tensor x = random_tensor({m, h}, dt, 9, 2.0), w = random_tensor({h}, dt, 10);
@@ -222,7 +218,7 @@ TEST(OpsCuda, LayerNormAndRmsNorm) {
 }
 
 TEST(OpsCuda, Attention) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const AttentionShape s{.batch = 2, .seq = 37, .heads = 3, .head_dim = 16};
   const int64_t rows = s.batch * s.seq, h = s.heads * s.head_dim;
   for (DType dt : kActDtypes) {
@@ -251,7 +247,7 @@ TEST(OpsCuda, Attention) {
 }
 
 TEST(OpsCuda, CrossEntropy) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const int64_t m = 29, v = 1000;
   std::vector<int32_t> tg(m);
   for (int64_t r = 0; r < m; ++r) tg[static_cast<size_t>(r)] = static_cast<int32_t>((r * 97) % v);
@@ -279,7 +275,7 @@ TEST(OpsCuda, CrossEntropy) {
 }
 
 TEST(OpsCuda, EmbeddingBitwise) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const int64_t vocab = 50, positions = 40, hidden = 270, batch = 3, seq = 31;
   std::mt19937 gen(19);
   std::vector<int32_t> ids(batch * seq);
@@ -306,7 +302,7 @@ TEST(OpsCuda, EmbeddingBitwise) {
 }
 
 TEST(OpsCuda, AdamWBitwise) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const int64_t n = 5003;
   const Tensor p0 = random_tensor({n}, DType::kFloat32, 25),
                g = random_tensor({n}, DType::kFloat32, 26, 0.01);
