@@ -14,9 +14,12 @@
 // double; explicit __*_rn intrinsics wherever the CPU result must be matched bit for bit, so nvcc
 // cannot contract a*b+c into an FMA the CPU does not do):
 //   bitwise: cast, add_bias_, add_, scale_, dropout masks and outputs, AdamW, embedding forward,
-//     embedding backward (same per-row summation order), bias_grad and the LayerNorm/RMSNorm
-//     dweight/dbias (one thread per column sums the rows in the CPU's order, in double).
+//     embedding backward (same per-row summation order).
 //   bitwise given the same saved probabilities: attention backward.
+//   deterministic (bitwise run to run) but not bitwise to the CPU: bias_grad and the
+//     LayerNorm/RMSNorm dweight/dbias, parallel per-column reductions whose fixed order
+//     (kernels/column_reduce.h, reproduced on the host by column_sum_fixed_order) differs from the
+//     CPU's serial row sum: within 1 ulp of float32 + 2 m 2^-53 (|g0| + sum_r |t_r|) of the CPU.
 //   1 ulp of the stored dtype, plus ~1e-15 of the largest magnitude where the formula cancels:
 //     activations (device tanh/exp in double differ from glibc's by ~1 ulp of double), norm
 //     outputs and dx (block tree reductions in double instead of a serial double sum: ~1e-15
@@ -39,9 +42,10 @@ cudaError_t launch_cast(const void* src, bool src_bf16, void* dst, bool dst_bf16
 // elementwise.cu
 cudaError_t launch_add_bias(void* y, const void* bias, bool bf16, int64_t m, int64_t n,
                             void* stream);
-// dbias[c] = float(dbias[c] + sum_r dy[r, c]) (sum in double, rows in order).
-cudaError_t launch_bias_grad(const void* dy, bool bf16, int64_t m, int64_t n, float* dbias,
-                             void* stream);
+// dbias[c] = float(dbias[c] + sum_r dy[r, c]): a parallel per-column sum in double in the fixed
+// order of kernels/column_reduce.h; `partial` is a device scratch of column_chunks(m) * n doubles.
+cudaError_t launch_bias_grad(const void* dy, bool bf16, int64_t m, int64_t n, double* partial,
+                             float* dbias, void* stream);
 cudaError_t launch_add(void* x, const void* y, bool bf16, int64_t n, void* stream);
 cudaError_t launch_scale(void* x, bool bf16, int64_t n, double alpha, void* stream);
 // out[i] = keep(i) ? in[i] / (1-p) : 0 with keep(i) = philox_uniform(seed, stream_id, first + i)
@@ -62,13 +66,16 @@ cudaError_t launch_swiglu_backward(const void* dy, const void* gate, const void*
                                    void* dup, bool bf16, int64_t n, void* stream);
 
 // layernorm.cu: x [m, h]; mean (nullptr for RMSNorm) and rstd [m] in x's dtype; bias may be
-// nullptr (RMSNorm); dweight/dbias float32 [h], accumulated into (dbias nullptr for RMSNorm).
+// nullptr (RMSNorm); dweight/dbias float32 [h], accumulated into (dbias nullptr for RMSNorm) by
+// per-column reductions in the order of kernels/column_reduce.h; `partial` is a device scratch of
+// (dbias ? 2 : 1) * column_chunks(m) * h doubles.
 cudaError_t launch_norm_forward(const void* x, const void* weight, const void* bias, bool bf16,
                                 bool rms, double eps, int64_t m, int64_t h, void* y, void* mean,
                                 void* rstd, void* stream);
 cudaError_t launch_norm_backward(const void* dy, const void* x, const void* weight,
                                  const void* mean, const void* rstd, bool bf16, int64_t m,
-                                 int64_t h, void* dx, float* dweight, float* dbias, void* stream);
+                                 int64_t h, void* dx, double* partial, float* dweight, float* dbias,
+                                 void* stream);
 
 // attention.cu: layouts of kernels/attention.h (kv_heads KV groups, KV | heads). `row_scratch`
 // is a device double buffer of batch*heads*seq elements, `kv_scratch` of batch*kv_heads*seq*2*d

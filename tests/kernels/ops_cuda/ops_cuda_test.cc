@@ -21,6 +21,7 @@
 #include "kernels/error.h"
 #include "kernels/layernorm.h"
 #include "tests/gpu_test.h"
+#include "tests/kernels/ops/column_reduce_oracle.h"
 
 namespace meshproof::kernels {
 namespace {
@@ -129,12 +130,28 @@ TEST(OpsCuda, ElementwiseBitwise) {
       dropout_backward(on_gpu(r), p, key, dg);
       expect_bitwise(dc, dg, "dropout_backward");
     }
-    // bias_grad accumulates into a non-zero float32 gradient; per-column row order as the CPU.
-    const Tensor db0 = random_tensor({70}, DType::kFloat32, 5);
-    Tensor dbc = db0.clone(), dbg = on_gpu(db0);
+  }
+}
+
+// bias_grad is a parallel per-column reduction (kernels/column_reduce.h): the device's bits are
+// the host's fixed-order sum exactly, within column_reduce_bound of the CPU's serial sum (derived
+// in that header; no device measurement exists yet), and a rerun gives the same bits. 777 rows:
+// three full 256-row chunks and a partial one; 70 columns: a partial 32-column tile.
+TEST(OpsCuda, BiasGradFixedOrder) {
+  MP_SKIP_WITHOUT_GPU();
+  const int64_t m = 777, n = 70;
+  for (DType dt : kActDtypes) {
+    const Tensor r = random_tensor({m, n}, dt, 4, 3.0);
+    const Tensor db0 = random_tensor({n}, DType::kFloat32, 5);
+    Tensor dbc = db0.clone(), dbg = on_gpu(db0), again = on_gpu(db0);
     bias_grad(r, dbc);
     bias_grad(on_gpu(r), dbg);
-    expect_bitwise(dbc, dbg, "bias_grad");
+    bias_grad(on_gpu(r), again);
+    const std::vector<float> g0 = db0.to_vector<float>();
+    const column_oracle::ColumnGrads fixed = column_oracle::bias_grad(r, g0);
+    EXPECT_EQ(floats_of(dbg), fixed.grad) << "bias_grad: not the fixed order's bits";
+    column_oracle::expect_within_bound(floats_of(dbc), floats_of(dbg), g0, fixed, m, "bias_grad");
+    expect_bitwise(dbg, again, "bias_grad rerun");
   }
 }
 
@@ -180,7 +197,8 @@ constexpr double kCancelSlack = 1e-9;
 
 TEST(OpsCuda, LayerNormAndRmsNorm) {
   MP_SKIP_WITHOUT_GPU();
-  const int64_t m = 23, h = 300;  // h > block size: several columns per thread
+  // h > block size: several columns per thread; m > 256: two row chunks of the column reductions.
+  const int64_t m = 300, h = 300;
   for (DType dt : kActDtypes) {
     const Tensor x = random_tensor({m, h}, dt, 9, 2.0), w = random_tensor({h}, dt, 10);
     const Tensor b = random_tensor({h}, dt, 11), dy = random_tensor({m, h}, dt, 12);
@@ -193,7 +211,7 @@ TEST(OpsCuda, LayerNormAndRmsNorm) {
     expect_close(yc, yg, kCancelSlack, "layernorm y");
     expect_close(mc, mg, kCancelSlack, "layernorm mean");
     expect_close(rc, rg, 0.0, "layernorm rstd");
-    // Backward from the CPU's saved statistics so dweight/dbias are comparable bitwise.
+    // Backward from the CPU's saved statistics, so dweight/dbias sum the host oracle's terms.
     const Tensor dw0 = random_tensor({h}, DType::kFloat32, 13),
                  db0 = random_tensor({h}, DType::kFloat32, 14);
     Tensor dxc = t({m, h}, Device::cpu()), dxg = t({m, h}, kGpu);
@@ -201,8 +219,19 @@ TEST(OpsCuda, LayerNormAndRmsNorm) {
     layernorm_backward(dy, x, w, mc, rc, dxc, dwc, dbc);
     layernorm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mc), on_gpu(rc), dxg, dwg, dbg);
     expect_close(dxc, dxg, kCancelSlack, "layernorm dx");
-    expect_bitwise(dwc, dwg, "layernorm dweight");
-    expect_bitwise(dbc, dbg, "layernorm dbias");
+    // dweight/dbias: the fixed-order column reductions (kernels/column_reduce.h), bit for bit the
+    // host's order, within its bound of the CPU, and bitwise on a rerun.
+    const std::vector<float> dw0v = dw0.to_vector<float>(), db0v = db0.to_vector<float>();
+    const column_oracle::ColumnGrads fw = column_oracle::norm_grad(dy, x, &mc, rc, dw0v, 0);
+    const column_oracle::ColumnGrads fb = column_oracle::norm_grad(dy, x, &mc, rc, db0v, 1);
+    EXPECT_EQ(floats_of(dwg), fw.grad) << "layernorm dweight: not the fixed order's bits";
+    EXPECT_EQ(floats_of(dbg), fb.grad) << "layernorm dbias: not the fixed order's bits";
+    column_oracle::expect_within_bound(floats_of(dwc), floats_of(dwg), dw0v, fw, m, "ln dweight");
+    column_oracle::expect_within_bound(floats_of(dbc), floats_of(dbg), db0v, fb, m, "ln dbias");
+    Tensor dw2 = on_gpu(dw0), db2 = on_gpu(db0);
+    layernorm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mc), on_gpu(rc), dxg, dw2, db2);
+    expect_bitwise(dwg, dw2, "layernorm dweight rerun");
+    expect_bitwise(dbg, db2, "layernorm dbias rerun");
 
     rmsnorm_forward(x, w, 1e-5, yc, rc);
     rmsnorm_forward(on_gpu(x), on_gpu(w), 1e-5, yg, rg);
@@ -213,7 +242,9 @@ TEST(OpsCuda, LayerNormAndRmsNorm) {
     rmsnorm_backward(dy, x, w, rc, dxc, dwc);
     rmsnorm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(rc), dxg, dwg);
     expect_close(dxc, dxg, kCancelSlack, "rmsnorm dx");
-    expect_bitwise(dwc, dwg, "rmsnorm dweight");
+    const column_oracle::ColumnGrads fr = column_oracle::norm_grad(dy, x, nullptr, rc, dw0v, 0);
+    EXPECT_EQ(floats_of(dwg), fr.grad) << "rmsnorm dweight: not the fixed order's bits";
+    column_oracle::expect_within_bound(floats_of(dwc), floats_of(dwg), dw0v, fr, m, "rms dweight");
   }
 }
 
