@@ -9,6 +9,7 @@
 #include "engine/session.h"
 #include "engine/session_trace.h"
 #include "kernels/device.h"
+#include "kernels/device_reserve.h"
 #include "kernels/error.h"
 #include "mesh/local_comm.h"
 #include "mesh/mpi_comm.h"
@@ -27,6 +28,7 @@ RankReport rank_report(TrainingSession& s, mesh::RankComms& comms) {
   r.rank = comms.rank();
   r.coords = comms.mesh().coords(r.rank);
   r.memory = s.memory();
+  r.device_reserves = kernels::device_reserves(kernels::current_context().device);
   r.calls = s.collective_calls();
   for (DimSet d : all_mesh_groups()) {
     mesh::Communicator& c = comms.group(d);

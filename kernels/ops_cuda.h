@@ -1,10 +1,10 @@
 // Launchers of the CUDA kernels of the model's op families (one .cu per family: activation.cu,
 // adamw.cu, attention.cu, cast.cu, cross_entropy.cu, elementwise.cu, embedding.cu,
-// layernorm.cu), called by the device dispatch in the matching .cc after its shape/dtype checks.
-// Plain pointers and sizes only; every pointer is a device pointer, `stream` is the rank's
-// cudaStream_t (kernels::current_context().stream). Kernels are enqueued asynchronously and each
-// launcher returns the launch status (the .cc checks it with MP_CUDA_CHECK; the .cu files use no
-// MP_* macros and no fmt).
+// flash_attention.cu, layernorm.cu), called by the device dispatch in the matching .cc after its
+// shape/dtype checks. Plain pointers and sizes only; every pointer is a device pointer, `stream` is
+// the rank's cudaStream_t (kernels::current_context().stream). Kernels are enqueued asynchronously
+// and each launcher returns the launch status (the .cc checks it with MP_CUDA_CHECK; the .cu files
+// use no MP_* macros and no fmt).
 //
 // Element types: activations are float32 or bfloat16 (`bf16` selects; bf16 is read as float and
 // written with RNE via kernels/formats.h, like the CPU BFloat16); parameter gradients are float32.
@@ -26,6 +26,8 @@
 //     relative before the final rounding), attention forward (max/sum serial in the CPU order;
 //     only the device exp differs; out within 2 ulp(1) * max|v| since it sums rounded probs),
 //     cross entropy (block reductions in double; the loss within ~1e-15 relative).
+//   float32 arithmetic against the double reference: the fused attention (flash_attention.cu),
+//     within the bound derived in tests/kernels/ops/flash_attention_bound.h.
 // tests/kernels/ops_cuda/ops_cuda_test.cc checks each of these statements.
 #pragma once
 
@@ -87,6 +89,18 @@ cudaError_t launch_attention_backward(const void* dout, const void* qkv, const v
                                       bool bf16, int64_t batch, int64_t seq, int64_t heads,
                                       int64_t head_dim, int64_t kv_heads, double* row_scratch,
                                       double* kv_scratch, void* dqkv, void* stream);
+// flash_attention.cu: the fused attention of kernels/flash_attention.h, float32 arithmetic, lse
+// float32 [batch*heads*seq]. `key_tile` (1..32) keys per shared-memory tile, head_dim <= 256;
+// anything else returns cudaErrorInvalidValue. The backward's `d_scratch` is a device float
+// buffer of batch*heads*seq elements (D_i, written by the dQ kernel, read by the dK/dV kernel).
+cudaError_t launch_flash_attention_forward(const void* qkv, bool bf16, int64_t batch, int64_t seq,
+                                           int64_t heads, int64_t head_dim, int64_t kv_heads,
+                                           int64_t key_tile, void* out, float* lse, void* stream);
+cudaError_t launch_flash_attention_backward(const void* dout, const void* qkv, const void* out,
+                                            const float* lse, bool bf16, int64_t batch, int64_t seq,
+                                            int64_t heads, int64_t head_dim, int64_t kv_heads,
+                                            int64_t key_tile, float* d_scratch, void* dqkv,
+                                            void* stream);
 // RoPE in place on the q and k heads of a fused qkv (kernels/attention.h); `cos_sin` holds
 // (cos, sign*sin) per (s, pair i) as seq*(d/2)*2 doubles (computed on the host).
 cudaError_t launch_rope(void* qkv, bool bf16, int64_t batch, int64_t seq, int64_t heads,
