@@ -1,6 +1,7 @@
 #include "kernels/device_reserve.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -114,7 +115,7 @@ Bytes cuda_pool_reserve(Device device) {
     return Bytes(0);
   cudaMemPool_t pool = nullptr;
   MP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
-  cuuint64_t reserved = 0, used = 0;
+  uint64_t reserved = 0, used = 0;  // cuuint64_t (cuda.h), a 64-bit unsigned
   MP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved));
   MP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used));
   return Bytes(reserved > used ? static_cast<int64_t>(reserved - used) : 0);

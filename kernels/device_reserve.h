@@ -1,8 +1,7 @@
 // Device memory held outside the tensor allocator's accounting (kernels::MemoryTracker counts
 // tensors only): the CUDA memory pool's reserve, NCCL's communicator buffers, cuBLASLt
 // workspaces. Each is a named reserve per device, so the per-rank memory figures of a report can
-// show what the device really holds (docs/design.md section "Device kernels, GPU test policy and
-// NCCL lifetime").
+// show what the device really holds (docs/design.md section 30).
 //
 // Two kinds of entries, both process-wide and thread-safe:
 //  - fixed amounts set by their owner when they are created (NCCL: the device memory taken by

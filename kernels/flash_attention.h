@@ -1,9 +1,9 @@
-// Fused causal attention (flash-style, docs/design.md section "Device kernels, GPU test policy
-// and NCCL lifetime"): the layouts, causal mask and grouped-query heads of kernels/attention.h,
-// computed tile by tile with an online softmax, so the [B, A, S, S] probabilities are never
-// stored. The forward saves the output and lse [B, A, S] (float32: m_i + log l_i, the natural
-// log-sum-exp of row i's scaled scores); the backward recomputes each probability as
-// exp(s_ij - lse_i) and uses D_i = sum_c dO_ic O_ic in place of sum_j P_ij dP_ij.
+// Fused causal attention (flash-style, docs/design.md section 30): the layouts, causal mask and
+// grouped-query heads of kernels/attention.h, computed tile by tile with an online softmax, so the
+// [B, A, S, S] probabilities are never stored. The forward saves the output and lse [B, A, S]
+// (float32: m_i + log l_i, the natural log-sum-exp of row i's scaled scores); the backward
+// recomputes each probability as exp(s_ij - lse_i) and uses D_i = sum_c dO_ic O_ic in place of
+// sum_j P_ij dP_ij.
 //
 // Arithmetic is float32 (storage float32 or bfloat16), so results are close to, not equal to,
 // kernels/attention.h's double reference, which stays the exact reference (CPU backend, goldens).

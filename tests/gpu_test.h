@@ -1,9 +1,8 @@
-// The one gate of every `gpu` test (docs/design.md section "Device kernels, GPU test policy and
-// NCCL lifetime"): MP_SKIP_WITHOUT_GPU() at the top of a test body (or a fixture's SetUp) runs the
-// test when CUDA is usable, and otherwise skips it naming the probe's reason -- unless
-// MESHPROOF_REQUIRE_GPU=1, where the same situation is a test FAILURE: on a GPU runner a driver
-// mismatch or a missing device must not look green. Any other value than unset, "" , "0" or "1" is
-// a failure too (a typo must not silently mean "skip").
+// The one gate of every `gpu` test (docs/design.md section 30): MP_SKIP_WITHOUT_GPU() at the top of
+// a test body (or a fixture's SetUp) runs the test when CUDA is usable, and otherwise skips it
+// naming the probe's reason -- unless MESHPROOF_REQUIRE_GPU=1, where the same situation is a test
+// FAILURE: on a GPU runner a driver mismatch or a missing device must not look green. Any other
+// value than unset, "" , "0" or "1" is a failure too (a typo must not silently mean "skip").
 #pragma once
 
 #include <gtest/gtest.h>

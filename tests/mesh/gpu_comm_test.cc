@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/device.h"
+#include "kernels/device_reserve.h"
 #include "kernels/tensor.h"
 #include "mesh/local_comm.h"
 #include "mesh/nccl_comm.h"
@@ -137,6 +138,41 @@ TEST(GpuNcclCommTest, CollectivesOnePerGpu) {
     c.barrier();
     EXPECT_EQ(c.stats(CollectiveKind::kAllReduce).bytes.value, count * 4);
   });
+}
+
+// Lifetime (mesh/nccl_comm.h): a mesh's communicators are made once per process and reused by
+// later runs; their creation shows as the device reserve "nccl"; nccl_teardown destroys them
+// (every rank on its own thread) and a later run makes a fresh set.
+TEST(GpuNcclCommTest, CommunicatorsAreMadeOnceReusedAndTornDown) {
+  MP_SKIP_WITHOUT_GPU();
+  const int n = std::min<int>(static_cast<int>(kernels::cuda_status().gpus.size()), 8);
+  const DeviceMesh mesh(1, n, 1);
+  nccl_teardown();
+  const int64_t made = nccl_comm_sets_created();
+  auto one_run = [&] {
+    run_nccl_single_process(mesh, [&](NcclRankComms& comms) {
+      Communicator& c = comms.group({MeshDim::kDpShard});
+      EXPECT_EQ(c.stats(CollectiveKind::kAllReduce).count, 0) << "stats carried over a run";
+      Tensor b = on_current_device(values(comms.rank(), 64));
+      c.all_reduce(b, ReduceOp::kSum);
+    });
+  };
+  auto nccl_reserve = [] {
+    int64_t bytes = 0;
+    for (const kernels::NamedReserve& r : kernels::device_reserves(kernels::Device::cuda(0)))
+      if (r.name == "nccl") bytes = r.bytes.value;
+    return bytes;
+  };
+  for (int run = 0; run < 3; ++run) one_run();
+  EXPECT_EQ(nccl_comm_sets_created(), made + 1);
+  EXPECT_EQ(nccl_comm_sets_cached(), 1u);
+  EXPECT_GT(nccl_reserve(), 0) << "creating the communicators took no device memory?";
+  EXPECT_EQ(nccl_teardown(), 1);
+  EXPECT_EQ(nccl_comm_sets_cached(), 0u);
+  EXPECT_EQ(nccl_reserve(), 0);
+  one_run();
+  EXPECT_EQ(nccl_comm_sets_created(), made + 2);
+  EXPECT_EQ(nccl_teardown(), 1);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cast.h"
 #include "kernels/column_reduce.h"
 #include "kernels/dtype.h"
 #include "kernels/tensor.h"

@@ -1,0 +1,92 @@
+// Host logic of the NCCL communicators (mesh/nccl_comm.h), on any machine: which mesh groups share
+// a communicator (dims of size 1 do not change a group's members), the splits every rank makes,
+// and the per-process cache that makes each set once and reuses it until teardown.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "mesh/nccl_comm.h"
+
+namespace meshproof::mesh {
+namespace {
+
+TEST(NcclPlan, GroupsThatDifferOnlyBySize1DimsShareACommunicator) {
+  for (const DeviceMesh& mesh : {DeviceMesh(1, 4, 2), DeviceMesh(2, 2, 2), DeviceMesh(2, 1, 1),
+                                 DeviceMesh(1, 1, 1), DeviceMesh(3, 1, 2)}) {
+    SCOPED_TRACE(mesh.str());
+    const std::vector<unsigned> plan = nccl_group_plan(mesh);
+    ASSERT_EQ(plan.size(), 1u << kNumMeshDims);
+    for (unsigned a = 0; a < plan.size(); ++a) {
+      // The canonical set is a subset of the group's dims and spans the same ranks.
+      EXPECT_EQ(plan[a] & ~a, 0u);
+      EXPECT_EQ(plan[plan[a]], plan[a]);
+      for (int rank = 0; rank < mesh.world_size(); ++rank)
+        EXPECT_EQ(mesh.group_ranks(rank, DimSet::from_bits(a)),
+                  mesh.group_ranks(rank, DimSet::from_bits(plan[a])));
+      // Distinct canonical sets really are different groups somewhere.
+      for (unsigned b = 0; b < plan.size(); ++b) {
+        if (plan[a] == plan[b]) continue;
+        bool differ = false;
+        for (int rank = 0; rank < mesh.world_size(); ++rank)
+          differ |= mesh.group_ranks(rank, DimSet::from_bits(a)) !=
+                    mesh.group_ranks(rank, DimSet::from_bits(b));
+        EXPECT_TRUE(differ) << a << " vs " << b;
+      }
+    }
+  }
+  // 8 dim sets; with dp_replicate = 1 four distinct communicators, with every dim > 1 eight.
+  EXPECT_EQ(nccl_distinct_splits(nccl_group_plan(DeviceMesh(1, 4, 2))),
+            (std::vector<unsigned>{0, 2, 4, 6}));
+  EXPECT_EQ(nccl_distinct_splits(nccl_group_plan(DeviceMesh(2, 2, 2))).size(), 8u);
+  EXPECT_EQ(nccl_distinct_splits(nccl_group_plan(DeviceMesh(1, 1, 1))), (std::vector<unsigned>{0}));
+}
+
+struct FakeComms {
+  int id = 0;
+};
+
+TEST(NcclPlan, CacheMakesEachKeyOnceAndHandsEverythingBackForTeardown) {
+  CommCache<FakeComms> cache;
+  int made = 0;
+  auto make = [&made] { return std::make_unique<FakeComms>(FakeComms{++made}); };
+  const NcclCommKey a{"dp_replicate=1,dp_shard=2,tp=1", {0, 1}, {0, 1}};
+  const NcclCommKey b{"dp_replicate=1,dp_shard=1,tp=2", {0, 1}, {0, 1}};
+  const NcclCommKey a_rank1{"dp_replicate=1,dp_shard=2,tp=1", {1}, {}};
+  bool created = false;
+  FakeComms& first = cache.get_or_create(a, make, &created);
+  EXPECT_TRUE(created);
+  // A scenario's later runs on the same mesh reuse the set (no second creation).
+  for (int run = 0; run < 3; ++run) {
+    EXPECT_EQ(&cache.get_or_create(a, make, &created), &first);
+    EXPECT_FALSE(created);
+  }
+  EXPECT_EQ(made, 1);
+  EXPECT_EQ(cache.get_or_create(b, make).id, 2);
+  EXPECT_EQ(cache.get_or_create(a_rank1, make).id, 3);  // another rank set: another key
+  EXPECT_EQ(cache.size(), 3u);
+  EXPECT_EQ(cache.creations(), 3);
+  // A failed run drops its set; the next run makes a fresh one.
+  std::unique_ptr<FakeComms> dropped = cache.take(b);
+  ASSERT_NE(dropped, nullptr);
+  EXPECT_EQ(dropped->id, 2);
+  EXPECT_EQ(cache.take(b), nullptr);
+  EXPECT_EQ(cache.get_or_create(b, make).id, 4);
+  // Teardown gets every set, oldest first, and leaves the cache empty.
+  const std::vector<std::unique_ptr<FakeComms>> all = cache.take_all();
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0]->id, 1);
+  EXPECT_EQ(all[1]->id, 3);
+  EXPECT_EQ(all[2]->id, 4);
+  EXPECT_EQ(cache.size(), 0u);
+  EXPECT_EQ(cache.creations(), 4);
+}
+
+// With nothing cached (no GPU here, or no NCCL run in this process) teardown has nothing to do.
+TEST(NcclPlan, TeardownWithNothingCachedIsANoOp) {
+  EXPECT_EQ(nccl_comm_sets_cached(), 0u);
+  EXPECT_EQ(nccl_teardown(), 0);
+  EXPECT_EQ(nccl_teardown(), 0);
+}
+
+}  // namespace
+}  // namespace meshproof::mesh
