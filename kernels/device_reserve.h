@@ -3,11 +3,11 @@
 // workspaces. Each is a named reserve per device, so the per-rank memory figures of a report can
 // show what the device really holds (docs/design.md section 30).
 //
-// Two kinds of entries, both process-wide and thread-safe:
+// Three kinds of entries, all process-wide and thread-safe:
 //  - fixed amounts set by their owner when they are created (NCCL: the device memory taken by
 //    creating the communicators, measured around it) and cleared when they are freed;
-//  - providers asked at report time (cuBLASLt registers kernels::cublaslt_reserved_bytes under
-//    "cublaslt");
+//  - providers asked at report time, for memory whose owner can count it at any moment (meant for
+//    the cuBLASLt per-stream workspaces: nothing registers one in this tree yet);
 //  - the built-in "cuda_pool": cuda_pool_reserve(device).
 // A name is one of the three, never two (an error otherwise).
 #pragma once

@@ -39,6 +39,27 @@ std::vector<unsigned> nccl_distinct_splits(const std::vector<unsigned>& plan) {
   return out;
 }
 
+std::vector<std::string> destroy_in_parallel(size_t members,
+                                             const std::function<void(size_t)>& destroy) {
+  std::vector<std::string> failure(members);  // one slot per member: no lock needed
+  std::vector<std::thread> threads;
+  threads.reserve(members);
+  for (size_t m = 0; m < members; ++m) {
+    threads.emplace_back([&destroy, &failure, m] {
+      try {
+        destroy(m);
+      } catch (const std::exception& e) {
+        failure[m] = fmt::format("member {}: {}", m, e.what());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<std::string> out;
+  for (std::string& f : failure)
+    if (!f.empty()) out.push_back(std::move(f));
+  return out;
+}
+
 #if MESHPROOF_HAVE_CUDA
 
 using kernels::Tensor;
@@ -78,11 +99,14 @@ struct NcclRankComms::State {
   bool aborted = false;
   bool destroyed = false;
 
+  // Local (waits for no peer), so one thread may abort every rank of a set. The result is
+  // ignored: there is nothing left to do with a communicator whose abort failed.
   void abort_all() {
     if (aborted || destroyed) return;
     aborted = true;
-    for (ncclComm_t c : owned) ncclCommAbort(c);
-    if (world != nullptr) ncclCommAbort(world);
+    for (ncclComm_t c : owned)
+      if (c != nullptr) (void)ncclCommAbort(c);
+    if (world != nullptr) (void)ncclCommAbort(world);
     owned.clear();
     raw.assign(raw.size(), nullptr);
     world = nullptr;
@@ -96,7 +120,8 @@ struct NcclRankComms::State {
     auto note = [&error](std::string_view what, const char* msg) {
       if (error.empty()) error = fmt::format("{}: {}", what, msg);
     };
-    cudaSetDevice(device);
+    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+      note("cudaSetDevice", cudaGetErrorString(e));
     // Communicators first: their scratch buffers are freed on `stream`, which must still exist.
     comms.clear();
     if (stream != nullptr) {
@@ -107,18 +132,13 @@ struct NcclRankComms::State {
       // The splits share the world's resources (splitShare): each child is finalized and
       // destroyed before the world. Finalize waits for the communicator's other ranks, which
       // run the same sequence on their own threads or processes.
-      for (ncclComm_t c : owned) {
-        if (const ncclResult_t r = ncclCommFinalize(c); r != ncclSuccess)
-          note("ncclCommFinalize", ncclGetErrorString(r));
-        if (const ncclResult_t r = ncclCommDestroy(c); r != ncclSuccess)
-          note("ncclCommDestroy", ncclGetErrorString(r));
-      }
-      if (world != nullptr) {
-        if (const ncclResult_t r = ncclCommFinalize(world); r != ncclSuccess)
-          note("ncclCommFinalize (world)", ncclGetErrorString(r));
-        if (const ncclResult_t r = ncclCommDestroy(world); r != ncclSuccess)
-          note("ncclCommDestroy (world)", ncclGetErrorString(r));
-      }
+      auto result = [](ncclResult_t r) {
+        return r == ncclSuccess ? std::string() : std::string(ncclGetErrorString(r));
+      };
+      const std::string e = finalize_and_destroy(
+          owned, world, [&](ncclComm_t c) { return result(ncclCommFinalize(c)); },
+          [&](ncclComm_t c) { return result(ncclCommDestroy(c)); });
+      if (!e.empty()) note("nccl", e.c_str());
     }
     owned.clear();
     raw.assign(raw.size(), nullptr);
@@ -277,6 +297,8 @@ ncclConfig_t shared_split_config() {
 
 void make_communicators(NcclRankComms::State& st, const DeviceMesh& mesh, int rank) {
   const std::vector<unsigned> plan = nccl_group_plan(mesh), splits = splits_of(mesh);
+  MP_CHECK(st.owned.size() == splits.size(), "rank {}: {} NCCL splits made, {} planned", rank,
+           st.owned.size(), splits.size());
   st.raw.assign(plan.size(), nullptr);
   for (unsigned bits = 0; bits < plan.size(); ++bits) {
     if (plan[bits] == world_bits(mesh)) {
@@ -370,21 +392,29 @@ NcclRankComms NcclRankComms::bootstrap_mpi(const DeviceMesh& mesh) {
 
   NcclRankComms self(mesh, rank);
   self.state_->device = device;
-  const int64_t free_before = free_bytes(device);
-  MP_CUDA_CHECK(cudaStreamCreateWithFlags(&self.state_->stream, cudaStreamNonBlocking));
-  self.context_ =
-      kernels::RankContext{rank, kernels::Device::cuda(device), self.state_->stream, nullptr};
-  ncclUniqueId id;
-  if (rank == 0) MP_NCCL_CHECK(ncclGetUniqueId(&id));
-  MP_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
-  MP_NCCL_CHECK(ncclCommInitRank(&self.state_->world, world, id, rank));
-  ncclConfig_t config = shared_split_config();
-  for (unsigned bits : splits_of(mesh))
-    MP_NCCL_CHECK(split_one(*self.state_, mesh, rank, bits, &config));
-  make_communicators(*self.state_, mesh, rank);
-  // Other processes sharing this GPU can blur the figure; it is clamped at zero.
-  self.state_->reserve = std::max<int64_t>(0, free_before - free_bytes(device));
-  add_nccl_reserve(device, self.state_->reserve);
+  try {
+    const int64_t free_before = free_bytes(device);
+    MP_CUDA_CHECK(cudaStreamCreateWithFlags(&self.state_->stream, cudaStreamNonBlocking));
+    self.context_ =
+        kernels::RankContext{rank, kernels::Device::cuda(device), self.state_->stream, nullptr};
+    ncclUniqueId id{};
+    if (rank == 0) MP_NCCL_CHECK(ncclGetUniqueId(&id));
+    MP_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
+    MP_NCCL_CHECK(ncclCommInitRank(&self.state_->world, world, id, rank));
+    ncclConfig_t config = shared_split_config();
+    const std::vector<unsigned> splits = splits_of(mesh);
+    self.state_->owned.reserve(splits.size());
+    for (unsigned bits : splits) MP_NCCL_CHECK(split_one(*self.state_, mesh, rank, bits, &config));
+    make_communicators(*self.state_, mesh, rank);
+    // Other processes sharing this GPU can blur the figure; it is clamped at zero.
+    self.state_->reserve = std::max<int64_t>(0, free_before - free_bytes(device));
+    add_nccl_reserve(device, self.state_->reserve);
+  } catch (...) {
+    // Half-made communicators: abort, never finalize (finalize waits for peers that may have
+    // failed too, or never got this far).
+    self.state_->abort_all();
+    throw;
+  }
   return self;
 }
 
@@ -462,7 +492,10 @@ void run_nccl_single_process(const DeviceMesh& mesh,
         rc.context_ = kernels::RankContext{r, kernels::Device::cuda(r), rc.state_->stream, nullptr};
       }
       std::vector<ncclConfig_t> configs(static_cast<size_t>(n), shared_split_config());
-      for (unsigned bits : splits_of(mesh)) {
+      const std::vector<unsigned> splits = splits_of(mesh);
+      // split_one hands NCCL &owned.back(), written at ncclGroupEnd: no reallocation meanwhile.
+      for (NcclRankComms& rc : w->ranks) rc.state_->owned.reserve(splits.size());
+      for (unsigned bits : splits) {
         ncclResult_t status = ncclSuccess;
         MP_NCCL_CHECK(ncclGroupStart());
         for (int r = 0; r < n; ++r) {
@@ -539,29 +572,18 @@ void run_nccl_single_process(const DeviceMesh& mesh,
 int nccl_teardown() {
   std::vector<std::unique_ptr<NcclWorld>> worlds = single_cache().take_all();
   std::vector<std::unique_ptr<NcclRankComms>> singles = mpi_cache().take_all();
-  std::mutex mu;
   std::vector<std::string> errors;
-  // The ranks of one set in parallel: each rank's finalize waits for its peers'.
-  auto destroy_set = [&](const std::vector<NcclRankComms*>& set) {
-    std::vector<std::thread> threads;
-    for (NcclRankComms* rc : set) {
-      threads.emplace_back([&, rc] {
-        try {
-          rc->destroy();
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(mu);
-          errors.emplace_back(e.what());
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-  };
+  // The sets one after another, the ranks of one set in parallel: each rank's finalize waits for
+  // its peers' (in this process on the other threads, or in the other processes for mpi).
   for (auto& w : worlds) {
-    std::vector<NcclRankComms*> set;
-    for (NcclRankComms& rc : w->ranks) set.push_back(&rc);
-    destroy_set(set);
+    for (std::string& e :
+         destroy_in_parallel(w->ranks.size(), [&w](size_t r) { w->ranks[r].destroy(); }))
+      errors.push_back(std::move(e));
   }
-  for (auto& rc : singles) destroy_set({rc.get()});
+  for (auto& rc : singles) {
+    for (std::string& e : destroy_in_parallel(1, [&rc](size_t) { rc->destroy(); }))
+      errors.push_back(std::move(e));
+  }
   const int sets = static_cast<int>(worlds.size() + singles.size());
   MP_CHECK(errors.empty(), "NCCL teardown: {}", fmt::join(errors, "; "));
   return sets;

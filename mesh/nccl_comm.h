@@ -21,12 +21,17 @@
 // group plan are host logic, compiled and tested everywhere.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <compare>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -46,9 +51,11 @@ std::vector<unsigned> nccl_distinct_splits(const std::vector<unsigned>& plan);
 // What one process's cached communicators are for: the mesh, the world ranks this process drives
 // and their CUDA ordinals.
 struct NcclCommKey {
-  std::string mesh;          // DeviceMesh::str()
-  std::vector<int> ranks;    // mpi: this rank; single process: 0 .. world - 1
-  std::vector<int> devices;  // CUDA ordinal of each rank
+  std::string mesh;        // DeviceMesh::str()
+  std::vector<int> ranks;  // mpi: this rank; single process: 0 .. world - 1
+  // CUDA ordinal of each rank (single process); empty for mpi, where the process picks its GPU
+  // from its node-local rank inside bootstrap_mpi (the same every time for a given process).
+  std::vector<int> devices;
   auto operator<=>(const NcclCommKey&) const = default;
 };
 
@@ -106,6 +113,34 @@ class CommCache {
   std::vector<std::pair<NcclCommKey, std::unique_ptr<V>>> entries_;
   int64_t creations_ = 0;
 };
+
+// One rank's communicator teardown order: every split finalized then destroyed, in split order,
+// then the world whose resources they share (splitShare). Null handles (a split that failed) are
+// skipped. `finalize` and `destroy` return "" on success or the failure; the sequence goes on after
+// a failure so that nothing is leaked, and the first failure is returned ("" when none).
+template <typename Comm, typename Finalize, typename Destroy>
+std::string finalize_and_destroy(const std::vector<Comm>& splits, Comm world, Finalize finalize,
+                                 Destroy destroy) {
+  std::string first;
+  auto note = [&first](std::string e) {
+    if (first.empty()) first = std::move(e);
+  };
+  auto one = [&](Comm c, std::string_view what) {
+    if (c == Comm{}) return;
+    if (std::string e = finalize(c); !e.empty()) note(fmt::format("finalize {}: {}", what, e));
+    if (std::string e = destroy(c); !e.empty()) note(fmt::format("destroy {}: {}", what, e));
+  };
+  for (size_t i = 0; i < splits.size(); ++i) one(splits[i], fmt::format("split {}", i));
+  one(world, "world");
+  return first;
+}
+
+// Runs destroy(0) .. destroy(members - 1) -- the ranks of ONE communicator set -- at the same
+// time, one thread each, and joins them: NCCL's finalize of a rank waits for its peers, so one
+// thread destroying rank after rank would hang on the first. Returns the failures (what() of each
+// exception, prefixed with the member) in member order; empty when every member succeeded.
+std::vector<std::string> destroy_in_parallel(size_t members,
+                                             const std::function<void(size_t)>& destroy);
 
 class NcclRankComms;
 

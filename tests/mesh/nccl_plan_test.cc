@@ -1,9 +1,19 @@
 // Host logic of the NCCL communicators (mesh/nccl_comm.h), on any machine: which mesh groups share
 // a communicator (dims of size 1 do not change a group's members), the splits every rank makes,
 // and the per-process cache that makes each set once and reuses it until teardown.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "mesh/nccl_comm.h"
 
@@ -79,6 +89,63 @@ TEST(NcclPlan, CacheMakesEachKeyOnceAndHandsEverythingBackForTeardown) {
   EXPECT_EQ(all[2]->id, 4);
   EXPECT_EQ(cache.size(), 0u);
   EXPECT_EQ(cache.creations(), 4);
+}
+
+// One rank's teardown (State::destroy): every split finalized then destroyed in split order, then
+// the world; a failed split's null handle is skipped; a failure is reported and the rest still
+// runs (nothing leaks).
+TEST(NcclPlan, RankTeardownFinalizesAndDestroysChildrenBeforeTheWorld) {
+  std::vector<std::string> log;
+  auto op = [&log](const char* what, int fail_on) {
+    return [&log, what, fail_on](int c) {
+      log.push_back(fmt::format("{} {}", what, c));
+      return c == fail_on ? std::string("boom") : std::string();
+    };
+  };
+  EXPECT_EQ(finalize_and_destroy<int>({11, 0, 12}, 10, op("finalize", -1), op("destroy", -1)), "");
+  EXPECT_EQ(log, (std::vector<std::string>{"finalize 11", "destroy 11", "finalize 12", "destroy 12",
+                                           "finalize 10", "destroy 10"}));
+  log.clear();
+  EXPECT_EQ(finalize_and_destroy<int>({11, 12}, 10, op("finalize", 11), op("destroy", 10)),
+            "finalize split 0: boom");
+  EXPECT_EQ(log.size(), 6u) << "a failure must not stop the teardown";
+  log.clear();
+  EXPECT_EQ(finalize_and_destroy<int>({}, 0, op("finalize", -1), op("destroy", -1)), "");
+  EXPECT_TRUE(log.empty());  // nothing made (the world's init failed): nothing to do
+}
+
+// The ranks of one set are destroyed at the same time, one thread each: every fake rank waits at a
+// rendezvous of all of them, as NCCL's finalize waits for its peers. Destroying them one after
+// another from one thread would never get past the first (here: its wait times out and fails).
+TEST(NcclPlan, TeardownRunsEveryRankOfASetInParallel) {
+  for (size_t members : {size_t{1}, size_t{3}, size_t{8}}) {
+    SCOPED_TRACE(members);
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t arrived = 0;
+    std::set<std::thread::id> threads;
+    const std::vector<std::string> errors = destroy_in_parallel(members, [&](size_t m) {
+      std::unique_lock<std::mutex> lock(mu);
+      threads.insert(std::this_thread::get_id());
+      ++arrived;
+      cv.notify_all();
+      // A hang guard only (the peers arrive within microseconds when run in parallel).
+      if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return arrived == members; }))
+        throw std::runtime_error(fmt::format("rank {} waited alone", m));
+    });
+    EXPECT_TRUE(errors.empty()) << fmt::format("{}", fmt::join(errors, "; "));
+    EXPECT_EQ(arrived, members);
+    EXPECT_EQ(threads.size(), members) << "one thread per rank";
+  }
+  // Failures are collected per member, in member order, after every member ran.
+  std::atomic<int> ran{0};
+  const std::vector<std::string> errors = destroy_in_parallel(4, [&ran](size_t m) {
+    ++ran;
+    if (m % 2 == 1) throw std::runtime_error(fmt::format("rank {} failed", m));
+  });
+  EXPECT_EQ(ran.load(), 4);
+  EXPECT_EQ(errors,
+            (std::vector<std::string>{"member 1: rank 1 failed", "member 3: rank 3 failed"}));
 }
 
 // With nothing cached (no GPU here, or no NCCL run in this process) teardown has nothing to do.

@@ -35,9 +35,7 @@ struct GpuCase {
 
 class GpuMesh : public ::testing::TestWithParam<GpuCase> {
  protected:
-  void SetUp() override {
-    MP_SKIP_WITHOUT_GPU();
-  }
+  void SetUp() override { MP_SKIP_WITHOUT_GPU(); }
 };
 
 TEST_P(GpuMesh, TracksTheCpuBackend) {

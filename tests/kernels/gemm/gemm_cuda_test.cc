@@ -11,8 +11,8 @@
 #if MESHPROOF_HAVE_CUDA
 #include "kernels/gemm_cuda_kernels.h"
 #endif
-#include "tests/kernels/gemm/gemm_test_util.h"
 #include "tests/gpu_test.h"
+#include "tests/kernels/gemm/gemm_test_util.h"
 
 namespace meshproof::kernels {
 namespace {

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "kernels/device.h"
+#include "tests/gpu_test.h"
 #include "tests/kernels/quantize/format_conversions.h"
 #include "tests/kernels/quantize/format_probes.h"
-#include "tests/gpu_test.h"
 
 namespace meshproof::kernels::fmt8 {
 namespace {
