@@ -9,6 +9,7 @@
 #include "engine/session.h"
 #include "engine/session_trace.h"
 #include "kernels/device.h"
+#include "kernels/device_reserve.h"
 #include "kernels/error.h"
 #include "mesh/local_comm.h"
 #include "mesh/mpi_comm.h"
@@ -27,6 +28,7 @@ RankReport rank_report(TrainingSession& s, mesh::RankComms& comms) {
   r.rank = comms.rank();
   r.coords = comms.mesh().coords(r.rank);
   r.memory = s.memory();
+  r.device_reserves = kernels::device_reserves(kernels::current_context().device);
   r.calls = s.collective_calls();
   for (DimSet d : all_mesh_groups()) {
     mesh::Communicator& c = comms.group(d);
@@ -109,11 +111,18 @@ void run_on_ranks(const RunOptions& options, const std::function<void(mesh::Rank
     mesh::MpiRankComms host(dmesh);
     if (options.backend.is_cuda()) {
       // One GPU per process (node-local rank modulo the visible GPUs): host buffers over MPI,
-      // device buffers (the model's tensor-parallel collectives) over NCCL.
-      mesh::NcclRankComms nccl = mesh::NcclRankComms::bootstrap_mpi(dmesh);
-      const kernels::ScopedRankContext context(nccl.context());
-      mesh::SplitRankComms comms(host, nccl);
-      body(comms);
+      // device buffers (the model's tensor-parallel collectives) over NCCL. The NCCL
+      // communicators are made once per process and mesh and reused by every later run on it
+      // (mesh/nccl_comm.h); a failed run aborts them and drops them from the cache.
+      mesh::NcclRankComms& nccl = mesh::nccl_comms_for_mpi(dmesh);
+      try {
+        const kernels::ScopedRankContext context(nccl.context());
+        mesh::SplitRankComms comms(host, nccl);
+        body(comms);
+      } catch (...) {
+        mesh::discard_nccl_comms_for_mpi(dmesh);
+        throw;
+      }
     } else {
       body(host);
     }

@@ -13,6 +13,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/flash_attention.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/philox.h"
@@ -29,6 +30,13 @@ namespace {
 // Activations live on the rank's compute device (its RankContext: the CPU, or the GPU of a
 // CUDA run); the weights handed in must be there too (checked in GptModel::run).
 Tensor new_tensor(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype); }
+
+// The CUDA backend runs the fused (flash) attention, which never stores the [B, A, S, S]
+// probabilities; the CPU backend keeps the exact reference kernel (goldens are CPU bitwise).
+// Head dims above the fused kernels' limit fall back to the reference on CUDA as well.
+bool use_fused_attention(const Tensor& qkv, const kernels::AttentionShape& shape) {
+  return qkv.device().is_cuda() && kernels::flash_attention_supported(shape);
+}
 
 // Copies `rows` rows of `src` starting at row `src_row` into `dst` at row `dst_row` (both
 // [*, C] of the same dtype and width, on any device).
@@ -240,9 +248,10 @@ struct GptModel::LayerActs {
   Tensor x_in;                         // [M, H] layer input
   Tensor ln1_out, ln1_mean, ln1_rstd;  // [M, H], [M], [M]
   Tensor qkv;                          // [M, (A + 2KV)d] (q and k rotated under RoPE)
-  Tensor probs;                        // [B, A, S, S]
-  Tensor attn_out;                     // [M, H]
-  Tensor x_mid;                        // [M, H] after the attention residual
+  Tensor probs;                        // [B, A, S, S] (reference attention; undefined when fused)
+  Tensor lse;       // [B, A, S] float32 (fused attention on CUDA, kernels/flash_attention.h)
+  Tensor attn_out;  // [M, H]
+  Tensor x_mid;     // [M, H] after the attention residual
   Tensor ln2_out, ln2_mean, ln2_rstd;
   MlpActs mlp;   // the dense MLP ([M, F] each)
   Tensor x_out;  // [M, H] layer output
@@ -754,8 +763,13 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   if (m.position == PositionKind::kRope)
     kernels::rope_forward(a.qkv, attn, m.rope_theta, linear.positions);
   a.attn_out = new_tensor({rows, hl}, dt);
-  a.probs = new_tensor({batch, heads, seq, seq}, dt);
-  kernels::attention_forward(a.qkv, attn, a.attn_out, a.probs);
+  if (use_fused_attention(a.qkv, attn)) {
+    a.lse = new_tensor({batch, heads, seq}, DType::kFloat32);
+    kernels::flash_attention_forward(a.qkv, attn, a.attn_out, a.lse);
+  } else {
+    a.probs = new_tensor({batch, heads, seq, seq}, dt);
+    kernels::attention_forward(a.qkv, attn, a.attn_out, a.probs);
+  }
   Tensor proj_out = new_tensor({rl, h}, dt);
   linear.forward(p + "attn.proj", a.attn_out, *w.proj_w, w.proj_b, proj_out, true);
   a.x_mid = new_tensor({rl, h}, dt);
@@ -816,7 +830,11 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   Tensor d_attn = new_tensor({rows, hl}, dt);
   linear.backward_row(p + "attn.proj", d_proj, a.attn_out, *w.proj_w, *g.proj_w, g.proj_b, d_attn);
   Tensor d_qkv = new_tensor({rows, qkv_w}, dt);
-  kernels::attention_backward(d_attn, a.qkv, a.probs, attn, d_qkv);
+  if (a.lse.defined()) {
+    kernels::flash_attention_backward(d_attn, a.qkv, a.attn_out, a.lse, attn, d_qkv);
+  } else {
+    kernels::attention_backward(d_attn, a.qkv, a.probs, attn, d_qkv);
+  }
   if (m.position == PositionKind::kRope)
     kernels::rope_backward(d_qkv, attn, m.rope_theta, linear.positions);
   Tensor d_ln1 = new_tensor({rl, h}, dt);

@@ -60,6 +60,7 @@
 #include "engine/mesh_spec.h"
 #include "engine/sharded_state.h"
 #include "engine/trainer.h"
+#include "kernels/device_reserve.h"
 #include "kernels/runtime.h"
 #include "kernels/tensor.h"
 #include "mesh/collective_recorder.h"
@@ -165,6 +166,9 @@ struct RankReport {
   int rank = 0;
   mesh::Coords coords{};  // (dp_replicate, dp_shard, tp) coordinates
   MemoryBreakdown memory;
+  // Device memory outside the tracker (kernels/device_reserve.h) on this rank's device at the end
+  // of the run: the CUDA pool's reserve, NCCL buffers, cuBLASLt workspaces; empty on the CPU.
+  std::vector<kernels::NamedReserve> device_reserves;
   std::vector<CollectiveRecord> collectives;  // non-zero counts only
   // RunOptions::record_collectives: each collective attributed to a parameter, in issue order.
   std::vector<mesh::CollectiveCall> calls;

@@ -21,6 +21,13 @@ using engine::RecipeConfig;
 constexpr int64_t kMaxDim = int64_t{1} << 20;
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 
+// A recipe of `kind` with every option at its default (what the resolved defaults derive from).
+RecipeConfig defaults_of(engine::RecipeKind kind) {
+  RecipeConfig r;
+  r.kind = kind;
+  return r;
+}
+
 // The names of enum E from its one name table: `name(E(i))` for i in [0, count).
 template <class E, class F>
 std::vector<std::string> names_of(F name, size_t count) {
@@ -540,7 +547,8 @@ std::vector<Key<RecipeConfig>> make_recipe_keys() {
   };
   format.default_text = "e4m3 for mxfp8 and block, else hybrid";
   format.default_of = [](const R& r) {
-    return KeyValue{std::string(engine::fp8_format_name(engine::fp8_format_of({.kind = r.kind})))};
+    return KeyValue{
+        std::string(engine::fp8_format_name(engine::fp8_format_of(defaults_of(r.kind))))};
   };
   k.push_back(format);
   k.push_back(int_key<R>(
@@ -565,7 +573,9 @@ std::vector<Key<RecipeConfig>> make_recipe_keys() {
   pow2.get = [](const R& r) { return KeyValue{engine::power_2_scale_of(r)}; };  // as fp8_format
   pow2.set = [](R& r, const KeyValue& v) { r.power_2_scale = std::get<bool>(v); };
   pow2.default_text = "true for block, else false";
-  pow2.default_of = [](const R& r) { return KeyValue{engine::power_2_scale_of({.kind = r.kind})}; };
+  pow2.default_of = [](const R& r) {
+    return KeyValue{engine::power_2_scale_of(defaults_of(r.kind))};
+  };
   k.push_back(pow2);
   return k;
 }

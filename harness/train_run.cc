@@ -355,6 +355,8 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
     mem.gathered_weights_bytes = rr.memory.gathered_weights;
     mem.activations_bytes = rr.memory.activations;
     mem.peak_bytes = rr.memory.peak;
+    for (const kernels::NamedReserve& d : rr.device_reserves)
+      mem.device_reserves.emplace_back(d.name, d.bytes.value);
     out.memory.push_back(mem);
     if (request.record_collectives) out.calls.emplace_back(rr.rank, rr.calls);
     if (rr.rank != 0) continue;

@@ -1,7 +1,9 @@
 #include "kernels/elementwise.h"
 
+#include <algorithm>
 #include <vector>
 
+#include "kernels/column_reduce.h"
 #include "kernels/op_util.h"
 #include "kernels/philox.h"
 
@@ -35,8 +37,16 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
   const int64_t n = dy.shape().last(), m = dy.shape().leading();
   detail::check_grad(dbias, op, "dbias", n);
   if (detail::on_cuda(op, {&dy, &dbias})) {
-    MP_OP_CUDA(op, launch_bias_grad(dy.raw_data(), dy.dtype() == DType::kBFloat16, m, n,
-                                    dbias.data<float>(), detail::cuda_stream()));
+    const int64_t chunks = detail::column_chunks(m);
+    MP_CHECK(chunks <= detail::kColumnMaxChunks,
+             "{}: {} rows exceed the CUDA column reduction's {}", op, m,
+             detail::kColumnMaxChunks * detail::kColumnChunkRows);
+    // The chunk partials (kernels/column_reduce.h), freed stream-ordered.
+    Tensor partial =
+        Tensor::empty({std::max<int64_t>(1, chunks * n)}, DType::kFloat64, dy.device());
+    MP_OP_CUDA(
+        op, launch_bias_grad(dy.raw_data(), dy.dtype() == DType::kBFloat16, m, n,
+                             partial.data<double>(), dbias.data<float>(), detail::cuda_stream()));
     return;
   }
   detail::dispatch_float(dy.dtype(), op, [&](auto t) {

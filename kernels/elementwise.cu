@@ -1,7 +1,10 @@
 // CUDA elementwise ops (kernels/elementwise.h), bitwise equal to the CPU reference: every
 // rounding step of the CPU expression is one explicit round-to-nearest intrinsic here (no FMA
 // contraction), bf16 is read as float and stored with the CPU's RNE code, and dropout draws the
-// same Philox counter (seed, stream, first_index + i) through the shared philox.h.
+// same Philox counter (seed, stream, first_index + i) through the shared philox.h. bias_grad is
+// a parallel per-column reduction in a fixed order (kernels/column_reduce.h): deterministic, and
+// within that header's bound of the CPU's serial sum (not bitwise).
+#include "kernels/column_reduce.cuh"
 #include "kernels/ops_cuda.h"
 #include "kernels/ops_cuda_util.cuh"
 #include "kernels/philox.h"
@@ -21,17 +24,16 @@ __global__ void add_bias_kernel(T* y, const T* bias, int64_t m, int64_t n) {
   }
 }
 
-// One thread per column sums the rows in order in double, like the CPU's acc[c] loop, then
-// dbias[c] = float(double(dbias[c]) + acc).
+// bias_grad's term: dy[r, c] widened to double (kernels/column_reduce.cuh sums it per column).
 template <typename T>
-__global__ void bias_grad_kernel(const T* dy, int64_t m, int64_t n, float* dbias) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= n) return;
-  double acc = 0.0;
-  for (int64_t r = 0; r < m; ++r)
-    acc = __dadd_rn(acc, static_cast<double>(detail::load(dy, r * n + c)));
-  dbias[c] = __double2float_rn(__dadd_rn(static_cast<double>(dbias[c]), acc));
-}
+struct BiasGradTerm {
+  static constexpr int K = 1;
+  const T* dy;
+  int64_t n;
+  __device__ void operator()(int64_t r, int64_t c, double* t) const {
+    t[0] = static_cast<double>(detail::load(dy, r * n + c));
+  }
+};
 
 template <typename T>
 __global__ void add_kernel(T* x, const T* y, int64_t n) {
@@ -80,17 +82,14 @@ cudaError_t launch_add_bias(void* y, const void* bias, bool bf16, int64_t m, int
   return cudaGetLastError();
 }
 
-cudaError_t launch_bias_grad(const void* dy, bool bf16, int64_t m, int64_t n, float* dbias,
-                             void* stream) {
-  if (n == 0) return cudaSuccess;
-  const auto g = static_cast<unsigned>((n + detail::kThreads - 1) / detail::kThreads);
+cudaError_t launch_bias_grad(const void* dy, bool bf16, int64_t m, int64_t n, double* partial,
+                             float* dbias, void* stream) {
+  auto s = detail::as_stream(stream);
   if (bf16)
-    bias_grad_kernel<<<g, detail::kThreads, 0, detail::as_stream(stream)>>>(
-        static_cast<const uint16_t*>(dy), m, n, dbias);
-  else
-    bias_grad_kernel<<<g, detail::kThreads, 0, detail::as_stream(stream)>>>(
-        static_cast<const float*>(dy), m, n, dbias);
-  return cudaGetLastError();
+    return detail::column_reduce(BiasGradTerm<uint16_t>{static_cast<const uint16_t*>(dy), n}, m, n,
+                                 partial, dbias, nullptr, s);
+  return detail::column_reduce(BiasGradTerm<float>{static_cast<const float*>(dy), n}, m, n, partial,
+                               dbias, nullptr, s);
 }
 
 cudaError_t launch_add(void* x, const void* y, bool bf16, int64_t n, void* stream) {

@@ -1,8 +1,10 @@
 #include "kernels/layernorm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels/column_reduce.h"
 #include "kernels/op_util.h"
 
 namespace meshproof::kernels {
@@ -26,6 +28,15 @@ void ln_forward_cpu(const T* x, const T* w, const T* b, double eps, int64_t m, i
     if (mean_out) mean_out[r] = static_cast<T>(mean);
     rstd_out[r] = static_cast<T>(rstd);
   }
+}
+
+// The CUDA weight-gradient reductions' chunk partials: `k` quantities (dw, db) x column_chunks(m)
+// x h doubles (kernels/column_reduce.h), freed stream-ordered after the launch.
+Tensor column_partials(std::string_view op, int64_t m, int64_t h, int64_t k, Device device) {
+  const int64_t chunks = detail::column_chunks(m);
+  MP_CHECK(chunks <= detail::kColumnMaxChunks, "{}: {} rows exceed the CUDA column reduction's {}",
+           op, m, detail::kColumnMaxChunks * detail::kColumnChunkRows);
+  return Tensor::empty({std::max<int64_t>(1, k * chunks * h)}, DType::kFloat64, device);
 }
 
 // dx = rstd * (g - mean(g) - n * mean(g * n)), g = dy * w, n = normalised x (for RMSNorm the
@@ -106,10 +117,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   detail::check_grad(dbias, op, "dbias", h);
   detail::check_same_dtype(dweight, dbias, op);
   if (detail::on_cuda(op, {&dy, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias})) {
-    MP_OP_CUDA(op, launch_norm_backward(
-                       dy.raw_data(), x.raw_data(), weight.raw_data(), mean.raw_data(),
-                       rstd.raw_data(), x.dtype() == DType::kBFloat16, m, h, dx.raw_data(),
-                       dweight.data<float>(), dbias.data<float>(), detail::cuda_stream()));
+    Tensor partial = column_partials(op, m, h, 2, x.device());
+    MP_OP_CUDA(op,
+               launch_norm_backward(dy.raw_data(), x.raw_data(), weight.raw_data(), mean.raw_data(),
+                                    rstd.raw_data(), x.dtype() == DType::kBFloat16, m, h,
+                                    dx.raw_data(), partial.data<double>(), dweight.data<float>(),
+                                    dbias.data<float>(), detail::cuda_stream()));
     return;
   }
   detail::dispatch_float(x.dtype(), op, [&](auto t) {
@@ -161,10 +174,11 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   detail::check_operand(rstd, op, "rstd", m);
   detail::check_grad(dweight, op, "dweight", h);
   if (detail::on_cuda(op, {&dy, &x, &weight, &rstd, &dx, &dweight})) {
+    Tensor partial = column_partials(op, m, h, 1, x.device());
     MP_OP_CUDA(op, launch_norm_backward(dy.raw_data(), x.raw_data(), weight.raw_data(), nullptr,
                                         rstd.raw_data(), x.dtype() == DType::kBFloat16, m, h,
-                                        dx.raw_data(), dweight.data<float>(), nullptr,
-                                        detail::cuda_stream()));
+                                        dx.raw_data(), partial.data<double>(),
+                                        dweight.data<float>(), nullptr, detail::cuda_stream()));
     return;
   }
   detail::dispatch_float(x.dtype(), op, [&](auto t) {

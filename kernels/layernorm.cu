@@ -1,9 +1,10 @@
 // CUDA LayerNorm / RMSNorm (kernels/layernorm.h). One block per row for the row statistics and
 // dx: per-thread partial sums in double combined by a warp-shuffle tree (block_sum), where the
 // CPU sums serially in double; the difference is ~1e-15 relative before the final rounding, so y,
-// mean, rstd and dx agree with the CPU to 1 ulp of the stored dtype. dweight/dbias use one thread
-// per column that walks the rows in the CPU's order with explicitly rounded double ops: bitwise
-// equal to the CPU.
+// mean, rstd and dx agree with the CPU to 1 ulp of the stored dtype. dweight/dbias are parallel
+// per-column reductions in a fixed order (kernels/column_reduce.h): deterministic run to run, and
+// within that header's bound of the CPU's serial row sums (no longer bitwise).
+#include "kernels/column_reduce.cuh"
 #include "kernels/ops_cuda.h"
 #include "kernels/ops_cuda_util.cuh"
 
@@ -72,25 +73,25 @@ __global__ void norm_backward_dx_kernel(const T* dy, const T* x, const T* w, con
   }
 }
 
-// One thread per column: dw[c] += sum_r dy * n, db[c] += sum_r dy, rows in order, each double op
-// rounded explicitly as on the CPU (no FMA).
-template <typename T>
-__global__ void norm_backward_dw_kernel(const T* dy, const T* x, const T* mean_in, const T* rstd_in,
-                                        int64_t m, int64_t h, float* dw, float* db) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= h) return;
-  double dw_acc = 0.0, db_acc = 0.0;
-  for (int64_t r = 0; r < m; ++r) {
-    const double mean = mean_in ? static_cast<double>(detail::load(mean_in, r)) : 0.0;
-    const double rstd = detail::load(rstd_in, r);
-    const double n = __dmul_rn(__dsub_rn(detail::load(x, r * h + c), mean), rstd);
+// The weight (and bias) gradient terms of row r, column c: dy * n and dy, with
+// n = (x - mean) * rstd, each double operation rounded as on the CPU (no FMA). K = 2 for
+// LayerNorm (dw, db), 1 for RMSNorm (dw; mean is nullptr).
+template <typename T, int kK>
+struct NormGradTerm {
+  static constexpr int K = kK;
+  const T* dy;
+  const T* x;
+  const T* mean;
+  const T* rstd;
+  int64_t h;
+  __device__ void operator()(int64_t r, int64_t c, double* t) const {
+    const double mu = mean ? static_cast<double>(detail::load(mean, r)) : 0.0;
+    const double n = __dmul_rn(__dsub_rn(detail::load(x, r * h + c), mu), detail::load(rstd, r));
     const double d = detail::load(dy, r * h + c);
-    dw_acc = __dadd_rn(dw_acc, __dmul_rn(d, n));
-    db_acc = __dadd_rn(db_acc, d);
+    t[0] = __dmul_rn(d, n);
+    if constexpr (kK == 2) t[1] = d;
   }
-  dw[c] = __double2float_rn(__dadd_rn(static_cast<double>(dw[c]), dw_acc));
-  if (db) db[c] = __double2float_rn(__dadd_rn(static_cast<double>(db[c]), db_acc));
-}
+};
 
 template <typename T>
 cudaError_t forward(const void* x, const void* w, const void* b, bool rms, double eps, int64_t m,
@@ -104,8 +105,8 @@ cudaError_t forward(const void* x, const void* w, const void* b, bool rms, doubl
 
 template <typename T>
 cudaError_t backward(const void* dy, const void* x, const void* w, const void* mean,
-                     const void* rstd, int64_t m, int64_t h, void* dx, float* dw, float* db,
-                     void* stream) {
+                     const void* rstd, int64_t m, int64_t h, void* dx, double* partial, float* dw,
+                     float* db, void* stream) {
   if (m == 0 || h == 0) return cudaSuccess;
   auto s = detail::as_stream(stream);
   norm_backward_dx_kernel<T><<<static_cast<unsigned>(m), kRowThreads, 0, s>>>(
@@ -113,11 +114,16 @@ cudaError_t backward(const void* dy, const void* x, const void* w, const void* m
       static_cast<const T*>(mean), static_cast<const T*>(rstd), h, static_cast<T*>(dx));
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const auto cols = static_cast<unsigned>((h + detail::kThreads - 1) / detail::kThreads);
-  norm_backward_dw_kernel<T><<<cols, detail::kThreads, 0, s>>>(
-      static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(mean),
-      static_cast<const T*>(rstd), m, h, dw, db);
-  return cudaGetLastError();
+  if (db == nullptr) {
+    return detail::column_reduce(
+        NormGradTerm<T, 1>{static_cast<const T*>(dy), static_cast<const T*>(x), nullptr,
+                           static_cast<const T*>(rstd), h},
+        m, h, partial, dw, nullptr, s);
+  }
+  return detail::column_reduce(
+      NormGradTerm<T, 2>{static_cast<const T*>(dy), static_cast<const T*>(x),
+                         static_cast<const T*>(mean), static_cast<const T*>(rstd), h},
+      m, h, partial, dw, db, s);
 }
 
 }  // namespace
@@ -131,9 +137,12 @@ cudaError_t launch_norm_forward(const void* x, const void* weight, const void* b
 
 cudaError_t launch_norm_backward(const void* dy, const void* x, const void* weight,
                                  const void* mean, const void* rstd, bool bf16, int64_t m,
-                                 int64_t h, void* dx, float* dweight, float* dbias, void* stream) {
-  return bf16 ? backward<uint16_t>(dy, x, weight, mean, rstd, m, h, dx, dweight, dbias, stream)
-              : backward<float>(dy, x, weight, mean, rstd, m, h, dx, dweight, dbias, stream);
+                                 int64_t h, void* dx, double* partial, float* dweight, float* dbias,
+                                 void* stream) {
+  return bf16 ? backward<uint16_t>(dy, x, weight, mean, rstd, m, h, dx, partial, dweight, dbias,
+                                   stream)
+              : backward<float>(dy, x, weight, mean, rstd, m, h, dx, partial, dweight, dbias,
+                                stream);
 }
 
 }  // namespace meshproof::kernels::cuda

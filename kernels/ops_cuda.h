@@ -1,10 +1,10 @@
 // Launchers of the CUDA kernels of the model's op families (one .cu per family: activation.cu,
 // adamw.cu, attention.cu, cast.cu, cross_entropy.cu, elementwise.cu, embedding.cu,
-// layernorm.cu), called by the device dispatch in the matching .cc after its shape/dtype checks.
-// Plain pointers and sizes only; every pointer is a device pointer, `stream` is the rank's
-// cudaStream_t (kernels::current_context().stream). Kernels are enqueued asynchronously and each
-// launcher returns the launch status (the .cc checks it with MP_CUDA_CHECK; the .cu files use no
-// MP_* macros and no fmt).
+// flash_attention.cu, layernorm.cu), called by the device dispatch in the matching .cc after its
+// shape/dtype checks. Plain pointers and sizes only; every pointer is a device pointer, `stream` is
+// the rank's cudaStream_t (kernels::current_context().stream). Kernels are enqueued asynchronously
+// and each launcher returns the launch status (the .cc checks it with MP_CUDA_CHECK; the .cu files
+// use no MP_* macros and no fmt).
 //
 // Element types: activations are float32 or bfloat16 (`bf16` selects; bf16 is read as float and
 // written with RNE via kernels/formats.h, like the CPU BFloat16); parameter gradients are float32.
@@ -14,15 +14,20 @@
 // double; explicit __*_rn intrinsics wherever the CPU result must be matched bit for bit, so nvcc
 // cannot contract a*b+c into an FMA the CPU does not do):
 //   bitwise: cast, add_bias_, add_, scale_, dropout masks and outputs, AdamW, embedding forward,
-//     embedding backward (same per-row summation order), bias_grad and the LayerNorm/RMSNorm
-//     dweight/dbias (one thread per column sums the rows in the CPU's order, in double).
+//     embedding backward (same per-row summation order).
 //   bitwise given the same saved probabilities: attention backward.
+//   deterministic (bitwise run to run) but not bitwise to the CPU: bias_grad and the
+//     LayerNorm/RMSNorm dweight/dbias, parallel per-column reductions whose fixed order
+//     (kernels/column_reduce.h, reproduced on the host by column_sum_fixed_order) differs from the
+//     CPU's serial row sum: within 1 ulp of float32 + 2 m 2^-53 (|g0| + sum_r |t_r|) of the CPU.
 //   1 ulp of the stored dtype, plus ~1e-15 of the largest magnitude where the formula cancels:
 //     activations (device tanh/exp in double differ from glibc's by ~1 ulp of double), norm
 //     outputs and dx (block tree reductions in double instead of a serial double sum: ~1e-15
 //     relative before the final rounding), attention forward (max/sum serial in the CPU order;
 //     only the device exp differs; out within 2 ulp(1) * max|v| since it sums rounded probs),
 //     cross entropy (block reductions in double; the loss within ~1e-15 relative).
+//   float32 arithmetic against the double reference: the fused attention (flash_attention.cu),
+//     within the bound derived in tests/kernels/ops/flash_attention_bound.h.
 // tests/kernels/ops_cuda/ops_cuda_test.cc checks each of these statements.
 #pragma once
 
@@ -39,9 +44,10 @@ cudaError_t launch_cast(const void* src, bool src_bf16, void* dst, bool dst_bf16
 // elementwise.cu
 cudaError_t launch_add_bias(void* y, const void* bias, bool bf16, int64_t m, int64_t n,
                             void* stream);
-// dbias[c] = float(dbias[c] + sum_r dy[r, c]) (sum in double, rows in order).
-cudaError_t launch_bias_grad(const void* dy, bool bf16, int64_t m, int64_t n, float* dbias,
-                             void* stream);
+// dbias[c] = float(dbias[c] + sum_r dy[r, c]): a parallel per-column sum in double in the fixed
+// order of kernels/column_reduce.h; `partial` is a device scratch of column_chunks(m) * n doubles.
+cudaError_t launch_bias_grad(const void* dy, bool bf16, int64_t m, int64_t n, double* partial,
+                             float* dbias, void* stream);
 cudaError_t launch_add(void* x, const void* y, bool bf16, int64_t n, void* stream);
 cudaError_t launch_scale(void* x, bool bf16, int64_t n, double alpha, void* stream);
 // out[i] = keep(i) ? in[i] / (1-p) : 0 with keep(i) = philox_uniform(seed, stream_id, first + i)
@@ -62,13 +68,16 @@ cudaError_t launch_swiglu_backward(const void* dy, const void* gate, const void*
                                    void* dup, bool bf16, int64_t n, void* stream);
 
 // layernorm.cu: x [m, h]; mean (nullptr for RMSNorm) and rstd [m] in x's dtype; bias may be
-// nullptr (RMSNorm); dweight/dbias float32 [h], accumulated into (dbias nullptr for RMSNorm).
+// nullptr (RMSNorm); dweight/dbias float32 [h], accumulated into (dbias nullptr for RMSNorm) by
+// per-column reductions in the order of kernels/column_reduce.h; `partial` is a device scratch of
+// (dbias ? 2 : 1) * column_chunks(m) * h doubles.
 cudaError_t launch_norm_forward(const void* x, const void* weight, const void* bias, bool bf16,
                                 bool rms, double eps, int64_t m, int64_t h, void* y, void* mean,
                                 void* rstd, void* stream);
 cudaError_t launch_norm_backward(const void* dy, const void* x, const void* weight,
                                  const void* mean, const void* rstd, bool bf16, int64_t m,
-                                 int64_t h, void* dx, float* dweight, float* dbias, void* stream);
+                                 int64_t h, void* dx, double* partial, float* dweight, float* dbias,
+                                 void* stream);
 
 // attention.cu: layouts of kernels/attention.h (kv_heads KV groups, KV | heads). `row_scratch`
 // is a device double buffer of batch*heads*seq elements, `kv_scratch` of batch*kv_heads*seq*2*d
@@ -80,6 +89,18 @@ cudaError_t launch_attention_backward(const void* dout, const void* qkv, const v
                                       bool bf16, int64_t batch, int64_t seq, int64_t heads,
                                       int64_t head_dim, int64_t kv_heads, double* row_scratch,
                                       double* kv_scratch, void* dqkv, void* stream);
+// flash_attention.cu: the fused attention of kernels/flash_attention.h, float32 arithmetic, lse
+// float32 [batch*heads*seq]. `key_tile` (1..32) keys per shared-memory tile, head_dim <= 256;
+// anything else returns cudaErrorInvalidValue. The backward's `d_scratch` is a device float
+// buffer of batch*heads*seq elements (D_i, written by the dQ kernel, read by the dK/dV kernel).
+cudaError_t launch_flash_attention_forward(const void* qkv, bool bf16, int64_t batch, int64_t seq,
+                                           int64_t heads, int64_t head_dim, int64_t kv_heads,
+                                           int64_t key_tile, void* out, float* lse, void* stream);
+cudaError_t launch_flash_attention_backward(const void* dout, const void* qkv, const void* out,
+                                            const float* lse, bool bf16, int64_t batch, int64_t seq,
+                                            int64_t heads, int64_t head_dim, int64_t kv_heads,
+                                            int64_t key_tile, float* d_scratch, void* dqkv,
+                                            void* stream);
 // RoPE in place on the q and k heads of a fused qkv (kernels/attention.h); `cos_sin` holds
 // (cos, sign*sin) per (s, pair i) as seq*(d/2)*2 doubles (computed on the host).
 cudaError_t launch_rope(void* qkv, bool bf16, int64_t batch, int64_t seq, int64_t heads,

@@ -103,6 +103,17 @@ std::string render_markdown(const RunRecord& r) {
                            format_bytes(m.optimizer_bytes), format_bytes(m.gathered_weights_bytes),
                            format_bytes(m.activations_bytes), format_bytes(m.peak_bytes));
       }
+      // Device memory the tracker cannot see (CUDA pool reserve, NCCL buffers, cuBLASLt
+      // workspaces): only on a device backend, so CPU reports are unchanged.
+      for (const RankMemory& m : s.memory) {
+        if (m.device_reserves.empty()) continue;
+        std::string parts;
+        for (const auto& [name, bytes] : m.device_reserves)
+          parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", name, format_bytes(bytes));
+        out += fmt::format("\nrank {} device: peak {} + reserves {} ({}) = {}\n", m.rank,
+                           format_bytes(m.peak_bytes), format_bytes(m.device_reserved_bytes()),
+                           parts, format_bytes(m.device_total_bytes()));
+      }
     }
     if (!s.collectives.empty()) {
       out +=

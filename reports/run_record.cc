@@ -115,6 +115,13 @@ nlohmann::json to_json(const ScenarioRecord& s) {
                       {"gathered_weights_bytes", m.gathered_weights_bytes},
                       {"activations_bytes", m.activations_bytes},
                       {"peak_bytes", m.peak_bytes}});
+    if (!m.device_reserves.empty()) {
+      nlohmann::json r = nlohmann::json::object();
+      for (const auto& [name, bytes] : m.device_reserves) r[name] = bytes;
+      memory.back()["device_reserves"] = r;
+      memory.back()["device_reserved_bytes"] = m.device_reserved_bytes();
+      memory.back()["device_total_bytes"] = m.device_total_bytes();
+    }
   }
   nlohmann::json colls = nlohmann::json::array();
   for (const CollectiveStats& c : s.collectives) {
@@ -169,6 +176,14 @@ nlohmann::json to_json(const ScenarioRecord& s) {
 }
 
 }  // namespace
+
+int64_t RankMemory::device_reserved_bytes() const {
+  int64_t total = 0;
+  for (const auto& [name, bytes] : device_reserves) total += bytes;
+  return total;
+}
+
+int64_t RankMemory::device_total_bytes() const { return peak_bytes + device_reserved_bytes(); }
 
 std::string_view verdict_name(Verdict v) {
   switch (v) {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "reports/environment.h"
@@ -141,7 +142,8 @@ struct PerformanceFigures {
 };
 
 // Memory of one rank at the end of the run, bytes. The categories are what the engine accounts
-// (kernels::MemoryTracker); peak_bytes is the tracker's high-water mark, not their sum.
+// (kernels::MemoryTracker); peak_bytes is the tracker's high-water mark, not their sum. On a
+// device, device_reserves adds what the tracker cannot see.
 struct RankMemory {
   int rank = 0;
   int64_t params_bytes = 0;            // local parameter shards (fp32 master + FP8 copies)
@@ -150,6 +152,11 @@ struct RankMemory {
   int64_t gathered_weights_bytes = 0;  // transient all-gathered weights at their high-water mark
   int64_t activations_bytes = 0;       // saved activations at their high-water mark
   int64_t peak_bytes = 0;              // high-water mark of everything this rank allocated
+  // Device memory held outside the tracker (kernels/device_reserve.h: "cuda_pool", "nccl",
+  // "cublaslt", ...), by name; empty on the CPU backend (and then absent from the JSON).
+  std::vector<std::pair<std::string, int64_t>> device_reserves;
+  int64_t device_reserved_bytes() const;  // the sum of device_reserves
+  int64_t device_total_bytes() const;     // peak_bytes + device_reserved_bytes()
 };
 
 // Statistics of one collective kind on one process group over the whole run (rank 0's view).

@@ -112,8 +112,12 @@ TEST(Optimizer, WarmupCosineMatchesSequentialLinearCosine) {
       const double want = sequential_lr(t.lr, t.min_lr, w, n, s);
       EXPECT_NEAR(learning_rate(t, s), want, 1e-15 * want) << "W " << w << " N " << n << " s " << s;
       peaks += learning_rate(t, s) == t.lr;
-      if (s > 0 && s <= w) EXPECT_GT(learning_rate(t, s), learning_rate(t, s - 1));
-      if (s > w) EXPECT_LT(learning_rate(t, s), learning_rate(t, s - 1));
+      if (s > 0 && s <= w) {
+        EXPECT_GT(learning_rate(t, s), learning_rate(t, s - 1));
+      }
+      if (s > w) {
+        EXPECT_LT(learning_rate(t, s), learning_rate(t, s - 1));
+      }
     }
     EXPECT_EQ(peaks, 1) << "W " << w << " N " << n;  // the peak lr is used exactly once
     EXPECT_NEAR(learning_rate(t, n - 1), t.min_lr, 1e-18) << "W " << w << " N " << n;

@@ -4,12 +4,13 @@
 
 #include "kernels/device.h"
 #include "kernels/tensor.h"
+#include "tests/gpu_test.h"
 
 namespace meshproof::kernels {
 namespace {
 
 TEST(CudaSmokeTest, HostDeviceRoundTrip) {
-  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   MemoryTracker tracker;
   ScopedRankContext ctx(RankContext{0, Device::cuda(0), nullptr, &tracker});
   std::vector<float> values(1000);

@@ -7,10 +7,12 @@
 #include <cstring>
 
 #include "kernels/device.h"
+#include "kernels/device_reserve.h"
 #include "kernels/tensor.h"
 #include "mesh/local_comm.h"
 #include "mesh/nccl_comm.h"
 #include "mesh/padded_gather.h"
+#include "tests/gpu_test.h"
 #include "tests/mesh/dp_collective_suite.h"
 
 namespace meshproof::mesh {
@@ -19,13 +21,6 @@ namespace {
 using kernels::DType;
 using kernels::Shape;
 using kernels::Tensor;
-
-#define SKIP_WITHOUT_GPU()                                                \
-  do {                                                                    \
-    if (!kernels::cuda_status().usable) {                                 \
-      GTEST_SKIP() << "no usable GPU: " << kernels::cuda_status().reason; \
-    }                                                                     \
-  } while (0)
 
 // Mixed magnitudes: rank-order fp32 sums of these round, so a different order shows.
 float noisy(int rank, int64_t k) {
@@ -88,7 +83,7 @@ std::vector<std::vector<float>> run_suite(kernels::Device device) {
 }
 
 TEST(GpuLocalCommTest, EightVirtualRanksOnOneGpuBitwiseEqualCpu) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const auto cpu = run_suite(kernels::Device::cpu());
   const auto gpu = run_suite(kernels::Device::cuda(0));
   ASSERT_EQ(cpu.size(), gpu.size());
@@ -101,7 +96,7 @@ TEST(GpuLocalCommTest, EightVirtualRanksOnOneGpuBitwiseEqualCpu) {
 }
 
 TEST(GpuNcclCommTest, CollectivesOnePerGpu) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const int n = std::min<int>(static_cast<int>(kernels::cuda_status().gpus.size()), 8);
   const DeviceMesh mesh(1, n, 1);
   const int64_t count = 1024;
@@ -151,7 +146,7 @@ TEST(GpuNcclCommTest, CollectivesOnePerGpu) {
 // gather_padded, reduce_scatter_box) for 1..8 virtual ranks with uneven and empty chunks are
 // bitwise the host path's (the rank-order device reduction kernel).
 TEST(GpuDpCollectivesTest, GatherPaddedAndReduceScatterBoxBitwiseEqualCpu) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (int n = 1; n <= 8; ++n) {
     for (const int64_t rows : testing::dp_suite_rows(n)) {
       const testing::DpSuiteResult cpu = testing::run_dp_suite(n, rows, kernels::Device::cpu());
@@ -175,7 +170,7 @@ TEST(GpuDpCollectivesTest, GatherPaddedAndReduceScatterBoxBitwiseEqualCpu) {
 // copy_region between device tensors (strided 2-D copies, a 3-D box with an outer loop) equals the
 // host's copy bitwise.
 TEST(GpuDpCollectivesTest, CopyRegionOnTheDeviceEqualsTheHost) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (const kernels::Shape& shape : {kernels::Shape{7, 9}, kernels::Shape{4, 6, 5}}) {
     std::vector<float> v(static_cast<size_t>(shape.numel().value));
     for (size_t k = 0; k < v.size(); ++k) v[k] = noisy(0, static_cast<int64_t>(k));
@@ -193,6 +188,41 @@ TEST(GpuDpCollectivesTest, CopyRegionOnTheDeviceEqualsTheHost) {
     copy_region(dsrc, whole, got, region, region);
     EXPECT_EQ(got.to_vector<float>(), want.to_vector<float>()) << shape.str();
   }
+}
+
+// Lifetime (mesh/nccl_comm.h): a mesh's communicators are made once per process and reused by
+// later runs; their creation shows as the device reserve "nccl"; nccl_teardown destroys them
+// (every rank on its own thread) and a later run makes a fresh set.
+TEST(GpuNcclCommTest, CommunicatorsAreMadeOnceReusedAndTornDown) {
+  MP_SKIP_WITHOUT_GPU();
+  const int n = std::min<int>(static_cast<int>(kernels::cuda_status().gpus.size()), 8);
+  const DeviceMesh mesh(1, n, 1);
+  nccl_teardown();
+  const int64_t made = nccl_comm_sets_created();
+  auto one_run = [&] {
+    run_nccl_single_process(mesh, [&](NcclRankComms& comms) {
+      Communicator& c = comms.group({MeshDim::kDpShard});
+      EXPECT_EQ(c.stats(CollectiveKind::kAllReduce).count, 0) << "stats carried over a run";
+      Tensor b = on_current_device(values(comms.rank(), 64));
+      c.all_reduce(b, ReduceOp::kSum);
+    });
+  };
+  auto nccl_reserve = [] {
+    int64_t bytes = 0;
+    for (const kernels::NamedReserve& r : kernels::device_reserves(kernels::Device::cuda(0)))
+      if (r.name == "nccl") bytes = r.bytes.value;
+    return bytes;
+  };
+  for (int run = 0; run < 3; ++run) one_run();
+  EXPECT_EQ(nccl_comm_sets_created(), made + 1);
+  EXPECT_EQ(nccl_comm_sets_cached(), 1u);
+  EXPECT_GT(nccl_reserve(), 0) << "creating the communicators took no device memory?";
+  EXPECT_EQ(nccl_teardown(), 1);
+  EXPECT_EQ(nccl_comm_sets_cached(), 0u);
+  EXPECT_EQ(nccl_reserve(), 0);
+  one_run();
+  EXPECT_EQ(nccl_comm_sets_created(), made + 2);
+  EXPECT_EQ(nccl_teardown(), 1);
 }
 
 }  // namespace

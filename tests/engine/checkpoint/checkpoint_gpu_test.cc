@@ -11,6 +11,7 @@
 #include "engine/checkpoint.h"
 #include "kernels/device.h"
 #include "mesh/local_comm.h"
+#include "tests/gpu_test.h"
 
 namespace meshproof::engine {
 namespace {
@@ -19,7 +20,7 @@ namespace fs = std::filesystem;
 using kernels::Device;
 
 TEST(CheckpointGpuTest, DeviceStatesSaveAndReshardLoadBitwise) {
-  if (!kernels::cuda_status().usable) GTEST_SKIP() << kernels::cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   const fs::path root =
       fs::temp_directory_path() / fmt::format("meshproof_ckpt_gpu_{}", ::getpid());
   fs::remove_all(root);

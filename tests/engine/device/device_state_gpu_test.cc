@@ -3,7 +3,7 @@
 // bitwise the CPU's and moves only the 8-byte sum of squares to the host; a checkpoint save is one
 // batched download; 30 runs in one process leave the device's free memory flat. Resume and
 // determinism of scenarios/gpu_hsdp_tp.yaml are its own checks (runner.gpu.gpu_hsdp_tp). Skips
-// with the reason when no GPU is usable.
+// with the reason when no GPU is usable (fails under MESHPROOF_REQUIRE_GPU=1: tests/gpu_test.h).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -22,6 +22,7 @@
 #include "kernels/runtime.h"
 #include "mesh/local_comm.h"
 #include "tests/engine/test_config.h"
+#include "tests/gpu_test.h"
 
 namespace meshproof::engine {
 namespace {
@@ -31,10 +32,7 @@ using kernels::CopyCounts;
 
 class DeviceStateGpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const kernels::CudaStatus& cuda = kernels::cuda_status();
-    if (!cuda.usable) GTEST_SKIP() << "no usable GPU: " << cuda.reason;
-  }
+  void SetUp() override { MP_SKIP_WITHOUT_GPU(); }
 };
 
 // The scenario's matrix entries (recipes current and mxfp8) as run options on cuda:0.

@@ -10,6 +10,7 @@
 #include "engine/session.h"
 #include "kernels/device.h"
 #include "tests/engine/test_config.h"
+#include "tests/gpu_test.h"
 
 namespace meshproof::engine {
 namespace {
@@ -35,10 +36,7 @@ struct GpuCase {
 
 class GpuMesh : public ::testing::TestWithParam<GpuCase> {
  protected:
-  void SetUp() override {
-    const kernels::CudaStatus& cuda = kernels::cuda_status();
-    if (!cuda.usable) GTEST_SKIP() << "no usable GPU: " << cuda.reason;
-  }
+  void SetUp() override { MP_SKIP_WITHOUT_GPU(); }
 };
 
 TEST_P(GpuMesh, TracksTheCpuBackend) {

@@ -8,12 +8,13 @@
 #include "harness/bench_recipes_verb.h"
 #include "harness/runner.h"
 #include "kernels/device.h"
+#include "tests/gpu_test.h"
 
 namespace meshproof::harness {
 namespace {
 
 TEST(BenchRecipesGpu, MeasuresEveryRecipeOnTheDevice) {
-  if (!kernels::cuda_status().usable) GTEST_SKIP() << kernels::cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   engine::RecipeBenchOptions o;
   o.device = kernels::Device::cuda(0);
   o.model = engine::parse_bench_model("128,512,4,4,64,2");
@@ -52,7 +53,7 @@ TEST(BenchRecipesGpu, MeasuresEveryRecipeOnTheDevice) {
 // positive rate no faster than the fastest dense bf16 peak in the table (GB200, 2500 TFLOP/s),
 // measured once per device (the second call returns the cached figure).
 TEST(BenchRecipesGpu, MeasuredBf16PeakForTheRunner) {
-  if (!kernels::cuda_status().usable) GTEST_SKIP() << kernels::cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   const std::optional<double> peak = measured_bf16_peak(0);
   ASSERT_TRUE(peak.has_value());
   EXPECT_GT(*peak, 0.0);

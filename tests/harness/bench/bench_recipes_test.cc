@@ -250,7 +250,7 @@ engine::RecipeBenchReport synthetic(const engine::RecipeBenchOptions& o, int cc)
   engine::RecipeBenchReport rep;
   rep.device_name = cc ? "NVIDIA H100 80GB HBM3" : "cpu";
   rep.compute_capability = cc;
-  rep.copy = {1e-3, 2e9, 0, 0.8e-3, 1.25e-3};  // 2000 GB/s, 1600..2500 over the repetitions
+  rep.copy = {1e-3, 2e9, 0, 0.8e-3, 1.25e-3, {}};  // 2000 GB/s, 1600..2500 over the repetitions
   const engine::LinearGemm g{"qkv", GemmRole::kFprop, {512, 768, 256}};
   const double flops = 2.0 * 512 * 768 * 256;
   for (RecipeKind k : {RecipeKind::kBf16, RecipeKind::kMxfp8}) {

@@ -2,7 +2,8 @@
 # Issue #17.3: an explicit cuda backend on a machine without a usable GPU is bad input (exit 2,
 # nothing run, no output folder), with the reason `meshproof env` gives; it used to skip every
 # scenario and exit 0. Both spellings: --backend cuda, and the scenario's own backend: cuda; also
-# `golden update --backend cuda`. Where a GPU is usable there is nothing to refuse: exit 77
+# `golden update --backend cuda`; and every other verb that takes --backend (bench comm, bench
+# recipes, quantize: kernels::resolve_backend, before any input is read). Where a GPU is usable there is nothing to refuse: exit 77
 # (CTest: skipped).
 # Usage: check_cuda_refused.sh MESHPROOF SCENARIO OUT_DIR
 mp=$1 scenario=$2 out=$3
@@ -30,5 +31,10 @@ expect_refused "backend: cuda" "backend cuda (the scenario's backend: cuda) but 
   run "$scenario" --set backend=cuda --out "$out" --quiet
 expect_refused "golden update" "backend cuda (--backend cuda) but no usable GPU: " -- \
   golden update "$scenario" --backend cuda --golden-dir "$out"
+pattern="backend 'cuda' requested but CUDA is not usable: "
+expect_refused "bench comm" "$pattern" -- bench comm --backend cuda --mesh dp_shard=2 --sizes 4K
+expect_refused "bench recipes" "$pattern" -- bench recipes --backend cuda
+expect_refused "quantize" "$pattern" -- \
+  quantize --recipe current --backend cuda --in "$out.missing.h5" --out "$out"
 rm -f "$out.stdout" "$out.stderr"
 exit $fail

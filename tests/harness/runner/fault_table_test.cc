@@ -176,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(FaultTable, FaultTableRow, ::testing::ValuesIn(fault_na
 TEST(FaultTable, UnknownNameIsAnInputError) {
   EXPECT_EQ(find_fault("no_such_fault"), nullptr);
   try {
-    (void)to_fault_injection({FaultSpec{"no_such_fault", {}, {}}});
+    (void)to_fault_injection({FaultSpec{"no_such_fault", {}, {}, {}}});
     FAIL() << "an unknown fault was injected";
   } catch (const kernels::Error& e) {
     EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
@@ -188,8 +188,9 @@ TEST(FaultTable, UnknownNameIsAnInputError) {
 // Parameters reach the engine; with several faults the earliest from_step applies to all.
 TEST(FaultTable, ParametersAndTheEarliestFirstStep) {
   const engine::FaultInjection f = to_fault_injection(
-      {FaultSpec{"stale_columnwise_copy", {{"from_step", 4}, {"layer", 1}}, {}},
-       FaultSpec{"optimizer_state_not_restored", {{"from_step", 2}}, {{"state", "exp_avg_sq"}}}});
+      {FaultSpec{"stale_columnwise_copy", {{"from_step", 4}, {"layer", 1}}, {}, {}},
+       FaultSpec{
+           "optimizer_state_not_restored", {{"from_step", 2}}, {{"state", "exp_avg_sq"}}, {}}});
   EXPECT_TRUE(f.stale_columnwise_copy);
   EXPECT_EQ(f.stale_columnwise_layer, 1);
   EXPECT_TRUE(f.optimizer_state_not_restored);
@@ -197,8 +198,8 @@ TEST(FaultTable, ParametersAndTheEarliestFirstStep) {
   EXPECT_EQ(f.from_step, 1);
   // Without the parameters the engine's defaults stay: every layer, all of the state.
   const engine::FaultInjection d =
-      to_fault_injection({FaultSpec{"stale_columnwise_copy", {}, {}},
-                          FaultSpec{"optimizer_state_not_restored", {}, {}}});
+      to_fault_injection({FaultSpec{"stale_columnwise_copy", {}, {}, {}},
+                          FaultSpec{"optimizer_state_not_restored", {}, {}, {}}});
   EXPECT_EQ(d.stale_columnwise_layer, -1);
   EXPECT_EQ(d.optimizer_state_part, "all");
   EXPECT_EQ(d.from_step, 0);

@@ -105,7 +105,7 @@ TEST(GoldenPlatform, UpdateCommandKeepsGoldenDirAndFlags) {
 TEST(IntendedChecks, CatalogRestrictedToEnabledChecks) {
   Scenario s;
   s.expect = Expect::kCaught;
-  s.faults = {FaultSpec{"amax_not_reduced", {}, {}}};  // caught by allgather_parity, reference
+  s.faults = {FaultSpec{"amax_not_reduced", {}, {}, {}}};  // caught by allgather_parity, reference
   s.checks.allgather_parity = true;
   s.checks.golden.enabled = true;
   EXPECT_EQ(intended_checks(s), std::vector<std::string>{"allgather_parity"});
@@ -114,7 +114,7 @@ TEST(IntendedChecks, CatalogRestrictedToEnabledChecks) {
 
   Scenario t;
   t.expect = Expect::kCaught;
-  t.faults = {FaultSpec{"tp_fsdp_left_to_right", {}, {}}};  // caught by resume_cross_mesh only
+  t.faults = {FaultSpec{"tp_fsdp_left_to_right", {}, {}, {}}};  // caught by resume_cross_mesh only
   t.checks.resume.enabled = true;
   EXPECT_TRUE(intended_checks(t).empty());  // a same-mesh resume does not count
   t.checks.resume.mesh = engine::MeshSpec{};

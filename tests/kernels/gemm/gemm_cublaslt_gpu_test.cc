@@ -15,6 +15,7 @@
 #include "kernels/cublaslt_plan.h"
 #include "kernels/cublaslt_resources.h"
 #include "kernels/device.h"
+#include "kernels/device_reserve.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/nvfp4.h"
@@ -303,6 +304,11 @@ TEST(CublasLtResources, WorkspacesFreedWithTheStream) {
       gemm_fprop(&x, &w, y);
       EXPECT_EQ(cublaslt_stream_count(), base_streams + 1);
       EXPECT_GT(cublaslt_reserved_bytes(Device::cuda(0)), base_bytes);
+      // The per-rank memory figures see it as the device reserve "cublaslt".
+      int64_t reported = 0;
+      for (const NamedReserve& r : device_reserves(Device::cuda(0)))
+        if (r.name == "cublaslt") reported = r.bytes.value;
+      EXPECT_EQ(reported, cublaslt_reserved_bytes(Device::cuda(0)));
       synchronize_current();
     }
     release_stream_resources(st);

@@ -11,6 +11,7 @@
 #if MESHPROOF_HAVE_CUDA
 #include "kernels/gemm_cuda_kernels.h"
 #endif
+#include "tests/gpu_test.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
 
 namespace meshproof::kernels {
@@ -75,7 +76,7 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 class GemmCudaTest : public testing::TestWithParam<Case> {};
 
 TEST_P(GemmCudaTest, MatchesCpuReference) {
-  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   const Case c = GetParam();
   const Shapes s = shapes_for(c.recipe);
   std::mt19937_64 rng(4321 + static_cast<int>(c.recipe) * 10 + static_cast<int>(c.role));
@@ -160,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(AllRecipesAndRoles, GemmCudaTest, testing::ValuesIn(all
 // mxfp8_pad_scales + mxfp8_swizzle_scales, for both copies: rowwise S[r, c] = scale[r, c];
 // columnwise (read transposed: r = the K index, c = the M/32 index) S[r, c] = scale[c, r].
 TEST(GemmCudaMxfp8, DeviceSwizzleMatchesQuantizerLayout) {
-  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
 #if MESHPROOF_HAVE_CUDA
   MemoryTracker tracker;
   ScopedRankContext ctx(RankContext{0, Device::cuda(0), nullptr, &tracker});
@@ -199,7 +200,7 @@ TEST(GemmCudaMxfp8, DeviceSwizzleMatchesQuantizerLayout) {
 }
 
 TEST(GemmCudaErrors, Fp8DimsNotMultipleOf16) {
-  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   const GpuInfo& g = cuda_status().gpus.at(0);
   if (g.cc_major * 10 + g.cc_minor < 89) GTEST_SKIP() << "per-tensor FP8 GEMMs need sm_89+";
   MemoryTracker tracker;
@@ -222,7 +223,7 @@ TEST(GemmCudaErrors, Fp8DimsNotMultipleOf16) {
 }
 
 TEST(GemmCudaErrors, MixedDevices) {
-  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   MemoryTracker tracker;
   ScopedRankContext ctx(RankContext{0, Device::cuda(0), nullptr, &tracker});
   std::mt19937_64 rng(6);

@@ -20,15 +20,14 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/error.h"
+#include "kernels/flash_attention.h"
 #include "kernels/layernorm.h"
+#include "tests/gpu_test.h"
+#include "tests/kernels/ops/column_reduce_oracle.h"
+#include "tests/kernels/ops/flash_attention_bound.h"
 
 namespace meshproof::kernels {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                 \
-  do {                                                                                     \
-    if (!cuda_status().usable) GTEST_SKIP() << "no CUDA device: " << cuda_status().reason; \
-  } while (0)
 
 const Device kGpu = Device::cuda(0);
 const DType kActDtypes[] = {DType::kFloat32, DType::kBFloat16};
@@ -90,7 +89,7 @@ void expect_close(const Tensor& cpu, const Tensor& gpu, double atol_rel, const c
 }
 
 TEST(OpsCuda, CastAllPairsBitwise) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (DType from : kActDtypes)
     for (DType to : kActDtypes) {
       const Tensor x = random_tensor({37, 41}, from, 1, 3.0);
@@ -103,13 +102,13 @@ TEST(OpsCuda, CastAllPairsBitwise) {
 }
 
 TEST(OpsCuda, Float64OnCudaIsAClearError) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   Tensor x = Tensor::zeros({4}, DType::kFloat64, kGpu);
   EXPECT_THROW(scale_(x, 2.0), Error);
 }
 
 TEST(OpsCuda, ElementwiseBitwise) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (DType dt : kActDtypes) {
     const Tensor y0 = random_tensor({33, 70}, dt, 2), bias = random_tensor({70}, dt, 3);
     const Tensor r = random_tensor({33, 70}, dt, 4);
@@ -134,17 +133,33 @@ TEST(OpsCuda, ElementwiseBitwise) {
       dropout_backward(on_gpu(r), p, key, dg);
       expect_bitwise(dc, dg, "dropout_backward");
     }
-    // bias_grad accumulates into a non-zero float32 gradient; per-column row order as the CPU.
-    const Tensor db0 = random_tensor({70}, DType::kFloat32, 5);
-    Tensor dbc = db0.clone(), dbg = on_gpu(db0);
+  }
+}
+
+// bias_grad is a parallel per-column reduction (kernels/column_reduce.h): the device's bits are
+// the host's fixed-order sum exactly, within column_reduce_bound of the CPU's serial sum (derived
+// in that header; no device measurement exists yet), and a rerun gives the same bits. 777 rows:
+// three full 256-row chunks and a partial one; 70 columns: a partial 32-column tile.
+TEST(OpsCuda, BiasGradFixedOrder) {
+  MP_SKIP_WITHOUT_GPU();
+  const int64_t m = 777, n = 70;
+  for (DType dt : kActDtypes) {
+    const Tensor r = random_tensor({m, n}, dt, 4, 3.0);
+    const Tensor db0 = random_tensor({n}, DType::kFloat32, 5);
+    Tensor dbc = db0.clone(), dbg = on_gpu(db0), again = on_gpu(db0);
     bias_grad(r, dbc);
     bias_grad(on_gpu(r), dbg);
-    expect_bitwise(dbc, dbg, "bias_grad");
+    bias_grad(on_gpu(r), again);
+    const std::vector<float> g0 = db0.to_vector<float>();
+    const column_oracle::ColumnGrads fixed = column_oracle::bias_grad(r, g0);
+    EXPECT_EQ(floats_of(dbg), fixed.grad) << "bias_grad: not the fixed order's bits";
+    column_oracle::expect_within_bound(floats_of(dbc), floats_of(dbg), g0, fixed, m, "bias_grad");
+    expect_bitwise(dbg, again, "bias_grad rerun");
   }
 }
 
 TEST(OpsCuda, Activations) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (DType dt : kActDtypes) {
     const Tensor x = random_tensor({19, 130}, dt, 6, 2.0), u = random_tensor({19, 130}, dt, 7);
     const Tensor dy = random_tensor({19, 130}, dt, 8);
@@ -184,8 +199,9 @@ TEST(OpsCuda, Activations) {
 constexpr double kCancelSlack = 1e-9;
 
 TEST(OpsCuda, LayerNormAndRmsNorm) {
-  SKIP_WITHOUT_GPU();
-  const int64_t m = 23, h = 300;  // h > block size: several columns per thread
+  MP_SKIP_WITHOUT_GPU();
+  // h > block size: several columns per thread; m > 256: two row chunks of the column reductions.
+  const int64_t m = 300, h = 300;
   for (DType dt : kActDtypes) {
     const Tensor x = random_tensor({m, h}, dt, 9, 2.0), w = random_tensor({h}, dt, 10);
     const Tensor b = random_tensor({h}, dt, 11), dy = random_tensor({m, h}, dt, 12);
@@ -198,7 +214,7 @@ TEST(OpsCuda, LayerNormAndRmsNorm) {
     expect_close(yc, yg, kCancelSlack, "layernorm y");
     expect_close(mc, mg, kCancelSlack, "layernorm mean");
     expect_close(rc, rg, 0.0, "layernorm rstd");
-    // Backward from the CPU's saved statistics so dweight/dbias are comparable bitwise.
+    // Backward from the CPU's saved statistics, so dweight/dbias sum the host oracle's terms.
     const Tensor dw0 = random_tensor({h}, DType::kFloat32, 13),
                  db0 = random_tensor({h}, DType::kFloat32, 14);
     Tensor dxc = t({m, h}, Device::cpu()), dxg = t({m, h}, kGpu);
@@ -206,8 +222,19 @@ TEST(OpsCuda, LayerNormAndRmsNorm) {
     layernorm_backward(dy, x, w, mc, rc, dxc, dwc, dbc);
     layernorm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mc), on_gpu(rc), dxg, dwg, dbg);
     expect_close(dxc, dxg, kCancelSlack, "layernorm dx");
-    expect_bitwise(dwc, dwg, "layernorm dweight");
-    expect_bitwise(dbc, dbg, "layernorm dbias");
+    // dweight/dbias: the fixed-order column reductions (kernels/column_reduce.h), bit for bit the
+    // host's order, within its bound of the CPU, and bitwise on a rerun.
+    const std::vector<float> dw0v = dw0.to_vector<float>(), db0v = db0.to_vector<float>();
+    const column_oracle::ColumnGrads fw = column_oracle::norm_grad(dy, x, &mc, rc, dw0v, 0);
+    const column_oracle::ColumnGrads fb = column_oracle::norm_grad(dy, x, &mc, rc, db0v, 1);
+    EXPECT_EQ(floats_of(dwg), fw.grad) << "layernorm dweight: not the fixed order's bits";
+    EXPECT_EQ(floats_of(dbg), fb.grad) << "layernorm dbias: not the fixed order's bits";
+    column_oracle::expect_within_bound(floats_of(dwc), floats_of(dwg), dw0v, fw, m, "ln dweight");
+    column_oracle::expect_within_bound(floats_of(dbc), floats_of(dbg), db0v, fb, m, "ln dbias");
+    Tensor dw2 = on_gpu(dw0), db2 = on_gpu(db0);
+    layernorm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mc), on_gpu(rc), dxg, dw2, db2);
+    expect_bitwise(dwg, dw2, "layernorm dweight rerun");
+    expect_bitwise(dbg, db2, "layernorm dbias rerun");
 
     rmsnorm_forward(x, w, 1e-5, yc, rc);
     rmsnorm_forward(on_gpu(x), on_gpu(w), 1e-5, yg, rg);
@@ -218,12 +245,14 @@ TEST(OpsCuda, LayerNormAndRmsNorm) {
     rmsnorm_backward(dy, x, w, rc, dxc, dwc);
     rmsnorm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(rc), dxg, dwg);
     expect_close(dxc, dxg, kCancelSlack, "rmsnorm dx");
-    expect_bitwise(dwc, dwg, "rmsnorm dweight");
+    const column_oracle::ColumnGrads fr = column_oracle::norm_grad(dy, x, nullptr, rc, dw0v, 0);
+    EXPECT_EQ(floats_of(dwg), fr.grad) << "rmsnorm dweight: not the fixed order's bits";
+    column_oracle::expect_within_bound(floats_of(dwc), floats_of(dwg), dw0v, fr, m, "rms dweight");
   }
 }
 
 TEST(OpsCuda, Attention) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const AttentionShape s{.batch = 2, .seq = 37, .heads = 3, .head_dim = 16};
   const int64_t rows = s.batch * s.seq, h = s.heads * s.head_dim;
   for (DType dt : kActDtypes) {
@@ -251,8 +280,67 @@ TEST(OpsCuda, Attention) {
   }
 }
 
+// The fused attention (kernels/flash_attention.cu) against the exact reference (the CPU kernel)
+// within the bound derived in tests/kernels/ops/flash_attention_bound.h (no device measurement
+// existed when it was written), on S not a multiple of the key tile, grouped-query heads, both
+// key tiles and a sequence of several query blocks; a rerun gives the same bits (no atomics).
+TEST(OpsCuda, FlashAttentionWithinTheDerivedBound) {
+  MP_SKIP_WITHOUT_GPU();
+  const AttentionShape shapes[] = {
+      {.batch = 2, .seq = 37, .heads = 3, .head_dim = 16},
+      {.batch = 1, .seq = 70, .heads = 4, .head_dim = 32, .kv_heads = 2},
+      {.batch = 1, .seq = 21, .heads = 2, .head_dim = 160, .kv_heads = 1},
+      {.batch = 2, .seq = 300, .heads = 4, .head_dim = 64, .kv_heads = 1},
+  };
+  for (const AttentionShape& s : shapes)
+    for (DType dt : kActDtypes) {
+      SCOPED_TRACE(testing::Message() << "S=" << s.seq << " A=" << s.heads << " KV=" << s.kv()
+                                      << " d=" << s.head_dim << " " << dtype_name(dt));
+      const int64_t rows = s.batch * s.seq, h = s.heads * s.head_dim, w = s.qkv_width();
+      const Tensor qkv = random_tensor({rows, w}, dt, 41, 1.5),
+                   dout = random_tensor({rows, h}, dt, 42);
+      Tensor oc = Tensor::empty({rows, h}, dt, Device::cpu()),
+             pc = Tensor::empty({s.batch, s.heads, s.seq, s.seq}, dt, Device::cpu()),
+             dc = Tensor::empty({rows, w}, dt, Device::cpu());
+      attention_forward(qkv, s, oc, pc);
+      attention_backward(dout, qkv, pc, s, dc);
+      auto fused = [&](Tensor& out, Tensor& lse, Tensor& dqkv) {
+        out = Tensor::empty({rows, h}, dt, kGpu);
+        lse = Tensor::empty({s.batch, s.heads, s.seq}, DType::kFloat32, kGpu);
+        dqkv = Tensor::empty({rows, w}, dt, kGpu);
+        flash_attention_forward(on_gpu(qkv), s, out, lse);
+        flash_attention_backward(on_gpu(dout), on_gpu(qkv), out, lse, s, dqkv);
+      };
+      Tensor og, lg, dg, og2, lg2, dg2;
+      fused(og, lg, dg);
+      fused(og2, lg2, dg2);
+      auto doubles = [](const Tensor& t) {
+        const std::vector<float> f = floats_of(t);
+        return std::vector<double>(f.begin(), f.end());
+      };
+      const flash_bound::Bounds tol =
+          flash_bound::bounds(doubles(qkv), doubles(dout), doubles(oc), doubles(dc), s, dt);
+      auto within = [&](const Tensor& ref, const Tensor& got, const std::vector<double>& t,
+                        const char* what) {
+        const std::vector<float> a = floats_of(ref), b = floats_of(got);
+        ASSERT_EQ(a.size(), t.size());
+        int bad = 0;
+        for (size_t i = 0; i < a.size(); ++i)
+          if (!(std::fabs(static_cast<double>(a[i]) - b[i]) <= t[i]) && ++bad <= 5)
+            ADD_FAILURE() << what << "[" << i << "]: ref " << a[i] << " fused " << b[i] << " tol "
+                          << t[i];
+        EXPECT_EQ(bad, 0) << what << ": " << bad << " elements outside the bound";
+      };
+      within(oc, og, tol.out, "fused out");
+      within(dc, dg, tol.dqkv, "fused dqkv");
+      expect_bitwise(og, og2, "fused out rerun");
+      expect_bitwise(lg, lg2, "fused lse rerun");
+      expect_bitwise(dg, dg2, "fused dqkv rerun");
+    }
+}
+
 TEST(OpsCuda, CrossEntropy) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const int64_t m = 29, v = 1000;
   std::vector<int32_t> tg(m);
   for (int64_t r = 0; r < m; ++r) tg[static_cast<size_t>(r)] = static_cast<int32_t>((r * 97) % v);
@@ -280,7 +368,7 @@ TEST(OpsCuda, CrossEntropy) {
 }
 
 TEST(OpsCuda, EmbeddingBitwise) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const int64_t vocab = 50, positions = 40, hidden = 270, batch = 3, seq = 31;
   std::mt19937 gen(19);
   std::vector<int32_t> ids(batch * seq);
@@ -307,7 +395,7 @@ TEST(OpsCuda, EmbeddingBitwise) {
 }
 
 TEST(OpsCuda, AdamWBitwise) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const int64_t n = 5003;
   const Tensor p0 = random_tensor({n}, DType::kFloat32, 25),
                g = random_tensor({n}, DType::kFloat32, 26, 0.01);
@@ -338,7 +426,7 @@ TEST(OpsCuda, AdamWBitwise) {
 // tensors (two launches of the 128-tensor kernel) of mixed sizes, empty ones included, and only
 // the 8-byte result crosses to the host.
 TEST(OpsCuda, SumOfSquaresTotalBitwiseAndOneScalarDownload) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   std::vector<Tensor> host, dev;
   for (int k = 0; k < 130; ++k) {
     const int64_t n = k % 17 == 0 ? 0 : (k * 977) % 4099 + 1;
@@ -364,7 +452,7 @@ TEST(OpsCuda, SumOfSquaresTotalBitwiseAndOneScalarDownload) {
 // A checkpoint's transfers: to_host_batched downloads device tensors of mixed dtypes and sizes
 // bitwise in one bulk copy; copy_batched uploads them back in one bulk copy.
 TEST(OpsCuda, BatchedDownloadAndUploadAreOneCopyEachAndBitwise) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   CopyCounter counter;
   ScopedRankContext ctx(RankContext{0, kGpu, nullptr, nullptr, &counter});
   const std::vector<Tensor> host = {random_tensor({3, 5}, DType::kFloat32, 1),
@@ -397,7 +485,7 @@ TEST(OpsCuda, BatchedDownloadAndUploadAreOneCopyEachAndBitwise) {
 // Storage honours the device index: a tensor on the last visible device is allocated there and
 // reads back (a no-op difference with one GPU, where it is device 0).
 TEST(OpsCuda, AllocationOnTheTensorsDevice) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   int count = 0;
   ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
   const Device last = Device::cuda(count - 1);

@@ -13,20 +13,12 @@
 #include <vector>
 
 #include "kernels/device.h"
+#include "tests/gpu_test.h"
 #include "tests/kernels/quantize/format_conversions.h"
 #include "tests/kernels/quantize/format_probes.h"
 
 namespace meshproof::kernels::fmt8 {
 namespace {
-
-#if MESHPROOF_HAVE_CUDA
-#define SKIP_WITHOUT_GPU()                                                                 \
-  do {                                                                                     \
-    if (!cuda_status().usable) GTEST_SKIP() << "no CUDA device: " << cuda_status().reason; \
-  } while (0)
-#else
-#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "built without CUDA (MESHPROOF_CUDA=OFF or no nvcc)"
-#endif
 
 // Runs `c` on the device over `in` and expects the host's bits for every input; reports the
 // first few mismatches and their count.
@@ -72,7 +64,7 @@ std::vector<uint32_t> special_bits() {
 }
 
 TEST(FormatsGpuTest, DecodeEveryCodeOnDevice) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (const FormatSpec& f : all_formats()) {
     std::vector<uint32_t> codes(1u << total_bits(f));
     for (uint32_t c = 0; c < codes.size(); ++c) codes[c] = c;
@@ -85,7 +77,7 @@ TEST(FormatsGpuTest, DecodeEveryCodeOnDevice) {
 }
 
 TEST(FormatsGpuTest, ConversionAroundEveryRepresentableValueOnDevice) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   for (const FormatSpec& f : all_formats()) {
     std::vector<uint32_t> in = special_bits();
     for (float p : probes_around_every_value(f)) {
@@ -99,7 +91,7 @@ TEST(FormatsGpuTest, ConversionAroundEveryRepresentableValueOnDevice) {
 // Every 251st fp32 bit pattern (17M inputs: all exponents, many mantissas, NaNs included) through
 // each encoder and the E8M0 round-up rule.
 TEST(FormatsGpuTest, StridedFp32SweepOnDevice) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   std::vector<uint32_t> in;
   in.reserve((0x100000000ull + 250) / 251);
   for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 251) in.push_back(static_cast<uint32_t>(u));
@@ -110,7 +102,7 @@ TEST(FormatsGpuTest, StridedFp32SweepOnDevice) {
 }
 
 TEST(FormatsGpuTest, E8m0RoundUpEdgesOnDevice) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   std::vector<uint32_t> in = special_bits();
   for (float v : {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), std::ldexp(1.0f, -127),
                   std::nextafter(std::ldexp(1.0f, -127), 1.0f), std::ldexp(1.0f, -126), 1.0f,

@@ -9,13 +9,9 @@
 
 #include "kernels/device.h"
 #include "kernels/tensor.h"
+#include "tests/gpu_test.h"
 
 namespace meshproof::kernels::testing {
-
-#define SKIP_WITHOUT_GPU()                                                                 \
-  do {                                                                                     \
-    if (!cuda_status().usable) GTEST_SKIP() << "no CUDA device: " << cuda_status().reason; \
-  } while (0)
 
 // The bytes of `t` (any device), empty for an undefined tensor.
 inline std::vector<uint8_t> bytes_of(const Tensor& t) {

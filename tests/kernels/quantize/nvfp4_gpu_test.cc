@@ -52,7 +52,7 @@ void expect_same(const QuantizedTensor& c, const QuantizedTensor& g, const std::
 }
 
 TEST(Nvfp4Gpu, ByteEqualToCpu) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const Device gpu = Device::cuda(0);
   for (const auto& [M, K] : {std::pair<int64_t, int64_t>{16, 16}, {64, 96}, {256, 512}}) {
     for (bool bf16 : {false, true}) {

@@ -63,7 +63,7 @@ struct ShapeCase {
 };
 
 TEST(QuantizeGpuTest, AllQuantizersMatchCpuBytes) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const Device gpu = Device::cuda(0);
   for (const ShapeCase s : {ShapeCase{32, 32}, ShapeCase{64, 96}, ShapeCase{96, 160},
                             ShapeCase{256, 384}, ShapeCase{1024, 2048}}) {
@@ -105,7 +105,7 @@ TEST(QuantizeGpuTest, AllQuantizersMatchCpuBytes) {
 }
 
 TEST(QuantizeGpuTest, AwkwardShapesForPerTensorAndBlock) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const Device gpu = Device::cuda(0);
   for (const ShapeCase s : {ShapeCase{1, 1}, ShapeCase{3, 5}, ShapeCase{33, 70},
                             ShapeCase{129, 257}, ShapeCase{300, 1}, ShapeCase{1, 300}}) {
@@ -123,7 +123,7 @@ TEST(QuantizeGpuTest, AwkwardShapesForPerTensorAndBlock) {
 }
 
 TEST(QuantizeGpuTest, ScaleRulesAndDelayedStateMatchCpu) {
-  SKIP_WITHOUT_GPU();
+  MP_SKIP_WITHOUT_GPU();
   const Device gpu = Device::cuda(0);
   std::mt19937 rng(5);
   for (int i = 0; i < 200; ++i) {
