@@ -149,6 +149,20 @@ void rethrow_load_failure(const std::atomic<bool>& failed, Fn&& fn) {
 // A fresh folder `base` (or base.<k>, the smallest k >= 2 free) under `root` for a check's
 // checkpoints. Rank 0 alone creates it (create_directory fails on an existing one, so the suffix
 // search never reuses a folder), every rank learns its suffix from the agreement.
+// The first half of a check's own run on this rank: `session` (fresh) starts from `from` when
+// given (its scalars loaded) and trains to step `at_step`, calling each_step(metrics) after every
+// step.
+template <class EachStep>
+void train_until(engine::TrainingSession& session, mesh::RankComms& comms, const fs::path& from,
+                 const engine::CheckpointOptions& co, std::atomic<bool>& load_failed,
+                 int64_t at_step, EachStep each_step) {
+  if (!from.empty()) {
+    load_start(from, session.state(), comms, co, load_failed);
+    session.load_scalars();
+  }
+  while (session.steps_done() < at_step) each_step(session.step());
+}
+
 fs::path create_check_folder(mesh::RankComms& comms, const fs::path& root, const std::string& base,
                              std::string_view check) {
   const int64_t suffix = on_rank0_agreed(
@@ -440,15 +454,11 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
     rethrow_load_failure(load_failed, [&] {
       engine::run_on_ranks(first, [&](mesh::RankComms& comms) {
         engine::TrainingSession session(first, comms);
-        if (!request.from_checkpoint.empty()) {
-          load_start(request.from_checkpoint, session.state(), comms, co, load_failed);
-          session.load_scalars();
-        }
-        while (session.steps_done() < request.at_step) {
-          const engine::StepMetrics m = session.step();
-          trace_step(session, comms);
-          if (lead(comms)) record(m);
-        }
+        train_until(session, comms, request.from_checkpoint, co, load_failed, request.at_step,
+                    [&](const engine::StepMetrics& m) {
+                      trace_step(session, comms);
+                      if (lead(comms)) record(m);
+                    });
         const fs::path root = create_check_folder(comms, request.checkpoint_root, base, "resume");
         const std::filesystem::path dir =
             engine::save_checkpoint(root, request.at_step, session.state(), comms, co);
@@ -536,16 +546,12 @@ StateOutcome state_roundtrip(const Scenario& s, const StateRequest& request) {
         first,
         [&](mesh::RankComms& comms) {
           engine::TrainingSession session(first, comms);
-          if (!request.from_checkpoint.empty()) {
-            load_start(request.from_checkpoint, session.state(), comms, co, load_failed);
-            session.load_scalars();
-          }
-          while (session.steps_done() < request.at_step) {
-            const engine::StepMetrics m = session.step();
-            if (!lead(comms)) continue;
-            out.steps.push_back(step_row(m, tokens));
-            if (request.on_step) request.on_step(out.steps.back(), s.train.steps);
-          }
+          train_until(session, comms, request.from_checkpoint, co, load_failed, request.at_step,
+                      [&](const engine::StepMetrics& m) {
+                        if (!lead(comms)) return;
+                        out.steps.push_back(step_row(m, tokens));
+                        if (request.on_step) request.on_step(out.steps.back(), s.train.steps);
+                      });
           const fs::path folder =
               create_check_folder(comms, request.checkpoint_root, base, "state");
           const fs::path before = engine::save_checkpoint(folder / "before", request.at_step,

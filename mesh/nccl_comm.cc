@@ -236,6 +236,28 @@ class NcclCommunicator final : public Communicator {
     wait("barrier");
   }
 
+  // One ncclSend / ncclRecv per member with a nonzero count (raw bytes), fused in a group so
+  // that the pairs cannot deadlock; the group index is the NCCL rank of this communicator.
+  void do_all_to_all_v(const Tensor& input, const std::vector<int64_t>& send_counts, Tensor& output,
+                       const std::vector<int64_t>& recv_counts) override {
+    check_device(input, "all_to_all_v");
+    const auto elem = static_cast<size_t>(kernels::dtype_bits(input.dtype()) / 8);
+    const char* in = static_cast<const char*>(input.raw_data());
+    char* out = static_cast<char*>(output.raw_data());
+    size_t so = 0, ro = 0;
+    MP_NCCL_CHECK(ncclGroupStart());
+    for (int s = 0; s < size(); ++s) {
+      const size_t sb = static_cast<size_t>(send_counts[static_cast<size_t>(s)]) * elem;
+      const size_t rb = static_cast<size_t>(recv_counts[static_cast<size_t>(s)]) * elem;
+      if (sb > 0) MP_NCCL_CHECK(ncclSend(in + so, sb, ncclUint8, s, comm_, stream()));
+      if (rb > 0) MP_NCCL_CHECK(ncclRecv(out + ro, rb, ncclUint8, s, comm_, stream()));
+      so += sb;
+      ro += rb;
+    }
+    MP_NCCL_CHECK(ncclGroupEnd());
+    wait("all_to_all_v");
+  }
+
   void do_send(const Tensor& buffer, int peer) override;  // at the end of the file
   void do_recv(Tensor& buffer, int peer) override;
 

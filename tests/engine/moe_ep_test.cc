@@ -192,16 +192,7 @@ TEST(MoeEpMeshes, Fp32EpTwoAndFourMatchOneRankAndEpOne) {
 // bound 1e-5 (a wrong scale moves the loss by ~2^-3 relative on an element).
 TEST(MoeEpMeshes, CurrentAndMxfp8MatchOneRank) {
   for (RecipeKind r : {RecipeKind::kCurrent, RecipeKind::kMxfp8}) {
-    testing::TestModel tm;
-    tm.layers = 2;
-    tm.hidden = 32;
-    tm.ffn = 64;
-    tm.batch = 16;  // 128 tokens: 32 per rank on 4 data ranks (MXFP8 32x1 blocks)
-    tm.recipe = r;
-    Config c = testing::make_config(tm);
-    c.model.moe.experts = 4;
-    c.model.moe.top_k = 2;
-    c.model.moe.aux_loss_coef = 0.01;
+    const Config c = testing::moe_mesh_config(r);
     expect_ep_matches(c, 1e-5, std::string(recipe_name(r)),
                       {with_ep({1, 4, 1}, 2), with_ep({1, 4, 1}, 4)});
   }

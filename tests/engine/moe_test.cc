@@ -427,16 +427,7 @@ TEST(MoeMeshes, Fp32EveryDataParallelMeshMatchesOneRank) {
 // moves the loss by far more: one FP8 rounding step is 2^-3 relative on an element).
 TEST(MoeMeshes, CurrentAndMxfp8MatchOneRankWithinMeasuredBounds) {
   for (RecipeKind r : {RecipeKind::kCurrent, RecipeKind::kMxfp8}) {
-    testing::TestModel tm;
-    tm.layers = 2;
-    tm.hidden = 32;
-    tm.ffn = 64;
-    tm.batch = 16;  // 128 tokens: 32 per rank on 4 data ranks (MXFP8 32x1 blocks)
-    tm.recipe = r;
-    Config c = testing::make_config(tm);
-    c.model.moe.experts = 4;
-    c.model.moe.top_k = 2;
-    c.model.moe.aux_loss_coef = 0.01;
+    const Config c = testing::moe_mesh_config(r);
     expect_meshes_match(c, 1e-5, std::string(recipe_name(r)));
   }
 }
@@ -498,16 +489,7 @@ TEST(MoeMeshes, DelayedBlockNvfp4MatchOneRankWithinMeasuredBounds) {
   for (const Case& k :
        {Case{RecipeKind::kDelayed, 1e-2, 1e-1}, Case{RecipeKind::kBlock, 1e-5, 1e-5},
         Case{RecipeKind::kNvfp4, 1e-2, 1e-1}}) {
-    testing::TestModel tm;
-    tm.layers = 2;
-    tm.hidden = 32;
-    tm.ffn = 64;
-    tm.batch = 16;  // 128 tokens: 32 per rank on 4 data ranks
-    tm.recipe = k.recipe;
-    Config c = testing::make_config(tm);
-    c.model.moe.experts = 4;
-    c.model.moe.top_k = 2;
-    c.model.moe.aux_loss_coef = 0.01;
+    const Config c = testing::moe_mesh_config(k.recipe);
     const Deviation d = worst_mesh_deviation(c, std::string(recipe_name(k.recipe)));
     ::testing::Test::RecordProperty(fmt::format("worst_rel_loss_{}", recipe_name(k.recipe)),
                                     fmt::format("{:.3e}", d.loss));
@@ -559,9 +541,11 @@ TEST(MoeMeshes, DelayedStatePerExpertLinearCheckpointedEpBitwise) {
             // A recorded step: the history holds a nonzero amax (every expert has rows here).
             EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](float v) { return v > 0; }))
                 << state;
-            for (const StateEntry& en : s.state().entries)
-              if (en.key == keys::fp8_delayed(state, "amax_history"))
+            for (const StateEntry& en : s.state().entries) {
+              if (en.key == keys::fp8_delayed(state, "amax_history")) {
                 EXPECT_EQ(en.local.to_vector<float>(), want) << state;
+              }
+            }
           }
   });
   MeshSpec ep{1, 4, 1};

@@ -47,6 +47,23 @@ inline Config make_config(const TestModel& m) {
 }
 
 // A sharded run of `steps` steps of `c` on `mesh` with default FSDP options, CPU, local launcher.
+// The MoE model of the mesh tests (tests/engine/moe_test.cc, moe_ep_test.cc): 2 layers, hidden
+// 32, ffn 64, 4 experts, top 2, aux loss 0.01, batch 16 (128 tokens: 32 per rank on 4 data ranks,
+// whole MXFP8 32x1 blocks), under `recipe`.
+inline Config moe_mesh_config(RecipeKind recipe) {
+  TestModel tm;
+  tm.layers = 2;
+  tm.hidden = 32;
+  tm.ffn = 64;
+  tm.batch = 16;
+  tm.recipe = recipe;
+  Config c = make_config(tm);
+  c.model.moe.experts = 4;
+  c.model.moe.top_k = 2;
+  c.model.moe.aux_loss_coef = 0.01;
+  return c;
+}
+
 inline RunOptions run_options(const Config& c, MeshSpec mesh, int64_t steps) {
   RunOptions o;
   o.config = c;

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,16 @@
 #include "kernels/tensor.h"
 
 namespace meshproof::kernels::column_oracle {
+
+// Random N(0, stddev) values in `dtype` on the CPU (bf16 rounded from float32 by cast_to): the
+// inputs of the column-reduction tests on both backends.
+inline Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed, double stddev = 1.0) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
+  std::vector<float> v(static_cast<size_t>(shape.numel().value));
+  for (float& x : v) x = dist(gen);
+  return cast_to(Tensor::from_vector<float>(shape, v), dtype);
+}
 
 // Host values of a CPU tensor as double (bf16 and float32 widen exactly).
 inline std::vector<double> doubles(const Tensor& t) {

@@ -15,14 +15,7 @@ namespace meshproof::kernels {
 namespace {
 
 using column_oracle::ColumnGrads;
-
-Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed, double stddev = 1.0) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
-  std::vector<float> v(static_cast<size_t>(shape.numel().value));
-  for (float& x : v) x = dist(gen);
-  return cast_to(Tensor::from_vector<float>(shape, v), dtype);
-}
+using column_oracle::random_tensor;
 
 TEST(ColumnReduce, EveryRowOnceForAnyRowCount) {
   // Integers below 2^53 sum exactly in any order: the fixed order must give sum r and the count.

@@ -29,17 +29,10 @@
 namespace meshproof::kernels {
 namespace {
 
+using column_oracle::random_tensor;
+
 const Device kGpu = Device::cuda(0);
 const DType kActDtypes[] = {DType::kFloat32, DType::kBFloat16};
-
-// Random N(0, stddev) values in `dtype` on the CPU (bf16 rounded from float32 by cast()).
-Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed, double stddev = 1.0) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
-  std::vector<float> v(static_cast<size_t>(shape.numel().value));
-  for (float& x : v) x = dist(gen);
-  return cast_to(Tensor::from_vector<float>(shape, v), dtype);
-}
 
 Tensor on_gpu(const Tensor& t) { return t.to(kGpu); }
 
