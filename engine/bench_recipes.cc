@@ -1,3 +1,9 @@
+// `bench recipes` (docs/design.md section 26): per recipe, the GEMMs of a layer in their three
+// roles against BF16, the quantize time, the grouped expert GEMMs, one layer's step and the
+// convergence curve.
+// Over 600 lines on purpose: one file per op family (the recipe benchmark); the recipe table, the
+// per-role operand construction, the grouped expert sets and the layer runs share the timing,
+// L2-rotation and quantization helpers defined here.
 #include "engine/bench_recipes.h"
 
 #include <fmt/format.h>

@@ -1,3 +1,9 @@
+// The transformer's forward and backward (embedding, attention, dense and MoE MLPs, LM head and
+// loss, under TP/SP), readable top to bottom in one file as llm.c writes its model.
+// Over 600 lines on purpose: the layers share the private per-layer views (MlpWeights,
+// LayerWeights, LayerActs, the quantizing Linear) defined here; moving the MoE layer out would put
+// those definitions in an internal header for one caller. The routing, dispatch and token
+// exchange themselves are engine/moe.cc.
 #include "engine/model.h"
 
 #include <fmt/format.h>

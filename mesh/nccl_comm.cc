@@ -1,3 +1,9 @@
+// NCCL communicators (mesh/nccl_comm.h): the group plan (host logic, every build), the
+// communicator over one mesh group, and their lifetime (bootstrap, splits, per-process cache,
+// parallel teardown) for both launchers.
+// Over 600 lines on purpose: the communicator, the two launchers and the teardown share the
+// per-rank State defined here (its raw handles, stream and reserve); the plan and teardown order
+// are separate host functions tested on the CPU (tests/mesh/nccl_plan_test.cc).
 #include "mesh/nccl_comm.h"
 
 #include <fmt/format.h>
