@@ -212,7 +212,7 @@ class Storage {
   Device device_;
   Bytes size_;
   void* ptr_ = nullptr;
-  void* stream_ = nullptr;
+  [[maybe_unused]] void* stream_ = nullptr;  // the allocation's stream (CUDA builds only)
   MemoryTracker* tracker_ = nullptr;
 };
 
