@@ -281,12 +281,19 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   // resume_scenario records its own.
   fs::path resume_saved;
   const bool lead_all = s.launcher == Launcher::kMpi;
+  // A failure of this save is the resume check's, not the main run's: the ranks agree on it
+  // (create_check_folder and save_checkpoint fail on every rank alike), the run goes on without
+  // the save, and the check then trains its own first half and meets the same error there.
   auto resume_save = [&](engine::ShardedState& state, mesh::RankComms& comms, int64_t done) {
     if (request.resume_save_at == 0 || done != request.resume_save_at) return false;
-    const fs::path root = create_check_folder(comms, request.resume_root,
-                                              fmt::format("resume_check_step{}", done), "resume");
-    const fs::path dir = engine::save_checkpoint(root, done, state, comms, co);
-    if (lead_all || comms.rank() == 0) resume_saved = dir;
+    try {
+      const fs::path root = create_check_folder(comms, request.resume_root,
+                                                fmt::format("resume_check_step{}", done), "resume");
+      const fs::path dir = engine::save_checkpoint(root, done, state, comms, co);
+      if (lead_all || comms.rank() == 0) resume_saved = dir;
+    } catch (const std::exception&) {
+      return false;
+    }
     return true;
   };
   if (request.resume_save_at > 0) {
@@ -433,13 +440,13 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   auto lead = [&](const mesh::RankComms& comms) { return mpi || comms.rank() == 0; };
   const std::string base = fmt::format("resume_check_step{}", request.at_step);
   std::filesystem::path saved;
-  if (const TrainOutcome* main = request.first_half) {
+  const TrainOutcome* main = request.first_half;
+  if (main && !main->resume_saved.empty()) {
     // The main run trained the first half and saved after at_step: take its rows, not its time.
     const auto n = static_cast<size_t>(request.at_step - start);
-    MP_CHECK(!main->resume_saved.empty() && main->steps.size() >= n &&
-                 (!request.trace || main->trace.size() >= n),
-             "{}: the main run did not save after step {} for the resume check", s.name,
-             request.at_step);
+    MP_CHECK(main->steps.size() >= n && (!request.trace || main->trace.size() >= n),
+             "{}: the main run has {} steps, fewer than the {} before its resume save", s.name,
+             main->steps.size(), n);
     saved = main->resume_saved;
     for (size_t i = 0; i < n; ++i) {
       reports::StepMetrics row = main->steps[i];
@@ -448,7 +455,8 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
     }
     if (request.trace) out.trace.assign(main->trace.begin(), main->trace.begin() + n);
   }
-  // Run to at_step on the scenario's mesh and save into a folder of the check's own.
+  // Run to at_step on the scenario's mesh and save into a folder of the check's own (also when the
+  // main run's save failed: the check meets the error itself and reports it).
   std::atomic<bool> load_failed{false};
   if (saved.empty()) {
     rethrow_load_failure(load_failed, [&] {
@@ -501,9 +509,10 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
       });
   // The folder the check created (saved is its step_N inside): the runner removes it on a pass.
   out.checkpoints.push_back(saved.parent_path());
-  out.notes.push_back(fmt::format("resume: {} saved {} after step {}, resumed on {}",
-                                  request.first_half ? "the main run" : "the check", saved.string(),
-                                  request.at_step, describe_mesh(resumed.mesh)));
+  out.notes.push_back(
+      fmt::format("resume: {} saved {} after step {}, resumed on {}",
+                  main && !main->resume_saved.empty() ? "the main run" : "the check",
+                  saved.string(), request.at_step, describe_mesh(resumed.mesh)));
   return out;
 }
 
