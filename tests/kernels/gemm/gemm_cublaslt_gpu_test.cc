@@ -21,6 +21,7 @@
 #include "kernels/nvfp4.h"
 #include "kernels/quantize.h"
 #include "kernels/runtime.h"
+#include "tests/gpu_test.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
 #if MESHPROOF_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -28,6 +29,10 @@
 
 namespace meshproof::kernels {
 namespace {
+
+// Every test here drives the CUDA GEMM (detail::gemm_cuda_path, device streams): compiled only
+// in CUDA builds, where each skips without a usable GPU (tests/gpu_test.h).
+#if MESHPROOF_HAVE_CUDA
 
 using gemm_test::TestOperand;
 
@@ -124,7 +129,7 @@ class NativeBlockScaling : public testing::TestWithParam<RoleCase> {};
 // multiple of 128, so all three take the native path (fprop 1x128 x 128x128, dgrad 1x128 x
 // 128x128 (W's columnwise copy), wgrad 1x128 x 1x128).
 TEST_P(NativeBlockScaling, MatchesExactEmulation) {
-  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   if (device_cc() != 90) {
     GTEST_SKIP() << "native block scaling runs on sm_90 only; this device is sm_" << device_cc()
                  << " (its emulation is covered by kernels_gemm_cuda_test)";
@@ -172,7 +177,7 @@ INSTANTIATE_TEST_SUITE_P(Roles, NativeBlockScaling, testing::ValuesIn(role_cases
 // NVFP4 fprop (X 1x16 blocks x W 16x16 tiles) and dgrad (dY x W's columnwise copy) natively on
 // cc 10.x, against the CPU GEMM of the same quantized operands (the exact emulation).
 TEST(NativeNvfp4, MatchesExactEmulation) {
-  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   const int cc = device_cc();
   if (cc < 100 || cc >= 110) {
     GTEST_SKIP() << "native NVFP4 runs on cc 10.x only; this device is sm_" << cc;
@@ -261,7 +266,7 @@ TEST(NativeNvfp4, MatchesExactEmulation) {
 // A repeated GEMM (same shape, dtypes, layouts, alignment) runs the heuristic once: the second
 // call is one cache hit and no miss.
 TEST(CublasLtAlgoCache, HitsOnRepeatedShape) {
-  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   MemoryTracker tracker;
   ScopedRankContext ctx(RankContext{0, Device::cuda(0), nullptr, &tracker});
   const Tensor x = ones_on_device(64, 96);
@@ -280,14 +285,13 @@ TEST(CublasLtAlgoCache, HitsOnRepeatedShape) {
   EXPECT_EQ(y.to(Device::cpu()).to_vector<float>()[0], 96.0f);
 }
 
-#if MESHPROOF_HAVE_CUDA
 // 30 rounds of: a new stream, a GEMM on it (which makes its handle and 32 MiB workspace), then
 // release_stream_resources and cudaStreamDestroy, as mesh::LocalWorld does for its rank streams.
 // The workspace bytes go back to the baseline every round, and the device's free memory after the
 // last round is within one workspace of the first round's (without the release it would have
 // dropped by 29 x 32 MiB).
 TEST(CublasLtResources, WorkspacesFreedWithTheStream) {
-  if (!cuda_status().usable) GTEST_SKIP() << "CUDA not usable: " << cuda_status().reason;
+  MP_SKIP_WITHOUT_GPU();
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   const int64_t base_bytes = cublaslt_reserved_bytes(Device::cuda(0));
   const int64_t base_streams = cublaslt_stream_count();
