@@ -475,6 +475,7 @@ TEST(OpsCuda, BatchedDownloadAndUploadAreOneCopyEachAndBitwise) {
   for (size_t k = 0; k < host.size(); ++k) expect_bitwise(host[k], back[k], "copy_batched");
 }
 
+#if MESHPROOF_HAVE_CUDA  // the CUDA runtime's own calls (no such API in a CPU-only build)
 // Storage honours the device index: a tensor on the last visible device is allocated there and
 // reads back (a no-op difference with one GPU, where it is device 0).
 TEST(OpsCuda, AllocationOnTheTensorsDevice) {
@@ -489,6 +490,7 @@ TEST(OpsCuda, AllocationOnTheTensorsDevice) {
   EXPECT_EQ(attr.device, count - 1);
   expect_bitwise(h, d, "tensor on the last device");
 }
+#endif
 
 }  // namespace
 }  // namespace meshproof::kernels
