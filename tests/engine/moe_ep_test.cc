@@ -55,9 +55,12 @@ Tensor local_rows(int rank, int64_t rows, int64_t width) {
 // token order, then zero padding to the alignment; experts it does not own have no rows (one
 // zero block with keep_empty); from_owners(to_owners(x)) is x bit for bit.
 TEST(MoeEpExchange, OwnerLayoutAndRoundTripOnUnevenRoutings) {
-  for (const auto& [members, ep, align, keep] :
+  for (const auto& [members_, ep_, align_, keep_] :
        {std::tuple{2, 2, 1, false}, std::tuple{4, 2, 32, true}, std::tuple{4, 4, 16, false},
         std::tuple{4, 4, 128, true}}) {
+    // Copies the rank lambda can capture (clang before 16 cannot capture structured bindings).
+    const int members = members_, ep = ep_, align = align_;
+    const bool keep = keep_;
     constexpr int64_t kTokens = 6, kExperts = 8, kWidth = 3;
     mesh::LocalWorldOptions wo;
     wo.timeout = std::chrono::seconds(30);

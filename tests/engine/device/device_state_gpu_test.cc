@@ -27,6 +27,9 @@
 namespace meshproof::engine {
 namespace {
 
+// The CUDA backend only: compiled in CUDA builds (the clang sanitizer build has none).
+#if MESHPROOF_HAVE_CUDA
+
 namespace fs = std::filesystem;
 using kernels::CopyCounts;
 
@@ -191,6 +194,8 @@ TEST_F(DeviceStateGpu, ThirtyRunsKeepDeviceMemoryFlat) {
   RecordProperty("device_bytes_lost_over_29_runs", std::to_string(lost));
   EXPECT_LE(lost, int64_t{64} << 20) << "free " << free0 << " -> " << free1 << " of " << total;
 }
+
+#endif  // MESHPROOF_HAVE_CUDA
 
 }  // namespace
 }  // namespace meshproof::engine
