@@ -123,15 +123,6 @@ TEST(MoeEpExchange, PlanRefusesAPaddedLocalLayoutAndAnUnevenSplit) {
   });
 }
 
-Config tiny_moe() {
-  testing::TestModel tm;
-  tm.layers = 2;
-  Config c = testing::make_config(tm);
-  c.model.moe.experts = 4;
-  c.model.moe.top_k = 2;
-  return c;
-}
-
 MeshSpec with_ep(MeshSpec m, int ep) {
   m.ep = ep;
   return m;
@@ -174,13 +165,13 @@ void expect_ep_matches(const Config& c, double rel, const std::string& tag,
 }
 
 TEST(MoeEpMeshes, Fp32EpTwoAndFourMatchOneRankAndEpOne) {
-  Config c = tiny_moe();
+  Config c = testing::tiny_moe_config();
   c.model.moe.shared_expert = true;
   c.model.moe.aux_loss_coef = 0.01;
   expect_ep_matches(
       c, 1e-5, "fp32_softmax",
       {with_ep({1, 2, 1}, 2), with_ep({1, 4, 1}, 2), with_ep({1, 4, 1}, 4), with_ep({2, 2, 1}, 2)});
-  Config g = tiny_moe();
+  Config g = testing::tiny_moe_config();
   g.model.activation = Activation::kSwiGlu;
   g.model.moe.router = MoeRouter::kSigmoid;
   g.model.moe.experts = 8;
@@ -204,7 +195,7 @@ TEST(MoeEpMeshes, CurrentAndMxfp8MatchOneRank) {
 // expert_grad_scaled_by_ep through its hook: at ep 2 the step-0 gradient norm grows (the expert
 // gradients are doubled) while the loss of step 0 does not move; at ep 1 the factor is 1.
 TEST(MoeEpMeshes, ExpertGradScaledByEpHookDoublesExpertGradients) {
-  const Config c = tiny_moe();
+  const Config c = testing::tiny_moe_config();
   RunOptions clean = testing::run_options(c, with_ep({1, 2, 1}, 2), 1);
   RunOptions bad = clean;
   bad.faults.expert_grad_scaled_by_ep = true;
@@ -222,13 +213,13 @@ TEST(MoeEpRules, BadEpValuesAreInputErrorsNamingMeshEp) {
     const std::vector<ConfigIssue> is = check_run(testing::run_options(c, m, 1), HostLimits{});
     return is.empty() ? std::string() : is.front().key_path + ": " + is.front().message;
   };
-  const Config moe = tiny_moe();
+  const Config moe = testing::tiny_moe_config();
   EXPECT_EQ(issue(moe, with_ep({1, 4, 1}, 2)), "");
   EXPECT_NE(issue(moe, with_ep({1, 4, 1}, 3))
                 .find("mesh.ep: mesh.ep = 3 does not divide "
                       "mesh.dp_shard = 4"),
             std::string::npos);
-  Config six = tiny_moe();
+  Config six = testing::tiny_moe_config();
   six.model.moe.experts = 6;
   EXPECT_NE(issue(six, with_ep({1, 4, 1}, 4)).find("does not divide model.moe.experts = 6"),
             std::string::npos);

@@ -230,15 +230,6 @@ TEST(MoeGrouped, PaddedBlocksEqualAnUnpaddedPerExpertLoopBitwise) {
   }
 }
 
-Config tiny_moe() {
-  testing::TestModel tm;
-  tm.layers = 2;
-  Config c = testing::make_config(tm);
-  c.model.moe.experts = 4;
-  c.model.moe.top_k = 2;
-  return c;
-}
-
 // E = 1, top_k = 1, softmax, no aux loss: the combine weight is exactly 1 and expert 0 starts as
 // the dense MLP, so training is bitwise the dense model's (losses, grad norms, weights).
 void expect_dense(RecipeKind recipe, Activation act) {
@@ -275,7 +266,7 @@ TEST(MoeModel, OneExpertTopOneIsBitwiseTheDenseModel) {
 }
 
 TEST(MoeModel, ExpertZeroIsTheDenseStreamRouterStaysFp32Keys) {
-  Config c = tiny_moe();
+  Config c = testing::tiny_moe_config();
   c.model.moe.every = 2;  // layer 0 MoE, layer 1 dense
   c.model.moe.shared_expert = true;
   const TensorMap p = init_params(c.model, c.seed);
@@ -359,14 +350,14 @@ void check_moe_gradients(Config c) {
 }
 
 TEST(MoeGradientsF64, SoftmaxTopTwoSharedExpertAuxLoss) {
-  Config c = tiny_moe();
+  Config c = testing::tiny_moe_config();
   c.model.moe.shared_expert = true;
   c.model.moe.aux_loss_coef = 0.3;
   check_moe_gradients(c);
 }
 
 TEST(MoeGradientsF64, SigmoidTopTwoSwiGluEverySecondLayer) {
-  Config c = tiny_moe();
+  Config c = testing::tiny_moe_config();
   c.model.moe.router = MoeRouter::kSigmoid;
   c.model.moe.every = 2;
   c.model.moe.aux_loss_coef = 0.1;
@@ -405,11 +396,11 @@ void expect_meshes_match(const Config& c, double rel, const std::string& tag) {
 }
 
 TEST(MoeMeshes, Fp32EveryDataParallelMeshMatchesOneRank) {
-  Config c = tiny_moe();
+  Config c = testing::tiny_moe_config();
   c.model.moe.shared_expert = true;
   c.model.moe.aux_loss_coef = 0.01;
   expect_meshes_match(c, 1e-5, "fp32_softmax");
-  Config g = tiny_moe();
+  Config g = testing::tiny_moe_config();
   g.model.activation = Activation::kSwiGlu;
   g.model.moe.router = MoeRouter::kSigmoid;
   g.model.moe.experts = 8;  // 64 tokens x top 2 over 8 experts
@@ -507,7 +498,7 @@ TEST(MoeMeshes, DelayedBlockNvfp4MatchOneRankWithinMeasuredBounds) {
 // grad_norm differs by the summation order of the expert weight gradients only (section 30:
 // 1.7e-10 for current scaling; bound 1e-9).
 TEST(MoeMeshes, DelayedStatePerExpertLinearCheckpointedEpBitwise) {
-  Config c = tiny_moe();
+  Config c = testing::tiny_moe_config();
   c.model.hidden = 32;
   c.model.ffn = 64;
   c.training.batch = 16;
@@ -587,18 +578,18 @@ TEST(MoeRules, EveryRecipeAcceptedRemainingRefusalsNameTheirKey) {
     c.model.moe.top_k = 2;
     EXPECT_EQ(issues(c, MeshSpec{1, 4, 1}), "") << name;
   }
-  const Config moe = tiny_moe();
+  const Config moe = testing::tiny_moe_config();
   EXPECT_NE(issues(moe, MeshSpec{1, 1, 2})
                 .find("mesh.tp: model.moe with tp = 2: tensor-parallel "
                       "experts are not built yet"),
             std::string::npos);
-  Config cur = tiny_moe();
+  Config cur = testing::tiny_moe_config();
   cur.recipe.kind = RecipeKind::kCurrent;
   EXPECT_NE(issues(cur, MeshSpec{1, 2, 1}, true).find("fsdp.fp8_all_gather: with model.moe"),
             std::string::npos);
   EXPECT_NE(issues(cur, MeshSpec{1, 2, 1}, false, true).find("fsdp.fp8_params: with model.moe"),
             std::string::npos);
-  Config accum = tiny_moe();
+  Config accum = testing::tiny_moe_config();
   accum.model.moe.aux_loss_coef = 0.01;
   accum.training.micro_batches = 2;
   EXPECT_NE(issues(accum, MeshSpec{1, 1, 1})

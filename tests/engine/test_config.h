@@ -47,6 +47,17 @@ inline Config make_config(const TestModel& m) {
 }
 
 // A sharded run of `steps` steps of `c` on `mesh` with default FSDP options, CPU, local launcher.
+// The smallest MoE model of the engine tests: the default test model with 2 layers, 4 experts,
+// top 2 (no aux loss).
+inline Config tiny_moe_config() {
+  TestModel tm;
+  tm.layers = 2;
+  Config c = make_config(tm);
+  c.model.moe.experts = 4;
+  c.model.moe.top_k = 2;
+  return c;
+}
+
 // The MoE model of the mesh tests (tests/engine/moe_test.cc, moe_ep_test.cc): 2 layers, hidden
 // 32, ffn 64, 4 experts, top 2, aux loss 0.01, batch 16 (128 tokens: 32 per rank on 4 data ranks,
 // whole MXFP8 32x1 blocks), under `recipe`.
