@@ -47,16 +47,19 @@ class CorruptingComms final : public RankComms {
   int rank() const override { return inner_.rank(); }
   const DeviceMesh& mesh() const override { return inner_.mesh(); }
   Communicator& group(DimSet dims) override {
-    // The world group stays honest: the bench aggregates its numbers over it.
-    if (dims.bits() == 7u) return inner_.group(dims);
-    auto& c = comms_[dims.bits()];
+    // The world group stays honest: the bench aggregates its numbers over it. Dim sets map to
+    // the mesh's group slots as every RankComms does (a set with pp maps onto its twin without it
+    // when pp = 1).
+    const unsigned slot = inner_.mesh().group_slot(dims);
+    if (slot == inner_.mesh().group_slots() - 1) return inner_.group(dims);
+    auto& c = comms_[slot];
     if (!c) c = std::make_unique<CorruptingCommunicator>(inner_.group(dims));
     return *c;
   }
 
  private:
   RankComms& inner_;
-  std::array<std::unique_ptr<CorruptingCommunicator>, 8> comms_;
+  std::array<std::unique_ptr<CorruptingCommunicator>, 1u << kNumGroupDims> comms_;
 };
 
 CommBenchOptions small() {
