@@ -10,9 +10,9 @@
 #include "kernels/op_util.h"
 
 namespace meshproof::kernels {
-namespace {
 
-void check_shapes(std::string_view op, const Tensor& qkv, const AttentionShape& s) {
+void detail::check_attention_operand(std::string_view op, const Tensor& qkv,
+                                     const AttentionShape& s) {
   MP_CHECK(s.batch > 0 && s.seq > 0 && s.heads > 0 && s.head_dim > 0 && s.kv_heads >= 0,
            "{}: bad shape B={} S={} A={} d={} KV={}", op, s.batch, s.seq, s.heads, s.head_dim,
            s.kv_heads);
@@ -20,6 +20,8 @@ void check_shapes(std::string_view op, const Tensor& qkv, const AttentionShape& 
   detail::check_operand(qkv, op, "qkv", s.batch * s.seq * s.qkv_width());
   detail::check_float(qkv, op, "qkv");
 }
+
+namespace {
 
 // The CUDA kernels keep one row of S doubles (plus a few static bytes) in shared memory (48 KiB
 // without opt-in) and launch one block per (batch, head, row).
@@ -443,7 +445,7 @@ void attention_backward_cpu(const T* dop, const T* in, const T* p, const Attenti
 
 void attention_forward(const Tensor& qkv, const AttentionShape& s, Tensor& out, Tensor& probs) {
   constexpr std::string_view op = "attention_forward";
-  check_shapes(op, qkv, s);
+  detail::check_attention_operand(op, qkv, s);
   const int64_t b_n = s.batch, seq = s.seq, a_n = s.heads, h = a_n * s.head_dim;
   detail::check_operand(out, op, "out", b_n * seq * h);
   detail::check_operand(probs, op, "probs", b_n * a_n * seq * seq);
@@ -468,7 +470,7 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, Tensor& out, 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                         const AttentionShape& s, Tensor& dqkv) {
   constexpr std::string_view op = "attention_backward";
-  check_shapes(op, qkv, s);
+  detail::check_attention_operand(op, qkv, s);
   const int64_t b_n = s.batch, seq = s.seq, a_n = s.heads, d = s.head_dim, h = a_n * d;
   const int64_t w = s.qkv_width(), kv = s.kv();
   detail::check_operand(dout, op, "dout", b_n * seq * h);
@@ -500,7 +502,7 @@ namespace {
 // Rotates the q and k heads of every row by +angle (sign 1) or -angle (sign -1).
 void rope_apply(std::string_view op, Tensor& qkv, const AttentionShape& s, double theta,
                 const std::vector<int64_t>& positions, double sign) {
-  check_shapes(op, qkv, s);
+  detail::check_attention_operand(op, qkv, s);
   MP_CHECK(s.head_dim % 2 == 0, "{}: head dim d={} must be even (pairs (2i, 2i+1))", op,
            s.head_dim);
   MP_CHECK(static_cast<int64_t>(positions.size()) == s.seq, "{}: {} positions for S={}", op,

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "kernels/tensor.h"
@@ -43,5 +44,12 @@ void rope_forward(Tensor& qkv, const AttentionShape& shape, double theta,
                   const std::vector<int64_t>& positions);
 void rope_backward(Tensor& dqkv, const AttentionShape& shape, double theta,
                    const std::vector<int64_t>& positions);
+
+namespace detail {
+// The checks every attention kernel makes of its shape and its qkv operand (the reference here and
+// the fused kernels of kernels/flash_attention.h): positive dims, KV dividing A, qkv
+// [B, S, (A + 2KV)d] of a floating dtype on the current device.
+void check_attention_operand(std::string_view op, const Tensor& qkv, const AttentionShape& s);
+}  // namespace detail
 
 }  // namespace meshproof::kernels

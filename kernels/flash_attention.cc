@@ -11,17 +11,12 @@ namespace meshproof::kernels {
 namespace {
 
 void check_flash_shape(std::string_view op, const Tensor& qkv, const AttentionShape& s) {
-  MP_CHECK(s.batch > 0 && s.seq > 0 && s.heads > 0 && s.head_dim > 0 && s.kv_heads >= 0,
-           "{}: bad shape B={} S={} A={} d={} KV={}", op, s.batch, s.seq, s.heads, s.head_dim,
-           s.kv_heads);
-  MP_CHECK(s.heads % s.kv() == 0, "{}: KV={} does not divide A={}", op, s.kv(), s.heads);
+  detail::check_attention_operand(op, qkv, s);
   MP_CHECK(flash_attention_supported(s), "{}: head dim d={} exceeds the fused kernels' {}", op,
            s.head_dim, kFlashMaxHeadDim);
   // Grid dimensions of the CUDA kernels: (row tiles, heads or groups, batch).
   MP_CHECK(s.heads <= 65535 && s.batch <= 65535, "{}: A={} or B={} exceeds the CUDA grid", op,
            s.heads, s.batch);
-  detail::check_operand(qkv, op, "qkv", s.batch * s.seq * s.qkv_width());
-  detail::check_float(qkv, op, "qkv");
   MP_CHECK(qkv.dtype() != DType::kFloat64,
            "{}: the fused attention computes in float32; {} is "
            "float64 (the reference kernels/attention.h takes it)",

@@ -122,6 +122,14 @@ void check_fp32(const Tensor& t, std::string_view what, const Communicator& c) {
                  t.describe());
 }
 
+// send and recv: a byte-sized buffer and a peer that is another member of the group.
+void check_point_to_point(const Tensor& buffer, int peer, const char* what, const Communicator& c) {
+  check_byte_sized(buffer, what, c);
+  MP_CHECK_INPUT(0 <= peer && peer < c.size() && peer != c.rank(),
+                 "{} on {}: peer {} is not another member of the group (this member is {})", what,
+                 c.describe(), peer, c.rank());
+}
+
 }  // namespace
 
 void Communicator::all_gather(const Tensor& input, Tensor& output) {
@@ -206,10 +214,7 @@ void Communicator::all_to_all_v(const Tensor& input, const std::vector<int64_t>&
 }
 
 void Communicator::send(const Tensor& buffer, int peer) {
-  check_byte_sized(buffer, "send", *this);
-  MP_CHECK_INPUT(0 <= peer && peer < size() && peer != rank(),
-                 "send on {}: peer {} is not another member of the group (this member is {})",
-                 describe(), peer, rank());
+  check_point_to_point(buffer, peer, "send", *this);
   const auto t0 = std::chrono::steady_clock::now();
   do_send(buffer, peer);
   account(CollectiveKind::kSend, buffer.nbytes(), seconds_since(t0), ReduceOp::kSum,
@@ -217,10 +222,7 @@ void Communicator::send(const Tensor& buffer, int peer) {
 }
 
 void Communicator::recv(Tensor& buffer, int peer) {
-  check_byte_sized(buffer, "recv", *this);
-  MP_CHECK_INPUT(0 <= peer && peer < size() && peer != rank(),
-                 "recv on {}: peer {} is not another member of the group (this member is {})",
-                 describe(), peer, rank());
+  check_point_to_point(buffer, peer, "recv", *this);
   const auto t0 = std::chrono::steady_clock::now();
   do_recv(buffer, peer);
   account(CollectiveKind::kRecv, buffer.nbytes(), seconds_since(t0), ReduceOp::kSum,
