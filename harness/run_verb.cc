@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string_view>
 
 #include "harness/env_verb.h"
@@ -341,6 +342,27 @@ void print_fault_catalog(std::ostream& out) {
   }
 }
 
+void print_fault_catalog_json(std::ostream& out) {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const FaultDescriptor& f : fault_table()) {
+    nlohmann::ordered_json row;
+    row["name"] = f.name;
+    row["generic"] = f.generic;
+    row["bug_class"] = f.bug_class;
+    row["caught_by"] = f.caught_by;
+    nlohmann::ordered_json needs = nlohmann::ordered_json::array();
+    for (const FaultRequirement& r : f.needs) needs.push_back(r.what);
+    row["needs"] = std::move(needs);
+    nlohmann::ordered_json params = nlohmann::ordered_json::array();
+    for (const FaultParam* p : all_params(f)) {
+      params.push_back({{"name", p->name}, {"describe", p->describe()}, {"doc", p->doc}});
+    }
+    row["params"] = std::move(params);
+    rows.push_back(std::move(row));
+  }
+  out << rows.dump(2) << '\n';
+}
+
 std::string shell_join(const std::vector<std::string>& args) {
   std::string out;
   for (const std::string& a : args) {
@@ -418,8 +440,16 @@ void add_golden_command(CLI::App& app, const std::vector<std::string>& args, std
 void add_faults_command(CLI::App& app, std::ostream& out, int& exit_code) {
   auto* cmd = app.add_subcommand(
       "faults", "List the injectable faults, the bug class each reproduces and its checks");
-  cmd->callback([&out, &exit_code] {
-    print_fault_catalog(out);
+  auto json = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json,
+                "Print the table as JSON (name, generic, bug_class, caught_by, needs, params): "
+                "what tools and the test suite read instead of the text");
+  cmd->callback([&out, &exit_code, json] {
+    if (*json) {
+      print_fault_catalog_json(out);
+    } else {
+      print_fault_catalog(out);
+    }
     exit_code = kExitOk;
   });
 }

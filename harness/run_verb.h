@@ -64,6 +64,9 @@ int golden_update_verb(const GoldenUpdateOptions& opts, std::ostream& out, std::
 // the checks that catch it, what a scenario needs for it and each parameter's type, range and
 // default.
 void print_fault_catalog(std::ostream& out);
+// The same table as a JSON array of {name, generic, bug_class, caught_by, needs, params}
+// (`meshproof faults --json`): the fault CTests are listed from it at test time.
+void print_fault_catalog_json(std::ostream& out);
 
 // `args` is the whole argv as given (it must outlive parsing); the verbs record it.
 void add_run_command(CLI::App& app, const std::vector<std::string>& args, std::ostream& out,

@@ -11,7 +11,8 @@ it must catch the fault with exactly that check:
   * resume_cross_mesh: the failing resume ran on another mesh ("run resumed on ...").
 
 Modes:
-  coverage MESHPROOF PAIR...   the claimed pairs equal CLAIMS and the CTest list (PAIR...)
+  coverage MESHPROOF PAIR...   the claimed pairs (this text output) equal CLAIMS and the CTest
+                               list (PAIR..., listed from `meshproof faults --json`)
   run MESHPROOF SCENARIOS GOLDEN OUT FAULT CHECK   one pair
 """
 import json

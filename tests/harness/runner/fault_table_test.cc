@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
@@ -152,6 +153,38 @@ TEST_P(FaultTableRow, ListedByMeshproofFaults) {
                         at),
               std::string::npos)
         << p->name;
+  }
+}
+
+// `meshproof faults --json` (what the fault CTests are listed from) gives the row at its index
+// with the same fields as the text.
+TEST_P(FaultTableRow, ListedByMeshproofFaultsJson) {
+  std::ostringstream out;
+  print_fault_catalog_json(out);
+  const nlohmann::json rows = nlohmann::json::parse(out.str());
+  ASSERT_TRUE(rows.is_array());
+  ASSERT_EQ(rows.size(), fault_table().size());
+  const auto at = std::find_if(rows.begin(), rows.end(),
+                               [&](const nlohmann::json& r) { return r.at("name") == GetParam(); });
+  ASSERT_NE(at, rows.end()) << out.str();
+  EXPECT_EQ(&fault_table()[static_cast<size_t>(at - rows.begin())], &row())
+      << "listed out of order";
+  const nlohmann::json& r = *at;
+  EXPECT_EQ(r.at("generic").get<bool>(), row().generic);
+  EXPECT_EQ(r.at("bug_class").get<std::string>(), row().bug_class);
+  std::vector<std::string> claims(row().caught_by.begin(), row().caught_by.end());
+  EXPECT_EQ(r.at("caught_by").get<std::vector<std::string>>(), claims);
+  ASSERT_EQ(r.at("needs").size(), row().needs.size());
+  for (size_t i = 0; i < row().needs.size(); ++i) {
+    EXPECT_EQ(r.at("needs")[i].get<std::string>(), row().needs[i].what);
+  }
+  const std::vector<const FaultParam*> params = all_params(row());
+  ASSERT_EQ(r.at("params").size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const nlohmann::json& p = r.at("params")[i];
+    EXPECT_EQ(p.at("name").get<std::string>(), params[i]->name);
+    EXPECT_EQ(p.at("describe").get<std::string>(), params[i]->describe());
+    EXPECT_EQ(p.at("doc").get<std::string>(), params[i]->doc);
   }
 }
 
