@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <set>
+#include <string>
 
 #include "engine/session.h"
 #include "engine/state_keys.h"
@@ -105,89 +107,109 @@ INSTANTIATE_TEST_SUITE_P(Units, ReshardAfterForward,
 // ---------------------------------------------------------------------------------------------
 // fsdp.fp8_params
 
-TEST(Fp8Params, StateHoldsTheMasterRequantizedAfterEveryStep) {
-  // Current scaling on dp_shard 2 and on dp_shard 2 x tp 2 (qkv/fc1 StridedShard(0) over dp_shard
-  // inside their TP Shard(0), proj/fc2 Shard(1) over tp): after each step the FP8 primary weight
-  // of every GEMM weight is this rank's box of quantize(master) with the amax of the whole weight
-  // (MAX-reduced over dp_shard + tp), and its bytes are what the checkpoint state holds.
-  for (const MeshSpec& m : {MeshSpec{1, 2, 1}, MeshSpec{1, 2, 2}}) {
-    RunOptions o = run_options(two_layers(RecipeKind::kCurrent), m, 0);
-    o.fsdp.fp8_params = true;
-    mesh::LocalWorld world(o.mesh.device_mesh());
-    std::vector<int> checked(static_cast<size_t>(m.world_size()), 0);
-    world.run([&](mesh::RankComms& comms) {
-      TrainingSession s(o, comms);
-      for (int step = 0; step < 2; ++step) {
-        s.step();
-        const std::map<std::string, Tensor> full = s.gather_params();
-        std::map<std::string, const StateEntry*> by_key;
-        for (const StateEntry& e : s.state().entries) by_key[e.key] = &e;
-        for (const auto& [name, w] : full) {
-          const auto data = by_key.find(keys::fp8_param(name, "rowwise_data"));
-          const bool gemm = name.ends_with("qkv.weight") || name.ends_with("proj.weight") ||
-                            name.ends_with("fc1.weight") || name.ends_with("fc2.weight");
-          ASSERT_EQ(data != by_key.end(), gemm) << name;
-          if (!gemm) continue;
-          const Tensor amax = kernels::compute_amax(w);
-          const kernels::QuantizedTensor q = kernels::quantize_per_tensor(
-              w, kernels::compute_current_scale(amax, DType::kE4M3), DType::kE4M3,
-              {.rowwise = true, .columnwise = false}, kernels::ScalingMode::kCurrentTensor, amax);
-          const StateEntry& e = *data->second;
-          const Tensor want = mesh::shard(q.rowwise_data, e.layout, comms.rank());
-          EXPECT_EQ(e.local.dtype(), DType::kE4M3) << name;
-          ASSERT_EQ(e.local.shape(), want.shape()) << name << " on " << m.device_mesh().str();
-          EXPECT_EQ(std::memcmp(e.local.raw_data(), want.raw_data(),
-                                static_cast<size_t>(want.nbytes().value)),
-                    0)
-              << name << " step " << step << " rank " << comms.rank() << " on "
-              << m.device_mesh().str();
-          const StateEntry& si = *by_key.at(keys::fp8_param(name, "scale_inv"));
-          EXPECT_EQ(si.local.to_vector<float>(), q.rowwise_scale_inv.to_vector<float>()) << name;
-          ++checked[static_cast<size_t>(comms.rank())];
-        }
-      }
-    });
-    // 2 layers x 4 GEMM weights x 2 steps per rank.
-    for (int n : checked) EXPECT_EQ(n, 16) << m.device_mesh().str();
-  }
+std::string mesh_case_name(const ::testing::TestParamInfo<MeshSpec>& info) {
+  const MeshSpec& m = info.param;
+  return fmt::format("r{}_s{}_t{}", m.dp_replicate, m.dp_shard, m.tp);
 }
 
-TEST(Fp8Params, MeshInvariantAndCloseToTheFp8AllGatherRun) {
+// Current scaling on dp_shard 2 and on dp_shard 2 x tp 2 (qkv/fc1 StridedShard(0) over dp_shard
+// inside their TP Shard(0), proj/fc2 Shard(1) over tp): after each step the FP8 primary weight
+// of every GEMM weight (the weight of a quantized linear: ParamSpec::linear set) is this rank's
+// box of quantize(master) with the amax of the whole weight (MAX-reduced over dp_shard + tp), and
+// its bytes are what the checkpoint state holds.
+class Fp8ParamsState : public ::testing::TestWithParam<MeshSpec> {};
+
+TEST_P(Fp8ParamsState, HoldsTheMasterRequantizedAfterEveryStep) {
+  const MeshSpec m = GetParam();
+  RunOptions o = run_options(two_layers(RecipeKind::kCurrent), m, 0);
+  o.fsdp.fp8_params = true;
+  std::set<std::string> gemm_weights;
+  for (const ParamSpec& spec : param_specs(o.config.model)) {
+    if (!spec.linear.empty()) gemm_weights.insert(spec.name);
+  }
+  mesh::LocalWorld world(o.mesh.device_mesh());
+  std::vector<int> checked(static_cast<size_t>(m.world_size()), 0);
+  world.run([&](mesh::RankComms& comms) {
+    TrainingSession s(o, comms);
+    for (int step = 0; step < 2; ++step) {
+      s.step();
+      const std::map<std::string, Tensor> full = s.gather_params();
+      std::map<std::string, const StateEntry*> by_key;
+      for (const StateEntry& e : s.state().entries) by_key[e.key] = &e;
+      for (const auto& [name, w] : full) {
+        const auto data = by_key.find(keys::fp8_param(name, "rowwise_data"));
+        const bool gemm = gemm_weights.contains(name);
+        ASSERT_EQ(data != by_key.end(), gemm) << name;
+        if (!gemm) continue;
+        const Tensor amax = kernels::compute_amax(w);
+        const kernels::QuantizedTensor q = kernels::quantize_per_tensor(
+            w, kernels::compute_current_scale(amax, DType::kE4M3), DType::kE4M3,
+            {.rowwise = true, .columnwise = false}, kernels::ScalingMode::kCurrentTensor, amax);
+        const StateEntry& e = *data->second;
+        const Tensor want = mesh::shard(q.rowwise_data, e.layout, comms.rank());
+        EXPECT_EQ(e.local.dtype(), DType::kE4M3) << name;
+        ASSERT_EQ(e.local.shape(), want.shape()) << name << " on " << m.device_mesh().str();
+        EXPECT_EQ(std::memcmp(e.local.raw_data(), want.raw_data(),
+                              static_cast<size_t>(want.nbytes().value)),
+                  0)
+            << name << " step " << step << " rank " << comms.rank() << " on "
+            << m.device_mesh().str();
+        const StateEntry& si = *by_key.at(keys::fp8_param(name, "scale_inv"));
+        EXPECT_EQ(si.local.to_vector<float>(), q.rowwise_scale_inv.to_vector<float>()) << name;
+        ++checked[static_cast<size_t>(comms.rank())];
+      }
+    }
+  });
+  // 2 layers x 4 GEMM weights x 2 steps per rank.
+  EXPECT_EQ(gemm_weights.size(), 8u);
+  for (int n : checked) EXPECT_EQ(n, 16) << m.device_mesh().str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8Params, Fp8ParamsState,
+                         ::testing::Values(MeshSpec{1, 2, 1}, MeshSpec{1, 2, 2}), mesh_case_name);
+
+class Fp8ParamsRecipe : public ::testing::TestWithParam<RecipeKind> {};
+
+TEST_P(Fp8ParamsRecipe, MeshInvariantAndCloseToTheFp8AllGatherRun) {
   // lr 1e-3: at 1e-2 this small FP8 model trains chaotically (the loss rises after step 2), so
   // any one-ulp difference grows to percent-level within 4 steps and nothing could be compared.
   constexpr int64_t kSteps = 6;
-  for (RecipeKind kind : {RecipeKind::kCurrent, RecipeKind::kDelayed, RecipeKind::kMxfp8}) {
-    Config c = two_layers(kind);
-    c.training.lr = 1e-3;
-    RunOptions one = run_options(c, {1, 1, 1}, kSteps);
-    one.fsdp.fp8_params = true;
-    RunOptions dp2 = one;
-    dp2.mesh = {1, 2, 1};
-    RunOptions ag = dp2;  // FP8 all-gather of the bf16 compute copy instead of FP8 weights
-    ag.fsdp.fp8_params = false;
-    ag.fsdp.fp8_all_gather = true;
-    const RunResult a = run_training(one), b = run_training(dp2), g = run_training(ag);
-    double mesh_worst = 0, ag_worst = 0;
-    for (size_t s = 0; s < kSteps; ++s) {
-      const double want = a.metrics[s].loss;
-      mesh_worst = std::max(mesh_worst, std::abs(b.metrics[s].loss - want) / want);
-      ag_worst = std::max(ag_worst, std::abs(g.metrics[s].loss - b.metrics[s].loss) / want);
-    }
-    // The FP8 weights are quantize(fp32 master) with the whole weight's scale on every mesh, so
-    // for current and mxfp8 scaling a data-parallel mesh changes only the order of the double
-    // loss sum over ranks (measured worst 4.6e-16 over 6 steps; 1e-12 leaves room for that
-    // order and nothing else). Delayed scaling on dp_shard 2 drifts from one rank as it does
-    // without fp8_params (RecipeMesh above: 1.5e-3); measured here 1.6e-4, bound 1e-3.
-    EXPECT_LE(mesh_worst, kind == RecipeKind::kDelayed ? 1e-3 : 1e-12) << recipe_name(kind);
-    // Against the FP8 all-gather run the weights differ by the bf16 rounding before the FP8 cast
-    // (and so, for per-tensor recipes, by a slightly different amax and scale). Measured worst
-    // relative loss deviation over 6 steps: current 2.5e-4, delayed 2.4e-4, mxfp8 1.9e-4;
-    // bound 1e-3 (well inside docs/design.md section 8's FP8 budget of 1e-2).
-    EXPECT_LE(ag_worst, 1e-3) << recipe_name(kind);
-    RecordProperty(fmt::format("worst_rel_loss_{}", recipe_name(kind)),
-                   fmt::format("mesh {:.2e}, vs fp8_all_gather {:.2e}", mesh_worst, ag_worst));
+  const RecipeKind kind = GetParam();
+  Config c = two_layers(kind);
+  c.training.lr = 1e-3;
+  RunOptions one = run_options(c, {1, 1, 1}, kSteps);
+  one.fsdp.fp8_params = true;
+  RunOptions dp2 = one;
+  dp2.mesh = {1, 2, 1};
+  RunOptions ag = dp2;  // FP8 all-gather of the bf16 compute copy instead of FP8 weights
+  ag.fsdp.fp8_params = false;
+  ag.fsdp.fp8_all_gather = true;
+  const RunResult a = run_training(one), b = run_training(dp2), g = run_training(ag);
+  double mesh_worst = 0, ag_worst = 0;
+  for (size_t s = 0; s < kSteps; ++s) {
+    const double want = a.metrics[s].loss;
+    mesh_worst = std::max(mesh_worst, std::abs(b.metrics[s].loss - want) / want);
+    ag_worst = std::max(ag_worst, std::abs(g.metrics[s].loss - b.metrics[s].loss) / want);
   }
+  // The FP8 weights are quantize(fp32 master) with the whole weight's scale on every mesh, so
+  // for current and mxfp8 scaling a data-parallel mesh changes only the order of the double
+  // loss sum over ranks (measured worst 4.6e-16 over 6 steps; 1e-12 leaves room for that
+  // order and nothing else). Delayed scaling on dp_shard 2 drifts from one rank as it does
+  // without fp8_params (RecipeMesh above: 1.5e-3); measured here 1.6e-4, bound 1e-3.
+  EXPECT_LE(mesh_worst, kind == RecipeKind::kDelayed ? 1e-3 : 1e-12) << recipe_name(kind);
+  // Against the FP8 all-gather run the weights differ by the bf16 rounding before the FP8 cast
+  // (and so, for per-tensor recipes, by a slightly different amax and scale). Measured worst
+  // relative loss deviation over 6 steps: current 2.5e-4, delayed 2.4e-4, mxfp8 1.9e-4;
+  // bound 1e-3 (well inside docs/design.md section 8's FP8 budget of 1e-2).
+  EXPECT_LE(ag_worst, 1e-3) << recipe_name(kind);
+  RecordProperty(fmt::format("worst_rel_loss_{}", recipe_name(kind)),
+                 fmt::format("mesh {:.2e}, vs fp8_all_gather {:.2e}", mesh_worst, ag_worst));
 }
+
+INSTANTIATE_TEST_SUITE_P(Fp8Params, Fp8ParamsRecipe,
+                         ::testing::Values(RecipeKind::kCurrent, RecipeKind::kDelayed,
+                                           RecipeKind::kMxfp8),
+                         [](const auto& info) { return std::string(recipe_name(info.param)); });
 
 TEST(Fp8Params, MemoryCountsTheFp8Weights) {
   RunOptions o = run_options(two_layers(RecipeKind::kCurrent), {1, 2, 1}, 1);
