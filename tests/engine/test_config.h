@@ -2,6 +2,7 @@
 // recipe, learning rate, seed) with the rest at values every suite shares.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,6 +12,20 @@
 #include "engine/session.h"
 
 namespace meshproof::engine::testing {
+
+// A mesh as a gtest case name: r<dp_replicate>_s<dp_shard>_t<tp>, then _sp with sequence
+// parallelism and _ep<n> with expert parallelism, so a failing case names its mesh.
+inline std::string mesh_case_name(const MeshSpec& m) {
+  // fmt rather than operator+ chains: GCC 12 at -O3 reports a false -Wrestrict on those.
+  return fmt::format("r{}_s{}_t{}{}{}", m.dp_replicate, m.dp_shard, m.tp,
+                     m.sequence_parallel ? "_sp" : "", m.ep > 1 ? fmt::format("_ep{}", m.ep) : "");
+}
+// The INSTANTIATE_TEST_SUITE_P name generator of a suite parameterised over MeshSpec.
+struct MeshCaseName {
+  std::string operator()(const ::testing::TestParamInfo<MeshSpec>& info) const {
+    return mesh_case_name(info.param);
+  }
+};
 
 struct TestModel {
   int64_t vocab = 32;

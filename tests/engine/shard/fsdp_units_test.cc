@@ -107,11 +107,6 @@ INSTANTIATE_TEST_SUITE_P(Units, ReshardAfterForward,
 // ---------------------------------------------------------------------------------------------
 // fsdp.fp8_params
 
-std::string mesh_case_name(const ::testing::TestParamInfo<MeshSpec>& info) {
-  const MeshSpec& m = info.param;
-  return fmt::format("r{}_s{}_t{}", m.dp_replicate, m.dp_shard, m.tp);
-}
-
 // Current scaling on dp_shard 2 and on dp_shard 2 x tp 2 (qkv/fc1 StridedShard(0) over dp_shard
 // inside their TP Shard(0), proj/fc2 Shard(1) over tp): after each step the FP8 primary weight
 // of every GEMM weight (the weight of a quantized linear: ParamSpec::linear set) is this rank's
@@ -166,7 +161,8 @@ TEST_P(Fp8ParamsState, HoldsTheMasterRequantizedAfterEveryStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp8Params, Fp8ParamsState,
-                         ::testing::Values(MeshSpec{1, 2, 1}, MeshSpec{1, 2, 2}), mesh_case_name);
+                         ::testing::Values(MeshSpec{1, 2, 1}, MeshSpec{1, 2, 2}),
+                         testing::MeshCaseName{});
 
 class Fp8ParamsRecipe : public ::testing::TestWithParam<RecipeKind> {};
 

@@ -177,7 +177,9 @@ TEST_P(Fp32Mesh, LlamaKv2TiedMatchesSingleRank) {
 
 // tp 3: vocabulary 37 in torch.chunk rows 13, 13, 11 (and 7 rows per dp_shard piece with FSDP);
 // KV 3 of 6 heads; sequence 9 for the SP mesh.
-TEST(Fp32MeshTp3, LlamaUnevenVocabularyMatchesSingleRank) {
+class Fp32MeshTp3 : public ::testing::TestWithParam<MeshSpec> {};
+
+TEST_P(Fp32MeshTp3, LlamaUnevenVocabularyMatchesSingleRank) {
   Config c = llama();
   c.model.heads = 6;
   c.model.kv_heads = 3;
@@ -185,15 +187,15 @@ TEST(Fp32MeshTp3, LlamaUnevenVocabularyMatchesSingleRank) {
   c.model.ffn = 36;
   c.model.max_positions = 9;
   c.training.seq_len = 9;
-  for (const MeshSpec& m : {MeshSpec{1, 1, 3}, MeshSpec{1, 2, 3}, MeshSpec{1, 1, 3, true}})
-    expect_matches_single_rank(c, m);
+  expect_matches_single_rank(c, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh, ::testing::ValuesIn(kMeshes), [](const auto& info) {
-  const MeshSpec& m = info.param;
-  return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
-                     m.sequence_parallel ? "_sp" : "");
-});
+INSTANTIATE_TEST_SUITE_P(Meshes, Fp32MeshTp3,
+                         ::testing::Values(MeshSpec{1, 1, 3}, MeshSpec{1, 2, 3},
+                                           MeshSpec{1, 1, 3, true}),
+                         testing::MeshCaseName{});
+
+INSTANTIATE_TEST_SUITE_P(Meshes, Fp32Mesh, ::testing::ValuesIn(kMeshes), testing::MeshCaseName{});
 
 TEST(ShardedMemory, FsdpParamAndOptimizerBytesScaleAsOneOverN) {
   const Config c = tiny();
@@ -840,39 +842,40 @@ TEST_P(Nvfp4GatherMesh, BitwiseEqualToHighPrecisionGatherWithParity) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, Nvfp4GatherMesh, ::testing::ValuesIn(kMeshes),
-                         [](const auto& info) {
-                           const MeshSpec& m = info.param;
-                           return fmt::format("r{}_s{}_t{}{}", m.dp_replicate, m.dp_shard, m.tp,
-                                              m.sequence_parallel ? "_sp" : "");
-                         });
+                         testing::MeshCaseName{});
 
 // The bytes on the wire (the dp_shard all-gather figures of the collective records, rank 0): the
 // FP4 all-gather moves each GEMM weight element as half a byte plus one E4M3 code per 16x16 tile
 // (1/256 byte), against one byte for per-tensor FP8 and four for the fp32 master: exactly
 // 0.5 + 1/256 bytes per element, 0.504 of FP8's. Every other parameter travels as its fp32
 // master in all three runs. Counts, not timings: deterministic.
-TEST(Nvfp4GatherBytes, GemmWeightsTravelAsFp4) {
-  for (const MeshSpec& m : {MeshSpec{1, 2, 1}, MeshSpec{1, 2, 2}}) {
-    const auto gathered = [&](RecipeKind kind, bool fp8_all_gather) {
-      RunOptions o = run_options(fp8_model(kind), m, 1);
-      o.fsdp.fp8_all_gather = fp8_all_gather;
-      const RunResult r = run_training(o);
-      return testing::collective_total(r.ranks[0], "all_gather", "dp_shard", /*bytes=*/true);
-    };
-    // GEMM weight elements gathered in the step: TP-local boxes, forward and backward.
-    int64_t e = 0;
-    for (const ParamSpec& p : param_specs(fp8_model(RecipeKind::kNvfp4).model))
-      if (p.quantized()) e += 2 * p.shape.numel().value / m.tp;
-    const int64_t hp = gathered(RecipeKind::kNvfp4, false);
-    const int64_t rest = hp - 4 * e;  // everything but the GEMM weights, as fp32
-    const double fp4 = static_cast<double>(gathered(RecipeKind::kNvfp4, true) - rest) / e;
-    const double fp8 = static_cast<double>(gathered(RecipeKind::kCurrent, true) - rest) / e;
-    EXPECT_EQ(fp4, 0.5 + 1.0 / 256) << mesh_name(m);
-    EXPECT_EQ(fp8, 1.0) << mesh_name(m);
-    ::testing::Test::RecordProperty("fp4_bytes_per_gemm_element_" + mesh_name(m),
-                                    fmt::format("{:.6f}", fp4));
-  }
+class Nvfp4GatherBytes : public ::testing::TestWithParam<MeshSpec> {};
+
+TEST_P(Nvfp4GatherBytes, GemmWeightsTravelAsFp4) {
+  const MeshSpec m = GetParam();
+  const auto gathered = [&](RecipeKind kind, bool fp8_all_gather) {
+    RunOptions o = run_options(fp8_model(kind), m, 1);
+    o.fsdp.fp8_all_gather = fp8_all_gather;
+    const RunResult r = run_training(o);
+    return testing::collective_total(r.ranks[0], "all_gather", "dp_shard", /*bytes=*/true);
+  };
+  // GEMM weight elements gathered in the step: TP-local boxes, forward and backward.
+  int64_t e = 0;
+  for (const ParamSpec& p : param_specs(fp8_model(RecipeKind::kNvfp4).model))
+    if (p.quantized()) e += 2 * p.shape.numel().value / m.tp;
+  const int64_t hp = gathered(RecipeKind::kNvfp4, false);
+  const int64_t rest = hp - 4 * e;  // everything but the GEMM weights, as fp32
+  const double fp4 = static_cast<double>(gathered(RecipeKind::kNvfp4, true) - rest) / e;
+  const double fp8 = static_cast<double>(gathered(RecipeKind::kCurrent, true) - rest) / e;
+  EXPECT_EQ(fp4, 0.5 + 1.0 / 256) << mesh_name(m);
+  EXPECT_EQ(fp8, 1.0) << mesh_name(m);
+  ::testing::Test::RecordProperty("fp4_bytes_per_gemm_element_" + mesh_name(m),
+                                  fmt::format("{:.6f}", fp4));
 }
+
+INSTANTIATE_TEST_SUITE_P(Meshes, Nvfp4GatherBytes,
+                         ::testing::Values(MeshSpec{1, 2, 1}, MeshSpec{1, 2, 2}),
+                         testing::MeshCaseName{});
 
 // The fault's engine side: with the weights' global amax not reduced the FP4 all-gather no longer
 // equals the single-rank quantization, and allgather_parity names the weights (every GEMM weight
