@@ -416,12 +416,20 @@ TEST(MoeMeshes, Fp32EveryDataParallelMeshMatchesOneRank) {
 // --gtest_output=json): worst relative loss deviation current 1.1e-11, mxfp8 9.7e-12 (fp32
 // here: 1.4e-9 and 1.1e-8). Bound: the fp32 bound 1e-5 (a wrong scale or a block spanning experts
 // moves the loss by far more: one FP8 rounding step is 2^-3 relative on an element).
-TEST(MoeMeshes, CurrentAndMxfp8MatchOneRankWithinMeasuredBounds) {
-  for (RecipeKind r : {RecipeKind::kCurrent, RecipeKind::kMxfp8}) {
-    const Config c = testing::moe_mesh_config(r);
-    expect_meshes_match(c, 1e-5, std::string(recipe_name(r)));
-  }
+class MoeMeshesFp8 : public ::testing::TestWithParam<RecipeKind> {};
+
+TEST_P(MoeMeshesFp8, MatchOneRankWithinMeasuredBounds) {
+  const RecipeKind r = GetParam();
+  expect_meshes_match(testing::moe_mesh_config(r), 1e-5, std::string(recipe_name(r)));
 }
+
+std::string recipe_case_name(const ::testing::TestParamInfo<RecipeKind>& info) {
+  return std::string(recipe_name(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(MoeMeshes, MoeMeshesFp8,
+                         ::testing::Values(RecipeKind::kCurrent, RecipeKind::kMxfp8),
+                         recipe_case_name);
 
 // The worst relative deviation from the single-rank trainer over 3 steps on the data-parallel
 // meshes and one expert-parallel mesh (FSDP 4, ep 2), loss and grad_norm apart.
@@ -472,24 +480,31 @@ Deviation worst_mesh_deviation(const Config& c, const std::string& tag) {
 // Bounds for delayed and nvfp4: the FP8 mesh bound of the dense recipes, loss 1e-2 (section 8;
 // shard_test.cc), and grad_norm 1e-1 (the norm of the gradients the first, differently rounded
 // steps produced; worst 5.5e-2, a factor 1.8 below).
-TEST(MoeMeshes, DelayedBlockNvfp4MatchOneRankWithinMeasuredBounds) {
-  struct Case {
-    RecipeKind recipe;
-    double loss_bound, grad_norm_bound;
-  };
-  for (const Case& k :
-       {Case{RecipeKind::kDelayed, 1e-2, 1e-1}, Case{RecipeKind::kBlock, 1e-5, 1e-5},
-        Case{RecipeKind::kNvfp4, 1e-2, 1e-1}}) {
-    const Config c = testing::moe_mesh_config(k.recipe);
-    const Deviation d = worst_mesh_deviation(c, std::string(recipe_name(k.recipe)));
-    ::testing::Test::RecordProperty(fmt::format("worst_rel_loss_{}", recipe_name(k.recipe)),
-                                    fmt::format("{:.3e}", d.loss));
-    ::testing::Test::RecordProperty(fmt::format("worst_rel_grad_norm_{}", recipe_name(k.recipe)),
-                                    fmt::format("{:.3e}", d.grad_norm));
-    EXPECT_LE(d.loss, k.loss_bound) << recipe_name(k.recipe);
-    EXPECT_LE(d.grad_norm, k.grad_norm_bound) << recipe_name(k.recipe);
-  }
+struct BoundCase {
+  RecipeKind recipe;
+  double loss_bound, grad_norm_bound;
+};
+class MoeMeshesBounded : public ::testing::TestWithParam<BoundCase> {};
+
+TEST_P(MoeMeshesBounded, MatchOneRankWithinMeasuredBounds) {
+  const BoundCase& k = GetParam();
+  const Config c = testing::moe_mesh_config(k.recipe);
+  const Deviation d = worst_mesh_deviation(c, std::string(recipe_name(k.recipe)));
+  RecordProperty(fmt::format("worst_rel_loss_{}", recipe_name(k.recipe)),
+                 fmt::format("{:.3e}", d.loss));
+  RecordProperty(fmt::format("worst_rel_grad_norm_{}", recipe_name(k.recipe)),
+                 fmt::format("{:.3e}", d.grad_norm));
+  EXPECT_LE(d.loss, k.loss_bound);
+  EXPECT_LE(d.grad_norm, k.grad_norm_bound);
 }
+
+INSTANTIATE_TEST_SUITE_P(MoeMeshes, MoeMeshesBounded,
+                         ::testing::Values(BoundCase{RecipeKind::kDelayed, 1e-2, 1e-1},
+                                           BoundCase{RecipeKind::kBlock, 1e-5, 1e-5},
+                                           BoundCase{RecipeKind::kNvfp4, 1e-2, 1e-1}),
+                         [](const auto& info) {
+                           return std::string(recipe_name(info.param.recipe));
+                         });
 
 // Delayed scaling keeps one amax history and scale per (expert linear, role): the state key is
 // ParamSpec::linear ("layers.0.moe.experts.3.fc1") + role, checkpointed as
