@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -125,6 +126,38 @@ std::vector<StepMetrics> resumed_from(const RunOptions& o, const fs::path& dir, 
     if (comms.rank() == 0) got = m;
   });
   return got;
+}
+
+// The cross-mesh resume matrix: for each source mesh, the straight 2k-step run saving after step k
+// (under root/<mesh>), resumed on every target mesh for k steps; `check` gets each resumed step
+// with the straight run's same step, whether the mesh is the saving one, and a context naming
+// the pair and the step. One checkpoint per source serves every target.
+struct ResumedStep {
+  const StepMetrics& want;  // the straight run on the source mesh
+  const StepMetrics& got;   // the resumed run on the target mesh
+  bool same_mesh;
+  std::string ctx;  // "src -> dst step N"
+};
+void for_each_resumed_step(const RunOptions& base, const std::vector<MeshSpec>& sources,
+                           const std::vector<MeshSpec>& targets, int64_t k, const fs::path& root,
+                           const std::function<void(const ResumedStep&)>& check) {
+  for (const MeshSpec& src : sources) {
+    RunOptions a = base;
+    a.mesh = src;
+    const SavedRun saved = straight_saving(a, k, root / src.device_mesh().str());
+    for (const MeshSpec& dst : targets) {
+      RunOptions b = a;
+      b.mesh = dst;
+      const std::vector<StepMetrics> got = resumed_from(b, saved.dir, k);
+      const std::string pair =
+          fmt::format("{} -> {}", src.device_mesh().str(), dst.device_mesh().str());
+      ASSERT_EQ(got.size(), static_cast<size_t>(k)) << pair;
+      for (int64_t i = 0; i < k; ++i) {
+        check({saved.metrics[static_cast<size_t>(k + i)], got[static_cast<size_t>(i)],
+               src.device_mesh() == dst.device_mesh(), fmt::format("{} step {}", pair, k + i)});
+      }
+    }
+  }
 }
 
 // Number of state tensors whose reassembled global bytes differ; also checks scalars.
@@ -339,33 +372,18 @@ TEST_F(ResumeTest, CrossMeshMatrixContinuesTraining) {
   constexpr double kRtol = 1e-5;
   const std::vector<MeshSpec> meshes = {{1, 1, 1}, {1, 4, 1}, {2, 2, 1},
                                         {1, 1, 2}, {1, 2, 2}, {2, 2, 2}};
-  Config base = testing::make_config({.seed = 5});
-  base.training.steps = 2 * k;
+  RunOptions base;
+  base.config = testing::make_config({.seed = 5});
+  base.config.training.steps = 2 * k;
   double worst = 0.0;
-  for (const MeshSpec& src : meshes) {
-    RunOptions a;
-    a.config = base;
-    a.mesh = src;
-    const auto [want, dir] = straight_saving(a, k, root_ / src.device_mesh().str());
-    for (const MeshSpec& dst : meshes) {
-      const std::string ctx =
-          fmt::format("{} -> {}", src.device_mesh().str(), dst.device_mesh().str());
-      RunOptions b = a;
-      b.mesh = dst;
-      const std::vector<StepMetrics> got = resumed_from(b, dir, k);
-      ASSERT_EQ(got.size(), static_cast<size_t>(k)) << ctx;
-      for (int64_t i = 0; i < k; ++i) {
-        const double w = want[static_cast<size_t>(k + i)].loss;
-        const double g = got[static_cast<size_t>(i)].loss;
-        if (src.device_mesh() == dst.device_mesh()) {
-          EXPECT_EQ(g, w) << ctx << " step " << k + i;
-        }
-        const double rel = std::abs(g - w) / std::abs(w);
-        worst = std::max(worst, rel);
-        EXPECT_LE(rel, kRtol) << ctx << " step " << k + i << ": " << g << " vs " << w;
-      }
+  for_each_resumed_step(base, meshes, meshes, k, root_, [&](const ResumedStep& r) {
+    if (r.same_mesh) {
+      EXPECT_EQ(r.got.loss, r.want.loss) << r.ctx;
     }
-  }
+    const double rel = std::abs(r.got.loss - r.want.loss) / std::abs(r.want.loss);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, kRtol) << r.ctx << ": " << r.got.loss << " vs " << r.want.loss;
+  });
   std::printf("cross-mesh resume: worst relative loss deviation %.3g over 36 mesh pairs\n", worst);
 }
 
@@ -385,37 +403,22 @@ TEST_F(ResumeTest, Nvfp4CrossMeshResumeWithinMeasuredBound) {
   const std::vector<MeshSpec> sources = {{1, 2, 1}, {1, 2, 2}, {2, 2, 2}};
   const std::vector<MeshSpec> meshes = {{1, 1, 1}, {1, 4, 1}, {2, 2, 1},
                                         {1, 1, 2}, {1, 2, 2}, {2, 2, 2}};
+  RunOptions base;
+  base.config = small(RecipeKind::kNvfp4);
   double worst_loss = 0, worst_norm = 0;
-  for (const MeshSpec& src : sources) {
-    RunOptions a;
-    a.config = small(RecipeKind::kNvfp4);
-    a.mesh = src;
-    const auto [want, dir] = straight_saving(a, kHalf, root_ / src.device_mesh().str());
-    for (const MeshSpec& dst : meshes) {
-      const std::string ctx =
-          fmt::format("{} -> {}", src.device_mesh().str(), dst.device_mesh().str());
-      RunOptions b = a;
-      b.mesh = dst;
-      const std::vector<StepMetrics> got = resumed_from(b, dir, kHalf);
-      ASSERT_EQ(got.size(), static_cast<size_t>(kHalf)) << ctx;
-      for (int64_t i = 0; i < kHalf; ++i) {
-        const StepMetrics& w = want[static_cast<size_t>(kHalf + i)];
-        const StepMetrics& g = got[static_cast<size_t>(i)];
-        if (src.device_mesh() == dst.device_mesh()) {
-          EXPECT_EQ(g.loss, w.loss) << ctx << " step " << kHalf + i;
-          EXPECT_EQ(g.grad_norm, w.grad_norm) << ctx << " step " << kHalf + i;
-        }
-        const double rl = std::abs(g.loss - w.loss) / std::abs(w.loss);
-        const double rn = std::abs(g.grad_norm - w.grad_norm) / std::abs(w.grad_norm);
-        worst_loss = std::max(worst_loss, rl);
-        worst_norm = std::max(worst_norm, rn);
-        EXPECT_LE(rl, kLossRtol) << ctx << " step " << kHalf + i << " loss " << g.loss << " vs "
-                                 << w.loss;
-        EXPECT_LE(rn, kNormRtol) << ctx << " step " << kHalf + i << " grad_norm " << g.grad_norm
-                                 << " vs " << w.grad_norm;
-      }
+  for_each_resumed_step(base, sources, meshes, kHalf, root_, [&](const ResumedStep& r) {
+    if (r.same_mesh) {
+      EXPECT_EQ(r.got.loss, r.want.loss) << r.ctx;
+      EXPECT_EQ(r.got.grad_norm, r.want.grad_norm) << r.ctx;
     }
-  }
+    const double rl = std::abs(r.got.loss - r.want.loss) / std::abs(r.want.loss);
+    const double rn = std::abs(r.got.grad_norm - r.want.grad_norm) / std::abs(r.want.grad_norm);
+    worst_loss = std::max(worst_loss, rl);
+    worst_norm = std::max(worst_norm, rn);
+    EXPECT_LE(rl, kLossRtol) << r.ctx << " loss " << r.got.loss << " vs " << r.want.loss;
+    EXPECT_LE(rn, kNormRtol) << r.ctx << " grad_norm " << r.got.grad_norm << " vs "
+                             << r.want.grad_norm;
+  });
   std::printf("nvfp4 cross-mesh resume: worst relative deviation loss %.3g, grad_norm %.3g\n",
               worst_loss, worst_norm);
   RecordProperty("worst_rel_loss", std::to_string(worst_loss));
