@@ -12,22 +12,13 @@
 #include "harness/exit_codes.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
+#include "tests/harness/cli_run.h"
 
 namespace meshproof::harness {
 namespace {
 
-struct CliResult {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-CliResult run(std::vector<const char*> args) {
-  args.insert(args.begin(), "meshproof");
-  std::ostringstream out, err;
-  const int code = run_cli(static_cast<int>(args.size()), args.data(), out, err);
-  return {code, out.str(), err.str()};
-}
+using harness::testing::CliResult;
+constexpr auto& run = harness::testing::run_meshproof;
 
 TEST(CliTest, UnknownFlagIsUsageErrorWithExit2) {
   const CliResult r = run({"--bogus"});

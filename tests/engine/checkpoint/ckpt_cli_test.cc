@@ -16,25 +16,15 @@
 #include "harness/cli.h"
 #include "harness/exit_codes.h"
 #include "mesh/local_comm.h"
+#include "tests/harness/cli_run.h"
 
 namespace meshproof::harness {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliResult {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-CliResult run(std::vector<std::string> args) {
-  std::vector<const char*> argv = {"meshproof"};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
+using harness::testing::CliResult;
+constexpr auto& run = harness::testing::run_meshproof;
 
 class CkptCliTest : public ::testing::Test {
  protected:

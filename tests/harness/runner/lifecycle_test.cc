@@ -20,6 +20,7 @@
 #include "harness/cli.h"
 #include "harness/exit_codes.h"
 #include "harness/golden.h"
+#include "tests/harness/cli_run.h"
 
 namespace meshproof::harness {
 namespace {
@@ -31,19 +32,8 @@ const std::string kQuickstart =
     std::string(MESHPROOF_TEST_SOURCE_DIR) + "/scenarios/quickstart.yaml";
 const std::string kGoldenDir = std::string(MESHPROOF_TEST_SOURCE_DIR) + "/golden";
 
-struct CliResult {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-CliResult cli(const std::vector<std::string>& args) {
-  std::vector<const char*> argv = {"meshproof"};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
+using harness::testing::CliResult;
+constexpr auto& cli = harness::testing::run_meshproof;
 
 std::string read_text(const fs::path& p) {
   std::ifstream f(p);

@@ -27,6 +27,7 @@
 #include "harness/train_run.h"
 #include "harness/validate_verb.h"
 #include "kernels/error.h"
+#include "tests/harness/cli_run.h"
 #include "tests/harness/scenario/source_dir.h"
 
 namespace meshproof::harness {
@@ -577,20 +578,8 @@ TEST(ScenarioLibrary, EveryFileValidatesAndEveryFaultHasACaughtScenario) {
 
 // ---- the verb
 
-struct CliResult {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-CliResult run(std::vector<std::string> args) {
-  args.insert(args.begin(), "meshproof");
-  std::vector<const char*> argv;
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
+using harness::testing::CliResult;
+constexpr auto& run = harness::testing::run_meshproof;
 
 TEST(ValidateVerb, PrintsOneLinePerExpandedScenario) {
   const std::string fsdp = (source_dir() / "scenarios/fsdp.yaml").string();
