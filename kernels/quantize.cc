@@ -214,19 +214,18 @@ __attribute__((target("avx2"))) inline __m256i encode8(__m256 v, __m256 p) {
                            _mm256_and_si256(_mm256_srli_epi32(a, kShift), one)),
           _mm256_set1_epi32((127 - kBias) << 23)),
       kShift);
-  const __m256i e = _mm256_srli_epi32(a, 23);
-  const __m256i e_nonzero = _mm256_cmpgt_epi32(e, _mm256_setzero_si256());
-  const __m256i sig = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7FFFFF)),
-                                      _mm256_and_si256(e_nonzero, _mm256_set1_epi32(0x800000)));
-  const __m256i e1 = _mm256_max_epu32(e, one);
-  const __m256i sh_raw = _mm256_sub_epi32(_mm256_set1_epi32(151 - kBias - kMbits), e1);
-  const __m256i sh = _mm256_max_epu32(_mm256_min_epu32(sh_raw, _mm256_set1_epi32(31)), one);
-  const __m256i half_minus_1 =
-      _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(sh, one)), one);
-  const __m256i sub =
-      _mm256_srlv_epi32(_mm256_add_epi32(_mm256_add_epi32(sig, half_minus_1),
-                                         _mm256_and_si256(_mm256_srlv_epi32(sig, sh), one)),
-                        sh);
+  // A subnormal target (|p| below the smallest normal, 2^(1 - bias)): the code is |p| in units of
+  // the subnormal step 2^(1 - bias - mbits), rounded to nearest even. Adding C = 2^(24 - bias -
+  // mbits), whose ulp is that step, makes the fp32 adder do exactly this rounding (C's mantissa
+  // is zero, so the sum's low mantissa bits are the count and its ties go to the even count, in
+  // the default round-to-nearest-even mode the whole library assumes), and the count is the
+  // difference of the bit patterns: 0 .. 2^mbits, where 2^mbits is also the code of the smallest
+  // normal. FTZ/DAZ cannot change it: the sum is near C, and an fp32 subnormal |p| (< 2^-126) is
+  // far below half a step, so it gives 0 either way.
+  constexpr float kSubnormalBias = static_cast<float>(1 << (24 - kBias - kMbits));
+  const __m256i sub = _mm256_sub_epi32(
+      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(kSubnormalBias))),
+      _mm256_castps_si256(_mm256_set1_ps(kSubnormalBias)));
   const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((127 - kBias + 1) << 23), a);
   __m256i code = _mm256_blendv_epi8(normal, sub, is_sub);
   code = _mm256_min_epu32(code, _mm256_set1_epi32(kE5m2 ? 0x7B : 0x7E));
