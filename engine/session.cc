@@ -110,7 +110,8 @@ struct TrainingSession::Impl {
         rank(c.rank()),
         faults(make_fault_hooks(options.faults)),
         model(options.config),
-        data(config.model.vocab, config.data, config.training.batch, config.training.seq_len),
+        data(config.model.vocab, config.data, config.training.batch, config.training.seq_len,
+             device),
         // The amaxes are reduced by the tensor hook set below (on their own buffers); the float
         // hook is the recipe's host fallback, which a session never reaches.
         recipe(
