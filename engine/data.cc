@@ -25,8 +25,14 @@ double markov_entropy_rate(int64_t vocab, double decay) {
   return h;
 }
 
-MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch, int64_t seq_len)
-    : vocab_(vocab), order_(data.markov_order), batch_(batch), seq_len_(seq_len), seed_(data.seed) {
+MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch, int64_t seq_len,
+                           kernels::Device device)
+    : vocab_(vocab),
+      order_(data.markov_order),
+      batch_(batch),
+      seq_len_(seq_len),
+      seed_(data.seed),
+      device_(device) {
   int64_t contexts = 1;
   for (int64_t i = 0; i < order_; ++i) contexts *= vocab_;
   // Rank probabilities p_r = decay^r / Z.
@@ -54,6 +60,12 @@ MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch,
       std::swap(perm[i], perm[j]);
     }
   }
+  if (device_.is_cuda()) {
+    device_tables_.cdf = kernels::Tensor::from_vector<double>({vocab_}, cdf_).to(device_);
+    device_tables_.ranked =
+        kernels::Tensor::from_vector<int32_t>({static_cast<int64_t>(ranked_.size())}, ranked_)
+            .to(device_);
+  }
 }
 
 kernels::Tensor MarkovSource::rows(int64_t step, int64_t row_begin, int64_t row_end) const {
@@ -61,26 +73,24 @@ kernels::Tensor MarkovSource::rows(int64_t step, int64_t row_begin, int64_t row_
            "MarkovSource: rows [{}, {}) outside the global batch of {}", row_begin, row_end,
            batch_);
   const int64_t width = seq_len_ + 1;
-  kernels::Tensor out = kernels::Tensor::empty({row_end - row_begin, width}, kernels::DType::kInt32,
-                                               kernels::Device::cpu());
-  int32_t* t = out.data<int32_t>();
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    int32_t* row = t + (r - row_begin) * width;
-    for (int64_t s = 0; s < width; ++s) {
-      const uint64_t index = static_cast<uint64_t>((step * batch_ + r) * width + s);
-      const double u = kernels::philox_uniform(seed_, kTokenStream, index);
-      if (s < order_) {  // no full context yet: uniform
-        row[s] = static_cast<int32_t>(
-            std::min<int64_t>(vocab_ - 1, static_cast<int64_t>(u * static_cast<double>(vocab_))));
-        continue;
-      }
-      int64_t context = 0;
-      for (int64_t j = s - order_; j < s; ++j) context = context * vocab_ + row[j];
-      int64_t rank = 0;
-      while (rank < vocab_ - 1 && u >= cdf_[rank]) ++rank;
-      row[s] = ranked_[context * vocab_ + rank];
-    }
+  kernels::Tensor out =
+      kernels::Tensor::empty({row_end - row_begin, width}, kernels::DType::kInt32, device_);
+  if (device_.is_cuda()) {
+    kernels::markov_rows(device_tables_,
+                         {.vocab = vocab_,
+                          .order = order_,
+                          .batch = batch_,
+                          .width = width,
+                          .seed = seed_,
+                          .stream = kTokenStream},
+                         step, row_begin, out);
+    return out;
   }
+  int32_t* t = out.data<int32_t>();
+  for (int64_t r = row_begin; r < row_end; ++r)
+    kernels::markov_fill_row(t + (r - row_begin) * width, width, order_, vocab_, seed_,
+                             kTokenStream, static_cast<uint64_t>((step * batch_ + r) * width),
+                             cdf_.data(), ranked_.data());
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "kernels/markov.h"
 #include "kernels/tensor.h"
 
 namespace meshproof::engine {
@@ -25,9 +26,14 @@ double markov_entropy_rate(int64_t vocab, double decay);
 
 class MarkovSource {
  public:
-  MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch, int64_t seq_len);
+  // `device`: where rows() makes the tokens. On a CUDA device the tables are uploaded once, here,
+  // and every batch is made there by kernels::markov_rows (bitwise the host's tokens), so a
+  // training step uploads no tokens (docs/design.md, "Host-device traffic per step").
+  MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch, int64_t seq_len,
+               kernels::Device device = kernels::Device::cpu());
 
-  // int32 [row_end - row_begin, S + 1]: rows [row_begin, row_end) of step `step`'s global batch.
+  // int32 [row_end - row_begin, S + 1] on the source's device: rows [row_begin, row_end) of step
+  // `step`'s global batch.
   kernels::Tensor rows(int64_t step, int64_t row_begin, int64_t row_end) const;
   // Data-parallel rank j of dp (over dp_replicate x dp_shard) takes rows [j*B/dp, (j+1)*B/dp);
   // dp must divide B (input error naming training.batch otherwise).
@@ -42,6 +48,8 @@ class MarkovSource {
   uint64_t seed_;
   std::vector<double> cdf_;      // [V] cumulative probabilities by rank
   std::vector<int32_t> ranked_;  // [V^k, V] token of rank r for each context
+  kernels::Device device_;
+  kernels::MarkovTables device_tables_;  // cdf_ and ranked_ on device_ (CUDA only)
   double entropy_ = 0;
 };
 

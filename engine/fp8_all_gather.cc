@@ -174,19 +174,15 @@ void check_nvfp4_weight_options(const kernels::Nvfp4Options& o) {
 }
 
 // The packed bytes of an e2m1 [R, C] tensor as uint8 [R, C/2], and back: the padded gather cuts
-// boxes by element, which a 4-bit element cannot be.
+// boxes by element, which a 4-bit element cannot be. Copied on the tensor's own device.
 Tensor packed_bytes(const Tensor& e2m1) {
-  Tensor b =
-      Tensor::empty({e2m1.shape()[0], e2m1.shape()[1] / 2}, DType::kUInt8, kernels::Device::cpu());
-  if (b.nbytes().value > 0)
-    std::memcpy(b.raw_data(), e2m1.raw_data(), static_cast<size_t>(b.nbytes().value));
+  Tensor b = Tensor::empty({e2m1.shape()[0], e2m1.shape()[1] / 2}, DType::kUInt8, e2m1.device());
+  kernels::copy_bytes(b.raw_data(), b.device(), e2m1.raw_data(), e2m1.device(), b.nbytes());
   return b;
 }
 Tensor e2m1_of_bytes(const Tensor& bytes) {
-  Tensor t =
-      Tensor::empty({bytes.shape()[0], bytes.shape()[1] * 2}, DType::kE2M1, kernels::Device::cpu());
-  if (t.nbytes().value > 0)
-    std::memcpy(t.raw_data(), bytes.raw_data(), static_cast<size_t>(t.nbytes().value));
+  Tensor t = Tensor::empty({bytes.shape()[0], bytes.shape()[1] * 2}, DType::kE2M1, bytes.device());
+  kernels::copy_bytes(t.raw_data(), t.device(), bytes.raw_data(), bytes.device(), t.nbytes());
   return t;
 }
 

@@ -38,8 +38,6 @@ Tensor on_device(const Tensor& t, kernels::Device device) {
   return t.device() == device ? t : t.to(device);
 }
 
-Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t : t.to(kernels::Device::cpu()); }
-
 int64_t fp8_bytes(const Fp8Shard& f) {
   int64_t n = 0;
   for (const Tensor* t :
@@ -49,18 +47,6 @@ int64_t fp8_bytes(const Fp8Shard& f) {
 }
 
 }  // namespace
-
-// Where the FP8 all-gather quantizes: next to the master shard (the rank's device when the
-// state is device-resident), except for NVFP4, whose tile helpers (kernels/nvfp4.h
-// nvfp4_tile_scales, nvfp4_tiled_from_rowwise) are host code: there a device master is copied
-// down, once per quantization (counted by the copy counter).
-Tensor Fp8WeightStore::quantization_input(const Tensor& master) const {
-  return config_.recipe.kind == RecipeKind::kNvfp4 ? host_copy(master) : master;
-}
-
-bool Fp8WeightStore::primary_on_host() const {
-  return plan_.device().is_cpu() || config_.recipe.kind == RecipeKind::kNvfp4;
-}
 
 void RunNotes::add(const std::string& note) {
   if (std::find(list.begin(), list.end(), note) == list.end()) list.push_back(note);
@@ -101,7 +87,9 @@ CurrentScaleOptions Fp8WeightStore::current_scale_options() const {
 }
 
 Fp8Shard Fp8WeightStore::quantize_local(const ShardedParam& p, const Tensor& local) {
-  // The shard is quantized where `local` lives (quantization_input): the delayed scale comes
+  // The shard is quantized where `local` lives: next to the master shard, on the rank's device
+  // when the state is device-resident, for every recipe (NVFP4's tile helpers run on the device
+  // too: docs/design.md, "Host-device traffic per step"). The delayed scale comes
   // along. A copy of the delayed scale: the recipe updates its state in place after the
   // forward, while the shard keeps the scale it was quantized with (q.scale, allgather_parity's
   // reference for the backward re-gather).
@@ -137,7 +125,7 @@ const Fp8Shard& Fp8WeightStore::local_shard(size_t i) {
   auto it = step_shards_.find(i);
   if (it != step_shards_.end()) return it->second;
   const ShardedParam& p = plan_.params()[i];
-  Tensor local = kernels::cast_to(quantization_input(p.master), DType::kBFloat16);
+  Tensor local = kernels::cast_to(p.master, DType::kBFloat16);
   Fp8Shard q = quantize_local(p, local);
   step_hp_[i] = std::move(local);
   return step_shards_.emplace(i, std::move(q)).first->second;
@@ -181,7 +169,7 @@ int64_t Fp8WeightStore::gather(size_t i, int64_t step) {
   const Fp8Shard& local = local_shard(i);
   // The shard's high-precision values: the fp32 master of an FP8 primary weight, else the bf16
   // compute copy that was quantized.
-  const Tensor hp = fp8_params_                     ? quantization_input(p.master)
+  const Tensor hp = fp8_params_                     ? p.master
                     : local.high_precision_fallback ? local.high_precision
                                                     : step_hp_.at(i);
   const FaultHooks::CollectiveAction act =
@@ -252,7 +240,7 @@ void Fp8WeightStore::make_primary_weights(ShardedState& state) {
   for (size_t i = 0; i < plan_.params().size(); ++i) {
     const ShardedParam& p = plan_.params()[i];
     if (!p.spec.quantized()) continue;
-    Fp8Shard& f = primary_[i] = quantize_local(p, quantization_input(p.master));
+    Fp8Shard& f = primary_[i] = quantize_local(p, p.master);
     MP_CHECK_INPUT(!f.high_precision_fallback,
                    "fsdp.fp8_params: weight {} {} cannot be held as mxfp8 shards on mesh {}: "
                    "every dp_shard shard needs a multiple of 32 rows ({})",
@@ -285,8 +273,7 @@ void Fp8WeightStore::make_primary_weights(ShardedState& state) {
 void Fp8WeightStore::requantize(int64_t step) {
   step_ = step;
   for (auto& [i, f] : primary_) {
-    Fp8Shard fresh =
-        quantize_local(plan_.params()[i], quantization_input(plan_.params()[i].master));
+    Fp8Shard fresh = quantize_local(plan_.params()[i], plan_.params()[i].master);
     for (auto [dst, src] : {std::pair{&f.q.rowwise_data, &fresh.q.rowwise_data},
                             std::pair{&f.q.rowwise_scale_inv, &fresh.q.rowwise_scale_inv},
                             std::pair{&f.q.columnwise_data, &fresh.q.columnwise_data},

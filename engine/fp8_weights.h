@@ -58,16 +58,12 @@ class Fp8WeightStore {
   void set_recorder(mesh::CollectiveRecorder* r) { recorder_ = r; }
   // Bytes of parameter i's FP8 primary weight (0 without fp8_params).
   int64_t primary_bytes(size_t i) const;
-  // Whether the FP8 primary weights (and the FP8 all-gather shards) are host tensors: with a host
-  // shard plan, and for NVFP4 (host tile helpers); otherwise they live with the masters.
-  bool primary_on_host() const;
   // allgather_parity records (rank 0, or every process with launcher mpi).
   const std::vector<AllGatherParity>& parity() const { return parity_; }
 
  private:
   const Fp8Shard& local_shard(size_t i);
   Fp8Shard quantize_local(const ShardedParam& p, const kernels::Tensor& local);
-  kernels::Tensor quantization_input(const kernels::Tensor& master) const;
   CurrentScaleOptions current_scale_options() const;
   kernels::Nvfp4Options nvfp4_options(const ShardedParam& p) const;
   void record_parity(const ShardedParam& p, int64_t step, const kernels::Tensor& local,

@@ -131,50 +131,39 @@ VocabRange vocab_range(int64_t vocab, int tp, int rank) {
   return {begin, std::min<int64_t>(begin + chunk, vocab)};
 }
 
-// Per-row doubles of every tp rank, gathered (bytes) and combined in rank order: max or sum.
+// Per-row doubles of every rank of `comm` (float64 [M] on the rank's device), gathered (bytes)
+// and combined in rank order: max or sum. On a CUDA device they stay there.
+Tensor tp_combine(mesh::Communicator& comm, const Tensor& mine, bool max) {
+  Tensor all = Tensor::empty({comm.size() * mine.numel().value}, DType::kFloat64, mine.device());
+  comm.all_gather(mine, all);
+  return kernels::cross_entropy_combine_ranks(all, comm.size(), max);
+}
+
+// The host-vector form (the MoE balance statistics, host values): the same rank-order combine.
 std::vector<double> tp_combine(mesh::Communicator& comm, const std::vector<double>& mine,
                                bool max) {
-  const int n = comm.size();
   const int64_t m = static_cast<int64_t>(mine.size());
   const kernels::Device dev = kernels::current_context().device;
   Tensor local = Tensor::from_vector<double>({m}, mine);
   if (!dev.is_cpu()) local = local.to(dev);
-  Tensor all = Tensor::empty({n * m}, DType::kFloat64, dev);
-  comm.all_gather(local, all);
-  const std::vector<double> every = all.to_vector<double>();
-  std::vector<double> out(every.begin(), every.begin() + m);
-  for (int t = 1; t < n; ++t)
-    for (int64_t r = 0; r < m; ++r) {
-      const double v = every[static_cast<size_t>(t * m + r)];
-      double& o = out[static_cast<size_t>(r)];
-      o = max ? std::max(o, v) : o + v;
-    }
-  return out;
+  return tp_combine(comm, local, max).to_vector<double>();
 }
 
 // The vocabulary-parallel loss (Megatron's parallel cross-entropy, kernels/cross_entropy.h):
 // row maxima and then sums of exponentials and target logits combined over tp. Returns the sum
 // of the per-row losses (under sequence parallelism, sp_size > 1, only of the rows of this rank's
-// sequence shard: the loss is a partial sum over tp like the single-rank path's) and sets log_z.
+// sequence shard: the loss is a partial sum over tp like the single-rank path's) and sets log_z
+// (float64 [rows] on the logits' device).
 double vocab_parallel_loss(mesh::Communicator& comm, const Tensor& logits, const Tensor& targets,
                            const VocabRange& vr, int64_t vocab, int64_t seq, int sp_size,
-                           int sp_rank, std::vector<double>& log_z) {
-  const std::vector<double> row_max =
-      tp_combine(comm, kernels::cross_entropy_shard_max(logits), true);
+                           int sp_rank, Tensor& log_z) {
+  const Tensor row_max = tp_combine(comm, kernels::cross_entropy_shard_max(logits), true);
   const kernels::CrossEntropyShardSums sums =
       kernels::cross_entropy_shard_sums(logits, targets, vr.begin, vocab, row_max);
-  const std::vector<double> sum_exp = tp_combine(comm, sums.sum_exp, false);
-  const std::vector<double> target = tp_combine(comm, sums.target_logit, false);
-  const int64_t m = static_cast<int64_t>(row_max.size()), sl = seq / sp_size;
-  log_z.assign(static_cast<size_t>(m), 0.0);
-  double total = 0;
-  for (int64_t r = 0; r < m; ++r) {
-    const size_t i = static_cast<size_t>(r);
-    log_z[i] = row_max[i] + std::log(sum_exp[i]);
-    const int64_t s = r % seq;
-    if (sp_size == 1 || s / sl == sp_rank) total += log_z[i] - target[i];
-  }
-  return total;
+  const Tensor sum_exp = tp_combine(comm, sums.sum_exp, false);
+  const Tensor target = tp_combine(comm, sums.target_logit, false);
+  return kernels::cross_entropy_shard_loss(row_max, sum_exp, target, targets, vocab, seq, sp_size,
+                                           sp_rank, log_z);
 }
 
 }  // namespace
@@ -874,23 +863,19 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
                  "GptModel: weights on {} but this rank computes on {}", tok.device().str(),
                  kernels::current_context().device.str());
 
-  // Split tokens (host int32) into inputs [B, S] and next-token targets [B*S], then move them to
-  // the compute device.
-  Tensor ids = Tensor::empty({batch, seq}, DType::kInt32, kernels::Device::cpu());
-  Tensor targets = Tensor::empty({rows}, DType::kInt32, kernels::Device::cpu());
+  // Split tokens (int32 [B, S + 1]) into inputs [B, S] and next-token targets [B*S] on the
+  // compute device: two strided copies (host tokens cross once; tokens made on the device, as a
+  // CUDA session's are, never cross).
+  const kernels::Device dev = tok.device();
+  Tensor ids = Tensor::empty({batch, seq}, DType::kInt32, dev);
+  Tensor targets = Tensor::empty({rows}, DType::kInt32, dev);
   {
-    const Tensor host_tokens =
-        tokens.device().is_cpu() ? tokens : tokens.to(kernels::Device::cpu());
-    const int32_t* t = host_tokens.data<int32_t>();
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t s = 0; s < seq; ++s) {
-        ids.data<int32_t>()[b * seq + s] = t[b * (seq + 1) + s];
-        targets.data<int32_t>()[b * seq + s] = t[b * (seq + 1) + s + 1];
-      }
-  }
-  if (!tok.device().is_cpu()) {
-    ids = ids.to(tok.device());
-    targets = targets.to(tok.device());
+    const int64_t row_bytes = seq * 4, token_pitch = (seq + 1) * 4;
+    const auto* t = static_cast<const char*>(tokens.raw_data());
+    kernels::copy_bytes_2d(ids.raw_data(), dev, row_bytes, t, tokens.device(), token_pitch,
+                           row_bytes, batch);
+    kernels::copy_bytes_2d(targets.raw_data(), dev, row_bytes, t + 4, tokens.device(), token_pitch,
+                           row_bytes, batch);
   }
 
   // Forward.
@@ -993,7 +978,7 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   Tensor logits = new_tensor({hr, v}, dt);
   kernels::gemm_fprop(&head_in, &lm_w, logits);
   if (recipe) recipe->end_forward();
-  std::vector<double> log_z;  // vocabulary-parallel: per row, over the whole vocabulary
+  Tensor log_z;  // vocabulary-parallel: float64 per row, over the whole vocabulary
   const double vp_loss = vp ? vocab_parallel_loss(*tp.comm, logits, head_targets, vr, m.vocab, seq,
                                                   tp_size, tp_rank, log_z)
                             : 0.0;

@@ -87,7 +87,6 @@ struct TrainingSession::Impl {
   int64_t cursor = 0;  // next global batch
   StepTime time;
   MemoryBreakdown mem;
-  int64_t fp8_primary_bytes = 0;  // FP8 primary weights (host: engine/fp8_weights.h)
   // RunOptions::trace: the forward's FP8 state of the last step, taken at the step's start,
   // before the forward reads the delayed scales and the FP8 primary weights.
   std::vector<TensorDigest> fp8_trace_before;
@@ -110,7 +109,8 @@ struct TrainingSession::Impl {
         rank(c.rank()),
         faults(make_fault_hooks(options.faults)),
         model(options.config),
-        data(config.model.vocab, config.data, config.training.batch, config.training.seq_len),
+        data(config.model.vocab, config.data, config.training.batch, config.training.seq_len,
+             device),
         // The amaxes are reduced by the tensor hook set below (on their own buffers); the float
         // hook is the recipe's host fallback, which a session never reaches.
         recipe(
@@ -175,7 +175,6 @@ struct TrainingSession::Impl {
     for (size_t i = 0; i < plan.params().size(); ++i) {
       const ShardedParam& p = plan.params()[i];
       mem.params += p.master.nbytes().value + fp8->primary_bytes(i);
-      fp8_primary_bytes += fp8->primary_bytes(i);
       mem.grads += p.grad.nbytes().value;
       mem.optimizer += p.exp_avg.nbytes().value + p.exp_avg_sq.nbytes().value;
     }
@@ -303,11 +302,10 @@ struct TrainingSession::Impl {
     mem.gathered_weights = units->peak_gathered_bytes();
     if (kernels::MemoryTracker* m = kernels::current_context().memory)
       mem.peak = m->peak(device.type).value;
-    // The tracker's peak (of the compute device) holds the sharded state, the gathered weights,
-    // the unsharded gradients and the activations; on a GPU the FP8 primary weights may be host
-    // tensors (NVFP4, engine/fp8_weights.h primary_on_host).
-    const int64_t resident = mem.params + mem.grads + mem.optimizer + mem.gathered_weights -
-                             (!device.is_cpu() && fp8->primary_on_host() ? fp8_primary_bytes : 0);
+    // The tracker's peak (of the compute device) holds the sharded state (the FP8 primary
+    // weights, every recipe's, with the masters), the gathered weights, the unsharded gradients
+    // and the activations.
+    const int64_t resident = mem.params + mem.grads + mem.optimizer + mem.gathered_weights;
     mem.activations = std::max<int64_t>(0, mem.peak - resident);
   }
 };

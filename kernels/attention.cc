@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "kernels/gemm_internal.h"
@@ -499,6 +500,34 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& pro
 
 namespace {
 
+// The (cos, sign * sin) table on a CUDA device, uploaded once per process for each distinct
+// table and reused by every later call: a training step's RoPE calls use the same positions, so
+// after the first micro-batch no step uploads anything for RoPE (docs/design.md, "Host-device
+// traffic per step"). The key is the table itself (its doubles, computed on the host as before,
+// so the values and the kernels' bits are unchanged). The tables live for the process: allocated
+// outside any rank's memory tracker and on the device's legacy default stream (a rank's stream
+// and tracker end with its run), and synchronised before first use by the counted upload.
+// Distinct tables are few (one per (S, d, theta, positions, direction) of the runs in a process).
+Tensor device_rope_table(Device device, const std::vector<double>& cs) {
+  struct Entry {
+    Device device;
+    std::vector<double> values;
+    Tensor table;
+  };
+  static std::mutex mu;
+  static std::vector<Entry>* cache = new std::vector<Entry>();  // never destroyed: no exit order
+  const std::lock_guard<std::mutex> lock(mu);
+  for (const Entry& e : *cache)
+    if (e.device == device && e.values == cs) return e.table;
+  RankContext ctx = current_context();
+  ctx.memory = nullptr;
+  ctx.stream = nullptr;
+  const ScopedRankContext scoped(ctx);
+  Tensor table = Tensor::from_vector<double>({static_cast<int64_t>(cs.size())}, cs).to(device);
+  cache->push_back(Entry{device, cs, table});
+  return table;
+}
+
 // Rotates the q and k heads of every row by +angle (sign 1) or -angle (sign -1).
 void rope_apply(std::string_view op, Tensor& qkv, const AttentionShape& s, double theta,
                 const std::vector<int64_t>& positions, double sign) {
@@ -519,8 +548,7 @@ void rope_apply(std::string_view op, Tensor& qkv, const AttentionShape& s, doubl
       cs[static_cast<size_t>((t * half + i) * 2 + 1)] = sign * std::sin(angle);
     }
   if (detail::on_cuda(op, {&qkv})) {
-    const Tensor table =
-        Tensor::from_vector<double>({static_cast<int64_t>(cs.size())}, cs).to(qkv.device());
+    const Tensor table = device_rope_table(qkv.device(), cs);
     MP_OP_CUDA(op, launch_rope(qkv.raw_data(), qkv.dtype() == DType::kBFloat16, s.batch, s.seq,
                                s.heads, d, kv, table.data<double>(), detail::cuda_stream()));
     return;

@@ -1,7 +1,7 @@
 #include "kernels/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "kernels/op_util.h"
 
@@ -23,21 +23,21 @@ double run(const Tensor& logits, const Tensor& targets, double grad_scale, Tenso
   const bool cuda = dlogits ? detail::on_cuda(op, {&logits, &targets, dlogits})
                             : detail::on_cuda(op, {&logits, &targets});
   if (cuda) {
-    // Targets are validated on the host (m int32 values) before the kernel reads them.
-    const std::vector<int32_t> tg = targets.to_vector<int32_t>();
-    for (int64_t r = 0; r < m; ++r)
-      MP_CHECK_INPUT(tg[r] >= 0 && tg[r] < v, "{}: target {} at row {} outside [0, {})", op, tg[r],
-                     r, v);
+    // Row losses and their row-order sum on the device: one 8-byte download. A target outside
+    // [0, v) makes its row's loss NaN without a read; a NaN total is then told apart from a NaN
+    // logit by a scan of the targets on the device (a second scalar, only on that path).
     Tensor row_loss = Tensor::empty({m}, DType::kFloat64, logits.device());
+    Tensor total = Tensor::empty({1}, DType::kFloat64, logits.device());
     MP_OP_CUDA(
         op, launch_cross_entropy(logits.raw_data(), targets.data<int32_t>(),
                                  logits.dtype() == DType::kBFloat16, m, v, grad_scale,
                                  row_loss.data<double>(), dlogits ? dlogits->raw_data() : nullptr,
                                  detail::cuda_stream()));
-    // Summed on the host in row order, like the CPU (to_vector synchronises the stream).
-    double total = 0;
-    for (double l : row_loss.to_vector<double>()) total += l;
-    return total;
+    MP_OP_CUDA(op, launch_row_sum(row_loss.data<double>(), m, total.data<double>(),
+                                  detail::cuda_stream()));
+    const double loss = detail::download_scalar(total);
+    if (std::isnan(loss)) detail::check_ids_on_device(op, "target", "row", targets, v);
+    return loss;
   }
   return detail::dispatch_float(logits.dtype(), op, [&](auto t) -> double {
     using T = decltype(t);
@@ -79,13 +79,10 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
 
 namespace {
 
-// The logits and targets as host tensors (copies of CUDA ones), checked for the shard pieces.
-struct HostShard {
-  Tensor logits, targets;
-  int64_t m = 0, v = 0;
-};
-HostShard host_shard(std::string_view op, const Tensor& logits, const Tensor& targets,
-                     int64_t vocab_begin, int64_t vocab) {
+// Checks the shard pieces' operands: logits [M, Vl] holding columns [vocab_begin, vocab_begin + Vl)
+// of `vocab`, int32 targets [M]. Returns whether they are on a CUDA device.
+bool check_shard(std::string_view op, const Tensor& logits, const Tensor& targets,
+                 int64_t vocab_begin, int64_t vocab) {
   detail::check_operand(logits, op, "logits");
   detail::check_float(logits, op, "logits");
   MP_CHECK(logits.shape().rank() == 2, "{}: logits must be [M, V], got {}", op, logits.describe());
@@ -96,92 +93,198 @@ HostShard host_shard(std::string_view op, const Tensor& logits, const Tensor& ta
   MP_CHECK(vocab_begin >= 0 && vocab_begin + v <= vocab,
            "{}: logits {} hold columns [{}, {}) outside the vocabulary of {}", op,
            logits.describe(), vocab_begin, vocab_begin + v, vocab);
-  const auto host = Device::cpu();
-  HostShard h{logits.device().is_cpu() ? logits : logits.to(host),
-              targets.device().is_cpu() ? targets : targets.to(host), m, v};
-  const int32_t* tg = h.targets.data<int32_t>();
+  return detail::on_cuda(op, {&logits, &targets});
+}
+
+// The host targets' range check of the CPU pieces.
+void check_host_targets(std::string_view op, const Tensor& targets, int64_t vocab) {
+  const int32_t* tg = targets.data<int32_t>();
+  const int64_t m = targets.numel().value;
   for (int64_t r = 0; r < m; ++r)
     MP_CHECK_INPUT(tg[r] >= 0 && tg[r] < vocab, "{}: target {} at row {} outside [0, {})", op,
                    tg[r], r, vocab);
-  return h;
+}
+
+// A per-row float64 operand [m] on `device`.
+void check_rows(std::string_view op, std::string_view name, const Tensor& t, int64_t m,
+                Device device) {
+  detail::check_operand(t, op, name, m);
+  MP_CHECK(t.dtype() == DType::kFloat64 && t.device() == device,
+           "{}: '{}' must be float64 [{}] on {}, got {}", op, name, m, device.str(), t.describe());
 }
 
 }  // namespace
 
-std::vector<double> cross_entropy_shard_max(const Tensor& logits) {
+Tensor cross_entropy_shard_max(const Tensor& logits) {
   constexpr std::string_view op = "cross_entropy_shard_max";
   detail::check_operand(logits, op, "logits");
   detail::check_float(logits, op, "logits");
   MP_CHECK(logits.shape().rank() == 2, "{}: logits must be [M, V], got {}", op, logits.describe());
-  const Tensor host = logits.device().is_cpu() ? logits : logits.to(Device::cpu());
-  const int64_t m = host.shape()[0], v = host.shape()[1];
-  std::vector<double> out(static_cast<size_t>(m), -INFINITY);
-  detail::dispatch_float(host.dtype(), op, [&](auto t) {
+  const int64_t m = logits.shape()[0], v = logits.shape()[1];
+  Tensor out = Tensor::empty({m}, DType::kFloat64, logits.device());
+  if (detail::on_cuda(op, {&logits})) {
+    MP_OP_CUDA(
+        op, launch_cross_entropy_shard_max(logits.raw_data(), logits.dtype() == DType::kBFloat16, m,
+                                           v, out.data<double>(), detail::cuda_stream()));
+    return out;
+  }
+  double* o = out.data<double>();
+  for (int64_t r = 0; r < m; ++r) o[r] = -INFINITY;
+  detail::dispatch_float(logits.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    const T* lp = host.data<T>();
+    const T* lp = logits.data<T>();
     for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < v; ++c)
-        out[static_cast<size_t>(r)] =
-            std::max(out[static_cast<size_t>(r)], static_cast<double>(lp[r * v + c]));
+      for (int64_t c = 0; c < v; ++c) o[r] = std::max(o[r], static_cast<double>(lp[r * v + c]));
   });
   return out;
 }
 
 CrossEntropyShardSums cross_entropy_shard_sums(const Tensor& logits, const Tensor& targets,
                                                int64_t vocab_begin, int64_t vocab,
-                                               const std::vector<double>& row_max) {
+                                               const Tensor& row_max) {
   constexpr std::string_view op = "cross_entropy_shard_sums";
-  const HostShard h = host_shard(op, logits, targets, vocab_begin, vocab);
-  MP_CHECK(static_cast<int64_t>(row_max.size()) == h.m, "{}: {} row maxima for {} rows", op,
-           row_max.size(), h.m);
-  CrossEntropyShardSums out{std::vector<double>(static_cast<size_t>(h.m), 0.0),
-                            std::vector<double>(static_cast<size_t>(h.m), 0.0)};
-  detail::dispatch_float(h.logits.dtype(), op, [&](auto t) {
+  const bool cuda = check_shard(op, logits, targets, vocab_begin, vocab);
+  const int64_t m = logits.shape()[0], v = logits.shape()[1];
+  check_rows(op, "row_max", row_max, m, logits.device());
+  CrossEntropyShardSums out{Tensor::empty({m}, DType::kFloat64, logits.device()),
+                            Tensor::empty({m}, DType::kFloat64, logits.device())};
+  if (cuda) {
+    MP_OP_CUDA(
+        op, launch_cross_entropy_shard_sums(
+                logits.raw_data(), targets.data<int32_t>(), logits.dtype() == DType::kBFloat16, m,
+                v, vocab_begin, vocab, row_max.data<double>(), out.sum_exp.data<double>(),
+                out.target_logit.data<double>(), detail::cuda_stream()));
+    return out;
+  }
+  check_host_targets(op, targets, vocab);
+  detail::dispatch_float(logits.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    const T* lp = h.logits.data<T>();
-    const int32_t* tg = h.targets.data<int32_t>();
-    for (int64_t r = 0; r < h.m; ++r) {
-      const T* row = lp + r * h.v;
-      const size_t ri = static_cast<size_t>(r);
+    const T* lp = logits.data<T>();
+    const int32_t* tg = targets.data<int32_t>();
+    const double* mx = row_max.data<double>();
+    double* se = out.sum_exp.data<double>();
+    double* tl = out.target_logit.data<double>();
+    for (int64_t r = 0; r < m; ++r) {
+      const T* row = lp + r * v;
       double sum = 0;
-      for (int64_t c = 0; c < h.v; ++c) sum += std::exp(row[c] - row_max[ri]);
-      out.sum_exp[ri] = sum;
+      for (int64_t c = 0; c < v; ++c) sum += std::exp(row[c] - mx[r]);
+      se[r] = sum;
       const int64_t col = tg[r] - vocab_begin;
-      if (col >= 0 && col < h.v) out.target_logit[ri] = static_cast<double>(row[col]);
+      tl[r] = col >= 0 && col < v ? static_cast<double>(row[col]) : 0.0;
     }
   });
   return out;
 }
 
+Tensor cross_entropy_combine_ranks(const Tensor& every, int ranks, bool max) {
+  constexpr std::string_view op = "cross_entropy_combine_ranks";
+  detail::check_operand(every, op, "every");
+  MP_CHECK(ranks >= 1 && every.dtype() == DType::kFloat64 && every.shape().rank() == 1 &&
+               every.numel().value % ranks == 0,
+           "{}: 'every' must be float64 [ranks * M] for {} ranks, got {}", op, ranks,
+           every.describe());
+  const int64_t m = every.numel().value / ranks;
+  Tensor out = Tensor::empty({m}, DType::kFloat64, every.device());
+  if (every.device().is_cuda()) {
+    MP_CHECK(MESHPROOF_HAVE_CUDA, "{}: {} is on a CUDA device but this build has no CUDA backend",
+             op, every.describe());
+    MP_OP_CUDA(op, launch_combine_ranks(every.data<double>(), ranks, m, max, out.data<double>(),
+                                        detail::cuda_stream()));
+    return out;
+  }
+  const double* e = every.data<double>();
+  double* o = out.data<double>();
+  for (int64_t r = 0; r < m; ++r) o[r] = e[r];
+  for (int t = 1; t < ranks; ++t)
+    for (int64_t r = 0; r < m; ++r) o[r] = max ? std::max(o[r], e[t * m + r]) : o[r] + e[t * m + r];
+  return out;
+}
+
+double cross_entropy_shard_loss(const Tensor& row_max, const Tensor& sum_exp,
+                                const Tensor& target_logit, const Tensor& targets, int64_t vocab,
+                                int64_t seq, int sp_size, int sp_rank, Tensor& log_z) {
+  constexpr std::string_view op = "cross_entropy_shard_loss";
+  detail::check_operand(row_max, op, "row_max");
+  const int64_t m = row_max.numel().value;
+  const Device dev = row_max.device();
+  check_rows(op, "row_max", row_max, m, dev);
+  check_rows(op, "sum_exp", sum_exp, m, dev);
+  check_rows(op, "target_logit", target_logit, m, dev);
+  detail::check_operand(targets, op, "targets", m);
+  MP_CHECK(targets.dtype() == DType::kInt32 && targets.device() == dev,
+           "{}: targets must be int32 [{}] on {}, got {}", op, m, dev.str(), targets.describe());
+  MP_CHECK(sp_size >= 1 && 0 <= sp_rank && sp_rank < sp_size && seq >= 1 &&
+               (sp_size == 1 || (seq % sp_size == 0 && m % seq == 0)),
+           "{}: {} rows do not split into sequences of {} over {} sequence shards (rank {})", op, m,
+           seq, sp_size, sp_rank);
+  log_z = Tensor::empty({m}, DType::kFloat64, dev);
+  if (dev.is_cuda()) {
+    MP_CHECK(MESHPROOF_HAVE_CUDA, "{}: {} is on a CUDA device but this build has no CUDA backend",
+             op, row_max.describe());
+    Tensor total = Tensor::empty({1}, DType::kFloat64, dev);
+    const auto launch = [&](bool nan_on_bad_target) {
+      MP_OP_CUDA(op, launch_cross_entropy_shard_loss(
+                         row_max.data<double>(), sum_exp.data<double>(),
+                         target_logit.data<double>(), m, seq, sp_size, sp_rank, nan_on_bad_target,
+                         log_z.data<double>(), total.data<double>(), detail::cuda_stream()));
+      return detail::download_scalar(total);
+    };
+    const double loss = launch(true);
+    if (!std::isnan(loss)) return loss;
+    // A NaN target logit: a target outside the vocabulary (an input error, reported), or a NaN
+    // logit at a valid target, whose loss is the counted rows' sum as on the CPU.
+    detail::check_ids_on_device(op, "target", "row", targets, vocab);
+    return launch(false);
+  }
+  const double* mx = row_max.data<double>();
+  const double* se = sum_exp.data<double>();
+  const double* tl = target_logit.data<double>();
+  double* lz = log_z.data<double>();
+  const int64_t sl = seq / sp_size;
+  double total = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    lz[r] = mx[r] + std::log(se[r]);
+    if (sp_size == 1 || (r % seq) / sl == sp_rank) total += lz[r] - tl[r];
+  }
+  return total;
+}
+
 void cross_entropy_shard_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                              int64_t vocab, const std::vector<double>& log_z, double grad_scale,
+                              int64_t vocab, const Tensor& log_z, double grad_scale,
                               Tensor& dlogits) {
   constexpr std::string_view op = "cross_entropy_shard_grad";
-  const HostShard h = host_shard(op, logits, targets, vocab_begin, vocab);
-  MP_CHECK(static_cast<int64_t>(log_z.size()) == h.m, "{}: {} log-partition values for {} rows", op,
-           log_z.size(), h.m);
-  detail::check_operand(dlogits, op, "dlogits", h.m * h.v);
+  const bool cuda = check_shard(op, logits, targets, vocab_begin, vocab);
+  const int64_t m = logits.shape()[0], v = logits.shape()[1];
+  check_rows(op, "log_z", log_z, m, logits.device());
+  detail::check_operand(dlogits, op, "dlogits", m * v);
   detail::check_same_dtype(logits, dlogits, op);
   MP_CHECK(dlogits.device() == logits.device(), "{}: dlogits {} not on the logits' device", op,
            dlogits.describe());
-  Tensor out = dlogits.device().is_cpu()
-                   ? dlogits
-                   : Tensor::empty(dlogits.shape(), dlogits.dtype(), Device::cpu());
-  detail::dispatch_float(h.logits.dtype(), op, [&](auto t) {
+  if (cuda) {
+    // Targets were checked by the loss piece of the same rows (a target outside the vocabulary
+    // matches no column here: no read out of bounds).
+    MP_OP_CUDA(op, launch_cross_entropy_shard_grad(logits.raw_data(), targets.data<int32_t>(),
+                                                   logits.dtype() == DType::kBFloat16, m, v,
+                                                   vocab_begin, log_z.data<double>(), grad_scale,
+                                                   dlogits.raw_data(), detail::cuda_stream()));
+    return;
+  }
+  check_host_targets(op, targets, vocab);
+  detail::dispatch_float(logits.dtype(), op, [&](auto t) {
     using T = decltype(t);
-    const T* lp = h.logits.data<T>();
-    const int32_t* tg = h.targets.data<int32_t>();
-    T* dp = out.data<T>();
-    for (int64_t r = 0; r < h.m; ++r) {
-      const T* row = lp + r * h.v;
+    const T* lp = logits.data<T>();
+    const int32_t* tg = targets.data<int32_t>();
+    const double* lz = log_z.data<double>();
+    T* dp = dlogits.data<T>();
+    for (int64_t r = 0; r < m; ++r) {
+      const T* row = lp + r * v;
       const int64_t col = tg[r] - vocab_begin;
-      for (int64_t c = 0; c < h.v; ++c) {
-        const double prob = std::exp(row[c] - log_z[static_cast<size_t>(r)]);
-        dp[r * h.v + c] = static_cast<T>(grad_scale * (prob - (c == col ? 1.0 : 0.0)));
+      for (int64_t c = 0; c < v; ++c) {
+        const double prob = std::exp(row[c] - lz[r]);
+        dp[r * v + c] = static_cast<T>(grad_scale * (prob - (c == col ? 1.0 : 0.0)));
       }
     }
   });
-  if (!dlogits.device().is_cpu()) dlogits.copy_from(out.to(dlogits.device()));
 }
 
 }  // namespace meshproof::kernels

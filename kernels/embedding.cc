@@ -1,6 +1,6 @@
 #include "kernels/embedding.h"
 
-#include <vector>
+#include <cstdint>
 
 #include "kernels/op_util.h"
 
@@ -13,10 +13,11 @@ void check_ids(std::string_view op, const Tensor& ids, int64_t vocab, int64_t po
            "{}: ids must be int32 [B, S], got {}", op, ids.describe());
   MP_CHECK(ids.shape()[1] <= positions, "{}: sequence length {} exceeds {} positions", op,
            ids.shape()[1], positions);
-  // CUDA ids are validated on a host copy before any kernel reads them.
-  const std::vector<int32_t> host =
-      ids.device().is_cpu() ? std::vector<int32_t>() : ids.to_vector<int32_t>();
-  const int32_t* p = ids.device().is_cpu() ? ids.data<int32_t>() : host.data();
+  if (ids.device().is_cuda()) {  // scanned on the device: one 8-byte word comes back
+    detail::check_ids_on_device(op, "token id", "flat index", ids, vocab);
+    return;
+  }
+  const int32_t* p = ids.data<int32_t>();
   const int64_t n = ids.numel().value;  // hoisted out of the loop
   for (int64_t i = 0; i < n; ++i)
     MP_CHECK_INPUT(p[i] >= 0 && p[i] < vocab, "{}: token id {} at flat index {} outside [0, {})",
@@ -24,6 +25,39 @@ void check_ids(std::string_view op, const Tensor& ids, int64_t vocab, int64_t po
 }
 
 }  // namespace
+
+namespace detail {
+
+double download_scalar(const Tensor& t) {
+  MP_CHECK(t.defined() && t.dtype() == DType::kFloat64 && t.numel().value == 1,
+           "download_scalar: expected one float64, got {}",
+           t.defined() ? t.describe() : "undefined");
+  double v = 0;
+  copy_bytes(&v, Device::cpu(), t.raw_data(), t.device(), Bytes(sizeof(double)));
+  return v;
+}
+
+void check_ids_on_device(std::string_view op, std::string_view what, std::string_view where,
+                         const Tensor& ids, int64_t limit) {
+  MP_CHECK(ids.dtype() == DType::kInt32 && ids.device().is_cuda(),
+           "{}: the device id check takes int32 CUDA ids, got {}", op, ids.describe());
+  const int64_t n = ids.numel().value;
+  // The launcher packs (index << 32 | id) into one 64-bit word.
+  MP_CHECK(n < (int64_t{1} << 31), "{}: {} {}s exceed the device check's 2^31", op, n, what);
+  if (n == 0) return;
+  Tensor first = Tensor::empty({1}, DType::kInt64, ids.device());
+  MP_OP_CUDA(op, launch_first_id_outside(ids.data<int32_t>(), n, limit,
+                                         static_cast<unsigned long long*>(first.raw_data()),
+                                         cuda_stream()));
+  uint64_t word = 0;
+  copy_bytes(&word, Device::cpu(), first.raw_data(), first.device(), Bytes(sizeof(word)));
+  if (word == ~uint64_t{0}) return;
+  const int64_t index = static_cast<int64_t>(word >> 32);
+  const auto id = static_cast<int32_t>(static_cast<uint32_t>(word & 0xffffffffu));
+  MP_CHECK_INPUT(false, "{}: {} {} at {} {} outside [0, {})", op, what, id, where, index, limit);
+}
+
+}  // namespace detail
 
 void embedding_forward(const Tensor& ids, const Tensor& tok, const Tensor& pos, Tensor& x) {
   embedding_forward(ids, tok, &pos, 0, tok.shape()[0], x);
@@ -102,42 +136,19 @@ void embedding_backward(const Tensor& dx, const Tensor& ids, int64_t vocab_begin
   detail::check_operand(dx, op, "dx", bn * seq * h);
   if (detail::on_cuda(op, {&dx, &ids, &any})) {
     if (dtok && dpos) detail::on_cuda(op, {&dx, dtok, dpos});
-    // Group the flat positions by token row (counting sort, positions increasing within a row) so
-    // the kernel adds each row's gradients in the CPU's order without atomics. Ids outside this
-    // shard's rows are left out.
-    std::vector<int32_t> id = ids.to_vector<int32_t>();
-    for (int32_t& t : id) {
-      const int64_t row = t - vocab_begin;
-      t = row >= 0 && row < rows ? static_cast<int32_t>(row) : -1;
-    }
-    std::vector<int32_t> count(static_cast<size_t>(rows), 0);
-    for (int32_t t : id)
-      if (t >= 0) ++count[static_cast<size_t>(t)];
-    std::vector<int32_t> row_ids, row_start{0};
-    for (int64_t t = 0; t < rows; ++t) {
-      if (count[static_cast<size_t>(t)] == 0) continue;
-      row_ids.push_back(static_cast<int32_t>(t));
-      row_start.push_back(row_start.back() + count[static_cast<size_t>(t)]);
-    }
-    std::vector<int32_t> slot(static_cast<size_t>(rows), -1);  // t -> index into row_ids
-    for (size_t k = 0; k < row_ids.size(); ++k)
-      slot[static_cast<size_t>(row_ids[k])] = static_cast<int32_t>(k);
-    std::vector<int32_t> fill(row_start.begin(), row_start.end() - 1);
-    std::vector<int32_t> row_pos(static_cast<size_t>(row_start.back()));
-    for (size_t f = 0; f < id.size(); ++f) {
-      if (id[f] < 0) continue;
-      row_pos[static_cast<size_t>(fill[static_cast<size_t>(slot[static_cast<size_t>(id[f])])]++)] =
-          static_cast<int32_t>(f);
-    }
-    const auto upload = [&](const std::vector<int32_t>& v) {
-      return Tensor::from_vector<int32_t>({static_cast<int64_t>(v.size())}, v).to(dx.device());
-    };
-    const Tensor d_ids = upload(row_ids), d_start = upload(row_start), d_pos = upload(row_pos);
-    MP_OP_CUDA(op, launch_embedding_backward(
-                       dx.raw_data(), dx.dtype() == DType::kBFloat16, bn, seq, h,
-                       d_ids.data<int32_t>(), d_start.data<int32_t>(), d_pos.data<int32_t>(),
-                       dtok ? d_ids.numel().value : 0, dtok ? dtok->data<float>() : nullptr,
-                       dpos ? dpos->data<float>() : nullptr, detail::cuda_stream()));
+    // The flat positions are grouped by token row on the device (a stable counting sort in the
+    // launcher's scratch), so each row's gradients are added in the CPU's order without atomics
+    // and nothing crosses to the host. Ids outside this shard's rows are left out.
+    const int64_t n = bn * seq;
+    MP_CHECK(n < (int64_t{1} << 31) && rows < (int64_t{1} << 30),
+             "{}: {} positions and {} rows exceed the device grouping's int32 indices", op, n,
+             rows);
+    Tensor scratch = Tensor::empty({dtok ? 2 * rows + 1 + n : 1}, DType::kInt32, dx.device());
+    MP_OP_CUDA(
+        op, launch_embedding_backward(dx.raw_data(), dx.dtype() == DType::kBFloat16, bn, seq, h,
+                                      ids.data<int32_t>(), vocab_begin, dtok ? rows : 0,
+                                      scratch.data<int32_t>(), dtok ? dtok->data<float>() : nullptr,
+                                      dpos ? dpos->data<float>() : nullptr, detail::cuda_stream()));
     return;
   }
   detail::dispatch_float(dx.dtype(), op, [&](auto t) {

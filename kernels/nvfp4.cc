@@ -106,12 +106,15 @@ QuantizedTensor quantize_nvfp4(const Tensor& x, const Nvfp4Options& o, Usage usa
     col = static_cast<uint8_t*>(q.columnwise_data.raw_data());
     col_s = static_cast<uint8_t*>(q.columnwise_scale_inv.raw_data());
   }
-  // The two global amaxes, each as its own float32[1] (what the checkpoint and the GEMM read).
-  const Tensor amax_host = dev.is_cpu() ? global_amax : global_amax.to(Device::cpu());
-  const float amax_row = amax_host.data<float>()[0];
-  const float amax_col = amax_host.data<float>()[1];
-  q.amax = Tensor::from_vector<float>({1}, {amax_row}).to(dev);
-  q.columnwise_amax = Tensor::from_vector<float>({1}, {amax_col}).to(dev);
+  // The two global amaxes, each as its own float32[1] (what the checkpoint and the GEMM read),
+  // copied where they live: device-to-device on a GPU, so a quantization there makes no host
+  // round trip (docs/design.md, "Host-device traffic per step").
+  q.amax = Tensor::empty({1}, DType::kFloat32, dev);
+  q.columnwise_amax = Tensor::empty({1}, DType::kFloat32, dev);
+  const auto* amax_bytes = static_cast<const char*>(global_amax.raw_data());
+  copy_bytes(q.amax.raw_data(), dev, amax_bytes, dev, Bytes(sizeof(float)));
+  copy_bytes(q.columnwise_amax.raw_data(), dev, amax_bytes + sizeof(float), dev,
+             Bytes(sizeof(float)));
 
   nv::SrKey sr;
   sr.on = o.rounding.stochastic;
@@ -136,8 +139,8 @@ QuantizedTensor quantize_nvfp4(const Tensor& x, const Nvfp4Options& o, Usage usa
   j.rht = o.rht;
   j.pow2 = o.pow2_block_scales;
   j.sr = sr;
-  j.s_enc_row = nv::global_encode_scale(amax_row);
-  j.s_enc_col = nv::global_encode_scale(amax_col);
+  j.s_enc_row = nv::global_encode_scale(global_amax.data<float>()[0]);
+  j.s_enc_col = nv::global_encode_scale(global_amax.data<float>()[1]);
   if (row) {
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t b = 0; b < K / nv::kBlock; ++b) nv::row_block(j, m, b, row, row_s);
@@ -204,31 +207,30 @@ Tensor nvfp4_rht_transpose(const Tensor& x) {
 }
 
 Tensor nvfp4_tile_scales(const QuantizedTensor& q) {
-  MP_CHECK_INPUT(q.mode == ScalingMode::kNvfp4 && q.rowwise_scale_inv.defined() &&
-                     q.rowwise_scale_inv.device().is_cpu(),
-                 "nvfp4_tile_scales: needs an nvfp4 tensor with its rowwise copy on the CPU, got "
-                 "a {} tensor {}",
+  MP_CHECK_INPUT(q.mode == ScalingMode::kNvfp4 && q.rowwise_scale_inv.defined(),
+                 "nvfp4_tile_scales: needs an nvfp4 tensor with its rowwise copy, got a {} tensor "
+                 "{}",
                  scaling_mode_name(q.mode), q.logical_shape.str());
   const int64_t M = q.rows();
   const int64_t K = q.cols();
   check_nvfp4_shape(M, K, Nvfp4Options{}, "nvfp4_tile_scales input");
   const int64_t kb = K / nv::kBlock;
-  Tensor out = Tensor::empty({M / nv::kBlock, kb}, DType::kE4M3, Device::cpu());
-  const auto* s = static_cast<const uint8_t*>(q.rowwise_scale_inv.raw_data());
-  auto* o = static_cast<uint8_t*>(out.raw_data());
-  for (int64_t t = 0; t < M / nv::kBlock; ++t) {
-    for (int64_t b = 0; b < kb; ++b) o[t * kb + b] = s[t * nv::kBlock * kb + b];
-  }
+  const Device dev = q.rowwise_scale_inv.device();
+  Tensor out = Tensor::empty({M / nv::kBlock, kb}, DType::kE4M3, dev);
+  // Row t of the output is row 16t of the rowwise codes: one strided copy (on the device when the
+  // codes are there).
+  copy_bytes_2d(out.raw_data(), dev, kb, q.rowwise_scale_inv.raw_data(), dev, nv::kBlock * kb, kb,
+                M / nv::kBlock);
   return out;
 }
 
 QuantizedTensor nvfp4_tiled_from_rowwise(const Tensor& rowwise_data, const Tensor& tile_scales,
                                          const Tensor& global_amax) {
-  MP_CHECK_INPUT(
-      rowwise_data.defined() && rowwise_data.dtype() == DType::kE2M1 &&
-          rowwise_data.shape().rank() == 2 && rowwise_data.device().is_cpu(),
-      "nvfp4_tiled_from_rowwise: the rowwise data must be e2m1 [M, K] on the CPU, got {}",
-      rowwise_data.defined() ? rowwise_data.describe() : "undefined");
+  MP_CHECK_INPUT(rowwise_data.defined() && rowwise_data.dtype() == DType::kE2M1 &&
+                     rowwise_data.shape().rank() == 2,
+                 "nvfp4_tiled_from_rowwise: the rowwise data must be e2m1 [M, K], got {}",
+                 rowwise_data.defined() ? rowwise_data.describe() : "undefined");
+  const Device dev = rowwise_data.device();
   const int64_t M = rowwise_data.shape()[0];
   const int64_t K = rowwise_data.shape()[1];
   Nvfp4Options tiled;
@@ -237,27 +239,35 @@ QuantizedTensor nvfp4_tiled_from_rowwise(const Tensor& rowwise_data, const Tenso
   const int64_t mb = M / nv::kBlock;
   const int64_t kb = K / nv::kBlock;
   MP_CHECK_INPUT(tile_scales.defined() && tile_scales.dtype() == DType::kE4M3 &&
-                     tile_scales.shape() == Shape({mb, kb}) && tile_scales.device().is_cpu(),
+                     tile_scales.shape() == Shape({mb, kb}) && tile_scales.device() == dev,
                  "nvfp4_tiled_from_rowwise: the tile codes of data [{}, {}] must be e4m3 [{}, {}] "
-                 "on the CPU, got {}",
-                 M, K, mb, kb, tile_scales.defined() ? tile_scales.describe() : "undefined");
+                 "on {}, got {}",
+                 M, K, mb, kb, dev.str(),
+                 tile_scales.defined() ? tile_scales.describe() : "undefined");
   MP_CHECK_INPUT(global_amax.defined() && global_amax.dtype() == DType::kFloat32 &&
-                     global_amax.numel().value == 1 && global_amax.device().is_cpu(),
-                 "nvfp4_tiled_from_rowwise: the global amax must be float32 [1] on the CPU, got {}",
-                 global_amax.defined() ? global_amax.describe() : "undefined");
+                     global_amax.numel().value == 1 && global_amax.device() == dev,
+                 "nvfp4_tiled_from_rowwise: the global amax must be float32 [1] on {}, got {}",
+                 dev.str(), global_amax.defined() ? global_amax.describe() : "undefined");
   QuantizedTensor q;
   q.mode = ScalingMode::kNvfp4;
   q.format = DType::kE2M1;
   q.logical_shape = Shape{M, K};
   q.rowwise_data = rowwise_data;
-  q.rowwise_scale_inv = Tensor::empty({M, kb}, DType::kE4M3, Device::cpu());
-  q.columnwise_data = Tensor::empty({K, M}, DType::kE2M1, Device::cpu());
-  q.columnwise_scale_inv = Tensor::empty({K, mb}, DType::kE4M3, Device::cpu());
+  q.rowwise_scale_inv = Tensor::empty({M, kb}, DType::kE4M3, dev);
+  q.columnwise_data = Tensor::empty({K, M}, DType::kE2M1, dev);
+  q.columnwise_scale_inv = Tensor::empty({K, mb}, DType::kE4M3, dev);
   q.amax = global_amax.clone();
   q.columnwise_amax = global_amax.clone();
   const auto* tiles = static_cast<const uint8_t*>(tile_scales.raw_data());
   auto* row_s = static_cast<uint8_t*>(q.rowwise_scale_inv.raw_data());
   auto* col_s = static_cast<uint8_t*>(q.columnwise_scale_inv.raw_data());
+  const auto* rd = static_cast<const uint8_t*>(rowwise_data.raw_data());
+  auto* cd = static_cast<uint8_t*>(q.columnwise_data.raw_data());
+  if (dev.is_cuda()) {
+    MP_NVFP4_CUDA(
+        launch_nvfp4_tiled_from_rowwise(rd, tiles, M, K, row_s, cd, col_s, stream_of_context()));
+    return q;
+  }
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < kb; ++b) row_s[m * kb + b] = tiles[(m / nv::kBlock) * kb + b];
   }
@@ -265,8 +275,6 @@ QuantizedTensor nvfp4_tiled_from_rowwise(const Tensor& rowwise_data, const Tenso
     for (int64_t g = 0; g < mb; ++g) col_s[k * mb + g] = tiles[g * kb + k / nv::kBlock];
   }
   // Nibble transpose: element (m, k) of the rowwise copy is element (k, m) of the columnwise one.
-  const auto* rd = static_cast<const uint8_t*>(rowwise_data.raw_data());
-  auto* cd = static_cast<uint8_t*>(q.columnwise_data.raw_data());
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t m = 0; m < M; m += 2) {
       const auto code = [&](int64_t r) {

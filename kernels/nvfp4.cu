@@ -85,7 +85,42 @@ __global__ void nvfp4_dequant_kernel(const uint8_t* data, const uint8_t* scale, 
   }
 }
 
+// One thread per output byte of the three outputs (the host loops of nvfp4_tiled_from_rowwise,
+// element by element): i < M * kb row codes, then K * mb column codes, then K * M / 2 data bytes.
+__global__ void nvfp4_tiled_kernel(const uint8_t* rd, const uint8_t* tiles, int64_t M, int64_t K,
+                                   uint8_t* row_s, uint8_t* cd, uint8_t* col_s) {
+  const int64_t kb = K / nv::kBlock, mb = M / nv::kBlock;
+  const int64_t n_row = M * kb, n_col = K * mb, n_data = K * M / 2;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_row + n_col + n_data;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if (i < n_row) {
+      const int64_t m = i / kb, b = i % kb;
+      row_s[i] = tiles[(m / nv::kBlock) * kb + b];
+    } else if (i < n_row + n_col) {
+      const int64_t j = i - n_row, k = j / mb, g = j % mb;
+      col_s[j] = tiles[g * kb + k / nv::kBlock];
+    } else {
+      const int64_t j = i - n_row - n_col, k = j / (M / 2), m = (j % (M / 2)) * 2;
+      const auto code = [&](int64_t r) {
+        const uint8_t byte = rd[(r * K + k) / 2];
+        return static_cast<uint8_t>((k & 1) ? byte >> 4 : byte & 0xFu);
+      };
+      cd[j] = static_cast<uint8_t>(code(m) | (code(m + 1) << 4));
+    }
+  }
+}
+
 }  // namespace
+
+void launch_nvfp4_tiled_from_rowwise(const uint8_t* rowwise, const uint8_t* tiles, int64_t M,
+                                     int64_t K, uint8_t* row_scale, uint8_t* col_data,
+                                     uint8_t* col_scale, void* stream) {
+  const int64_t n = M * (K / nv::kBlock) + K * (M / nv::kBlock) + K * M / 2;
+  if (n == 0) return;
+  nvfp4_tiled_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
+      rowwise, tiles, M, K, row_scale, col_data, col_scale);
+  MP_CUDA_CHECK_LAUNCH();
+}
 
 void launch_nvfp4_global_amax(const void* x, bool bf16, int64_t M, int64_t K, bool rht,
                               float* amax_out, void* stream) {

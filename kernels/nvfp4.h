@@ -74,13 +74,14 @@ Tensor nvfp4_rht_transpose(const Tensor& x);
 // data plus one code per tile therefore determine the whole tensor: what the all-gather sends.
 
 // The tile codes of a 16x16-tiled tensor's rowwise copy: E4M3 [M/16, K/16], row t being row 16t
-// of the rowwise codes. CPU only.
+// of the rowwise codes. On the tensor's device (a strided copy: a device tensor stays there).
 Tensor nvfp4_tile_scales(const QuantizedTensor& q);
 
 // The 16x16-tiled tensor with both copies, rebuilt from its rowwise data (e2m1 [M, K]), its tile
 // codes (E4M3 [M/16, K/16]) and its global amax (float32 [1], both copies'): byte-equal to
-// quantize_nvfp4(x, {.tile16x16 = true}, both copies) of the x they came from. CPU only; M and K
-// multiples of 16 and matching shapes, else an input error naming them.
+// quantize_nvfp4(x, {.tile16x16 = true}, both copies) of the x they came from, on the inputs'
+// device (one device: the CUDA kernel writes the same bytes as the host loops). M and K multiples
+// of 16 and matching shapes, else an input error naming them.
 QuantizedTensor nvfp4_tiled_from_rowwise(const Tensor& rowwise_data, const Tensor& tile_scales,
                                          const Tensor& global_amax);
 

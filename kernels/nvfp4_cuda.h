@@ -22,4 +22,12 @@ void launch_quantize_nvfp4(const void* x, bool bf16, int64_t M, int64_t K, bool 
 void launch_dequantize_nvfp4(const uint8_t* data, const uint8_t* scale, const float* amax,
                              int64_t R, int64_t C, float* out, void* stream);
 
+// The columnwise copy and the rowwise codes of a 16x16-tiled tensor from its rowwise data
+// (packed e2m1 [M, K/2] bytes, element 2j in the low nibble) and tile codes tiles [M/16, K/16]:
+// row_scale [M, K/16] = tiles[m/16, b]; col_scale [K, M/16] = tiles[g, k/16]; col_data
+// [K, M/2] bytes = the nibble transpose (element (k, m) = rowwise element (m, k)).
+void launch_nvfp4_tiled_from_rowwise(const uint8_t* rowwise, const uint8_t* tiles, int64_t M,
+                                     int64_t K, uint8_t* row_scale, uint8_t* col_data,
+                                     uint8_t* col_scale, void* stream);
+
 }  // namespace meshproof::kernels::cuda

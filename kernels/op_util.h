@@ -66,6 +66,17 @@ inline void* cuda_stream() { return current_context().stream; }
 #define MP_OP_CUDA(op, call) ::meshproof::kernels::detail::no_cuda_backend(op)
 #endif
 
+// The value of a one-element float64 tensor: on a device, one 8-byte download (a counted scalar,
+// kernels/runtime.h CopyCounter; synchronises the rank's stream).
+double download_scalar(const Tensor& t);
+
+// Input check of int32 ids (token ids, targets) on a CUDA device without downloading them: a
+// device scan finds the first id outside [0, limit) and one 8-byte word comes back; an id outside
+// is reported as "{op}: {what} {id} at {where} {index} outside [0, {limit})" (the CPU kernels'
+// message), exit code 2.
+void check_ids_on_device(std::string_view op, std::string_view what, std::string_view where,
+                         const Tensor& ids, int64_t limit);
+
 inline void check_float(const Tensor& t, std::string_view op, std::string_view name) {
   MP_CHECK(
       t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat64 || t.dtype() == DType::kBFloat16,

@@ -107,25 +107,60 @@ cudaError_t launch_rope(void* qkv, bool bf16, int64_t batch, int64_t seq, int64_
                         int64_t head_dim, int64_t kv_heads, const double* cos_sin, void* stream);
 
 // cross_entropy.cu: row_loss[r] = logsumexp(logits[r]) - logits[r, target[r]] (double, device);
-// dlogits (nullptr = forward only) = grad_scale * (softmax - onehot). Targets must be in range
-// (the dispatch validates them on the host first).
+// dlogits (nullptr = forward only) = grad_scale * (softmax - onehot). A target outside [0, v)
+// reads nothing: its row loss is NaN (the dispatch then scans the targets and reports it).
 cudaError_t launch_cross_entropy(const void* logits, const int32_t* targets, bool bf16, int64_t m,
                                  int64_t v, double grad_scale, double* row_loss, void* dlogits,
                                  void* stream);
+// out[0] = sum of row_loss[0..m) added in row order by one thread (the CPU's serial sum).
+cudaError_t launch_row_sum(const double* row_loss, int64_t m, double* out, void* stream);
+// Vocabulary-parallel pieces (kernels/cross_entropy.h), per-row doubles on the device:
+// row_max[r] = max_c logits[r, c] (-inf for v = 0).
+cudaError_t launch_cross_entropy_shard_max(const void* logits, bool bf16, int64_t m, int64_t v,
+                                           double* row_max, void* stream);
+// sum_exp[r] = sum_c exp(logits[r, c] - row_max[r]); target_logit[r] = logits[r, t - vocab_begin]
+// where this shard holds t = targets[r], 0 elsewhere, NaN for t outside [0, vocab).
+cudaError_t launch_cross_entropy_shard_sums(const void* logits, const int32_t* targets, bool bf16,
+                                            int64_t m, int64_t v, int64_t vocab_begin,
+                                            int64_t vocab, const double* row_max, double* sum_exp,
+                                            double* target_logit, void* stream);
+// out[r] = every[r] op every[m + r] op ... op every[(ranks - 1) m + r] in rank order (op: max or
+// +).
+cudaError_t launch_combine_ranks(const double* every, int ranks, int64_t m, bool max, double* out,
+                                 void* stream);
+// log_z[r] = row_max[r] + log(sum_exp[r]); out[0] = sum over counted rows (sp_size 1: all; else
+// those with (r % seq) / (seq / sp_size) == sp_rank) of log_z[r] - target_logit[r], in row order,
+// by one thread. nan_on_bad_target: out[0] = NaN when any row's target_logit is NaN (counted or
+// not), the signal to check the targets.
+cudaError_t launch_cross_entropy_shard_loss(const double* row_max, const double* sum_exp,
+                                            const double* target_logit, int64_t m, int64_t seq,
+                                            int sp_size, int sp_rank, bool nan_on_bad_target,
+                                            double* log_z, double* out, void* stream);
+// dlogits[r, c] = grad_scale * (exp(logits[r, c] - log_z[r]) - [c == targets[r] - vocab_begin]).
+cudaError_t launch_cross_entropy_shard_grad(const void* logits, const int32_t* targets, bool bf16,
+                                            int64_t m, int64_t v, int64_t vocab_begin,
+                                            const double* log_z, double grad_scale, void* dlogits,
+                                            void* stream);
 
-// embedding.cu: x[b*S + s] = tok[ids[b, s] - vocab_begin] + pos[s] (ids validated on the host
-// first); ids outside the `rows` held give a zero token row; pos may be nullptr (no position).
+// embedding.cu: the first id outside [0, limit) of ids[0..n) (n < 2^31): *first = the smallest
+// (uint64(i) << 32 | uint32(ids[i])) over such i, or ~0 when there is none (the launcher sets it).
+cudaError_t launch_first_id_outside(const int32_t* ids, int64_t n, int64_t limit,
+                                    unsigned long long* first, void* stream);
+// x[b*S + s] = tok[ids[b, s] - vocab_begin] + pos[s] (ids checked on the device first); ids
+// outside the `rows` held give a zero token row; pos may be nullptr (no position).
 cudaError_t launch_embedding_forward(const int32_t* ids, const void* tok, const void* pos,
                                      int64_t vocab_begin, int64_t rows, bool bf16, int64_t batch,
                                      int64_t seq, int64_t h, void* x, void* stream);
-// Deterministic backward without atomics. dtok: for each of the `num_rows` distinct token rows
-// row_ids[k], positions row_pos[row_start[k] .. row_start[k+1]) (flat b*S + s, increasing) are
-// added in that order (the CPU's order). dpos: for each s, batches b = 0..B-1 in order; nullptr:
-// not computed (dtok: num_rows 0).
+// Deterministic backward without floating-point atomics, grouped on the device. dtok (nullptr:
+// not computed): the flat positions f = b*S + s whose id lies in [vocab_begin, vocab_begin + rows)
+// are grouped by token row with a stable counting sort (integer counts, a scan, then one warp
+// placing positions in increasing order), and each row's positions are added in increasing order
+// (the CPU's order). `scratch` holds 2 * rows + 1 + batch * seq int32. dpos (nullptr: not
+// computed): for each s, batches b = 0..B-1 in order.
 cudaError_t launch_embedding_backward(const void* dx, bool bf16, int64_t batch, int64_t seq,
-                                      int64_t h, const int32_t* row_ids, const int32_t* row_start,
-                                      const int32_t* row_pos, int64_t num_rows, float* dtok,
-                                      float* dpos, void* stream);
+                                      int64_t h, const int32_t* ids, int64_t vocab_begin,
+                                      int64_t rows, int32_t* scratch, float* dtok, float* dpos,
+                                      void* stream);
 
 // adamw.cu: the float32 update of kernels/adamw.h, operation for operation.
 cudaError_t launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,

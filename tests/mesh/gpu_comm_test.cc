@@ -44,17 +44,18 @@ std::vector<float> values(int rank, int64_t n) {
   return v;
 }
 
-// Every collective on every group; returns the host bits of each result, per rank.
-std::vector<std::vector<float>> run_suite(kernels::Device device) {
-  const DeviceMesh mesh(2, 2, 2);
+// Every collective on every group of `mesh` with `count` elements per rank; returns the host bits
+// of each result, per rank.
+std::vector<std::vector<float>> run_suite(kernels::Device device,
+                                          const DeviceMesh& mesh = DeviceMesh(2, 2, 2),
+                                          int64_t count = 1000) {
   LocalWorldOptions o;
   o.device = device;
   o.timeout = std::chrono::seconds(60);
   LocalWorld world(mesh, o);
-  std::vector<std::vector<float>> out(8);
+  std::vector<std::vector<float>> out(static_cast<size_t>(mesh.world_size()));
   world.run([&](RankComms& comms) {
     std::vector<float>& mine = out[static_cast<size_t>(comms.rank())];
-    const int64_t count = 1000;  // not a multiple of any group size times the warp size
     for (unsigned bits = 1; bits < 8; ++bits) {
       Communicator& c = comms.group(DimSet::from_bits(bits));
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
@@ -84,6 +85,7 @@ std::vector<std::vector<float>> run_suite(kernels::Device device) {
 
 TEST(GpuLocalCommTest, EightVirtualRanksOnOneGpuBitwiseEqualCpu) {
   MP_SKIP_WITHOUT_GPU();
+  // 1000: not a multiple of any group size times the warp size.
   const auto cpu = run_suite(kernels::Device::cpu());
   const auto gpu = run_suite(kernels::Device::cuda(0));
   ASSERT_EQ(cpu.size(), gpu.size());
@@ -92,6 +94,28 @@ TEST(GpuLocalCommTest, EightVirtualRanksOnOneGpuBitwiseEqualCpu) {
     ASSERT_GT(cpu[r].size(), 0u);
     EXPECT_EQ(std::memcmp(cpu[r].data(), gpu[r].data(), cpu[r].size() * sizeof(float)), 0)
         << "rank " << r << ": device results differ from the CPU reference";
+  }
+}
+
+// The raw collectives (all-reduce sum/avg/max, reduce-scatter sum/avg, all-gather, broadcast) of
+// a group of every size 1..8 (dp_shard = n, so group sizes 3, 5, 6, 7 too) on device buffers are
+// bitwise the CPU communicator's: 37 elements per rank (odd, below and not a multiple of the warp
+// size or of any n > 1), so the rank-order reduction kernel's tails and uneven blocks are
+// exercised.
+TEST(GpuLocalCommTest, OneToEightRanksBitwiseEqualCpu) {
+  MP_SKIP_WITHOUT_GPU();
+  for (int n = 1; n <= 8; ++n) {
+    const DeviceMesh mesh(1, n, 1);
+    const auto cpu = run_suite(kernels::Device::cpu(), mesh, 37);
+    const auto gpu = run_suite(kernels::Device::cuda(0), mesh, 37);
+    ASSERT_EQ(cpu.size(), static_cast<size_t>(n));
+    ASSERT_EQ(gpu.size(), cpu.size());
+    for (size_t r = 0; r < cpu.size(); ++r) {
+      ASSERT_EQ(cpu[r].size(), gpu[r].size()) << "n " << n << " rank " << r;
+      ASSERT_GT(cpu[r].size(), 0u);
+      EXPECT_EQ(std::memcmp(cpu[r].data(), gpu[r].data(), cpu[r].size() * sizeof(float)), 0)
+          << "n " << n << " rank " << r << ": device results differ from the CPU reference";
+    }
   }
 }
 

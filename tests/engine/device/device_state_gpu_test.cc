@@ -1,6 +1,7 @@
 // The device-resident training state (docs/design.md, "Device-resident training state") on the
 // CUDA backend with virtual ranks on cuda:0: the sharded optimizer step on device shards is
-// bitwise the CPU's and moves only the 8-byte sum of squares to the host; a checkpoint save is one
+// bitwise the CPU's and moves only the 8-byte sum of squares to the host; a whole training step
+// moves no bulk byte between host and device (only scalars); a checkpoint save is one
 // batched download; 30 runs in one process leave the device's free memory flat. Resume and
 // determinism of scenarios/gpu_hsdp_tp.yaml are its own checks (runner.gpu.gpu_hsdp_tp). Skips
 // with the reason when no GPU is usable (fails under MESHPROOF_REQUIRE_GPU=1: tests/gpu_test.h).
@@ -146,6 +147,39 @@ TEST_F(DeviceStateGpu, OptimizerStepIsBitwiseTheCpusAndMovesOneScalar) {
     EXPECT_EQ(gpu[r].copies.device_to_host, 8) << "rank " << r;
     EXPECT_EQ(gpu[r].copies.host_to_device, 0) << "rank " << r;
     EXPECT_EQ(gpu[r].copies.copies, 1) << "rank " << r;
+  }
+}
+
+// The acceptance of issue #15's traffic item (docs/design.md, "Host-device traffic per step"): on
+// a step without a checkpoint save or a trace, no rank moves a single bulk byte between the host
+// and the device, in either direction: the tokens are made on the device, the embedding's ids
+// and the loss's targets are checked there, its row losses summed there, the amaxes reduced there,
+// and only scalars (at most 8 bytes each: the loss of each micro-batch, the id checks' words, the
+// rank's sum of squares) cross. Every step is held to it, the first included (the Markov tables
+// are uploaded at construction, before `before_start`). Both recipes of the scenario (current and
+// mxfp8), and two micro-batches so that the accumulation path is covered too.
+TEST_F(DeviceStateGpu, StepsMoveOnlyScalars) {
+  for (RunOptions o : scenario_runs()) {
+    o.config.training.micro_batches = 2;
+    o.steps = 3;
+    const Counted c = run_counted(o);
+    ASSERT_EQ(c.result.metrics.size(), 3u);
+    for (size_t r = 0; r < c.steps.size(); ++r) {
+      ASSERT_EQ(c.steps[r].size(), 3u) << "rank " << r;
+      for (size_t k = 0; k < c.steps[r].size(); ++k) {
+        const CopyCounts& s = c.steps[r][k];
+        EXPECT_EQ(s.bulk_copies, 0) << "rank " << r << " step " << k + 1;
+        EXPECT_EQ(s.bulk_host_to_device, 0) << "rank " << r << " step " << k + 1;
+        EXPECT_EQ(s.bulk_device_to_host, 0) << "rank " << r << " step " << k + 1;
+        // The loss comes back every micro-batch: at least two scalars, all of at most 8 bytes.
+        EXPECT_GE(s.copies, 2) << "rank " << r << " step " << k + 1;
+        EXPECT_LE(s.total(), s.copies * kernels::kScalarCopyBytes)
+            << "rank " << r << " step " << k + 1;
+        if (r == 0)
+          RecordProperty("scalar_copies_rank0_step" + std::to_string(k + 1),
+                         std::to_string(s.copies));
+      }
+    }
   }
 }
 

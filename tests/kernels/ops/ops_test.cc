@@ -3,6 +3,7 @@
 // L = sum(output * R) (R a fixed random tensor) with (L(x+h) - L(x-h)) / 2h per input element.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -16,6 +17,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
+#include "kernels/markov.h"
 #include "kernels/philox.h"
 
 namespace meshproof::kernels {
@@ -220,6 +222,170 @@ TEST(CrossEntropy, FiniteDifferencesAndValue) {
   Tensor flat = f64({m, v});
   EXPECT_NEAR(cross_entropy_forward(flat, targets), m * std::log(6.0), 1e-12);
   EXPECT_GT(sum, 0.0);
+}
+
+// The column shard [begin, end) of a float64 [m, v] tensor.
+Tensor columns(const Tensor& t, int64_t begin, int64_t end) {
+  const int64_t m = t.shape()[0], v = t.shape()[1];
+  Tensor out = f64({m, end - begin});
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = begin; c < end; ++c)
+      out.data<double>()[r * (end - begin) + c - begin] = t.data<double>()[r * v + c];
+  return out;
+}
+
+// The tp ranks' per-row values gathered in rank order, as the model's all-gather lays them out.
+Tensor gathered(const std::vector<Tensor>& per_rank) {
+  std::vector<double> all;
+  for (const Tensor& t : per_rank)
+    for (int64_t i = 0; i < t.numel().value; ++i) all.push_back(t.data<double>()[i]);
+  return Tensor::from_vector<double>({static_cast<int64_t>(all.size())}, all);
+}
+
+// The vocabulary-parallel pieces over three uneven column shards (3, 3, 1 of 7: torch.chunk)
+// reproduce the single-rank cross-entropy: the row maxima and target logits exactly (a max and a
+// sum with one non-zero term are exact), the loss and the gradient up to the order of the exp sums
+// (shard sums then the tp sum instead of one serial sum: a few ulp of double; 1e-13 relative is
+// >100x that and far below a wrong formula's error).
+TEST(CrossEntropy, VocabParallelPiecesEqualTheSingleRankLoss) {
+  const int64_t m = 6, v = 7, seq = 3;
+  const Tensor logits = random_f64({m, v}, 31, 2.0);
+  const Tensor targets = Tensor::from_vector<int32_t>({m}, {0, 6, 3, 2, 5, 6});
+  const int64_t bounds[] = {0, 3, 6, 7};
+  std::vector<Tensor> shard, maxes;
+  for (int t = 0; t < 3; ++t) {
+    shard.push_back(columns(logits, bounds[t], bounds[t + 1]));
+    maxes.push_back(cross_entropy_shard_max(shard.back()));
+  }
+  const Tensor row_max = cross_entropy_combine_ranks(gathered(maxes), 3, true);
+  std::vector<Tensor> sums, tls;
+  for (int t = 0; t < 3; ++t) {
+    const CrossEntropyShardSums s =
+        cross_entropy_shard_sums(shard[t], targets, bounds[t], v, row_max);
+    sums.push_back(s.sum_exp);
+    tls.push_back(s.target_logit);
+  }
+  const Tensor sum_exp = cross_entropy_combine_ranks(gathered(sums), 3, false);
+  const Tensor target = cross_entropy_combine_ranks(gathered(tls), 3, false);
+  for (int64_t r = 0; r < m; ++r) {
+    double mx = -INFINITY;
+    for (int64_t c = 0; c < v; ++c) mx = std::max(mx, logits.data<double>()[r * v + c]);
+    EXPECT_EQ(row_max.data<double>()[r], mx) << "row " << r;
+    EXPECT_EQ(target.data<double>()[r], logits.data<double>()[r * v + targets.data<int32_t>()[r]])
+        << "row " << r;
+  }
+  Tensor log_z;
+  const double loss =
+      cross_entropy_shard_loss(row_max, sum_exp, target, targets, v, seq, 1, 0, log_z);
+  Tensor d_ref = f64({m, v});
+  const double ref = cross_entropy_forward_backward(logits, targets, 0.25, d_ref);
+  EXPECT_NEAR(loss, ref, 1e-13 * std::fabs(ref));
+  for (int t = 0; t < 3; ++t) {
+    Tensor d = f64({m, bounds[t + 1] - bounds[t]});
+    cross_entropy_shard_grad(shard[t], targets, bounds[t], v, log_z, 0.25, d);
+    const Tensor want = columns(d_ref, bounds[t], bounds[t + 1]);
+    for (int64_t i = 0; i < d.numel().value; ++i)
+      EXPECT_NEAR(d.data<double>()[i], want.data<double>()[i], 1e-13) << "shard " << t << " " << i;
+  }
+  // Sequence parallelism: rank k of 3 counts the rows r with r % seq == k (seq 3: one position
+  // each per sequence), added in row order; the three partial sums add up to the whole loss.
+  double parts = 0;
+  for (int k = 0; k < 3; ++k) {
+    Tensor lz;
+    const double part =
+        cross_entropy_shard_loss(row_max, sum_exp, target, targets, v, seq, 3, k, lz);
+    double want = 0;
+    for (int64_t r = k; r < m; r += seq) want += lz.data<double>()[r] - target.data<double>()[r];
+    EXPECT_EQ(part, want) << "sequence shard " << k;
+    parts += part;
+  }
+  EXPECT_NEAR(parts, loss, 1e-13 * std::fabs(loss));
+}
+
+// The tp combine adds in rank order: 1 + 1e16 rounds to 1e16, which rank 2's -1e16 cancels to 0;
+// any other order keeps the 1. The max keeps the largest.
+TEST(CrossEntropy, CombineRanksAddsInRankOrder) {
+  const Tensor every = Tensor::from_vector<double>({6}, {1.0, 2.0, 1e16, 5.0, -1e16, 3.0});
+  const Tensor sum = cross_entropy_combine_ranks(every, 3, false);
+  EXPECT_EQ(sum.data<double>()[0], 0.0);
+  EXPECT_EQ(sum.data<double>()[1], 10.0);
+  const Tensor mx = cross_entropy_combine_ranks(every, 3, true);
+  EXPECT_EQ(mx.data<double>()[0], 1e16);
+  EXPECT_EQ(mx.data<double>()[1], 5.0);
+  EXPECT_THROW(cross_entropy_combine_ranks(every, 4, false), Error);  // 6 values over 4 ranks
+}
+
+TEST(CrossEntropy, ShardPiecesRejectTargetsOutsideTheVocabulary) {
+  const Tensor logits = random_f64({2, 3}, 32);
+  const Tensor targets = Tensor::from_vector<int32_t>({2}, {1, 9});
+  const Tensor row_max = cross_entropy_shard_max(logits);
+  try {
+    cross_entropy_shard_sums(logits, targets, 0, 7, row_max);
+    ADD_FAILURE() << "expected an input error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(e.message().find("target 9 at row 1 outside [0, 7)"), std::string::npos)
+        << e.message();
+  }
+  Tensor log_z = Tensor::from_vector<double>({2}, {0.0, 0.0}), d = f64({2, 3});
+  EXPECT_THROW(cross_entropy_shard_grad(logits, targets, 0, 7, log_z, 1.0, d), Error);
+}
+
+// The Markov rows (kernels::markov_rows on the host; the CUDA kernel runs the same row function)
+// against the source's definition written out independently here: uniform first `order` tokens,
+// then the ranked token of the first cdf bucket above u. Rows of a sub-range equal those rows of
+// the whole batch (each row depends on its global index only).
+TEST(Markov, RowsFollowTheDefinition) {
+  const int64_t vocab = 5, batch = 4, width = 9;
+  std::vector<double> cdf{0.5, 0.75, 0.875, 0.9375, 1.0};
+  for (int64_t order : {0, 1, 2}) {
+    int64_t contexts = 1;
+    for (int64_t i = 0; i < order; ++i) contexts *= vocab;
+    std::vector<int32_t> ranked(static_cast<size_t>(contexts * vocab));
+    for (size_t i = 0; i < ranked.size(); ++i)
+      ranked[i] = static_cast<int32_t>((i * 7 + i / vocab) % vocab);
+    const MarkovTables tables{Tensor::from_vector<double>({vocab}, cdf),
+                              Tensor::from_vector<int32_t>({contexts * vocab}, ranked)};
+    const MarkovShape shape{.vocab = vocab,
+                            .order = order,
+                            .batch = batch,
+                            .width = width,
+                            .seed = 77,
+                            .stream = philox_stream("test.tokens")};
+    const int64_t step = 3;
+    Tensor all = Tensor::empty({batch, width}, DType::kInt32, Device::cpu());
+    markov_rows(tables, shape, step, 0, all);
+    for (int64_t r = 0; r < batch; ++r) {
+      std::vector<int32_t> want(static_cast<size_t>(width));
+      for (int64_t s = 0; s < width; ++s) {
+        const double u =
+            philox_uniform(77, shape.stream, static_cast<uint64_t>((step * batch + r) * width + s));
+        if (s < order) {
+          want[s] =
+              static_cast<int32_t>(std::min<int64_t>(vocab - 1, static_cast<int64_t>(u * vocab)));
+          continue;
+        }
+        int64_t context = 0;
+        for (int64_t j = s - order; j < s; ++j) context = context * vocab + want[j];
+        int64_t rank = vocab - 1;
+        for (int64_t k = 0; k < vocab; ++k)
+          if (u < cdf[static_cast<size_t>(k)]) {
+            rank = k;
+            break;
+          }
+        want[s] = ranked[static_cast<size_t>(context * vocab + rank)];
+      }
+      for (int64_t s = 0; s < width; ++s)
+        EXPECT_EQ(all.data<int32_t>()[r * width + s], want[s])
+            << "order " << order << " row " << r << " token " << s;
+    }
+    Tensor part = Tensor::empty({2, width}, DType::kInt32, Device::cpu());
+    markov_rows(tables, shape, step, 1, part);
+    for (int64_t i = 0; i < 2 * width; ++i)
+      EXPECT_EQ(part.data<int32_t>()[i], all.data<int32_t>()[width + i]);
+    Tensor too_many = Tensor::empty({2, width}, DType::kInt32, Device::cpu());
+    EXPECT_THROW(markov_rows(tables, shape, step, 3, too_many), Error);  // rows 3, 4 of 4
+  }
 }
 
 TEST(Elementwise, BiasGradIsAdjointOfAddBias) {

@@ -22,6 +22,7 @@
 #include "kernels/error.h"
 #include "kernels/flash_attention.h"
 #include "kernels/layernorm.h"
+#include "kernels/markov.h"
 #include "tests/gpu_test.h"
 #include "tests/kernels/ops/column_reduce_oracle.h"
 #include "tests/kernels/ops/flash_attention_bound.h"
@@ -385,6 +386,266 @@ TEST(OpsCuda, EmbeddingBitwise) {
     expect_bitwise(dtc, dtg, "embedding dtok");
     expect_bitwise(dpc, dpg, "embedding dpos");
   }
+}
+
+// The copies one call makes on this thread's rank context (the counter of kernels/runtime.h).
+template <typename F>
+CopyCounts copies_of(F&& f) {
+  CopyCounter counter;
+  ScopedRankContext ctx(RankContext{0, kGpu, nullptr, nullptr, &counter});
+  f();
+  synchronize_current();
+  return counter.counts();
+}
+
+// The full cross-entropy on the device downloads its 8-byte loss and nothing else (the row
+// losses are summed on the device in row order); a target outside the vocabulary is still the
+// input error naming it (found by the device scan that a NaN total triggers).
+TEST(OpsCuda, CrossEntropyMovesOnlyTheLoss) {
+  MP_SKIP_WITHOUT_GPU();
+  const int64_t m = 40, v = 300;
+  std::vector<int32_t> tg(m);
+  for (int64_t r = 0; r < m; ++r) tg[static_cast<size_t>(r)] = static_cast<int32_t>((r * 31) % v);
+  const Tensor logits = on_gpu(random_tensor({m, v}, DType::kFloat32, 40, 3.0));
+  const Tensor targets = on_gpu(Tensor::from_vector<int32_t>({m}, tg));
+  Tensor d = Tensor::empty({m, v}, DType::kFloat32, kGpu);
+  double loss = 0;
+  const CopyCounts c =
+      copies_of([&] { loss = cross_entropy_forward_backward(logits, targets, 1.0 / m, d); });
+  EXPECT_GT(loss, 0.0);
+  EXPECT_EQ(c.device_to_host, 8);
+  EXPECT_EQ(c.host_to_device, 0);
+  EXPECT_EQ(c.copies, 1);
+  tg[17] = static_cast<int32_t>(v + 3);
+  const Tensor bad = on_gpu(Tensor::from_vector<int32_t>({m}, tg));
+  try {
+    cross_entropy_forward_backward(logits, bad, 1.0 / m, d);
+    ADD_FAILURE() << "expected an input error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(e.message().find("target 303 at row 17 outside [0, 300)"), std::string::npos)
+        << e.message();
+  }
+}
+
+// Per-rank float64 values gathered in rank order on the device (device-to-device copies, as the
+// communicator's all-gather moves them).
+Tensor gathered_on_gpu(const std::vector<Tensor>& per_rank) {
+  int64_t n = 0;
+  for (const Tensor& t : per_rank) n += t.numel().value;
+  Tensor all = Tensor::empty({n}, DType::kFloat64, kGpu);
+  int64_t at = 0;
+  for (const Tensor& t : per_rank) {
+    copy_bytes(static_cast<char*>(all.raw_data()) + at, kGpu, t.raw_data(), t.device(), t.nbytes());
+    at += t.nbytes().value;
+  }
+  return all;
+}
+
+// A column shard [begin, end) of a [m, v] tensor (host), for the vocabulary-parallel pieces.
+Tensor column_shard(const Tensor& t, int64_t begin, int64_t end) {
+  const int64_t m = t.shape()[0], v = t.shape()[1], w = end - begin;
+  const size_t es = static_cast<size_t>(dtype_bits(t.dtype()) / 8);
+  Tensor out = Tensor::empty({m, w}, t.dtype(), Device::cpu());
+  for (int64_t r = 0; r < m; ++r)
+    std::memcpy(static_cast<char*>(out.raw_data()) + r * w * es,
+                static_cast<const char*>(t.raw_data()) + (r * v + begin) * es,
+                static_cast<size_t>(w) * es);
+  return out;
+}
+
+// The vocabulary-parallel pieces on the device against the same pieces on the CPU, three uneven
+// shards (334, 334, 332 of 1000): row maxima, target logits and the rank-order combines bitwise
+// (max, copies and an exact one-term sum); the exp sums, log_z and the loss within 1e-12 relative
+// (tree vs serial double sums of ~330 terms and the device's log: ~1e-15; 1000x margin); dlogits
+// within 1 ulp plus the cancellation slack. The whole chain moves one 8-byte scalar (the loss).
+// Under sequence parallelism (3 shards of seq 8) each rank's partial loss is checked the same way.
+TEST(OpsCuda, VocabParallelCrossEntropyStaysOnTheDevice) {
+  MP_SKIP_WITHOUT_GPU();
+  const int64_t m = 24, v = 1000, seq = 8;
+  const int64_t bounds[] = {0, 334, 668, 1000};
+  std::vector<int32_t> tg(m);
+  for (int64_t r = 0; r < m; ++r) tg[static_cast<size_t>(r)] = static_cast<int32_t>((r * 89) % v);
+  const Tensor targets = Tensor::from_vector<int32_t>({m}, tg);
+  const Tensor targets_g = on_gpu(targets);
+  for (DType dt : kActDtypes) {
+    const Tensor logits = random_tensor({m, v}, dt, 41, 3.0);
+    std::vector<Tensor> shard_c, shard_g;
+    for (int t = 0; t < 3; ++t) {
+      shard_c.push_back(column_shard(logits, bounds[t], bounds[t + 1]));
+      shard_g.push_back(on_gpu(shard_c.back()));
+    }
+    // CPU chain.
+    std::vector<Tensor> mc, sc, tc;
+    for (const Tensor& s : shard_c) mc.push_back(cross_entropy_shard_max(s));
+    Tensor all = Tensor::empty({3 * m}, DType::kFloat64, Device::cpu());
+    for (int t = 0; t < 3; ++t)
+      std::memcpy(all.data<double>() + t * m, mc[t].data<double>(), m * sizeof(double));
+    const Tensor max_c = cross_entropy_combine_ranks(all, 3, true);
+    for (int t = 0; t < 3; ++t) {
+      const CrossEntropyShardSums s =
+          cross_entropy_shard_sums(shard_c[t], targets, bounds[t], v, max_c);
+      sc.push_back(s.sum_exp);
+      tc.push_back(s.target_logit);
+    }
+    const auto host_gather = [&](const std::vector<Tensor>& parts) {
+      Tensor a = Tensor::empty({3 * m}, DType::kFloat64, Device::cpu());
+      for (int t = 0; t < 3; ++t)
+        std::memcpy(a.data<double>() + t * m, parts[t].data<double>(), m * sizeof(double));
+      return a;
+    };
+    const Tensor se_c = cross_entropy_combine_ranks(host_gather(sc), 3, false);
+    const Tensor tl_c = cross_entropy_combine_ranks(host_gather(tc), 3, false);
+    Tensor lz_c;
+    const double loss_c = cross_entropy_shard_loss(max_c, se_c, tl_c, targets, v, seq, 1, 0, lz_c);
+    // Device chain, counted.
+    Tensor max_g, se_g, tl_g, lz_g;
+    double loss_g = 0;
+    const CopyCounts c = copies_of([&] {
+      std::vector<Tensor> mg, sg, tlg;
+      for (const Tensor& s : shard_g) mg.push_back(cross_entropy_shard_max(s));
+      max_g = cross_entropy_combine_ranks(gathered_on_gpu(mg), 3, true);
+      for (int t = 0; t < 3; ++t) {
+        const CrossEntropyShardSums s =
+            cross_entropy_shard_sums(shard_g[t], targets_g, bounds[t], v, max_g);
+        sg.push_back(s.sum_exp);
+        tlg.push_back(s.target_logit);
+      }
+      se_g = cross_entropy_combine_ranks(gathered_on_gpu(sg), 3, false);
+      tl_g = cross_entropy_combine_ranks(gathered_on_gpu(tlg), 3, false);
+      loss_g = cross_entropy_shard_loss(max_g, se_g, tl_g, targets_g, v, seq, 1, 0, lz_g);
+    });
+    EXPECT_EQ(c.device_to_host, 8) << dtype_name(dt);
+    EXPECT_EQ(c.host_to_device, 0) << dtype_name(dt);
+    EXPECT_EQ(max_c.to_vector<double>(), max_g.to_vector<double>()) << "row maxima";
+    EXPECT_EQ(tl_c.to_vector<double>(), tl_g.to_vector<double>()) << "target logits";
+    const std::vector<double> a = se_c.to_vector<double>(), b = se_g.to_vector<double>();
+    const std::vector<double> la = lz_c.to_vector<double>(), lb = lz_g.to_vector<double>();
+    for (int64_t r = 0; r < m; ++r) {
+      EXPECT_NEAR(b[r], a[r], 1e-12 * a[r]) << "sum_exp row " << r;
+      EXPECT_NEAR(lb[r], la[r], 1e-12 * std::fabs(la[r]) + 1e-15) << "log_z row " << r;
+    }
+    EXPECT_NEAR(loss_g, loss_c, 1e-12 * std::fabs(loss_c));
+    for (int t = 0; t < 3; ++t) {
+      const int64_t w = bounds[t + 1] - bounds[t];
+      Tensor dc = Tensor::empty({m, w}, dt, Device::cpu()), dg = Tensor::empty({m, w}, dt, kGpu);
+      cross_entropy_shard_grad(shard_c[t], targets, bounds[t], v, lz_c, 1.0 / m, dc);
+      cross_entropy_shard_grad(shard_g[t], targets_g, bounds[t], v, lz_g, 1.0 / m, dg);
+      expect_close(dc, dg, kCancelSlack, "vocab-parallel dlogits");
+    }
+    for (int k = 0; k < 3; ++k) {
+      Tensor lzc, lzg;
+      const double pc = cross_entropy_shard_loss(max_c, se_c, tl_c, targets, v, seq, 4, k, lzc);
+      const double pg = cross_entropy_shard_loss(max_g, se_g, tl_g, targets_g, v, seq, 4, k, lzg);
+      EXPECT_NEAR(pg, pc, 1e-12 * std::fabs(pc)) << "sequence shard " << k;
+    }
+  }
+  // A target outside the vocabulary: the loss piece reports it (input error, its row).
+  std::vector<int32_t> bad = tg;
+  bad[5] = -2;
+  const Tensor bad_g = on_gpu(Tensor::from_vector<int32_t>({m}, bad));
+  const Tensor logits_g = on_gpu(random_tensor({m, v}, DType::kFloat32, 42));
+  const Tensor mx = cross_entropy_shard_max(logits_g);
+  const CrossEntropyShardSums s = cross_entropy_shard_sums(logits_g, bad_g, 0, v, mx);
+  Tensor lz;
+  try {
+    cross_entropy_shard_loss(mx, s.sum_exp, s.target_logit, bad_g, v, seq, 1, 0, lz);
+    ADD_FAILURE() << "expected an input error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(e.message().find("target -2 at row 5"), std::string::npos) << e.message();
+  }
+}
+
+// The embedding on the device checks its ids with one 8-byte download per call and groups the
+// backward's rows on the device (nothing else crosses); dtok is bitwise the CPU's for a
+// vocabulary shard (ids outside it left out) with 2000 rows (the scan's 1024 chunks, two rows
+// each) and 1200 positions (38 warp chunks) over few distinct ids; an id outside the vocabulary is
+// the input error naming its flat index.
+TEST(OpsCuda, EmbeddingChecksAndGroupsOnTheDevice) {
+  MP_SKIP_WITHOUT_GPU();
+  const int64_t vocab = 5000, begin = 1500, rows = 2000, hidden = 40, batch = 4, seq = 300;
+  std::mt19937 gen(43);
+  std::vector<int32_t> ids(batch * seq);
+  for (int32_t& id : ids)
+    id = static_cast<int32_t>(1000 + (gen() % 23) * 150);  // 23 ids, ~half held
+  const Tensor idt = Tensor::from_vector<int32_t>({batch, seq}, ids), idg = on_gpu(idt);
+  const Tensor tok = random_tensor({rows, hidden}, DType::kFloat32, 44);
+  const Tensor dx = random_tensor({batch * seq, hidden}, DType::kFloat32, 45);
+  const Tensor tok_g = on_gpu(tok), dx_g = on_gpu(dx);
+  Tensor xc = Tensor::empty({batch * seq, hidden}, DType::kFloat32, Device::cpu());
+  Tensor xg = Tensor::empty({batch * seq, hidden}, DType::kFloat32, kGpu);
+  embedding_forward(idt, tok, nullptr, begin, vocab, xc);
+  const CopyCounts f = copies_of([&] { embedding_forward(idg, tok_g, nullptr, begin, vocab, xg); });
+  expect_bitwise(xc, xg, "sharded embedding x");
+  EXPECT_EQ(f.device_to_host, 8);
+  EXPECT_EQ(f.host_to_device, 0);
+  const Tensor d0 = random_tensor({rows, hidden}, DType::kFloat32, 46);
+  Tensor dc = d0.clone(), dg = on_gpu(d0);
+  embedding_backward(dx, idt, begin, vocab, &dc, nullptr);
+  const CopyCounts b =
+      copies_of([&] { embedding_backward(dx_g, idg, begin, vocab, &dg, nullptr); });
+  expect_bitwise(dc, dg, "sharded embedding dtok");
+  EXPECT_EQ(b.device_to_host, 8);
+  EXPECT_EQ(b.host_to_device, 0);
+  Tensor dg2 = on_gpu(d0);
+  embedding_backward(dx_g, idg, begin, vocab, &dg2, nullptr);
+  expect_bitwise(dg, dg2, "embedding dtok rerun");
+  ids[7] = static_cast<int32_t>(vocab);
+  try {
+    embedding_forward(on_gpu(Tensor::from_vector<int32_t>({batch, seq}, ids)), tok_g, nullptr,
+                      begin, vocab, xg);
+    ADD_FAILURE() << "expected an input error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(e.message().find("token id 5000 at flat index 7 outside [0, 5000)"),
+              std::string::npos)
+        << e.message();
+  }
+}
+
+// The Markov source's rows made on the device are bitwise the host's (same row function), for
+// orders 1 and 2, and making them moves nothing across PCIe.
+TEST(OpsCuda, MarkovRowsBitwiseTheHostWithoutCopies) {
+  MP_SKIP_WITHOUT_GPU();
+  const int64_t vocab = 11, batch = 6, width = 65;
+  std::vector<double> cdf(vocab);
+  double acc = 0;
+  for (int64_t r = 0; r < vocab; ++r) cdf[r] = (acc += std::ldexp(1.0, -static_cast<int>(r) - 1));
+  cdf.back() = 1.0;
+  for (int64_t order : {1, 2}) {
+    const int64_t contexts = order == 1 ? vocab : vocab * vocab;
+    std::vector<int32_t> ranked(static_cast<size_t>(contexts * vocab));
+    for (size_t i = 0; i < ranked.size(); ++i)
+      ranked[i] = static_cast<int32_t>((i * 5 + i / vocab) % vocab);
+    const MarkovTables host{Tensor::from_vector<double>({vocab}, cdf),
+                            Tensor::from_vector<int32_t>({contexts * vocab}, ranked)};
+    const MarkovTables dev{on_gpu(host.cdf), on_gpu(host.ranked)};
+    const MarkovShape shape{
+        .vocab = vocab, .order = order, .batch = batch, .width = width, .seed = 9, .stream = 4};
+    Tensor hc = Tensor::empty({4, width}, DType::kInt32, Device::cpu());
+    Tensor hg = Tensor::empty({4, width}, DType::kInt32, kGpu);
+    markov_rows(host, shape, 5, 2, hc);
+    const CopyCounts c = copies_of([&] { markov_rows(dev, shape, 5, 2, hg); });
+    EXPECT_EQ(c.total(), 0);
+    expect_bitwise(hc, hg, "markov rows");
+  }
+}
+
+// RoPE's (cos, sin) table is uploaded once per process: a second call with the same positions
+// moves nothing, and both calls give the same bits.
+TEST(OpsCuda, RopeTableIsUploadedOnce) {
+  MP_SKIP_WITHOUT_GPU();
+  const AttentionShape s{.batch = 2, .seq = 19, .heads = 4, .head_dim = 8, .kv_heads = 2};
+  std::vector<int64_t> positions(s.seq);
+  for (int64_t t = 0; t < s.seq; ++t) positions[t] = 1000 + 3 * t;  // unlike any other test's
+  const Tensor x = random_tensor({s.batch * s.seq, s.qkv_width()}, DType::kFloat32, 47);
+  Tensor a = on_gpu(x), b = on_gpu(x);
+  const CopyCounts first = copies_of([&] { rope_forward(a, s, 10000.0, positions); });
+  const CopyCounts second = copies_of([&] { rope_forward(b, s, 10000.0, positions); });
+  EXPECT_EQ(first.bulk_copies, 1);
+  EXPECT_EQ(second.total(), 0);
+  expect_bitwise(a, b, "rope with the cached table");
 }
 
 TEST(OpsCuda, AdamWBitwise) {

@@ -13,6 +13,7 @@
 #include "kernels/device.h"
 #include "kernels/formats.h"
 #include "kernels/nvfp4.h"
+#include "kernels/runtime.h"
 
 namespace meshproof::kernels {
 namespace {
@@ -69,6 +70,39 @@ TEST(Nvfp4Gpu, ByteEqualToCpu) {
         expect_same(quantize_nvfp4(x, o, {true, true}), quantize_nvfp4(xg, o, {true, true}), what);
       }
     }
+  }
+}
+
+// The FP8 all-gather's NVFP4 pieces on the device (docs/design.md, "Host-device traffic per
+// step"): quantizing a tiled weight, taking its tile codes and rebuilding both copies from the
+// rowwise data are byte-equal to the CPU's, and none of it crosses between host and device (the
+// global amaxes are split device-to-device).
+TEST(Nvfp4Gpu, TiledRebuildOnTheDeviceByteEqualToCpuWithoutCopies) {
+  MP_SKIP_WITHOUT_GPU();
+  const Device gpu = Device::cuda(0);
+  Nvfp4Options o;
+  o.tile16x16 = true;
+  for (const auto& [M, K] : {std::pair<int64_t, int64_t>{16, 16}, {48, 96}, {256, 512}}) {
+    const Tensor x = make_input(M, K, true, static_cast<uint32_t>(3 * M + K));
+    const Tensor xg = x.to(gpu);
+    const std::string what = fmt::format("[{}, {}]", M, K);
+    const QuantizedTensor row_c = quantize_nvfp4(x, o, {.rowwise = true, .columnwise = false});
+    const QuantizedTensor got_c =
+        nvfp4_tiled_from_rowwise(row_c.rowwise_data, nvfp4_tile_scales(row_c), row_c.amax);
+    CopyCounter counter;
+    QuantizedTensor got_g;
+    Tensor tiles_g;
+    {
+      ScopedRankContext ctx(RankContext{0, gpu, nullptr, nullptr, &counter});
+      const QuantizedTensor row_g = quantize_nvfp4(xg, o, {.rowwise = true, .columnwise = false});
+      tiles_g = nvfp4_tile_scales(row_g);
+      got_g = nvfp4_tiled_from_rowwise(row_g.rowwise_data, tiles_g, row_g.amax);
+      synchronize_current();
+    }
+    EXPECT_EQ(counter.counts().total(), 0) << what;
+    EXPECT_EQ(tiles_g.device(), gpu) << what;
+    EXPECT_EQ(bytes_of(nvfp4_tile_scales(row_c)), bytes_of(tiles_g)) << what;
+    expect_same(got_c, got_g, what);
   }
 }
 
