@@ -183,6 +183,33 @@ TEST_F(DeviceStateGpu, StepsMoveOnlyScalars) {
   }
 }
 
+// The same for NVFP4 weights (their tile codes, the FP8 all-gather of packed FP4 bytes and the
+// columnwise rebuild run on the device): the nvfp4 entries of scenarios/fp8_all_gather.yaml
+// (dp_shard 4, and dp_shard 2 x tp 2) on cuda:0, two steps, without the scenario's
+// allgather_parity check (a check, which downloads what it compares).
+TEST_F(DeviceStateGpu, Nvfp4AllGatherStepsMoveOnlyScalars) {
+  int runs = 0;
+  for (const harness::Scenario& s : harness::load_scenario_file(std::string(MESHPROOF_SOURCE_DIR) +
+                                                                "/scenarios/fp8_all_gather.yaml")) {
+    RunOptions o = harness::engine_run_options(s);
+    if (o.config.recipe.kind != RecipeKind::kNvfp4) continue;
+    o.backend = kernels::Device::cuda(0);
+    o.launcher = "local";
+    o.allgather_parity = false;
+    o.steps = 2;
+    const Counted c = run_counted(o);
+    ASSERT_EQ(c.result.metrics.size(), 2u);
+    ++runs;
+    for (size_t r = 0; r < c.steps.size(); ++r)
+      for (size_t k = 0; k < c.steps[r].size(); ++k) {
+        EXPECT_EQ(c.steps[r][k].bulk_copies, 0) << "rank " << r << " step " << k + 1;
+        EXPECT_LE(c.steps[r][k].total(), c.steps[r][k].copies * kernels::kScalarCopyBytes)
+            << "rank " << r << " step " << k + 1;
+      }
+  }
+  EXPECT_EQ(runs, 2) << "the scenario's two nvfp4 meshes";
+}
+
 // A checkpoint save downloads this rank's state in one batched copy (kernels::to_host_batched):
 // the step with a save moves exactly one bulk download more than the steps without.
 TEST_F(DeviceStateGpu, CheckpointSaveIsOneBatchedDownload) {
