@@ -302,6 +302,15 @@ struct GptModel::Linear {
 
   bool quantized() const { return recipe != nullptr && recipe->enabled(); }
 
+  // The MoE experts' view (docs/design.md "Tensor-parallel experts"): the same tp group without
+  // sequence parallelism, since an expert block's rows are dispatched tokens, not sequence
+  // positions (row-parallel outputs and column-parallel input gradients are all-reduced).
+  Linear experts() const {
+    Linear l = *this;
+    l.tp.sequence_parallel = false;
+    return l;
+  }
+
   // y = x·wᵀ + b
   // row_parallel: y holds partial sums over the tp shards of K: all-reduced (or, with sequence
   // parallelism, reduce-scattered along the sequence into y's sequence shard), then the bias.
@@ -319,8 +328,10 @@ struct GptModel::Linear {
   }
 
   // Sums `t` over the tp group in place (fp32 reduction; bf16 tensors travel as fp32).
+  // An empty tensor (an MoE expert block with no rows here, docs/design.md "Tensor-parallel
+  // experts") is skipped: every tp rank of the group holds the same expert layout.
   void tp_sum(Tensor& t) const {
-    if (!tp.active()) return;
+    if (!tp.active() || t.numel().value == 0) return;
     if (t.dtype() == DType::kFloat32) {
       tp.comm->all_reduce(t, mesh::ReduceOp::kSum);
       return;
@@ -651,6 +662,12 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
   a.x_perm = moe::permute(a.ln2_out, a.dispatch);
   if (ep) a.x_perm = moe::to_owners(*linear.tp.expert, a.ep, a.dispatch, a.x_perm);
   const int64_t padded = blocks.padded_rows(), h = a.ln2_out.shape()[1];
+  // Tensor-parallel experts (docs/design.md "Tensor-parallel experts"): each expert's fc1 holds
+  // this tp rank's F / tp rows, fc2 its columns; the expert blocks are token rows, not sequence
+  // positions, so fc2's partial sums are all-reduced per block (never reduce-scattered along the
+  // sequence) and under sequence parallelism the combined [M, H] output is cut to this rank's
+  // sequence shard afterwards.
+  Linear el = linear.experts();
   a.experts = mlp_acts(padded, w.experts.front().fc1_w->shape()[0], dt);
   a.y_perm = new_tensor({padded, h}, dt);
   for (int64_t e = 0; e < mc.experts; ++e) {
@@ -659,13 +676,22 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
     MlpActs ea = slice_acts(a.experts, b, end);
     Tensor ye = a.y_perm.slice_rows(b, end);
     mlp_forward(w.experts[static_cast<size_t>(e)], fmt::format("{}experts.{}.", q, e),
-                a.x_perm.slice_rows(b, end), linear, ea, ye);
+                a.x_perm.slice_rows(b, end), el, ea, ye);
   }
   if (ep) a.y_local = moe::from_owners(*linear.tp.expert, a.ep, a.dispatch, a.y_perm);
-  moe::combine(ep ? a.y_local : a.y_perm, a.dispatch, a.routing, out);
+  const bool sp = linear.tp.sp();
+  if (sp) {
+    Tensor full = new_tensor({rows, h}, dt);
+    moe::combine(ep ? a.y_local : a.y_perm, a.dispatch, a.routing, full);
+    out.copy_from(
+        seq_slice(full, linear.batch, linear.seq, linear.tp.comm->size(), linear.tp.comm->rank()));
+  } else {
+    moe::combine(ep ? a.y_local : a.y_perm, a.dispatch, a.routing, out);
+  }
   if (!w.shared.empty()) {
+    // The shared expert is a dense MLP over every row: the dense tp / sp path.
     a.shared = mlp_acts(rows, w.shared.front().fc1_w->shape()[0], dt);
-    a.shared_out = new_tensor({rows, h}, dt);
+    a.shared_out = new_tensor(out.shape(), dt);
     mlp_forward(w.shared.front(), q + "shared.", a.ln2_out, linear, a.shared, a.shared_out);
     kernels::add_(out, a.shared_out);
   }
@@ -681,20 +707,31 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
   const moe::Dispatch& blocks = ep ? a.ep.owner : a.dispatch;
   const int64_t padded = blocks.padded_rows();
   const std::string q = fmt::format("layers.{}.moe.", layer);
+  // Under sequence parallelism d_out is this rank's sequence shard: the combine backward needs
+  // every row's (gathered along the sequence); the experts' and the router's input gradients are
+  // then whole on every tp rank and cut to the shard at the end. The gradients of the
+  // TP-replicated router weight and expert fc2 biases, which the executor sums over tp under
+  // sequence parallelism, are added on tp rank 0 only (whole there, zero elsewhere: exact).
+  const bool sp = linear.tp.sp();
+  const bool replicated_grads = !sp || linear.tp.comm->rank() == 0;
+  const Tensor d_out_all =
+      sp ? seq_gather(*linear.tp.comm, d_out, linear.batch, linear.seq) : d_out;
+  Linear el = linear.experts();
   Tensor d_y = new_tensor({a.dispatch.padded_rows(), h}, dt);
   std::vector<double> d_weight;
-  moe::combine_backward(d_out, ep ? a.y_local : a.y_perm, a.dispatch, a.routing, d_y, d_weight);
+  moe::combine_backward(d_out_all, ep ? a.y_local : a.y_perm, a.dispatch, a.routing, d_y, d_weight);
   if (ep) d_y = moe::to_owners(*linear.tp.expert, a.ep, a.dispatch, d_y);
   Tensor d_xp = Tensor::zeros({padded, h}, dt);
   for (int64_t e = 0; e < mc.experts; ++e) {
     const int64_t b = blocks.offset[static_cast<size_t>(e)];
     const int64_t end = blocks.offset[static_cast<size_t>(e) + 1];
     Tensor dxe = d_xp.slice_rows(b, end);
-    MlpGrads& ge = g.experts[static_cast<size_t>(e)];
+    MlpGrads ge = g.experts[static_cast<size_t>(e)];
+    if (!replicated_grads) ge.fc2_b = nullptr;
     if (linear.tp.expert_grad_factor == 1.0) {
       mlp_backward(w.experts[static_cast<size_t>(e)], ge, fmt::format("{}experts.{}.", q, e),
                    d_y.slice_rows(b, end), a.x_perm.slice_rows(b, end),
-                   slice_acts(a.experts, b, end), linear, dxe);
+                   slice_acts(a.experts, b, end), el, dxe);
     } else {
       // The expert_grad_scaled_by_ep fault: this block's weight gradients computed into zero
       // tensors, multiplied by the factor in double and added into the accumulated ones.
@@ -709,7 +746,7 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
                    zero(ge.up_b),  zero(ge.fc2_w), zero(ge.fc2_b)};
       mlp_backward(w.experts[static_cast<size_t>(e)], tmp, fmt::format("{}experts.{}.", q, e),
                    d_y.slice_rows(b, end), a.x_perm.slice_rows(b, end),
-                   slice_acts(a.experts, b, end), linear, dxe);
+                   slice_acts(a.experts, b, end), el, dxe);
       for (auto [dst, src] : {std::pair{ge.fc1_w, tmp.fc1_w}, std::pair{ge.fc1_b, tmp.fc1_b},
                               std::pair{ge.up_w, tmp.up_w}, std::pair{ge.up_b, tmp.up_b},
                               std::pair{ge.fc2_w, tmp.fc2_w}, std::pair{ge.fc2_b, tmp.fc2_b}}) {
@@ -723,9 +760,19 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
     }
   }
   if (ep) d_xp = moe::from_owners(*linear.tp.expert, a.ep, a.dispatch, d_xp);
-  moe::unpermute_sum(d_xp, a.dispatch, a.routing, d_ln2);
+  const auto shard = [&](const Tensor& full) {  // this rank's sequence shard of [M, *] rows
+    return seq_slice(full, linear.batch, linear.seq, linear.tp.comm->size(),
+                     linear.tp.comm->rank());
+  };
+  if (sp) {
+    Tensor d_experts = new_tensor({rows, h}, dt);
+    moe::unpermute_sum(d_xp, a.dispatch, a.routing, d_experts);
+    d_ln2.copy_from(shard(d_experts));
+  } else {
+    moe::unpermute_sum(d_xp, a.dispatch, a.routing, d_ln2);
+  }
   if (!w.shared.empty()) {
-    Tensor d_shared = new_tensor({rows, h}, dt);
+    Tensor d_shared = new_tensor(d_ln2.shape(), dt);
     mlp_backward(w.shared.front(), g.shared.front(), q + "shared.", d_out, a.ln2_out, a.shared,
                  linear, d_shared);
     kernels::add_(d_ln2, d_shared);
@@ -736,9 +783,11 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
                            : std::vector<double>(static_cast<size_t>(mc.experts), 0.0);
   Tensor d_logits = moe::route_backward(a.routing, d_weight, aux, mc.router, a.router_in.dtype());
   if (!a.router_in.device().is_cpu()) d_logits = d_logits.to(a.router_in.device());
-  kernels::gemm_wgrad(&d_logits, &a.router_in, *g.router_w, {.accumulate = true});
+  if (replicated_grads)
+    kernels::gemm_wgrad(&d_logits, &a.router_in, *g.router_w, {.accumulate = true});
   Tensor d_router_in = new_tensor({rows, h}, a.router_in.dtype());
   kernels::gemm_dgrad(&d_logits, w.router_w, d_router_in);
+  if (sp) d_router_in = shard(d_router_in);
   kernels::add_(d_ln2, dt == d_router_in.dtype() ? d_router_in : kernels::cast_to(d_router_in, dt));
 }
 

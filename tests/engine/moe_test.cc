@@ -578,11 +578,8 @@ TEST(MoeRules, EveryRecipeAcceptedRemainingRefusalsNameTheirKey) {
     c.model.moe.top_k = 2;
     EXPECT_EQ(issues(c, MeshSpec{1, 4, 1}), "") << name;
   }
-  const Config moe = testing::tiny_moe_config();
-  EXPECT_NE(issues(moe, MeshSpec{1, 1, 2})
-                .find("mesh.tp: model.moe with tp = 2: tensor-parallel "
-                      "experts are not built yet"),
-            std::string::npos);
+  // Tensor-parallel experts are built (docs/design.md "Tensor-parallel experts").
+  EXPECT_EQ(issues(testing::tiny_moe_config(), MeshSpec{1, 1, 2}), "");
   Config cur = testing::tiny_moe_config();
   cur.recipe.kind = RecipeKind::kCurrent;
   EXPECT_NE(issues(cur, MeshSpec{1, 2, 1}, true).find("fsdp.fp8_all_gather: with model.moe"),
