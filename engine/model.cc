@@ -299,6 +299,9 @@ struct GptModel::Linear {
   // d(objective)/d(one position's loss) of this micro-batch: the MoE load-balancing loss's
   // gradient is scaled like the cross-entropy's.
   double grad_scale = 0;
+  // The routing pre-pass (GptModel::routing_stats): each MoE layer's local statistics go here,
+  // not reduced over the data ranks.
+  std::vector<moe::BalanceStats>* routing = nullptr;
 
   bool quantized() const { return recipe != nullptr && recipe->enabled(); }
 
@@ -644,19 +647,19 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
   const moe::Dispatch& blocks = ep ? a.ep.owner : a.dispatch;
   if (mc.aux_loss_coef > 0) {
     // f_e and P_e over the global batch: the statistics summed over the data-parallel ranks in
-    // rank order, so every rank (and every mesh) gets the same aux loss.
-    moe::BalanceStats s = moe::balance_stats(a.routing);
-    if (linear.tp.data != nullptr && linear.tp.data->size() > 1) {
-      std::vector<double> v = s.count;
-      v.insert(v.end(), s.prob_sum.begin(), s.prob_sum.end());
-      v.push_back(s.tokens);
-      const std::vector<double> sum = tp_combine(*linear.tp.data, v, false);
-      const auto e_n = static_cast<std::ptrdiff_t>(mc.experts);
-      s.count.assign(sum.begin(), sum.begin() + e_n);
-      s.prob_sum.assign(sum.begin() + e_n, sum.begin() + 2 * e_n);
-      s.tokens = sum.back();
+    // rank order, so every rank (and every mesh) gets the same aux loss. With micro-batches the
+    // routing pre-pass has summed them over every micro-batch too (TpContext::moe_load); the
+    // pre-pass itself only records this rank's.
+    const moe::BalanceStats s = moe::balance_stats(a.routing);
+    if (linear.routing != nullptr) {
+      (*linear.routing)[static_cast<size_t>(layer)] = s;
+    } else if (linear.tp.moe_load != nullptr) {
+      a.load = linear.tp.moe_load->at(static_cast<size_t>(layer));
+    } else if (linear.tp.data != nullptr && linear.tp.data->size() > 1) {
+      a.load = moe::sum_balance_stats(*linear.tp.data, s);
+    } else {
+      a.load = s;
     }
-    a.load = s;
     a.aux_loss = moe::aux_loss(a.load, mc.top_k, mc.aux_loss_coef);
   }
   a.x_perm = moe::permute(a.ln2_out, a.dispatch);
@@ -900,7 +903,7 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
 
 double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords& coords,
                      double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp,
-                     UnitHooks* units) const {
+                     UnitHooks* units, std::vector<moe::BalanceStats>* routing) const {
   auto before = [units](int64_t unit, Pass pass) {
     if (units) units->before(unit, pass);
   };
@@ -949,6 +952,8 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   // recomputed forward produces the columnwise copies.
   Linear linear{recipe, grads != nullptr && !recompute, &saved, tp, batch, seq, {}, coords};
   linear.grad_scale = grad_scale;
+  linear.routing = routing;
+  if (routing) routing->assign(static_cast<size_t>(m.layers), {});
   if (m.position == PositionKind::kRope) {
     // The global position of every sequence index; with the fault, each sequence shard's
     // tokens numbered from 0 (S/tp positions per shard).
@@ -1125,6 +1130,16 @@ double GptModel::forward_backward(const TensorMap& weights, const Tensor& tokens
                                   const BatchCoords& coords, double grad_scale, TensorMap& grads,
                                   Fp8Recipe* recipe, const TpContext& tp, UnitHooks* units) const {
   return run(weights, tokens, coords, grad_scale, &grads, recipe, tp, units);
+}
+
+std::vector<moe::BalanceStats> GptModel::routing_stats(const TensorMap& weights,
+                                                       const Tensor& tokens,
+                                                       const BatchCoords& coords, Fp8Recipe* recipe,
+                                                       const TpContext& tp,
+                                                       UnitHooks* units) const {
+  std::vector<moe::BalanceStats> out;
+  run(weights, tokens, coords, 0.0, nullptr, recipe, tp, units, &out);
+  return out;
 }
 
 double GptModel::forward_loss(const TensorMap& weights, const Tensor& tokens,
