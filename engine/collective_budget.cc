@@ -4,6 +4,7 @@
 
 #include "engine/amax_groups.h"
 #include "engine/mesh_groups.h"
+#include "engine/moe.h"
 #include "engine/params.h"
 #include "engine/shard_plan.h"
 #include "kernels/dtype.h"
@@ -50,6 +51,7 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
   const int replicate = mesh.group_size(groups::kDpReplicate);
   const bool sp = options.mesh.sequence_parallel && mesh.size(MeshDim::kTp) > 1;
   const int64_t syncs = options.fsdp.sync_each_micro_batch ? t.micro_batches : 1;
+  const int64_t prepass = moe::needs_routing_prepass(config) ? t.micro_batches : 0;
 
   std::vector<CollectiveCall> out;
   const auto add = [&](CollectiveKind kind, ReduceOp op, DimSet group, DType dtype, int64_t bytes,
@@ -75,8 +77,13 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
     // Weight gathers: the root unit is gathered once per micro-batch (it stays gathered from
     // the forward through the backward); a layer once, or twice with reshard_after_forward (the
     // backward gathers it again).
+    // The MoE routing pre-pass (aux loss with micro-batches, docs/design.md "Tensor-parallel
+    // experts") runs every micro-batch's forward once more first: the root and, with
+    // reshard_after_forward, each layer gathered once more per micro-batch (without it the
+    // pre-pass's gather of a layer is held through the first real forward).
     const int64_t gathers =
-        t.micro_batches * (spec.unit == kRootUnit || !options.fsdp.reshard_after_forward ? 1 : 2);
+        t.micro_batches * (spec.unit == kRootUnit || !options.fsdp.reshard_after_forward ? 1 : 2) +
+        (spec.unit == kRootUnit || options.fsdp.reshard_after_forward ? prepass : 0);
     const auto gather = [&](DType dtype, int64_t bytes) {
       add(CollectiveKind::kAllGather, ReduceOp::kSum, groups::kDpShard, dtype, bytes, spec.name,
           gathers);
@@ -135,16 +142,16 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
             // Gathered as FP8: the shard's amax once per step, before its quantization;
             // otherwise the recipe reduces at every quantization of the weight (the forward, and
             // the recomputed forward).
-            amax(1, fp8_gather ? 1 : t.micro_batches * recompute);
+            amax(1, fp8_gather ? 1 : t.micro_batches * recompute + prepass);
             break;
           case RecipeKind::kDelayed:
-            // The amax history's current slot, after each forward.
-            amax(1, t.micro_batches);
+            // The amax history's current slot, after each forward (the pre-pass's included).
+            amax(1, t.micro_batches + prepass);
             break;
           case RecipeKind::kNvfp4:
             // The rowwise and columnwise global amaxes together: once per step before the shard's
             // quantization when gathered as FP4, else at every quantization of the weight.
-            amax(2, fp8_gather ? 1 : t.micro_batches * recompute);
+            amax(2, fp8_gather ? 1 : t.micro_batches * recompute + prepass);
             break;
           default:
             break;  // mxfp8, block: no per-tensor amax

@@ -193,13 +193,6 @@ std::vector<ConfigIssue> check_config(const Config& c) {
         fmt::format("model.moe.every = {} must be in [1, model.layers = {}]", moe.every, m.layers));
     needf("model.moe.aux_loss_coef", std::isfinite(moe.aux_loss_coef) && moe.aux_loss_coef >= 0.0,
           fmt::format("model.moe.aux_loss_coef = {} must be finite and >= 0", moe.aux_loss_coef));
-    // f_e and P_e are taken over the whole global batch; with several micro-batches the
-    // counts of the later micro-batches are not known when the first one's backward runs.
-    needf("training.micro_batches", moe.aux_loss_coef == 0.0 || t.micro_batches == 1,
-          fmt::format("training.micro_batches = {} with model.moe.aux_loss_coef = {}: the "
-                      "load-balancing loss over the global batch with gradient accumulation is "
-                      "not built yet (docs/design.md section 27); use micro_batches 1",
-                      t.micro_batches, moe.aux_loss_coef));
   }
 
   const DataConfig& d = c.data;

@@ -288,8 +288,20 @@ struct GptModel::Linear {
   // d(objective)/d(one position's loss) of this micro-batch: the MoE load-balancing loss's
   // gradient is scaled like the cross-entropy's.
   double grad_scale = 0;
+  // The routing pre-pass (GptModel::routing_stats): each MoE layer's local statistics go here,
+  // not reduced over the data ranks.
+  std::vector<moe::BalanceStats>* routing = nullptr;
 
   bool quantized() const { return recipe != nullptr && recipe->enabled(); }
+
+  // The MoE experts' view (docs/design.md "Tensor-parallel experts"): the same tp group without
+  // sequence parallelism, since an expert block's rows are dispatched tokens, not sequence
+  // positions (row-parallel outputs and column-parallel input gradients are all-reduced).
+  Linear experts() const {
+    Linear l = *this;
+    l.tp.sequence_parallel = false;
+    return l;
+  }
 
   // y = x·wᵀ + b
   // row_parallel: y holds partial sums over the tp shards of K: all-reduced (or, with sequence
@@ -308,8 +320,10 @@ struct GptModel::Linear {
   }
 
   // Sums `t` over the tp group in place (fp32 reduction; bf16 tensors travel as fp32).
+  // An empty tensor (an MoE expert block with no rows here, docs/design.md "Tensor-parallel
+  // experts") is skipped: every tp rank of the group holds the same expert layout.
   void tp_sum(Tensor& t) const {
-    if (!tp.active()) return;
+    if (!tp.active() || t.numel().value == 0) return;
     if (t.dtype() == DType::kFloat32) {
       tp.comm->all_reduce(t, mesh::ReduceOp::kSum);
       return;
@@ -622,24 +636,30 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
   const moe::Dispatch& blocks = ep ? a.ep.owner : a.dispatch;
   if (mc.aux_loss_coef > 0) {
     // f_e and P_e over the global batch: the statistics summed over the data-parallel ranks in
-    // rank order, so every rank (and every mesh) gets the same aux loss.
-    moe::BalanceStats s = moe::balance_stats(a.routing);
-    if (linear.tp.data != nullptr && linear.tp.data->size() > 1) {
-      std::vector<double> v = s.count;
-      v.insert(v.end(), s.prob_sum.begin(), s.prob_sum.end());
-      v.push_back(s.tokens);
-      const std::vector<double> sum = tp_combine(*linear.tp.data, v, false);
-      const auto e_n = static_cast<std::ptrdiff_t>(mc.experts);
-      s.count.assign(sum.begin(), sum.begin() + e_n);
-      s.prob_sum.assign(sum.begin() + e_n, sum.begin() + 2 * e_n);
-      s.tokens = sum.back();
+    // rank order, so every rank (and every mesh) gets the same aux loss. With micro-batches the
+    // routing pre-pass has summed them over every micro-batch too (TpContext::moe_load); the
+    // pre-pass itself only records this rank's.
+    const moe::BalanceStats s = moe::balance_stats(a.routing);
+    if (linear.routing != nullptr) {
+      (*linear.routing)[static_cast<size_t>(layer)] = s;
+    } else if (linear.tp.moe_load != nullptr) {
+      a.load = linear.tp.moe_load->at(static_cast<size_t>(layer));
+    } else if (linear.tp.data != nullptr && linear.tp.data->size() > 1) {
+      a.load = moe::sum_balance_stats(*linear.tp.data, s);
+    } else {
+      a.load = s;
     }
-    a.load = s;
     a.aux_loss = moe::aux_loss(a.load, mc.top_k, mc.aux_loss_coef);
   }
   a.x_perm = moe::permute(a.ln2_out, a.dispatch);
   if (ep) a.x_perm = moe::to_owners(*linear.tp.expert, a.ep, a.dispatch, a.x_perm);
   const int64_t padded = blocks.padded_rows(), h = a.ln2_out.shape()[1];
+  // Tensor-parallel experts (docs/design.md "Tensor-parallel experts"): each expert's fc1 holds
+  // this tp rank's F / tp rows, fc2 its columns; the expert blocks are token rows, not sequence
+  // positions, so fc2's partial sums are all-reduced per block (never reduce-scattered along the
+  // sequence) and under sequence parallelism the combined [M, H] output is cut to this rank's
+  // sequence shard afterwards.
+  Linear el = linear.experts();
   a.experts = mlp_acts(padded, w.experts.front().fc1_w->shape()[0], dt);
   a.y_perm = new_tensor({padded, h}, dt);
   for (int64_t e = 0; e < mc.experts; ++e) {
@@ -648,13 +668,22 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
     MlpActs ea = slice_acts(a.experts, b, end);
     Tensor ye = a.y_perm.slice_rows(b, end);
     mlp_forward(w.experts[static_cast<size_t>(e)], fmt::format("{}experts.{}.", q, e),
-                a.x_perm.slice_rows(b, end), linear, ea, ye);
+                a.x_perm.slice_rows(b, end), el, ea, ye);
   }
   if (ep) a.y_local = moe::from_owners(*linear.tp.expert, a.ep, a.dispatch, a.y_perm);
-  moe::combine(ep ? a.y_local : a.y_perm, a.dispatch, a.routing, out);
+  const bool sp = linear.tp.sp();
+  if (sp) {
+    Tensor full = new_tensor({rows, h}, dt);
+    moe::combine(ep ? a.y_local : a.y_perm, a.dispatch, a.routing, full);
+    out.copy_from(
+        seq_slice(full, linear.batch, linear.seq, linear.tp.comm->size(), linear.tp.comm->rank()));
+  } else {
+    moe::combine(ep ? a.y_local : a.y_perm, a.dispatch, a.routing, out);
+  }
   if (!w.shared.empty()) {
+    // The shared expert is a dense MLP over every row: the dense tp / sp path.
     a.shared = mlp_acts(rows, w.shared.front().fc1_w->shape()[0], dt);
-    a.shared_out = new_tensor({rows, h}, dt);
+    a.shared_out = new_tensor(out.shape(), dt);
     mlp_forward(w.shared.front(), q + "shared.", a.ln2_out, linear, a.shared, a.shared_out);
     kernels::add_(out, a.shared_out);
   }
@@ -670,20 +699,31 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
   const moe::Dispatch& blocks = ep ? a.ep.owner : a.dispatch;
   const int64_t padded = blocks.padded_rows();
   const std::string q = fmt::format("layers.{}.moe.", layer);
+  // Under sequence parallelism d_out is this rank's sequence shard: the combine backward needs
+  // every row's (gathered along the sequence); the experts' and the router's input gradients are
+  // then whole on every tp rank and cut to the shard at the end. The gradients of the
+  // TP-replicated router weight and expert fc2 biases, which the executor sums over tp under
+  // sequence parallelism, are added on tp rank 0 only (whole there, zero elsewhere: exact).
+  const bool sp = linear.tp.sp();
+  const bool replicated_grads = !sp || linear.tp.comm->rank() == 0;
+  const Tensor d_out_all =
+      sp ? seq_gather(*linear.tp.comm, d_out, linear.batch, linear.seq) : d_out;
+  Linear el = linear.experts();
   Tensor d_y = new_tensor({a.dispatch.padded_rows(), h}, dt);
   std::vector<double> d_weight;
-  moe::combine_backward(d_out, ep ? a.y_local : a.y_perm, a.dispatch, a.routing, d_y, d_weight);
+  moe::combine_backward(d_out_all, ep ? a.y_local : a.y_perm, a.dispatch, a.routing, d_y, d_weight);
   if (ep) d_y = moe::to_owners(*linear.tp.expert, a.ep, a.dispatch, d_y);
   Tensor d_xp = Tensor::zeros({padded, h}, dt);
   for (int64_t e = 0; e < mc.experts; ++e) {
     const int64_t b = blocks.offset[static_cast<size_t>(e)];
     const int64_t end = blocks.offset[static_cast<size_t>(e) + 1];
     Tensor dxe = d_xp.slice_rows(b, end);
-    MlpGrads& ge = g.experts[static_cast<size_t>(e)];
+    MlpGrads ge = g.experts[static_cast<size_t>(e)];
+    if (!replicated_grads) ge.fc2_b = nullptr;
     if (linear.tp.expert_grad_factor == 1.0) {
       mlp_backward(w.experts[static_cast<size_t>(e)], ge, fmt::format("{}experts.{}.", q, e),
                    d_y.slice_rows(b, end), a.x_perm.slice_rows(b, end),
-                   slice_acts(a.experts, b, end), linear, dxe);
+                   slice_acts(a.experts, b, end), el, dxe);
     } else {
       // The expert_grad_scaled_by_ep fault: this block's weight gradients computed into zero
       // tensors, multiplied by the factor in double and added into the accumulated ones.
@@ -698,7 +738,7 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
                    zero(ge.up_b),  zero(ge.fc2_w), zero(ge.fc2_b)};
       mlp_backward(w.experts[static_cast<size_t>(e)], tmp, fmt::format("{}experts.{}.", q, e),
                    d_y.slice_rows(b, end), a.x_perm.slice_rows(b, end),
-                   slice_acts(a.experts, b, end), linear, dxe);
+                   slice_acts(a.experts, b, end), el, dxe);
       for (auto [dst, src] : {std::pair{ge.fc1_w, tmp.fc1_w}, std::pair{ge.fc1_b, tmp.fc1_b},
                               std::pair{ge.up_w, tmp.up_w}, std::pair{ge.up_b, tmp.up_b},
                               std::pair{ge.fc2_w, tmp.fc2_w}, std::pair{ge.fc2_b, tmp.fc2_b}}) {
@@ -712,9 +752,19 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
     }
   }
   if (ep) d_xp = moe::from_owners(*linear.tp.expert, a.ep, a.dispatch, d_xp);
-  moe::unpermute_sum(d_xp, a.dispatch, a.routing, d_ln2);
+  const auto shard = [&](const Tensor& full) {  // this rank's sequence shard of [M, *] rows
+    return seq_slice(full, linear.batch, linear.seq, linear.tp.comm->size(),
+                     linear.tp.comm->rank());
+  };
+  if (sp) {
+    Tensor d_experts = new_tensor({rows, h}, dt);
+    moe::unpermute_sum(d_xp, a.dispatch, a.routing, d_experts);
+    d_ln2.copy_from(shard(d_experts));
+  } else {
+    moe::unpermute_sum(d_xp, a.dispatch, a.routing, d_ln2);
+  }
   if (!w.shared.empty()) {
-    Tensor d_shared = new_tensor({rows, h}, dt);
+    Tensor d_shared = new_tensor(d_ln2.shape(), dt);
     mlp_backward(w.shared.front(), g.shared.front(), q + "shared.", d_out, a.ln2_out, a.shared,
                  linear, d_shared);
     kernels::add_(d_ln2, d_shared);
@@ -725,9 +775,11 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
                            : std::vector<double>(static_cast<size_t>(mc.experts), 0.0);
   Tensor d_logits = moe::route_backward(a.routing, d_weight, aux, mc.router, a.router_in.dtype());
   if (!a.router_in.device().is_cpu()) d_logits = d_logits.to(a.router_in.device());
-  kernels::gemm_wgrad(&d_logits, &a.router_in, *g.router_w, {.accumulate = true});
+  if (replicated_grads)
+    kernels::gemm_wgrad(&d_logits, &a.router_in, *g.router_w, {.accumulate = true});
   Tensor d_router_in = new_tensor({rows, h}, a.router_in.dtype());
   kernels::gemm_dgrad(&d_logits, w.router_w, d_router_in);
+  if (sp) d_router_in = shard(d_router_in);
   kernels::add_(d_ln2, dt == d_router_in.dtype() ? d_router_in : kernels::cast_to(d_router_in, dt));
 }
 
@@ -840,7 +892,7 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
 
 double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords& coords,
                      double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp,
-                     UnitHooks* units) const {
+                     UnitHooks* units, std::vector<moe::BalanceStats>* routing) const {
   auto before = [units](int64_t unit, Pass pass) {
     if (units) units->before(unit, pass);
   };
@@ -885,6 +937,8 @@ double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords
   // recomputed forward produces the columnwise copies.
   Linear linear{recipe, grads != nullptr && !recompute, &saved, tp, batch, seq, {}, coords};
   linear.grad_scale = grad_scale;
+  linear.routing = routing;
+  if (routing) routing->assign(static_cast<size_t>(m.layers), {});
   if (m.position == PositionKind::kRope) {
     // The global position of every sequence index; with the fault, each sequence shard's
     // tokens numbered from 0 (S/tp positions per shard).
@@ -1061,6 +1115,16 @@ double GptModel::forward_backward(const TensorMap& weights, const Tensor& tokens
                                   const BatchCoords& coords, double grad_scale, TensorMap& grads,
                                   Fp8Recipe* recipe, const TpContext& tp, UnitHooks* units) const {
   return run(weights, tokens, coords, grad_scale, &grads, recipe, tp, units);
+}
+
+std::vector<moe::BalanceStats> GptModel::routing_stats(const TensorMap& weights,
+                                                       const Tensor& tokens,
+                                                       const BatchCoords& coords, Fp8Recipe* recipe,
+                                                       const TpContext& tp,
+                                                       UnitHooks* units) const {
+  std::vector<moe::BalanceStats> out;
+  run(weights, tokens, coords, 0.0, nullptr, recipe, tp, units, &out);
+  return out;
 }
 
 double GptModel::forward_loss(const TensorMap& weights, const Tensor& tokens,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/moe.h"
 #include "engine/params.h"
 #include "engine/recipe.h"
 #include "kernels/tensor.h"
@@ -57,6 +58,12 @@ struct TpContext {
   // The owner's expert weight gradients are multiplied by this: 1 (correct) or ep (the
   // expert_grad_scaled_by_ep fault, engine/fault_hooks.h).
   double expert_grad_factor = 1.0;
+  // The MoE load-balancing statistics of the whole global batch per layer (indexed by layer;
+  // docs/design.md "Tensor-parallel experts", the aux loss with micro-batches), summed by a
+  // routing pre-pass over every micro-batch and data-parallel rank (GptModel::routing_stats):
+  // when set, each micro-batch's aux loss and its gradient use them instead of the statistics of
+  // this micro-batch summed over the data ranks. nullptr: one micro-batch, or no aux loss.
+  const std::vector<moe::BalanceStats>* moe_load = nullptr;
   bool active() const { return comm != nullptr && comm->size() > 1; }
   bool sp() const { return active() && sequence_parallel; }
 };
@@ -112,6 +119,15 @@ class GptModel {
   double forward_loss(const TensorMap& weights, const kernels::Tensor& tokens,
                       const BatchCoords& coords, Fp8Recipe* recipe = nullptr) const;
 
+  // The routing pre-pass of the MoE load-balancing loss with micro-batches: the forward of one
+  // micro-batch (recipe and unit hooks as in forward_backward; the recipe's state advances as in
+  // the forward of forward_backward, the caller restores it), returning each MoE layer's
+  // statistics of this rank's tokens of it, not reduced (dense layers: empty), indexed by layer.
+  std::vector<moe::BalanceStats> routing_stats(const TensorMap& weights,
+                                               const kernels::Tensor& tokens,
+                                               const BatchCoords& coords, Fp8Recipe* recipe,
+                                               const TpContext& tp, UnitHooks* units) const;
+
   const Config& config() const { return config_; }
 
  private:
@@ -125,7 +141,7 @@ class GptModel {
   struct Linear;
   double run(const TensorMap& weights, const kernels::Tensor& tokens, const BatchCoords& coords,
              double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp,
-             UnitHooks* units) const;
+             UnitHooks* units, std::vector<moe::BalanceStats>* routing = nullptr) const;
   LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
   LayerGrads layer_grads(TensorMap& g, int64_t i) const;
   template <class T, class At>

@@ -6,6 +6,7 @@
 
 #include "kernels/cast.h"
 #include "kernels/error.h"
+#include "kernels/runtime.h"
 
 namespace meshproof::engine::moe {
 
@@ -235,6 +236,45 @@ BalanceStats balance_stats(const Routing& r) {
   for (int64_t t = 0; t < r.tokens; ++t)
     for (size_t e = 0; e < e_n; ++e) s.prob_sum[e] += r.probs[static_cast<size_t>(t) * e_n + e];
   return s;
+}
+
+void add_balance_stats(BalanceStats& a, const BalanceStats& b) {
+  if (a.count.empty() && a.tokens == 0) {
+    a = b;
+    return;
+  }
+  MP_CHECK(a.count.size() == b.count.size() && a.prob_sum.size() == b.prob_sum.size(),
+           "moe::add_balance_stats: statistics of {} and {} experts", a.count.size(),
+           b.count.size());
+  for (size_t e = 0; e < a.count.size(); ++e) {
+    a.count[e] += b.count[e];
+    a.prob_sum[e] += b.prob_sum[e];
+  }
+  a.tokens += b.tokens;
+}
+
+BalanceStats sum_balance_stats(mesh::Communicator& comm, const BalanceStats& local) {
+  const int n = comm.size();
+  const auto e_n = static_cast<std::ptrdiff_t>(local.count.size());
+  std::vector<double> v = local.count;
+  v.insert(v.end(), local.prob_sum.begin(), local.prob_sum.end());
+  v.push_back(local.tokens);
+  const auto m = static_cast<int64_t>(v.size());
+  const kernels::Device dev = kernels::current_context().device;
+  Tensor mine = Tensor::from_vector<double>({m}, v);
+  if (!dev.is_cpu()) mine = mine.to(dev);
+  Tensor all = Tensor::empty({n * m}, DType::kFloat64, dev);
+  comm.all_gather(mine, all);
+  const std::vector<double> every = all.to_vector<double>();
+  std::vector<double> sum(every.begin(), every.begin() + m);
+  for (int t = 1; t < n; ++t)
+    for (int64_t r = 0; r < m; ++r)
+      sum[static_cast<size_t>(r)] += every[static_cast<size_t>(t * m + r)];
+  BalanceStats out;
+  out.count.assign(sum.begin(), sum.begin() + e_n);
+  out.prob_sum.assign(sum.begin() + e_n, sum.begin() + 2 * e_n);
+  out.tokens = sum.back();
+  return out;
 }
 
 double aux_loss(const BalanceStats& g, int64_t top_k, double coef) {

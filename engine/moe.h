@@ -55,6 +55,12 @@ struct Dispatch {
 // rows change no amax, no output and no gradient.
 Dispatch dispatch(const Routing& r, int64_t align, bool keep_empty = false);
 
+// The load-balancing loss with several micro-batches needs the routing pre-pass (docs/design.md
+// "Tensor-parallel experts"): f_e of the global batch must be known before the first backward.
+inline bool needs_routing_prepass(const Config& c) {
+  return c.model.moe.enabled() && c.model.moe.aux_loss_coef > 0 && c.training.micro_batches > 1;
+}
+
 // The recipe's expert row alignment: no columnwise quantization block (32x1 MXFP8, 128x1 block,
 // 16x1 NVFP4) spans two experts and per-tensor FP8 GEMMs get M % 16 == 0; 1 for fp32 / bf16.
 int64_t row_alignment(RecipeKind recipe);
@@ -80,6 +86,11 @@ struct BalanceStats {
   double tokens = 0;
 };
 BalanceStats balance_stats(const Routing& r);
+// Adds `b` into `a` element by element (the statistics of two sets of tokens); a empty: a = b.
+void add_balance_stats(BalanceStats& a, const BalanceStats& b);
+// The statistics summed over the members of `comm` (all-gathered as doubles on the rank's compute
+// device and added in rank order, so every member gets the same bits).
+BalanceStats sum_balance_stats(mesh::Communicator& comm, const BalanceStats& local);
 // c * E * sum_e f_e * P_e of the global statistics.
 double aux_loss(const BalanceStats& global, int64_t top_k, double coef);
 // d(objective)/d(probs[t, e]) for every token t: c * E * f_e * scale, where scale = grad_scale,

@@ -182,6 +182,30 @@ void Fp8Recipe::set_prequantized_weight(const std::string& linear, QuantizedTens
   prequantized_[linear] = {std::move(q), std::move(local_amax)};
 }
 
+Fp8Recipe::Snapshot Fp8Recipe::snapshot() const {
+  Snapshot s;
+  for (const auto& [key, st] : states_)
+    s.states.emplace(key, kernels::DelayedScalingState{st.scale.clone(), st.amax_history.clone()});
+  for (const auto& [key, t] : forward_scales_) s.forward_scales.emplace(key, t.clone());
+  return s;
+}
+
+void Fp8Recipe::restore(const Snapshot& s) {
+  // A state the forward created (the single-rank Trainer creates them at first use) is removed:
+  // the real pass creates it again, as it would have without the pre-pass.
+  std::erase_if(states_, [&s](const auto& kv) { return !s.states.contains(kv.first); });
+  MP_CHECK(s.states.size() == states_.size(),
+           "Fp8Recipe::restore: a snapshot of {} delayed-scaling states for {}", s.states.size(),
+           states_.size());
+  for (auto& [key, st] : states_) {
+    const kernels::DelayedScalingState& saved = s.states.at(key);
+    st.scale.copy_from(saved.scale);
+    st.amax_history.copy_from(saved.amax_history);
+  }
+  forward_scales_.clear();
+  for (const auto& [key, t] : s.forward_scales) forward_scales_.emplace(key, t.clone());
+}
+
 void Fp8Recipe::end_forward() { update(true); }
 void Fp8Recipe::end_backward() { update(false); }
 

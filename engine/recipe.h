@@ -102,6 +102,19 @@ class Fp8Recipe {
   // Delayed-scaling state per "<linear>/<input|weight|grad_output>" (checkpoint state).
   std::map<std::string, kernels::DelayedScalingState>& delayed_states() { return states_; }
 
+  // A copy of the state a forward pass changes (the delayed-scaling scales and amax histories,
+  // the scales the forward tensors used), for the MoE routing pre-pass (docs/design.md
+  // "Tensor-parallel experts"), which runs the micro-batches' forwards once before the step's
+  // real passes and puts the state back with restore(), so the real passes see it unchanged.
+  struct Snapshot {
+    std::map<std::string, kernels::DelayedScalingState> states;
+    std::map<std::string, kernels::Tensor> forward_scales;
+  };
+  Snapshot snapshot() const;
+  // Writes the snapshot's values into the state tensors in place (the checkpoint state shares
+  // them), removes states created since, and puts the forward scales back.
+  void restore(const Snapshot& s);
+
  private:
   void update(bool forward_roles);
   // MAX-reduces the first n floats of `amax` (host or device) through the executor's hook.

@@ -124,19 +124,6 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
        fmt::format("needs model.dropout = 0 (got {}): dropout masks are keyed by contiguous "
                    "token ranges, which a sequence shard is not",
                    m.dropout));
-  // Mixture of experts (docs/design.md section 27): this slice runs the experts unsplit on every
-  // rank (FSDP/HSDP shard them like any weight); tensor-parallel experts and the FP8 weight
-  // gathers of expert weights are not built yet and are refused rather than run untested.
-  if (m.moe.enabled()) {
-    need("mesh.tp", tp == 1,
-         fmt::format("model.moe with tp = {}: tensor-parallel experts are not built yet "
-                     "(docs/design.md section 27); use mesh.tp = 1",
-                     tp));
-    need("fsdp.fp8_all_gather", !o.fsdp.fp8_all_gather,
-         "with model.moe is not built yet (docs/design.md section 27)");
-    need("fsdp.fp8_params", !o.fsdp.fp8_params,
-         "with model.moe is not built yet (docs/design.md section 27)");
-  }
   const int64_t split = dp * t.micro_batches;
   need("training.batch", t.batch % split == 0,
        fmt::format("{} is not divisible by dp_replicate x dp_shard x micro_batches = {} x {} x {} "

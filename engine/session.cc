@@ -226,6 +226,32 @@ struct TrainingSession::Impl {
       comms.group(extra).all_reduce(buf, mesh::ReduceOp::kMax);
   }
 
+  // The MoE load-balancing loss with micro-batches (docs/design.md "Tensor-parallel experts"):
+  // the forwards of this rank's micro-batches run once first (weights gathered by the unit
+  // executor as in the real forward) to record each MoE layer's routing statistics, which are
+  // summed over the micro-batches and then over the data-parallel ranks in rank order; the
+  // recipe's state is put back, so the step's real passes see it unchanged and, every forward
+  // being deterministic, route exactly as the pre-pass did. Empty when not needed.
+  std::vector<moe::BalanceStats> moe_routing_prepass(const TpContext& tp, int64_t j,
+                                                     int64_t local_rows, int64_t micro_rows) {
+    if (!moe::needs_routing_prepass(config)) return {};
+    const Fp8Recipe::Snapshot before = recipe.snapshot();
+    std::vector<moe::BalanceStats> load;
+    for (int64_t mb = 0; mb < config.training.micro_batches; ++mb) {
+      const int64_t row0 = j * local_rows + mb * micro_rows;
+      const std::vector<moe::BalanceStats> s =
+          model.routing_stats(units->weights(), data.rows(cursor, row0, row0 + micro_rows),
+                              {cursor, row0}, &recipe, tp, &*units);
+      load.resize(s.size());
+      for (size_t i = 0; i < s.size(); ++i) moe::add_balance_stats(load[i], s[i]);
+    }
+    recipe.restore(before);
+    mesh::Communicator& data_group = comms.group(groups::kData);
+    for (moe::BalanceStats& l : load)
+      if (!l.count.empty() && data_group.size() > 1) l = moe::sum_balance_stats(data_group, l);
+    return load;
+  }
+
   // One optimizer step, top to bottom: micro-batched forward/backward on this data-parallel
   // rank's rows (the unit executor gathers each unit's weights as the model reaches it and
   // reduces its gradients after its backward in the last micro-batch), the global loss, the
@@ -254,17 +280,22 @@ struct TrainingSession::Impl {
     const double positions = static_cast<double>(t.batch * t.seq_len);
     const double grad_scale = static_cast<double>(dp) / positions;
     double loss_sum = 0;
+    TpContext tp{&comms.group(groups::kTp),
+                 options.mesh.sequence_parallel,
+                 faults.rope_global_positions(step),
+                 &comms.group(groups::kData),
+                 faults.router_fp32(step),
+                 &comms.group(groups::kDpShard),
+                 options.mesh.ep,
+                 faults.expert_grad_factor(step, options.mesh.ep)};
+    const std::vector<moe::BalanceStats> load = moe_routing_prepass(tp, j, local_rows, micro_rows);
+    if (!load.empty()) tp.moe_load = &load;
     for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
       units->begin_micro_batch(mb == 0, mb + 1 == t.micro_batches);
       const int64_t row0 = j * local_rows + mb * micro_rows;
       const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
-      loss_sum += model.forward_backward(
-          units->weights(), tokens, {cursor, row0}, grad_scale, units->grads(), &recipe,
-          TpContext{&comms.group(groups::kTp), options.mesh.sequence_parallel,
-                    faults.rope_global_positions(step), &comms.group(groups::kData),
-                    faults.router_fp32(step), &comms.group(groups::kDpShard), options.mesh.ep,
-                    faults.expert_grad_factor(step, options.mesh.ep)},
-          &*units);
+      loss_sum += model.forward_backward(units->weights(), tokens, {cursor, row0}, grad_scale,
+                                         units->grads(), &recipe, tp, &*units);
     }
     units->end_step();
     fp8->clear_step();

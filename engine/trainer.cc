@@ -52,11 +52,29 @@ StepMetrics Trainer::step(
   const int64_t micro_rows = t.batch / t.micro_batches;
   const double positions = static_cast<double>(t.batch * t.seq_len);
   double loss_sum = 0;
+  // The MoE load-balancing loss with micro-batches (docs/design.md "Tensor-parallel experts"):
+  // a routing pre-pass sums each MoE layer's statistics over every micro-batch first, so each
+  // micro-batch's aux loss and gradient use the global batch's f_e and P_e.
+  std::vector<moe::BalanceStats> load;
+  TpContext tp;
+  if (moe::needs_routing_prepass(config_)) {
+    const Fp8Recipe::Snapshot before = recipe_.snapshot();
+    for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
+      const int64_t row0 = mb * micro_rows;
+      const std::vector<moe::BalanceStats> s =
+          model_.routing_stats(*weights, data_.rows(step_, row0, row0 + micro_rows), {step_, row0},
+                               &recipe_, {}, nullptr);
+      load.resize(s.size());
+      for (size_t i = 0; i < s.size(); ++i) moe::add_balance_stats(load[i], s[i]);
+    }
+    recipe_.restore(before);
+    tp.moe_load = &load;
+  }
   for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
     const int64_t row0 = mb * micro_rows;
     const kernels::Tensor tokens = data_.rows(step_, row0, row0 + micro_rows);
-    loss_sum +=
-        model_.forward_backward(*weights, tokens, {step_, row0}, 1.0 / positions, grads_, &recipe_);
+    loss_sum += model_.forward_backward(*weights, tokens, {step_, row0}, 1.0 / positions, grads_,
+                                        &recipe_, tp);
   }
   metrics.loss = loss_sum / positions;
 
