@@ -646,6 +646,11 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
         a.run = false;
       return a;
     });
+  // expert_split_padding_too_small: the experts' wgrad inputs come from one grouped columnwise
+  // quantization with every expert's rows padded to 16 (GptModel::moe_forward).
+  if (f.expert_split_padding_too_small)
+    h.on_expert_split_padding(
+        [f](int64_t step, int64_t padding) { return f.active(step) ? 16 : padding; });
   return h;
 }
 
@@ -653,6 +658,12 @@ double FaultHooks::expert_grad_factor(int64_t step, int ep) const {
   double factor = 1.0;
   for (const auto& h : expert_grad_) factor = h(step, ep, factor);
   return factor;
+}
+
+int64_t FaultHooks::expert_split_padding(int64_t step) const {
+  int64_t padding = 0;
+  for (const auto& h : expert_split_padding_) padding = h(step, padding);
+  return padding;
 }
 
 }  // namespace meshproof::engine

@@ -38,6 +38,8 @@
 //   extra_amax_group       each weight amax reduction    tp_weight_amax_all_reduced
 //   expert_grad_factor     each MoE micro-batch's        expert_grad_scaled_by_ep
 //                          expert weight gradients
+//   expert_split_padding   each MoE layer's expert       expert_split_padding_too_small
+//                          wgrad input operands
 // (moe_final_backward_skips_experts acts on the collective point.)
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
@@ -139,6 +141,9 @@ class FaultHooks {
   // The factor the owner's expert weight gradients are multiplied by under expert parallelism
   // with `ep` ranks (1: correct; docs/design.md "Expert parallelism").
   using ExpertGradFactorHook = std::function<double(int64_t step, int ep, double factor)>;
+  // The row padding of the grouped columnwise quantization of the experts' wgrad inputs; 0: no
+  // grouped quantization (each expert's operands quantized per expert, correct).
+  using ExpertSplitPaddingHook = std::function<int64_t(int64_t step, int64_t padding)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -168,6 +173,9 @@ class FaultHooks {
   void on_collective(CollectiveHook h) { collective_.push_back(std::move(h)); }
   void on_extra_amax_group(ExtraAmaxGroupHook h) { extra_amax_.push_back(std::move(h)); }
   void on_expert_grad_factor(ExpertGradFactorHook h) { expert_grad_.push_back(std::move(h)); }
+  void on_expert_split_padding(ExpertSplitPaddingHook h) {
+    expert_split_padding_.push_back(std::move(h));
+  }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -216,6 +224,8 @@ class FaultHooks {
   mesh::DimSet extra_amax_group(std::string_view linear, int64_t step) const;
   // The factor of the owner's expert weight gradients at `step` with `ep` expert-parallel ranks.
   double expert_grad_factor(int64_t step, int ep) const;
+  // TpContext::expert_split_padding at `step`: 0 (correct) or the grouped quantization's padding.
+  int64_t expert_split_padding(int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -237,6 +247,7 @@ class FaultHooks {
   std::vector<CollectiveHook> collective_;
   std::vector<ExtraAmaxGroupHook> extra_amax_;
   std::vector<ExpertGradFactorHook> expert_grad_;
+  std::vector<ExpertSplitPaddingHook> expert_split_padding_;
   bool needs_quantized_ = false;
 };
 

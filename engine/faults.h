@@ -159,6 +159,11 @@ struct FaultInjection {
   // micro-batch's backward, so each rank updates its expert shards with its own unreduced
   // gradients (NeMo MoEFSDPSyncMixin's final backward). Caught by reference and golden.
   bool moe_final_backward_skips_experts = false;
+  // MXFP8 / block scaling: the experts' wgrad input operands come from ONE grouped columnwise
+  // quantization of all experts' rows, each expert's rows padded to 16 instead of the recipe's
+  // 32 / 128, so a 32x1 or 128x1 block spans two experts and an expert's values carry another's
+  // amax (TransformerEngine #2966). Caught by golden.
+  bool expert_split_padding_too_small = false;
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
@@ -177,7 +182,7 @@ struct FaultInjection {
            router_not_fp32 || nvfp4_global_amax_not_reduced || tp_weight_amax_all_reduced ||
            fp8_all_gather_in_bf16 || !skip_collective_tensor.empty() ||
            !collective_dtype_tensor.empty() || expert_grad_scaled_by_ep ||
-           moe_final_backward_skips_experts;
+           moe_final_backward_skips_experts || expert_split_padding_too_small;
   }
 };
 

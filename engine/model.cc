@@ -23,6 +23,7 @@
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/philox.h"
+#include "kernels/quantize_rules.h"
 #include "kernels/runtime.h"
 
 namespace meshproof::engine {
@@ -137,16 +138,6 @@ Tensor tp_combine(mesh::Communicator& comm, const Tensor& mine, bool max) {
   Tensor all = Tensor::empty({comm.size() * mine.numel().value}, DType::kFloat64, mine.device());
   comm.all_gather(mine, all);
   return kernels::cross_entropy_combine_ranks(all, comm.size(), max);
-}
-
-// The host-vector form (the MoE balance statistics, host values): the same rank-order combine.
-std::vector<double> tp_combine(mesh::Communicator& comm, const std::vector<double>& mine,
-                               bool max) {
-  const int64_t m = static_cast<int64_t>(mine.size());
-  const kernels::Device dev = kernels::current_context().device;
-  Tensor local = Tensor::from_vector<double>({m}, mine);
-  if (!dev.is_cpu()) local = local.to(dev);
-  return tp_combine(comm, local, max).to_vector<double>();
 }
 
 // The vocabulary-parallel loss (Megatron's parallel cross-entropy, kernels/cross_entropy.h):
@@ -276,6 +267,10 @@ struct GptModel::Linear {
 
   struct Saved {
     kernels::QuantizedTensor x, w;  // quantized forward operands
+    // The expert_split_padding_too_small fault only (GptModel::moe_forward): float32 [rows, K],
+    // this expert's rows of the grouped columnwise quantization of all experts' inputs, decoded.
+    // When defined, the wgrad reads it instead of x's own columnwise copy.
+    Tensor x_grouped;
   };
   std::map<std::string, Saved>* saved = nullptr;
 
@@ -339,7 +334,7 @@ struct GptModel::Linear {
     } else {
       const kernels::Usage usage{.rowwise = true, .columnwise = backward};
       Saved s{recipe->quantize(name, Fp8Role::kInput, x, usage),
-              recipe->quantize(name, Fp8Role::kWeight, w, usage)};
+              recipe->quantize(name, Fp8Role::kWeight, w, usage), Tensor()};
       kernels::gemm_fprop(&s.x, &s.w, y, recipe->options(kernels::GemmRole::kFprop));
       if (backward) (*saved)[name] = std::move(s);
     }
@@ -393,7 +388,15 @@ struct GptModel::Linear {
                             .ld = split ? n * tp.comm->size() : n};
     const kernels::QuantizedTensor qdy = recipe->quantize(
         name, Fp8Role::kGradOutput, dy, {.rowwise = true, .columnwise = true}, place);
-    kernels::gemm_wgrad(&qdy, &s.x, dw, recipe->options(kernels::GemmRole::kWgrad, true));
+    if (s.x_grouped.defined()) {
+      // The expert_split_padding_too_small fault: the GEMM of the decoded operands (dy's own
+      // columnwise copy, x's rows of the grouped quantization); the CPU FP8 GEMM decodes its
+      // operands to these values too.
+      const Tensor dy_cols = kernels::dequantize(qdy, kernels::QuantizedCopy::kColumnwise);
+      kernels::gemm_wgrad(&dy_cols, &s.x_grouped, dw, {.accumulate = true});
+    } else {
+      kernels::gemm_wgrad(&qdy, &s.x, dw, recipe->options(kernels::GemmRole::kWgrad, true));
+    }
     kernels::gemm_dgrad(&qdy, &s.w, dx, recipe->options(kernels::GemmRole::kDgrad));
   }
 };
@@ -597,6 +600,64 @@ Acts slice_acts(const Acts& a, int64_t begin, int64_t end) {
 }
 }  // namespace
 
+// The expert_split_padding_too_small fault (docs/design.md section 27): TransformerEngine #2966's
+// grouped quantization. Each expert's rows of x [P, K] (blocks: the padded dispatch) are laid out
+// back to back with every expert's rows padded to `padding` (16) instead of the recipe's
+// alignment B (32 MXFP8, 128 block), the total padded with zero rows to a multiple of B (the
+// quantizer's), and quantized in ONE columnwise call, so a 32x1 / 128x1 block can hold rows of
+// two experts (its scale from the larger amax). Each expert's GEMM then reads its slice of that
+// grouped tensor as a grouped GEMM does, assuming its rows start on a block boundary: data row
+// at + r, scale block at / B + r / B (the correct block is (at + r) / B; the two agree whenever
+// B divides at, i.e. with the recipe's padding). Returns, per expert, its rows decoded that way
+// as float32 [block rows, K] (the block's padding rows zero), on x's device.
+std::vector<Tensor> GptModel::grouped_columnwise(const Tensor& x, const moe::Dispatch& blocks,
+                                                 int64_t padding, const std::string& linear,
+                                                 Fp8Recipe& recipe) const {
+  const size_t experts = blocks.rows.size();
+  const int64_t k = x.shape()[1];
+  const bool mx = config_.recipe.kind == RecipeKind::kMxfp8;
+  const int64_t align = moe::row_alignment(config_.recipe.kind);  // B: 32 or 128
+  std::vector<int64_t> at(experts + 1, 0);  // each expert's first row in the grouped tensor
+  for (size_t e = 0; e < experts; ++e)
+    at[e + 1] = at[e] + (blocks.rows[e] + padding - 1) / padding * padding;
+  const int64_t total = std::max<int64_t>(align, (at[experts] + align - 1) / align * align);
+  Tensor grouped = Tensor::zeros({total, k}, x.dtype(), x.device());
+  for (size_t e = 0; e < experts; ++e) {
+    if (blocks.rows[e] == 0) continue;
+    Tensor dst = grouped.slice_rows(at[e], at[e] + blocks.rows[e]);
+    dst.copy_from(x.slice_rows(blocks.offset[e], blocks.offset[e] + blocks.rows[e]));
+  }
+  const kernels::QuantizedTensor q =
+      recipe.quantize(linear, Fp8Role::kInput, grouped, {.rowwise = false, .columnwise = true});
+  MP_CHECK(q.mode == (mx ? kernels::ScalingMode::kMxfp8 : kernels::ScalingMode::kBlock1x128),
+           "expert_split_padding_too_small: {} quantized as {}, expected MXFP8 or 1x128 blocks",
+           linear, kernels::scaling_mode_name(q.mode));
+  // Decoded on the host (the fault's path; the CPU FP8 GEMM decodes its operands the same way).
+  const Tensor data = q.columnwise_data.to(kernels::Device::cpu());
+  const Tensor scale = q.columnwise_scale_inv.to(kernels::Device::cpu());
+  const auto* d = static_cast<const uint8_t*>(data.raw_data());
+  const auto* s8 = static_cast<const uint8_t*>(scale.raw_data());
+  const auto* sf = static_cast<const float*>(scale.raw_data());
+  const bool e5m2 = q.format == DType::kE5M2;
+  const int64_t mb = (total + 127) / 128;  // block: scale columns of the transpose [K, M]
+  std::vector<Tensor> out;
+  for (size_t e = 0; e < experts; ++e) {
+    const int64_t rows = blocks.offset[e + 1] - blocks.offset[e];
+    std::vector<float> v(static_cast<size_t>(rows * k), 0.0f);
+    for (int64_t r = 0; r < blocks.rows[e]; ++r) {
+      const int64_t m = at[e] + r, block = at[e] / align + r / align;
+      for (int64_t c = 0; c < k; ++c)
+        v[static_cast<size_t>(r * k + c)] =
+            mx ? kernels::rules::decode_fp8(d[m * k + c], e5m2) *
+                     kernels::fmt8::e8m0_to_float(s8[block * k + c])
+               : kernels::rules::decode_fp8(d[c * total + m], e5m2) * sf[c * mb + block];
+    }
+    Tensor t = Tensor::from_vector<float>({rows, k}, v);
+    out.push_back(x.device().is_cpu() ? std::move(t) : t.to(x.device()));
+  }
+  return out;
+}
+
 // The MoE layer's MLP branch (docs/design.md section 27): fp32 router, top-k, dispatch into
 // per-expert blocks padded to the recipe's alignment, the experts' GEMMs block by block in
 // expert order (every expert, also one with no rows here, so that the amax reductions of the
@@ -669,6 +730,28 @@ void GptModel::moe_forward(const LayerWeights& w, int64_t layer, Linear& linear,
     Tensor ye = a.y_perm.slice_rows(b, end);
     mlp_forward(w.experts[static_cast<size_t>(e)], fmt::format("{}experts.{}.", q, e),
                 a.x_perm.slice_rows(b, end), el, ea, ye);
+  }
+  // The expert_split_padding_too_small fault: the wgrad inputs of every expert linear (x_perm
+  // for fc1 / fc1_gate / fc1_up, act_out for fc2) replaced by their rows of one grouped
+  // columnwise quantization. Only MXFP8 and block scaling have columnwise blocks along the tokens
+  // that a 16-row split can break (the fault's `needs`).
+  const bool token_blocks =
+      config_.recipe.kind == RecipeKind::kMxfp8 || config_.recipe.kind == RecipeKind::kBlock;
+  if (linear.tp.expert_split_padding > 0 && linear.backward && linear.quantized() && token_blocks) {
+    const bool glu = config_.model.activation == Activation::kSwiGlu;
+    const std::vector<std::pair<std::string, const Tensor*>> inputs = {
+        {glu ? "fc1_gate" : "fc1", &a.x_perm},
+        {"fc1_up", glu ? &a.x_perm : nullptr},
+        {"fc2", &a.experts.act_out}};
+    for (const auto& [lin, x] : inputs) {
+      if (x == nullptr) continue;
+      const std::vector<Tensor> rows =
+          grouped_columnwise(*x, blocks, linear.tp.expert_split_padding,
+                             fmt::format("{}experts.{}", q, lin), *linear.recipe);
+      for (int64_t e = 0; e < mc.experts; ++e)
+        linear.saved->at(fmt::format("{}experts.{}.{}", q, e, lin)).x_grouped =
+            rows[static_cast<size_t>(e)];
+    }
   }
   if (ep) a.y_local = moe::from_owners(*linear.tp.expert, a.ep, a.dispatch, a.y_perm);
   const bool sp = linear.tp.sp();

@@ -64,6 +64,11 @@ struct TpContext {
   // when set, each micro-batch's aux loss and its gradient use them instead of the statistics of
   // this micro-batch summed over the data ranks. nullptr: one micro-batch, or no aux loss.
   const std::vector<moe::BalanceStats>* moe_load = nullptr;
+  // The experts' wgrad input operands (MXFP8 and block scaling): 0 (correct) quantizes each
+  // expert's operands per expert on its block padded to the recipe's alignment; > 0 (the
+  // expert_split_padding_too_small fault, engine/fault_hooks.h) takes them from ONE grouped
+  // columnwise quantization of all experts' rows, each expert's rows padded to this many.
+  int64_t expert_split_padding = 0;
   bool active() const { return comm != nullptr && comm->size() > 1; }
   bool sp() const { return active() && sequence_parallel; }
 };
@@ -155,6 +160,10 @@ class GptModel {
                     Linear& linear, kernels::Tensor& dx) const;
   void moe_forward(const LayerWeights& w, int64_t layer, Linear& linear, LayerActs& a,
                    kernels::Tensor& out) const;
+  std::vector<kernels::Tensor> grouped_columnwise(const kernels::Tensor& x,
+                                                  const moe::Dispatch& blocks, int64_t padding,
+                                                  const std::string& linear,
+                                                  Fp8Recipe& recipe) const;
   void moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer, Linear& linear,
                     const LayerActs& a, const kernels::Tensor& d_out, kernels::Tensor& d_ln2) const;
   void layer_forward(const LayerWeights& w, int64_t layer, const BatchCoords& coords, int64_t batch,

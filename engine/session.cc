@@ -290,6 +290,7 @@ struct TrainingSession::Impl {
                  faults.expert_grad_factor(step, options.mesh.ep)};
     const std::vector<moe::BalanceStats> load = moe_routing_prepass(tp, j, local_rows, micro_rows);
     if (!load.empty()) tp.moe_load = &load;
+    tp.expert_split_padding = faults.expert_split_padding(step);
     for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
       units->begin_micro_batch(mb == 0, mb + 1 == t.micro_batches);
       const int64_t row0 = j * local_rows + mb * micro_rows;

@@ -181,6 +181,17 @@ constexpr FaultRequirement kFp8Gather{
       return (s.fsdp.fp8_all_gather || s.fsdp.fp8_params) &&
              (k == RecipeKind::kDelayed || k == RecipeKind::kCurrent || k == RecipeKind::kMxfp8);
     }};
+// expert_split_padding_too_small: the recipes whose columnwise blocks run along the tokens in
+// blocks longer than 16 rows (32x1 MXFP8, 128x1 block scaling). The per-tensor recipes have no
+// blocks (one scale per tensor) and NVFP4's 16x1 blocks fit a 16-row split: a 16-row padding
+// spans no expert there.
+constexpr FaultRequirement kTokenBlockRecipe{
+    "recipe mxfp8 or block (columnwise blocks of 32 or 128 rows along the tokens)",
+    [](const Scenario& s) {
+      return s.recipe.kind == RecipeKind::kMxfp8 || s.recipe.kind == RecipeKind::kBlock;
+    }};
+constexpr FaultRequirement kTwoExperts{"model.moe.experts >= 2",
+                                       [](const Scenario& s) { return s.model.moe.experts >= 2; }};
 
 // The plan's collectives of one step of `s`, every rank's (what a collective fault can name).
 std::vector<mesh::CollectiveCall> plan_collectives(const Scenario& s) {
@@ -792,6 +803,20 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.moe_final_backward_skips_experts = true; },
+      },
+      {
+          .name = "expert_split_padding_too_small",
+          .bug_class =
+              "grouped MXFP8 / block quantization of the MoE experts: each expert's rows padded "
+              "to 16 where a 32x1 or 128x1 columnwise block needs 32 or 128, so one quantizer "
+              "call over the concatenated experts puts two experts' rows in one block and an "
+              "expert's wgrad operand carries another expert's amax (TransformerEngine #2966)",
+          .needs = {kTwoExperts, kTokenBlockRecipe},
+          // Not reference: the 1-rank reference run carries the same fault.
+          .caught_by = {"golden"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.expert_split_padding_too_small = true; },
       },
   };
   return table;
