@@ -649,8 +649,9 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
   // expert_split_padding_too_small: the experts' wgrad inputs come from one grouped columnwise
   // quantization with every expert's rows padded to 16 (GptModel::moe_forward).
   if (f.expert_split_padding_too_small)
-    h.on_expert_split_padding(
-        [f](int64_t step, int64_t padding) { return f.active(step) ? 16 : padding; });
+    h.on_expert_split_padding([f](int64_t step, int64_t padding) {
+      return f.active(step) ? f.expert_split_padding_rows : padding;
+    });
   return h;
 }
 

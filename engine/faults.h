@@ -164,6 +164,10 @@ struct FaultInjection {
   // 32 / 128, so a 32x1 or 128x1 block spans two experts and an expert's values carry another's
   // amax (TransformerEngine #2966). Caught by golden.
   bool expert_split_padding_too_small = false;
+  // The rows each expert is padded to in that grouped quantization: 16 is the bug; the recipe's
+  // alignment (32 / 128) gives bitwise the per-expert run (the engine test's control; not a
+  // scenario parameter).
+  int64_t expert_split_padding_rows = 16;
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||

@@ -207,6 +207,46 @@ TEST(MoeEpMeshes, ExpertGradScaledByEpHookDoublesExpertGradients) {
   EXPECT_EQ(make_fault_hooks(clean.faults).expert_grad_factor(0, 4), 1.0);
 }
 
+// The expert_split_padding_too_small hook (docs/design.md section 27): the grouped columnwise
+// quantization of the experts' wgrad inputs with each expert padded to 16 rows changes the
+// gradients (a 32x1 / 128x1 block spans two experts and each expert reads its scales as if its
+// rows started on a block boundary); padded to the recipe's alignment instead, the same grouped
+// path is bitwise the per-expert run, so the fault's effect is the padding and nothing else.
+// MXFP8 and block scaling on one rank, FSDP 2 and FSDP 2 x ep 2 (the owner layout).
+class MoeExpertSplitPadding : public ::testing::TestWithParam<MeshSpec> {};
+TEST_P(MoeExpertSplitPadding, FaultChangesGradientsOnlyBelowTheAlignment) {
+  const MeshSpec m = GetParam();
+  for (const RecipeKind recipe : {RecipeKind::kMxfp8, RecipeKind::kBlock}) {
+    const Config c = testing::moe_mesh_config(recipe);
+    {
+      const std::string name(recipe_name(recipe));
+      RunOptions clean = testing::run_options(c, m, 3);
+      RunOptions aligned = clean, bad = clean;
+      aligned.faults.expert_split_padding_too_small = true;
+      aligned.faults.expert_split_padding_rows = moe::row_alignment(recipe);
+      bad.faults.expert_split_padding_too_small = true;
+      const RunResult a = run_training(clean), b = run_training(aligned), f = run_training(bad);
+      bool differs = false;
+      for (size_t s = 0; s < a.metrics.size(); ++s) {
+        EXPECT_EQ(a.metrics[s].loss, b.metrics[s].loss) << name << " step " << s;
+        EXPECT_EQ(a.metrics[s].grad_norm, b.metrics[s].grad_norm) << name << " step " << s;
+        differs = differs || a.metrics[s].grad_norm != f.metrics[s].grad_norm;
+      }
+      EXPECT_TRUE(differs) << name << ": padding to 16 changed no gradient norm";
+      // The first step's loss comes before any gradient: unchanged.
+      EXPECT_EQ(a.metrics[0].loss, f.metrics[0].loss) << name;
+    }
+  }
+  EXPECT_EQ(make_fault_hooks(FaultInjection{}).expert_split_padding(0), 0);
+  FaultInjection on;
+  on.expert_split_padding_too_small = true;
+  EXPECT_EQ(make_fault_hooks(on).expert_split_padding(0), 16);
+}
+INSTANTIATE_TEST_SUITE_P(Meshes, MoeExpertSplitPadding,
+                         ::testing::Values(MeshSpec{1, 1, 1}, MeshSpec{1, 2, 1},
+                                           with_ep({1, 2, 1}, 2)),
+                         testing::MeshCaseName{});
+
 // mesh.ep rules: each refused with the key and the reason, before any work.
 TEST(MoeEpRules, BadEpValuesAreInputErrorsNamingMeshEp) {
   const auto issue = [](const Config& c, MeshSpec m) {
