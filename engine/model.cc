@@ -139,16 +139,6 @@ Tensor tp_combine(mesh::Communicator& comm, const Tensor& mine, bool max) {
   return kernels::cross_entropy_combine_ranks(all, comm.size(), max);
 }
 
-// The host-vector form (the MoE balance statistics, host values): the same rank-order combine.
-std::vector<double> tp_combine(mesh::Communicator& comm, const std::vector<double>& mine,
-                               bool max) {
-  const int64_t m = static_cast<int64_t>(mine.size());
-  const kernels::Device dev = kernels::current_context().device;
-  Tensor local = Tensor::from_vector<double>({m}, mine);
-  if (!dev.is_cpu()) local = local.to(dev);
-  return tp_combine(comm, local, max).to_vector<double>();
-}
-
 // The vocabulary-parallel loss (Megatron's parallel cross-entropy, kernels/cross_entropy.h):
 // row maxima and then sums of exponentials and target logits combined over tp. Returns the sum
 // of the per-row losses (under sequence parallelism, sp_size > 1, only of the rows of this rank's
