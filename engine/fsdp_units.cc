@@ -110,7 +110,7 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
       const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
       // The values travel in the action's dtype (the collective_dtype fault) or as fp32.
       const Tensor local = act.dtype ? kernels::cast_to(p.master, *act.dtype) : p.master;
-      full = mesh::gather_padded(shard, mesh::member_boxes(shard, p.layout), local, p.compute,
+      full = mesh::gather_padded(shard, shard_boxes(i), local, p.compute,
                                  faults_.weight_gather_padding(p.spec, step_));
       if (act.dtype) full = kernels::cast_to(full, DType::kFloat32);
     }
@@ -122,6 +122,13 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
   gathered_bytes_[p.spec.name] = bytes;
   gathered_now_ += bytes;
   peak_gathered_ = std::max(peak_gathered_, gathered_now_);
+}
+
+const std::vector<mesh::Box>& FsdpUnitExecutor::shard_boxes(size_t i) {
+  if (shard_boxes_.size() != plan_.params().size()) shard_boxes_.resize(plan_.params().size());
+  std::vector<mesh::Box>& b = shard_boxes_[i];
+  if (b.empty()) b = mesh::member_boxes(comms_.group(groups::kDpShard), plan_.params()[i].layout);
+  return b;
 }
 
 void FsdpUnitExecutor::release_weights(int64_t unit) {

@@ -51,6 +51,9 @@ class FsdpUnitExecutor : public UnitHooks {
   void gather_weight(size_t i);
   void release_weights(int64_t unit);
   void reduce_gradients(int64_t unit);
+  // The dp_shard members' boxes of parameter i (mesh::member_boxes), computed on first use and
+  // kept: a layout never changes within a session, and every step gathers every parameter.
+  const std::vector<mesh::Box>& shard_boxes(size_t i);
 
   const RunOptions& options_;
   ShardPlan& plan_;
@@ -68,6 +71,7 @@ class FsdpUnitExecutor : public UnitHooks {
   int64_t gathered_now_ = 0;
   int64_t peak_gathered_ = 0;
   mesh::CollectiveRecorder* recorder_ = nullptr;
+  std::vector<std::vector<mesh::Box>> shard_boxes_;  // by parameter index; empty: not yet made
 };
 
 }  // namespace meshproof::engine
