@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/config.h"
 #include "kernels/tensor.h"
 #include "mesh/communicator.h"
 
@@ -20,8 +21,7 @@ namespace meshproof::engine {
 // (stages - stage - 1) warm-up forwards, then alternates one forward and one backward, then
 // drains the backwards. Both run the backwards in micro-batch order, so every parameter's
 // gradient accumulates micro-batch 0 first, as with one stage.
-enum class PpSchedule : uint8_t { kGpipe, kOneFOneB };
-inline constexpr std::string_view kPpScheduleNames[] = {"gpipe", "1f1b"};
+// (PpSchedule and its names are in engine/config.h: TrainingConfig::pp_schedule.)
 std::string_view pp_schedule_name(PpSchedule s);  // "gpipe", "1f1b"
 
 // The layers of each of `pp` stages: `split` when it is non-empty (pp entries, each >= 1,

@@ -21,6 +21,7 @@
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
+#include "engine/pipeline.h"
 #include "engine/rank_scalars.h"
 #include "engine/recipe.h"
 #include "engine/run_rules.h"
@@ -254,18 +255,25 @@ struct TrainingSession::Impl {
     const int64_t local_rows = t.batch / dp, micro_rows = local_rows / t.micro_batches;
     const double positions = static_cast<double>(t.batch * t.seq_len);
     const double grad_scale = static_cast<double>(dp) / positions;
+    const TpContext tp{&comms.group(groups::kTp),
+                       options.mesh.sequence_parallel,
+                       faults.rope_global_positions(step),
+                       &comms.group(groups::kData),
+                       faults.router_fp32(step),
+                       &comms.group(groups::kDpShard),
+                       options.mesh.ep,
+                       faults.expert_grad_factor(step, options.mesh.ep)};
     double loss_sum = 0;
-    for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
-      units->begin_micro_batch(mb == 0, mb + 1 == t.micro_batches);
-      const int64_t row0 = j * local_rows + mb * micro_rows;
-      const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
-      loss_sum += model.forward_backward(
-          units->weights(), tokens, {cursor, row0}, grad_scale, units->grads(), &recipe,
-          TpContext{&comms.group(groups::kTp), options.mesh.sequence_parallel,
-                    faults.rope_global_positions(step), &comms.group(groups::kData),
-                    faults.router_fp32(step), &comms.group(groups::kDpShard), options.mesh.ep,
-                    faults.expert_grad_factor(step, options.mesh.ep)},
-          &*units);
+    if (mesh.size(MeshDim::kPp) > 1) {
+      loss_sum = run_pipeline(j * local_rows, micro_rows, grad_scale, tp);
+    } else {
+      for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
+        units->begin_micro_batch(mb == 0, mb + 1 == t.micro_batches);
+        const int64_t row0 = j * local_rows + mb * micro_rows;
+        const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
+        loss_sum += model.forward_backward(units->weights(), tokens, {cursor, row0}, grad_scale,
+                                           units->grads(), &recipe, tp, &*units);
+      }
     }
     units->end_step();
     fp8->clear_step();
@@ -275,6 +283,11 @@ struct TrainingSession::Impl {
     const bool sp = options.mesh.sequence_parallel && mesh.size(MeshDim::kTp) > 1;
     metrics.loss =
         sum_doubles(comms.group(sp ? groups::kWorld : groups::kData), loss_sum) / positions;
+    // Pipeline stages: the last stage holds the loss; every other stage adds 0.0 (exact), so every
+    // rank gets the last stage's value bit for bit.
+    if (mesh.size(MeshDim::kPp) > 1)
+      metrics.loss =
+          sum_doubles(comms.group(groups::kPp), plan.stage().last_stage ? metrics.loss : 0.0);
 
     // Optimizer: global norm, clipping, AdamW on the local shards; FP8 primary weights follow.
     const auto to = Clock::now();
@@ -292,6 +305,77 @@ struct TrainingSession::Impl {
     store_scalars();
     record_time_and_memory(t0, coll0);
     return metrics;
+  }
+
+  // One pipeline stage's passes of one micro-batch (docs/design.md section 33): the stage's
+  // layers through GptModel::stage_forward / stage_backward, each in-flight micro-batch's
+  // activations held until its backward, the FSDP units' deferred reduction after the pass the
+  // schedule marks last_backward.
+  struct StageRunner final : StagePasses {
+    Impl& s;
+    int64_t first_row, micro_rows;
+    double grad_scale;
+    const TpContext& tp;
+    int64_t act_rows;          // rows of the residual stream exchanged between stages
+    kernels::DType act_dtype;  // the compute dtype
+    std::map<int64_t, std::shared_ptr<GptModel::StageState>> in_flight;
+    double loss_sum = 0;  // the last stage's loss sums, added in micro-batch order
+
+    StageRunner(Impl& impl, int64_t first, int64_t rows, double scale, const TpContext& t)
+        : s(impl),
+          first_row(first),
+          micro_rows(rows),
+          grad_scale(scale),
+          tp(t),
+          act_rows(rows * impl.config.training.seq_len / (t.sp() ? t.comm->size() : 1)),
+          act_dtype(impl.config.recipe.kind == RecipeKind::kFp32 ? kernels::DType::kFloat32
+                                                                 : kernels::DType::kBFloat16) {}
+
+    int64_t row0(int64_t mb) const { return first_row + mb * micro_rows; }
+    Tensor residual() const {
+      return Tensor::empty({act_rows, s.config.model.hidden}, act_dtype, s.device);
+    }
+    Tensor input_buffer(int64_t) override { return residual(); }
+    Tensor grad_output_buffer(int64_t) override { return residual(); }
+    Tensor forward(int64_t mb, const Tensor& input) override {
+      s.units->begin_micro_batch(mb == 0, false);
+      const Tensor tokens = s.data.rows(s.cursor, row0(mb), row0(mb) + micro_rows);
+      Tensor output;
+      double loss = 0;
+      in_flight[mb] = s.model.stage_forward(s.plan.stage(), s.units->weights(), tokens, input,
+                                            {s.cursor, row0(mb)}, grad_scale, &s.recipe, tp,
+                                            &*s.units, true, output, loss);
+      return output;
+    }
+    Tensor backward(int64_t mb, const Tensor& grad_output, bool last_backward) override {
+      // The deferred reduction runs after the schedule's last backward, never inferred from
+      // counting micro-batches (docs/design.md section 33).
+      s.units->begin_micro_batch(mb == 0, last_backward);
+      const auto it = in_flight.find(mb);
+      MP_CHECK(it != in_flight.end(),
+               "pipeline stage {}: backward of micro-batch {} before its "
+               "forward",
+               s.mesh.stage(s.rank), mb);
+      const std::shared_ptr<GptModel::StageState> st = std::move(it->second);
+      in_flight.erase(it);
+      Tensor dx =
+          s.model.stage_backward(*st, s.units->weights(), s.units->grads(), grad_output, &*s.units);
+      loss_sum += s.model.stage_loss(*st);
+      return dx;
+    }
+  };
+
+  double run_pipeline(int64_t first_row, int64_t micro_rows, double grad_scale,
+                      const TpContext& tp) {
+    StageRunner runner(*this, first_row, micro_rows, grad_scale, tp);
+    mesh::Communicator& pp = comms.group(groups::kPp);
+    run_stage_schedule(pp,
+                       stage_schedule(config.training.pp_schedule, pp.size(), pp.rank(),
+                                      config.training.micro_batches),
+                       runner);
+    MP_CHECK(runner.in_flight.empty(), "pipeline stage {}: {} micro-batches never ran backward",
+             pp.rank(), runner.in_flight.size());
+    return runner.loss_sum;
   }
 
   void record_time_and_memory(Clock::time_point t0, const std::map<std::string, double>& coll0) {
@@ -319,7 +403,25 @@ StepMetrics TrainingSession::step() { return impl_->run_step(); }
 ShardedState& TrainingSession::state() { return impl_->state; }
 void TrainingSession::load_scalars() { impl_->load_scalars(); }
 std::map<std::string, Tensor> TrainingSession::gather_params() {
-  return gather_global(impl_->plan, impl_->comms, false);
+  std::map<std::string, Tensor> out = gather_global(impl_->plan, impl_->comms, false);
+  mesh::Communicator& pp = impl_->comms.group(groups::kPp);
+  if (pp.size() == 1) return out;
+  // Pipeline stages: every stage's gathered parameters, broadcast from their stage over pp in
+  // model order (the host copies gather_global made), so every rank holds the whole model.
+  const Config& config = impl_->config;
+  const std::vector<ParamSpec> specs = param_specs(config.model);
+  for (int s = 0; s < pp.size(); ++s) {
+    const StageLayers span = stage_layers(config.model.layers, pp.size(), s);
+    for (const ParamSpec& spec : specs) {
+      if (!stage_holds(spec, span)) continue;
+      Tensor t = s == pp.rank()
+                     ? out.at(spec.name)
+                     : Tensor::empty(spec.shape, kernels::DType::kFloat32, kernels::Device::cpu());
+      pp.broadcast(t, s);
+      out[spec.name] = t;
+    }
+  }
+  return out;
 }
 std::vector<TensorDigest> TrainingSession::digests() {
   // The forward's FP8 state ("fp8/<key>", taken at the step's start), then in canonical
