@@ -646,6 +646,11 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
         a.run = false;
       return a;
     });
+  // pp_last_backward_sync_skipped: the first stage's last backward does not reduce.
+  if (f.pp_last_backward_sync_skipped)
+    h.on_pp_last_backward([f](int stage, int64_t step, bool reduce) {
+      return reduce && !(f.active(step) && stage == 0);
+    });
   return h;
 }
 
@@ -653,6 +658,12 @@ double FaultHooks::expert_grad_factor(int64_t step, int ep) const {
   double factor = 1.0;
   for (const auto& h : expert_grad_) factor = h(step, ep, factor);
   return factor;
+}
+
+bool FaultHooks::pp_last_backward(int stage, int64_t step) const {
+  bool reduce = true;
+  for (const auto& h : pp_last_backward_) reduce = h(stage, step, reduce);
+  return reduce;
 }
 
 }  // namespace meshproof::engine

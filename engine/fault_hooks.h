@@ -38,6 +38,8 @@
 //   extra_amax_group       each weight amax reduction    tp_weight_amax_all_reduced
 //   expert_grad_factor     each MoE micro-batch's        expert_grad_scaled_by_ep
 //                          expert weight gradients
+//   pp_last_backward       each pipeline stage's last        pp_last_backward_sync_skipped
+//                          backward of a step
 // (moe_final_backward_skips_experts acts on the collective point.)
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
@@ -139,6 +141,9 @@ class FaultHooks {
   // The factor the owner's expert weight gradients are multiplied by under expert parallelism
   // with `ep` ranks (1: correct; docs/design.md "Expert parallelism").
   using ExpertGradFactorHook = std::function<double(int64_t step, int ep, double factor)>;
+  // Whether pipeline stage `stage`'s last backward of `step` runs the deferred gradient
+  // reduction (true: correct; docs/design.md section 33).
+  using PpLastBackwardHook = std::function<bool(int stage, int64_t step, bool reduce)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -168,6 +173,7 @@ class FaultHooks {
   void on_collective(CollectiveHook h) { collective_.push_back(std::move(h)); }
   void on_extra_amax_group(ExtraAmaxGroupHook h) { extra_amax_.push_back(std::move(h)); }
   void on_expert_grad_factor(ExpertGradFactorHook h) { expert_grad_.push_back(std::move(h)); }
+  void on_pp_last_backward(PpLastBackwardHook h) { pp_last_backward_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -216,6 +222,9 @@ class FaultHooks {
   mesh::DimSet extra_amax_group(std::string_view linear, int64_t step) const;
   // The factor of the owner's expert weight gradients at `step` with `ep` expert-parallel ranks.
   double expert_grad_factor(int64_t step, int ep) const;
+  // Whether pipeline stage `stage`'s last backward of `step` runs its deferred gradient
+  // reduction.
+  bool pp_last_backward(int stage, int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -237,6 +246,7 @@ class FaultHooks {
   std::vector<CollectiveHook> collective_;
   std::vector<ExtraAmaxGroupHook> extra_amax_;
   std::vector<ExpertGradFactorHook> expert_grad_;
+  std::vector<PpLastBackwardHook> pp_last_backward_;
   bool needs_quantized_ = false;
 };
 

@@ -55,6 +55,14 @@ void FsdpUnitExecutor::end_step() {
            grads_.names().size(), weights_.names().size());
 }
 
+void FsdpUnitExecutor::discard_gradients() {
+  for (ShardedParam& p : plan_.params()) {
+    if (!grads_.contains(p.spec.name)) continue;
+    kernels::scale_(p.grad, 0.0);
+    grads_.erase(p.spec.name);
+  }
+}
+
 // Gathers the compute weights of `unit` that are not held (before its first use in a pass) and,
 // in the backward, makes its gradient accumulators available.
 void FsdpUnitExecutor::before(int64_t unit, Pass pass) {

@@ -155,15 +155,18 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     need("mesh.pp", c.recipe.kind != RecipeKind::kDelayed,
          "with recipe delayed is not built (its amax histories are updated per forward and "
          "backward of all linears, which pipeline stages interleave); use another recipe");
-    need("mesh.pp", !o.trace && !o.allgather_parity && !o.record_collectives,
-         "tensor digests, FP8 all-gather parity and collective records are not built with "
-         "pipeline stages (each stage holds only its own parameters); drop the checks that need "
-         "them");
+    need("mesh.pp", !(o.trace && o.fsdp.fp8_params) && !o.allgather_parity && !o.record_collectives,
+         "tensor digests of FP8 primary weights, FP8 all-gather parity and collective records are "
+         "not built with pipeline stages (each stage holds only its own parameters); drop the "
+         "checks that need them");
     need("mesh.pp", !o.before_start && !o.after_step,
          "checkpoints are not built with pipeline stages yet (each stage holds only its own "
          "entries); drop the checkpoint and resume settings or use mesh.pp = 1");
-    need("mesh.pp", !o.faults.any(),
-         "fault injection is not built with pipeline stages (the faults' hooks assume one stage)");
+    FaultInjection other = o.faults;
+    other.pp_last_backward_sync_skipped = false;
+    need("mesh.pp", !other.any(),
+         "fault injection other than the pp_* faults is not built with pipeline stages (the "
+         "faults' hooks assume one stage)");
   }
   const int64_t split = dp * t.micro_batches;
   need("training.batch", t.batch % split == 0,

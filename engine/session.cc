@@ -350,7 +350,9 @@ struct TrainingSession::Impl {
     Tensor backward(int64_t mb, const Tensor& grad_output, bool last_backward) override {
       // The deferred reduction runs after the schedule's last backward, never inferred from
       // counting micro-batches (docs/design.md section 33).
-      s.units->begin_micro_batch(mb == 0, last_backward);
+      const int stage = s.mesh.stage(s.rank);
+      const bool reduce = !last_backward || s.faults.pp_last_backward(stage, s.step);
+      s.units->begin_micro_batch(mb == 0, last_backward && reduce);
       const auto it = in_flight.find(mb);
       MP_CHECK(it != in_flight.end(),
                "pipeline stage {}: backward of micro-batch {} before its "
@@ -361,6 +363,7 @@ struct TrainingSession::Impl {
       Tensor dx =
           s.model.stage_backward(*st, s.units->weights(), s.units->grads(), grad_output, &*s.units);
       loss_sum += s.model.stage_loss(*st);
+      if (!reduce) s.units->discard_gradients();  // the fault: nothing reduced
       return dx;
     }
   };
@@ -402,13 +405,16 @@ TrainingSession::~TrainingSession() = default;
 StepMetrics TrainingSession::step() { return impl_->run_step(); }
 ShardedState& TrainingSession::state() { return impl_->state; }
 void TrainingSession::load_scalars() { impl_->load_scalars(); }
-std::map<std::string, Tensor> TrainingSession::gather_params() {
-  std::map<std::string, Tensor> out = gather_global(impl_->plan, impl_->comms, false);
-  mesh::Communicator& pp = impl_->comms.group(groups::kPp);
+namespace {
+
+// gather_global of every pipeline stage (collective): each stage gathers its own parameters
+// (or gradients), then broadcasts them from their stage over pp in model order, so every rank
+// holds the whole model's. With one stage: gather_global.
+std::map<std::string, Tensor> gather_all_stages(const Config& config, const ShardPlan& plan,
+                                                mesh::RankComms& comms, bool grad) {
+  std::map<std::string, Tensor> out = gather_global(plan, comms, grad);
+  mesh::Communicator& pp = comms.group(groups::kPp);
   if (pp.size() == 1) return out;
-  // Pipeline stages: every stage's gathered parameters, broadcast from their stage over pp in
-  // model order (the host copies gather_global made), so every rank holds the whole model.
-  const Config& config = impl_->config;
   const std::vector<ParamSpec> specs = param_specs(config.model);
   for (int s = 0; s < pp.size(); ++s) {
     const StageLayers span = stage_layers(config.model.layers, pp.size(), s);
@@ -423,6 +429,12 @@ std::map<std::string, Tensor> TrainingSession::gather_params() {
   }
   return out;
 }
+
+}  // namespace
+
+std::map<std::string, Tensor> TrainingSession::gather_params() {
+  return gather_all_stages(impl_->config, impl_->plan, impl_->comms, false);
+}
 std::vector<TensorDigest> TrainingSession::digests() {
   // The forward's FP8 state ("fp8/<key>", taken at the step's start), then in canonical
   // parameter order (embeddings, layers in order, head) the gradients and the weights the step's
@@ -433,12 +445,14 @@ std::vector<TensorDigest> TrainingSession::digests() {
            "each step's start only when tracing");
   std::vector<TensorDigest> d = std::move(impl_->fp8_trace_before);
   impl_->fp8_trace_before.clear();
-  const std::map<std::string, Tensor> grads = gather_global(impl_->plan, impl_->comms, true);
-  const std::map<std::string, Tensor> weights = gather_global(impl_->plan, impl_->comms, false);
-  for (const ShardedParam& p : impl_->plan.params())
-    d.push_back(digest("grad/" + p.spec.name, grads.at(p.spec.name)));
-  for (const ShardedParam& p : impl_->plan.params())
-    d.push_back(digest("param/" + p.spec.name, weights.at(p.spec.name)));
+  const std::map<std::string, Tensor> grads =
+      gather_all_stages(impl_->config, impl_->plan, impl_->comms, true);
+  const std::map<std::string, Tensor> weights =
+      gather_all_stages(impl_->config, impl_->plan, impl_->comms, false);
+  // Every stage's parameters in canonical order (with one stage: the plan's own order).
+  const std::vector<ParamSpec> specs = param_specs(impl_->config.model);
+  for (const ParamSpec& p : specs) d.push_back(digest("grad/" + p.name, grads.at(p.name)));
+  for (const ParamSpec& p : specs) d.push_back(digest("param/" + p.name, weights.at(p.name)));
   for (TensorDigest& u : fp8_state_digests(impl_->plan, impl_->state, impl_->comms, "updated/"))
     d.push_back(std::move(u));
   return d;

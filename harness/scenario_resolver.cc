@@ -302,7 +302,9 @@ struct Resolver {
     if (pp && sc.checkpoint.every > 0) refuse("checkpoint.every", "periodic checkpoints");
     if (pp && c.allgather_parity) refuse("checks.allgather_parity", "the all-gather parity check");
     if (pp && c.collectives) refuse("checks.collectives", "the collectives check");
-    if (pp && !sc.faults.empty()) refuse("faults", "fault injection");
+    for (const FaultSpec& f : sc.faults)
+      if (pp && !f.name.starts_with("pp_"))
+        refuse("faults", fmt::format("fault {} (only the pp_* faults are)", f.name));
     if (c.resume.enabled && c.resume.mesh && c.resume.mesh->pp > 1)
       bad("checks.resume.mesh.pp", "checkpoints are not built with pipeline stages");
     if (c.state.enabled && c.state.mesh && c.state.mesh->pp > 1)

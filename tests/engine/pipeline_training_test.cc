@@ -76,11 +76,21 @@ TEST(PipelineTraining, UnevenSplitHsdpRecomputeAndSyncEachMicroBatch) {
   RunOptions ro = run_options(c, one, 2);
   ro.fsdp.sync_each_micro_batch = true;
   ro.fsdp.reshard_after_forward = false;
+  ro.trace = true;
   const RunResult ref = run_training(ro);
   ro.mesh.pp = 2;
   const RunResult run = run_training(ro);
   ASSERT_EQ(run.final_params.size(), ref.final_params.size());
   expect_same_run(ref, run, "pp 2 of 5 layers, hsdp 2x2, recompute, sync each micro-batch");
+  // The per-step digests cover every stage's gradients and weights in canonical order.
+  ASSERT_EQ(run.trace.size(), ref.trace.size());
+  for (size_t step = 0; step < ref.trace.size(); ++step) {
+    ASSERT_EQ(run.trace[step].size(), ref.trace[step].size()) << step;
+    for (size_t i = 0; i < ref.trace[step].size(); ++i) {
+      EXPECT_EQ(run.trace[step][i].name, ref.trace[step][i].name) << step;
+      EXPECT_EQ(run.trace[step][i].hash, ref.trace[step][i].hash) << ref.trace[step][i].name;
+    }
+  }
 }
 
 // What pipeline stages do not support is an input error before any work, naming mesh.pp.
@@ -108,6 +118,7 @@ TEST(PipelineTraining, UnsupportedCombinationsAreRefused) {
   EXPECT_NE(issue(run_options(moe, m, 1)).find("model.moe"), std::string::npos);
   RunOptions traced = run_options(c, m, 1);
   traced.trace = true;
+  traced.fsdp.fp8_params = true;
   EXPECT_NE(issue(traced).find("tensor digests"), std::string::npos);
   RunOptions saving = run_options(c, m, 1);
   saving.after_step = [](ShardedState&, mesh::RankComms&, int64_t) { return false; };
