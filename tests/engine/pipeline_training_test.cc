@@ -93,6 +93,28 @@ TEST(PipelineTraining, UnevenSplitHsdpRecomputeAndSyncEachMicroBatch) {
   }
 }
 
+// Tensor parallelism inside the stages (pp 2 x dp_shard 2 x tp 2, 8 ranks), with sequence
+// parallelism and the vocabulary-parallel embedding and head: the residual stream crosses stages
+// as each tp rank's sequence shard; still one stage's bits.
+TEST(PipelineTraining, TensorAndSequenceParallelInsideStages) {
+  for (bool sp : {false, true}) {
+    Config c = pp_config(RecipeKind::kBf16);
+    c.model.vocab_parallel = sp;
+    c.training.micro_batches = 2;
+    c.training.pp_schedule = PpSchedule::kOneFOneB;
+    MeshSpec one;
+    one.dp_shard = 2;
+    one.tp = 2;
+    one.sequence_parallel = sp;
+    const RunResult ref = run_training(run_options(c, one, 2));
+    MeshSpec m = one;
+    m.pp = 2;
+    const RunResult run = run_training(run_options(c, m, 2));
+    ASSERT_EQ(run.final_params.size(), ref.final_params.size());
+    expect_same_run(ref, run, sp ? "pp 2 x dp_shard 2 x tp 2, sp, vocab parallel" : "pp 2 x tp 2");
+  }
+}
+
 // What pipeline stages do not support is an input error before any work, naming mesh.pp.
 TEST(PipelineTraining, UnsupportedCombinationsAreRefused) {
   const auto issue = [](const RunOptions& o) {
