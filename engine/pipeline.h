@@ -3,8 +3,9 @@
 // backward micro-batch passes (GPipe, 1F1B); a unit-time simulation of a schedule over all
 // stages that checks its send/recv dependencies and measures its bubble and in-flight
 // activations; and the executor that plays one stage's order over the pp group's send/recv
-// (run_stage_schedule). The training session does not run model stages yet (the design section
-// lists what is missing); these parts are tested on their own (tests/engine/pipeline_test.cc).
+// (run_stage_schedule), which the training session drives with the model's stage passes
+// (engine/session.cc; docs/design.md section 33). These parts are tested on their own
+// (tests/engine/pipeline_test.cc), the pipelined step in tests/engine/pipeline_training_test.cc.
 #pragma once
 
 #include <cstdint>
