@@ -74,7 +74,9 @@ void FsdpUnitExecutor::before(int64_t unit, Pass pass) {
     if (pass == Pass::kBackward && !grads_.contains(name)) {
       grads_.insert(name, Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_));
     } else if (pass == Pass::kBackward && !first_micro_batch_ &&
-               !faults_.accumulates_gradients(step_)) {
+               (!faults_.accumulates_gradients(step_) ||
+                !faults_.pp_accumulates(comms_.mesh().stage(comms_.rank()),
+                                        comms_.mesh().size(MeshDim::kPp), step_))) {
       // Deferred sync, the accumulator not kept (a fault): this micro-batch starts from zero.
       grads_.at(name) = Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_);
     }

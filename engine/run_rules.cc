@@ -164,6 +164,7 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
          "entries); drop the checkpoint and resume settings or use mesh.pp = 1");
     FaultInjection other = o.faults;
     other.pp_last_backward_sync_skipped = false;
+    other.pp_microbatch_grads_overwritten = false;
     need("mesh.pp", !other.any(),
          "fault injection other than the pp_* faults is not built with pipeline stages (the "
          "faults' hooks assume one stage)");

@@ -809,6 +809,18 @@ const std::vector<FaultDescriptor>& rows() {
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.pp_last_backward_sync_skipped = true; },
       },
+      {
+          .name = "pp_microbatch_grads_overwritten",
+          .bug_class = "pipeline parallelism with gradient accumulation: in the last stage each "
+                       "micro-batch's backward overwrites the gradient accumulators instead of "
+                       "adding to them, so that stage's parameters are updated with their last "
+                       "micro-batch's gradient only",
+          .needs = {kTwoStages, kTwoMicroBatches, kDeferredSync},
+          .caught_by = {"reference", "golden"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.pp_microbatch_grads_overwritten = true; },
+      },
   };
   return table;
 }

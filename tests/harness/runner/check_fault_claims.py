@@ -121,6 +121,9 @@ CLAIMS = {
     ("pp_last_backward_sync_skipped", "reference"):
         ("reference", "{mesh: {dp_shard: 2}, rtol: 0}"),
     ("pp_last_backward_sync_skipped", "golden"): ("golden", "{mode: exact}"),
+    ("pp_microbatch_grads_overwritten", "reference"):
+        ("reference", "{mesh: {dp_shard: 2}, rtol: 0}"),
+    ("pp_microbatch_grads_overwritten", "golden"): ("golden", "{mode: exact}"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism", "state",
               "collectives")
