@@ -646,6 +646,16 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
         a.run = false;
       return a;
     });
+  // pp_last_backward_sync_skipped: the first stage's last backward does not reduce.
+  if (f.pp_last_backward_sync_skipped)
+    h.on_pp_last_backward([f](int stage, int64_t step, bool reduce) {
+      return reduce && !(f.active(step) && stage == 0);
+    });
+  // pp_microbatch_grads_overwritten: the last stage overwrites its gradient accumulators.
+  if (f.pp_microbatch_grads_overwritten)
+    h.on_pp_accumulation([f](int stage, int stages, int64_t step, bool accumulate) {
+      return accumulate && !(f.active(step) && stage == stages - 1);
+    });
   return h;
 }
 
@@ -653,6 +663,18 @@ double FaultHooks::expert_grad_factor(int64_t step, int ep) const {
   double factor = 1.0;
   for (const auto& h : expert_grad_) factor = h(step, ep, factor);
   return factor;
+}
+
+bool FaultHooks::pp_accumulates(int stage, int stages, int64_t step) const {
+  bool accumulate = true;
+  for (const auto& h : pp_accumulation_) accumulate = h(stage, stages, step, accumulate);
+  return accumulate;
+}
+
+bool FaultHooks::pp_last_backward(int stage, int64_t step) const {
+  bool reduce = true;
+  for (const auto& h : pp_last_backward_) reduce = h(stage, step, reduce);
+  return reduce;
 }
 
 }  // namespace meshproof::engine

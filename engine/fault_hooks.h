@@ -38,6 +38,9 @@
 //   extra_amax_group       each weight amax reduction    tp_weight_amax_all_reduced
 //   expert_grad_factor     each MoE micro-batch's        expert_grad_scaled_by_ep
 //                          expert weight gradients
+//   pp_last_backward       each pipeline stage's last        pp_last_backward_sync_skipped
+//                          backward of a step
+//   pp_accumulation        each pipeline stage's backward    pp_microbatch_grads_overwritten
 // (moe_final_backward_skips_experts acts on the collective point.)
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
@@ -139,6 +142,13 @@ class FaultHooks {
   // The factor the owner's expert weight gradients are multiplied by under expert parallelism
   // with `ep` ranks (1: correct; docs/design.md "Expert parallelism").
   using ExpertGradFactorHook = std::function<double(int64_t step, int ep, double factor)>;
+  // Whether pipeline stage `stage`'s last backward of `step` runs the deferred gradient
+  // reduction (true: correct; docs/design.md section 33).
+  using PpLastBackwardHook = std::function<bool(int stage, int64_t step, bool reduce)>;
+  // Whether pipeline stage `stage` of `stages` adds each micro-batch's gradients to the
+  // accumulated ones at `step` (true: correct).
+  using PpAccumulationHook =
+      std::function<bool(int stage, int stages, int64_t step, bool accumulate)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -168,6 +178,8 @@ class FaultHooks {
   void on_collective(CollectiveHook h) { collective_.push_back(std::move(h)); }
   void on_extra_amax_group(ExtraAmaxGroupHook h) { extra_amax_.push_back(std::move(h)); }
   void on_expert_grad_factor(ExpertGradFactorHook h) { expert_grad_.push_back(std::move(h)); }
+  void on_pp_last_backward(PpLastBackwardHook h) { pp_last_backward_.push_back(std::move(h)); }
+  void on_pp_accumulation(PpAccumulationHook h) { pp_accumulation_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -216,6 +228,12 @@ class FaultHooks {
   mesh::DimSet extra_amax_group(std::string_view linear, int64_t step) const;
   // The factor of the owner's expert weight gradients at `step` with `ep` expert-parallel ranks.
   double expert_grad_factor(int64_t step, int ep) const;
+  // Whether pipeline stage `stage`'s last backward of `step` runs its deferred gradient
+  // reduction.
+  bool pp_last_backward(int stage, int64_t step) const;
+  // Whether pipeline stage `stage` of `stages` accumulates its micro-batches' gradients at
+  // `step`.
+  bool pp_accumulates(int stage, int stages, int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -237,6 +255,8 @@ class FaultHooks {
   std::vector<CollectiveHook> collective_;
   std::vector<ExtraAmaxGroupHook> extra_amax_;
   std::vector<ExpertGradFactorHook> expert_grad_;
+  std::vector<PpLastBackwardHook> pp_last_backward_;
+  std::vector<PpAccumulationHook> pp_accumulation_;
   bool needs_quantized_ = false;
 };
 

@@ -159,6 +159,17 @@ struct FaultInjection {
   // micro-batch's backward, so each rank updates its expert shards with its own unreduced
   // gradients (NeMo MoEFSDPSyncMixin's final backward). Caught by reference and golden.
   bool moe_final_backward_skips_experts = false;
+
+  // ---- pipeline parallelism (docs/design.md section 33)
+  // The first pipeline stage's last backward of a step does not trigger its deferred gradient
+  // reduction (NeMo MoEFSDPSyncMixin's hand-run post-backward hooks skipped on the last backward):
+  // the stage's accumulated gradients are dropped unreduced and its gradient shards stay zero.
+  // Caught by reference (pp = 1) and golden.
+  bool pp_last_backward_sync_skipped = false;
+  // In the last pipeline stage, each micro-batch's backward overwrites the gradient accumulators
+  // instead of adding to them (a stage-local gradient-accumulation bug): the stage's reduced
+  // gradients hold only its last micro-batch. Caught by reference (pp = 1) and golden.
+  bool pp_microbatch_grads_overwritten = false;
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
@@ -177,7 +188,8 @@ struct FaultInjection {
            router_not_fp32 || nvfp4_global_amax_not_reduced || tp_weight_amax_all_reduced ||
            fp8_all_gather_in_bf16 || !skip_collective_tensor.empty() ||
            !collective_dtype_tensor.empty() || expert_grad_scaled_by_ep ||
-           moe_final_backward_skips_experts;
+           moe_final_backward_skips_experts || pp_last_backward_sync_skipped ||
+           pp_microbatch_grads_overwritten;
   }
 };
 

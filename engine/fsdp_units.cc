@@ -55,6 +55,14 @@ void FsdpUnitExecutor::end_step() {
            grads_.names().size(), weights_.names().size());
 }
 
+void FsdpUnitExecutor::discard_gradients() {
+  for (ShardedParam& p : plan_.params()) {
+    if (!grads_.contains(p.spec.name)) continue;
+    kernels::scale_(p.grad, 0.0);
+    grads_.erase(p.spec.name);
+  }
+}
+
 // Gathers the compute weights of `unit` that are not held (before its first use in a pass) and,
 // in the backward, makes its gradient accumulators available.
 void FsdpUnitExecutor::before(int64_t unit, Pass pass) {
@@ -66,7 +74,9 @@ void FsdpUnitExecutor::before(int64_t unit, Pass pass) {
     if (pass == Pass::kBackward && !grads_.contains(name)) {
       grads_.insert(name, Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_));
     } else if (pass == Pass::kBackward && !first_micro_batch_ &&
-               !faults_.accumulates_gradients(step_)) {
+               (!faults_.accumulates_gradients(step_) ||
+                !faults_.pp_accumulates(comms_.mesh().stage(comms_.rank()),
+                                        comms_.mesh().size(MeshDim::kPp), step_))) {
       // Deferred sync, the accumulator not kept (a fault): this micro-batch starts from zero.
       grads_.at(name) = Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_);
     }

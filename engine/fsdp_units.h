@@ -34,6 +34,10 @@ class FsdpUnitExecutor : public UnitHooks {
   void begin_micro_batch(bool first, bool last);
   // After the step's backward: checks that every weight and gradient was released.
   void end_step();
+  // Drops the gradient accumulators still held without reducing them and zeroes their shards:
+  // what a deferred reduction that never ran leaves (the pp_last_backward_sync_skipped fault,
+  // docs/design.md section 33).
+  void discard_gradients();
 
   // The maps the model reads weights from and accumulates gradients into.
   TensorMap& weights() { return weights_; }
