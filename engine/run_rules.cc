@@ -142,8 +142,8 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     need("mesh.pp", c.recipe.kind != RecipeKind::kDelayed,
          "with recipe delayed is not built (its amax histories are updated per forward and "
          "backward of all linears, which pipeline stages interleave); use another recipe");
-    need("mesh.pp", !(o.trace && o.fsdp.fp8_params) && !o.allgather_parity && !o.record_collectives,
-         "tensor digests of FP8 primary weights, FP8 all-gather parity and collective records are "
+    need("mesh.pp", !(o.trace && o.fsdp.fp8_params) && !o.allgather_parity,
+         "tensor digests of FP8 primary weights and FP8 all-gather parity are "
          "not built with pipeline stages (each stage holds only its own parameters); drop the "
          "checks that need them");
     need("mesh.pp", !o.before_start && !o.after_step,

@@ -288,7 +288,7 @@ struct Resolver {
   }
 
   // Pipeline stages (docs/design.md section 33): the engine refuses checkpoint hooks, faults,
-  // tensor digests, parity and collective records with mesh.pp > 1 (engine/run_rules.cc); these
+  // tensor digests of FP8 primary weights and all-gather parity with mesh.pp > 1 (engine/run_rules.cc); these
   // are the scenario keys that would ask for them, so `validate` refuses what `run` would.
   void pipeline_rules(const Scenario& sc) {
     const ChecksConfig& c = sc.checks;
@@ -301,7 +301,6 @@ struct Resolver {
     if (pp && c.state.enabled) refuse("checks.state", "the state check (checkpoints)");
     if (pp && sc.checkpoint.every > 0) refuse("checkpoint.every", "periodic checkpoints");
     if (pp && c.allgather_parity) refuse("checks.allgather_parity", "the all-gather parity check");
-    if (pp && c.collectives) refuse("checks.collectives", "the collectives check");
     for (const FaultSpec& f : sc.faults)
       if (pp && !f.name.starts_with("pp_"))
         refuse("faults", fmt::format("fault {} (only the pp_* faults are)", f.name));

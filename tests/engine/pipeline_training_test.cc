@@ -4,9 +4,12 @@
 // same global problem bit for bit (the CPU backend is the bitwise reference): the backwards run
 // in micro-batch order, each stage's deferred reduction follows the schedule's last backward,
 // the norm adds the per-parameter sums in model order and the loss comes from the last stage.
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "engine/collective_budget.h"
 #include "engine/pipeline.h"
 #include "engine/run_rules.h"
 #include "engine/session.h"
@@ -112,6 +115,50 @@ TEST(PipelineTraining, TensorAndSequenceParallelInsideStages) {
     const RunResult run = run_training(run_options(c, m, 2));
     ASSERT_EQ(run.final_params.size(), ref.final_params.size());
     expect_same_run(ref, run, sp ? "pp 2 x dp_shard 2 x tp 2, sp, vocab parallel" : "pp 2 x tp 2");
+  }
+}
+
+// The collective budget with stages (docs/design.md section 29): every rank records exactly its
+// own stage's parameter collectives, FP8 gathers and amax reductions included (pp 2 x dp_shard 2
+// x tp 2 with sequence parallelism, 1F1B, current scaling, FP8 all-gather); with the first
+// stage's last backward skipping its deferred reduction (pp_last_backward_sync_skipped) that
+// stage's ranks miss their reduce-scatters and the budget sees it.
+TEST(PipelineTraining, RecordedCollectivesAreTheStagesBudget) {
+  const auto sorted_strings = [](const std::vector<mesh::CollectiveCall>& calls) {
+    std::vector<std::string> out;
+    for (const mesh::CollectiveCall& c : calls)
+      out.push_back(fmt::format("{} {}", c.step, mesh::describe(c)));
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  Config c = pp_config(RecipeKind::kCurrent);
+  c.training.micro_batches = 2;
+  c.training.pp_schedule = PpSchedule::kOneFOneB;
+  MeshSpec m;
+  m.pp = 2;
+  m.dp_shard = 2;
+  m.tp = 2;
+  m.sequence_parallel = true;
+  RunOptions ro = run_options(c, m, 2);
+  ro.fsdp.fp8_all_gather = true;
+  ro.record_collectives = true;
+  for (bool fault : {false, true}) {
+    ro.faults.pp_last_backward_sync_skipped = fault;
+    const RunResult run = run_training(ro);
+    ASSERT_EQ(run.ranks.size(), 8U);
+    for (const RankReport& r : run.ranks) {
+      std::vector<mesh::CollectiveCall> expected;
+      for (int64_t step = 0; step < 2; ++step)
+        for (mesh::CollectiveCall& e : expected_collectives(ro, r.rank, step))
+          expected.push_back(std::move(e));
+      ASSERT_FALSE(expected.empty()) << r.rank;
+      const bool first_stage = r.rank < 4;
+      if (!fault || !first_stage)
+        EXPECT_EQ(sorted_strings(r.calls), sorted_strings(expected))
+            << "rank " << r.rank << (fault ? " (fault on the first stage only)" : "");
+      else
+        EXPECT_LT(r.calls.size(), expected.size()) << "rank " << r.rank;
+    }
   }
 }
 
