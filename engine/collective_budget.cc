@@ -6,6 +6,7 @@
 #include "engine/mesh_groups.h"
 #include "engine/moe.h"
 #include "engine/params.h"
+#include "engine/pipeline.h"
 #include "engine/shard_plan.h"
 #include "kernels/dtype.h"
 
@@ -53,6 +54,12 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
   const int64_t syncs = options.fsdp.sync_each_micro_batch ? t.micro_batches : 1;
   const int64_t prepass = moe::needs_routing_prepass(config) ? t.micro_batches : 0;
 
+  // With pipeline stages the rank issues collectives only for its own stage's parameters
+  // (ShardPlan holds no others); activations and their gradients travel by send/recv, which
+  // carries no parameter.
+  const StageLayers stage =
+      stage_layers(config.model.layers, mesh.size(MeshDim::kPp), mesh.stage(rank));
+
   std::vector<CollectiveCall> out;
   const auto add = [&](CollectiveKind kind, ReduceOp op, DimSet group, DType dtype, int64_t bytes,
                        const std::string& tensor, int64_t times) {
@@ -66,6 +73,7 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
                      .tensor = tensor});
   };
   for (const ParamSpec& spec : param_specs(config.model)) {
+    if (!stage_holds(spec, stage)) continue;
     const Layout layout(mesh, spec.shape, placements(spec, mesh));
     const Box compute = compute_box(layout, rank);
     const Box& mine = layout.box(rank);

@@ -127,6 +127,14 @@ struct RecipeConfig {
 Fp8Format fp8_format_of(const RecipeConfig& r);
 bool power_2_scale_of(const RecipeConfig& r);
 
+// Pipeline schedules (docs/design.md section 33, engine/pipeline.h): GPipe runs every
+// micro-batch's forward, then every backward; 1F1B (PipeDream-flush) runs (stages - stage - 1)
+// warm-up forwards, then alternates one forward and one backward, then drains the backwards.
+// Both run the backwards in micro-batch order, so every parameter's gradient accumulates
+// micro-batch 0 first, as with one stage.
+enum class PpSchedule : uint8_t { kGpipe, kOneFOneB };
+inline constexpr std::string_view kPpScheduleNames[] = {"gpipe", "1f1b"};
+
 struct TrainingConfig {
   int64_t batch = 4;     // B: global batch (sequences per step)
   int64_t seq_len = 16;  // S
@@ -142,6 +150,8 @@ struct TrainingConfig {
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   bool recompute = false;      // activation recompute per layer
+  // The order of each pipeline stage's passes (mesh pp > 1; no effect with one stage).
+  PpSchedule pp_schedule = PpSchedule::kGpipe;
 };
 
 struct DataConfig {

@@ -652,6 +652,16 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
     h.on_expert_split_padding([f](int64_t step, int64_t padding) {
       return f.active(step) ? f.expert_split_padding_rows : padding;
     });
+  // pp_last_backward_sync_skipped: the first stage's last backward does not reduce.
+  if (f.pp_last_backward_sync_skipped)
+    h.on_pp_last_backward([f](int stage, int64_t step, bool reduce) {
+      return reduce && !(f.active(step) && stage == 0);
+    });
+  // pp_microbatch_grads_overwritten: the last stage overwrites its gradient accumulators.
+  if (f.pp_microbatch_grads_overwritten)
+    h.on_pp_accumulation([f](int stage, int stages, int64_t step, bool accumulate) {
+      return accumulate && !(f.active(step) && stage == stages - 1);
+    });
   return h;
 }
 
@@ -665,6 +675,18 @@ int64_t FaultHooks::expert_split_padding(int64_t step) const {
   int64_t padding = 0;
   for (const auto& h : expert_split_padding_) padding = h(step, padding);
   return padding;
+}
+
+bool FaultHooks::pp_accumulates(int stage, int stages, int64_t step) const {
+  bool accumulate = true;
+  for (const auto& h : pp_accumulation_) accumulate = h(stage, stages, step, accumulate);
+  return accumulate;
+}
+
+bool FaultHooks::pp_last_backward(int stage, int64_t step) const {
+  bool reduce = true;
+  for (const auto& h : pp_last_backward_) reduce = h(stage, step, reduce);
+  return reduce;
 }
 
 }  // namespace meshproof::engine

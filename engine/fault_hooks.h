@@ -40,6 +40,9 @@
 //                          expert weight gradients
 //   expert_split_padding   each MoE layer's expert       expert_split_padding_too_small
 //                          wgrad input operands
+//   pp_last_backward       each pipeline stage's last        pp_last_backward_sync_skipped
+//                          backward of a step
+//   pp_accumulation        each pipeline stage's backward    pp_microbatch_grads_overwritten
 // (moe_final_backward_skips_experts acts on the collective point.)
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
@@ -144,6 +147,13 @@ class FaultHooks {
   // The row padding of the grouped columnwise quantization of the experts' wgrad inputs; 0: no
   // grouped quantization (each expert's operands quantized per expert, correct).
   using ExpertSplitPaddingHook = std::function<int64_t(int64_t step, int64_t padding)>;
+  // Whether pipeline stage `stage`'s last backward of `step` runs the deferred gradient
+  // reduction (true: correct; docs/design.md section 33).
+  using PpLastBackwardHook = std::function<bool(int stage, int64_t step, bool reduce)>;
+  // Whether pipeline stage `stage` of `stages` adds each micro-batch's gradients to the
+  // accumulated ones at `step` (true: correct).
+  using PpAccumulationHook =
+      std::function<bool(int stage, int stages, int64_t step, bool accumulate)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -176,6 +186,8 @@ class FaultHooks {
   void on_expert_split_padding(ExpertSplitPaddingHook h) {
     expert_split_padding_.push_back(std::move(h));
   }
+  void on_pp_last_backward(PpLastBackwardHook h) { pp_last_backward_.push_back(std::move(h)); }
+  void on_pp_accumulation(PpAccumulationHook h) { pp_accumulation_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -226,6 +238,12 @@ class FaultHooks {
   double expert_grad_factor(int64_t step, int ep) const;
   // TpContext::expert_split_padding at `step`: 0 (correct) or the grouped quantization's padding.
   int64_t expert_split_padding(int64_t step) const;
+  // Whether pipeline stage `stage`'s last backward of `step` runs its deferred gradient
+  // reduction.
+  bool pp_last_backward(int stage, int64_t step) const;
+  // Whether pipeline stage `stage` of `stages` accumulates its micro-batches' gradients at
+  // `step`.
+  bool pp_accumulates(int stage, int stages, int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -248,6 +266,8 @@ class FaultHooks {
   std::vector<ExtraAmaxGroupHook> extra_amax_;
   std::vector<ExpertGradFactorHook> expert_grad_;
   std::vector<ExpertSplitPaddingHook> expert_split_padding_;
+  std::vector<PpLastBackwardHook> pp_last_backward_;
+  std::vector<PpAccumulationHook> pp_accumulation_;
   bool needs_quantized_ = false;
 };
 

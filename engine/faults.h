@@ -168,6 +168,17 @@ struct FaultInjection {
   // alignment (32 / 128) gives bitwise the per-expert run (the engine test's control; not a
   // scenario parameter).
   int64_t expert_split_padding_rows = 16;
+
+  // ---- pipeline parallelism (docs/design.md section 33)
+  // The first pipeline stage's last backward of a step does not trigger its deferred gradient
+  // reduction (NeMo MoEFSDPSyncMixin's hand-run post-backward hooks skipped on the last backward):
+  // the stage's accumulated gradients are dropped unreduced and its gradient shards stay zero.
+  // Caught by reference (pp = 1) and golden.
+  bool pp_last_backward_sync_skipped = false;
+  // In the last pipeline stage, each micro-batch's backward overwrites the gradient accumulators
+  // instead of adding to them (a stage-local gradient-accumulation bug): the stage's reduced
+  // gradients hold only its last micro-batch. Caught by reference (pp = 1) and golden.
+  bool pp_microbatch_grads_overwritten = false;
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
@@ -186,7 +197,8 @@ struct FaultInjection {
            router_not_fp32 || nvfp4_global_amax_not_reduced || tp_weight_amax_all_reduced ||
            fp8_all_gather_in_bf16 || !skip_collective_tensor.empty() ||
            !collective_dtype_tensor.empty() || expert_grad_scaled_by_ep ||
-           moe_final_backward_skips_experts || expert_split_padding_too_small;
+           moe_final_backward_skips_experts || expert_split_padding_too_small ||
+           pp_last_backward_sync_skipped || pp_microbatch_grads_overwritten;
   }
 };
 

@@ -55,6 +55,14 @@ void FsdpUnitExecutor::end_step() {
            grads_.names().size(), weights_.names().size());
 }
 
+void FsdpUnitExecutor::discard_gradients() {
+  for (ShardedParam& p : plan_.params()) {
+    if (!grads_.contains(p.spec.name)) continue;
+    kernels::scale_(p.grad, 0.0);
+    grads_.erase(p.spec.name);
+  }
+}
+
 // Gathers the compute weights of `unit` that are not held (before its first use in a pass) and,
 // in the backward, makes its gradient accumulators available.
 void FsdpUnitExecutor::before(int64_t unit, Pass pass) {
@@ -66,7 +74,9 @@ void FsdpUnitExecutor::before(int64_t unit, Pass pass) {
     if (pass == Pass::kBackward && !grads_.contains(name)) {
       grads_.insert(name, Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_));
     } else if (pass == Pass::kBackward && !first_micro_batch_ &&
-               !faults_.accumulates_gradients(step_)) {
+               (!faults_.accumulates_gradients(step_) ||
+                !faults_.pp_accumulates(comms_.mesh().stage(comms_.rank()),
+                                        comms_.mesh().size(MeshDim::kPp), step_))) {
       // Deferred sync, the accumulator not kept (a fault): this micro-batch starts from zero.
       grads_.at(name) = Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_);
     }
@@ -110,7 +120,7 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
       const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
       // The values travel in the action's dtype (the collective_dtype fault) or as fp32.
       const Tensor local = act.dtype ? kernels::cast_to(p.master, *act.dtype) : p.master;
-      full = mesh::gather_padded(shard, mesh::member_boxes(shard, p.layout), local, p.compute,
+      full = mesh::gather_padded(shard, shard_boxes(i), local, p.compute,
                                  faults_.weight_gather_padding(p.spec, step_));
       if (act.dtype) full = kernels::cast_to(full, DType::kFloat32);
     }
@@ -122,6 +132,13 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
   gathered_bytes_[p.spec.name] = bytes;
   gathered_now_ += bytes;
   peak_gathered_ = std::max(peak_gathered_, gathered_now_);
+}
+
+const std::vector<mesh::Box>& FsdpUnitExecutor::shard_boxes(size_t i) {
+  if (shard_boxes_.size() != plan_.params().size()) shard_boxes_.resize(plan_.params().size());
+  std::vector<mesh::Box>& b = shard_boxes_[i];
+  if (b.empty()) b = mesh::member_boxes(comms_.group(groups::kDpShard), plan_.params()[i].layout);
+  return b;
 }
 
 void FsdpUnitExecutor::release_weights(int64_t unit) {

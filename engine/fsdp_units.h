@@ -34,6 +34,10 @@ class FsdpUnitExecutor : public UnitHooks {
   void begin_micro_batch(bool first, bool last);
   // After the step's backward: checks that every weight and gradient was released.
   void end_step();
+  // Drops the gradient accumulators still held without reducing them and zeroes their shards:
+  // what a deferred reduction that never ran leaves (the pp_last_backward_sync_skipped fault,
+  // docs/design.md section 33).
+  void discard_gradients();
 
   // The maps the model reads weights from and accumulates gradients into.
   TensorMap& weights() { return weights_; }
@@ -51,6 +55,9 @@ class FsdpUnitExecutor : public UnitHooks {
   void gather_weight(size_t i);
   void release_weights(int64_t unit);
   void reduce_gradients(int64_t unit);
+  // The dp_shard members' boxes of parameter i (mesh::member_boxes), computed on first use and
+  // kept: a layout never changes within a session, and every step gathers every parameter.
+  const std::vector<mesh::Box>& shard_boxes(size_t i);
 
   const RunOptions& options_;
   ShardPlan& plan_;
@@ -68,6 +75,7 @@ class FsdpUnitExecutor : public UnitHooks {
   int64_t gathered_now_ = 0;
   int64_t peak_gathered_ = 0;
   mesh::CollectiveRecorder* recorder_ = nullptr;
+  std::vector<std::vector<mesh::Box>> shard_boxes_;  // by parameter index; empty: not yet made
 };
 
 }  // namespace meshproof::engine

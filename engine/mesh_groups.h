@@ -12,6 +12,8 @@ inline const mesh::DimSet kDpShard{mesh::MeshDim::kDpShard};
 inline const mesh::DimSet kDpReplicate{mesh::MeshDim::kDpReplicate};
 inline const mesh::DimSet kTp{mesh::MeshDim::kTp};
 inline const mesh::DimSet kData{mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard};
+// The pipeline group: the same place of every stage (docs/design.md section 33).
+inline const mesh::DimSet kPp{mesh::MeshDim::kPp};
 inline const mesh::DimSet kWorld{mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard,
                                  mesh::MeshDim::kTp};
 

@@ -16,8 +16,11 @@ struct MeshSpec {
   // (divides it), not a mesh dim of its own: each group of ep consecutive dp_shard members splits
   // the experts' computation. Not part of world_size.
   int ep = 1;
-  mesh::DeviceMesh device_mesh() const { return mesh::DeviceMesh(dp_replicate, dp_shard, tp); }
-  int world_size() const { return dp_replicate * dp_shard * tp; }
+  // Pipeline stages (docs/design.md section 33): the outermost mesh dim; each stage runs its
+  // contiguous layers on dp_replicate x dp_shard x tp ranks.
+  int pp = 1;
+  mesh::DeviceMesh device_mesh() const { return mesh::DeviceMesh(dp_replicate, dp_shard, tp, pp); }
+  int world_size() const { return pp * dp_replicate * dp_shard * tp; }
   bool operator==(const MeshSpec&) const = default;
 };
 

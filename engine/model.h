@@ -14,12 +14,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/config.h"
 #include "engine/moe.h"
 #include "engine/params.h"
+#include "engine/pipeline.h"
 #include "engine/recipe.h"
 #include "kernels/tensor.h"
 #include "mesh/communicator.h"
@@ -132,6 +134,33 @@ class GptModel {
                                                const kernels::Tensor& tokens,
                                                const BatchCoords& coords, Fp8Recipe* recipe,
                                                const TpContext& tp, UnitHooks* units) const;
+  // Pipeline stages (docs/design.md section 33): one micro-batch's passes over layers
+  // [span.first, span.first + span.count), the embeddings on the first stage, the final norm,
+  // LM head and loss on the last. forward_backward is stage_forward + stage_backward of the one
+  // stage of all layers, so a stage runs exactly the calls (unit hooks included) that the same
+  // layers run with one stage.
+  struct StageState;  // one micro-batch's activations between its forward and its backward
+  // Forward of one micro-batch on a stage. tokens as forward_backward's (every stage reads them:
+  // the first for its inputs, the last for its targets); `input` [rows, H] in the compute dtype
+  // (rows = B*S, or B*S/tp under sequence parallelism) is the residual stream entering the stage
+  // (ignored on the first stage). Sets `output` to the residual stream leaving a stage that is
+  // not the last and `loss` to the last stage's loss sum (0 elsewhere). `training`: keep what
+  // stage_backward needs (and compute the loss gradient on the last stage).
+  std::shared_ptr<StageState> stage_forward(
+      const StageLayers& span, const TensorMap& weights, const kernels::Tensor& tokens,
+      const kernels::Tensor& input, const BatchCoords& coords, double grad_scale, Fp8Recipe* recipe,
+      const TpContext& tp, UnitHooks* units, bool training, kernels::Tensor& output, double& loss,
+      std::vector<moe::BalanceStats>* routing = nullptr) const;
+  // Backward of the micro-batch `state` holds: `grad_output` [rows, H] is the gradient of the
+  // stage's output (ignored on the last stage, which starts from its loss). Adds the stage's
+  // weight gradients into `grads`; returns the gradient of the stage's input (undefined on the
+  // first stage). The weights are read from `weights` again (they may have been released and
+  // gathered again since the forward).
+  kernels::Tensor stage_backward(StageState& state, const TensorMap& weights, TensorMap& grads,
+                                 const kernels::Tensor& grad_output, UnitHooks* units) const;
+  // The loss sum stage_forward returned plus the stage's MoE load-balancing terms, as
+  // forward_backward returns it for the whole model.
+  double stage_loss(const StageState& state) const;
 
   const Config& config() const { return config_; }
 

@@ -56,7 +56,24 @@ OptimizerStepResult sharded_optimizer_step(ShardPlan& plan, mesh::RankComms& com
     if (tp_lead || p.layout.placement(MeshDim::kTp).is_shard()) counted.push_back(&p.grad);
   // The shards' sums of squares in plan order; on a device the sums run there (bitwise the
   // host's) and only this rank's total comes back.
-  const double sq = kernels::sum_of_squares_total(counted);
+  double sq = 0;
+  mesh::Communicator& pp = comms.group(mesh::DimSet{MeshDim::kPp});
+  if (pp.size() == 1) {
+    sq = kernels::sum_of_squares_total(counted);
+  } else {
+    // Pipeline stages (docs/design.md section 33): each parameter's sum of squares at its model
+    // index (0 for the parameters of other stages and the uncounted tp replicas), gathered over
+    // pp (the counterparts hold the other stages' parameters with the same shard boxes), then
+    // added in model order from 0: the pp = 1 rank's sum bit for bit (sum_of_squares_total adds
+    // the per-tensor sums in order, and adding +0.0 to a sum of squares changes no bit).
+    std::vector<double> mine(plan.model_params(), 0.0);
+    for (const ShardedParam& p : plan.params())
+      if (tp_lead || p.layout.placement(MeshDim::kTp).is_shard())
+        mine[p.model_index] = kernels::sum_of_squares_total({&p.grad});
+    const std::vector<double> all = gather_doubles(pp, mine);
+    for (size_t k = 0; k < mine.size(); ++k)
+      for (int s = 0; s < pp.size(); ++s) sq += all[static_cast<size_t>(s) * mine.size() + k];
+  }
   r.grad_norm =
       std::sqrt(sum_doubles(comms.group(mesh::DimSet{MeshDim::kDpShard, MeshDim::kTp}), sq));
   const double coef = clip_coefficient(r.grad_norm, t.max_grad_norm);

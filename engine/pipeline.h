@@ -3,14 +3,16 @@
 // backward micro-batch passes (GPipe, 1F1B); a unit-time simulation of a schedule over all
 // stages that checks its send/recv dependencies and measures its bubble and in-flight
 // activations; and the executor that plays one stage's order over the pp group's send/recv
-// (run_stage_schedule). The training session does not run model stages yet (the design section
-// lists what is missing); these parts are tested on their own (tests/engine/pipeline_test.cc).
+// (run_stage_schedule), which the training session drives with the model's stage passes
+// (engine/session.cc; docs/design.md section 33). These parts are tested on their own
+// (tests/engine/pipeline_test.cc), the pipelined step in tests/engine/pipeline_training_test.cc.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
 #include <vector>
 
+#include "engine/config.h"
 #include "kernels/tensor.h"
 #include "mesh/communicator.h"
 
@@ -20,8 +22,7 @@ namespace meshproof::engine {
 // (stages - stage - 1) warm-up forwards, then alternates one forward and one backward, then
 // drains the backwards. Both run the backwards in micro-batch order, so every parameter's
 // gradient accumulates micro-batch 0 first, as with one stage.
-enum class PpSchedule : uint8_t { kGpipe, kOneFOneB };
-inline constexpr std::string_view kPpScheduleNames[] = {"gpipe", "1f1b"};
+// (PpSchedule and its names are in engine/config.h: TrainingConfig::pp_schedule.)
 std::string_view pp_schedule_name(PpSchedule s);  // "gpipe", "1f1b"
 
 // The layers of each of `pp` stages: `split` when it is non-empty (pp entries, each >= 1,

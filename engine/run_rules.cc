@@ -102,8 +102,9 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
   need("mesh.dp_shard", ms.dp_shard >= 1,
        fmt::format("mesh.dp_shard = {} must be >= 1", ms.dp_shard));
   need("mesh.tp", ms.tp >= 1, fmt::format("mesh.tp = {} must be >= 1", ms.tp));
+  need("mesh.pp", ms.pp >= 1, fmt::format("mesh.pp = {} must be >= 1", ms.pp));
   // A structurally broken config or mesh: the rules below divide by its sizes.
-  if (!issues.empty() && (ms.dp_replicate < 1 || ms.dp_shard < 1 || ms.tp < 1 ||
+  if (!issues.empty() && (ms.dp_replicate < 1 || ms.dp_shard < 1 || ms.tp < 1 || ms.pp < 1 ||
                           t.micro_batches < 1 || m.heads < 1 || t.seq_len < 1)) {
     return issues;
   }
@@ -124,6 +125,37 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
        fmt::format("needs model.dropout = 0 (got {}): dropout masks are keyed by contiguous "
                    "token ranges, which a sequence shard is not",
                    m.dropout));
+  // Pipeline stages (docs/design.md section 33). Built and proven bitwise equal to one stage:
+  // dense models with untied embeddings on recipes without cross-pass state; the rest is refused
+  // rather than run unproven.
+  if (ms.pp > 1) {
+    need("mesh.pp", ms.pp <= m.layers,
+         fmt::format("mesh.pp = {} exceeds model.layers = {}: every stage needs at least one layer",
+                     ms.pp, m.layers));
+    need("mesh.pp", !m.moe.enabled(),
+         "with model.moe is not built (the load-balancing loss of each stage's MoE layers would "
+         "have to travel to the last stage); use mesh.pp = 1");
+    need("mesh.pp", !m.tied_embeddings,
+         "with model.tied_embeddings is not built (the first stage's embedding gradient and the "
+         "last stage's head gradient would be summed in another order than with one stage); "
+         "use mesh.pp = 1 or untied embeddings");
+    need("mesh.pp", c.recipe.kind != RecipeKind::kDelayed,
+         "with recipe delayed is not built (its amax histories are updated per forward and "
+         "backward of all linears, which pipeline stages interleave); use another recipe");
+    need("mesh.pp", !(o.trace && o.fsdp.fp8_params) && !o.allgather_parity,
+         "tensor digests of FP8 primary weights and FP8 all-gather parity are "
+         "not built with pipeline stages (each stage holds only its own parameters); drop the "
+         "checks that need them");
+    need("mesh.pp", !o.before_start && !o.after_step,
+         "checkpoints are not built with pipeline stages yet (each stage holds only its own "
+         "entries); drop the checkpoint and resume settings or use mesh.pp = 1");
+    FaultInjection other = o.faults;
+    other.pp_last_backward_sync_skipped = false;
+    other.pp_microbatch_grads_overwritten = false;
+    need("mesh.pp", !other.any(),
+         "fault injection other than the pp_* faults is not built with pipeline stages (the "
+         "faults' hooks assume one stage)");
+  }
   const int64_t split = dp * t.micro_batches;
   need("training.batch", t.batch % split == 0,
        fmt::format("{} is not divisible by dp_replicate x dp_shard x micro_batches = {} x {} x {} "

@@ -21,6 +21,7 @@
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
+#include "engine/pipeline.h"
 #include "engine/rank_scalars.h"
 #include "engine/recipe.h"
 #include "engine/run_rules.h"
@@ -288,15 +289,21 @@ struct TrainingSession::Impl {
                  &comms.group(groups::kDpShard),
                  options.mesh.ep,
                  faults.expert_grad_factor(step, options.mesh.ep)};
-    const std::vector<moe::BalanceStats> load = moe_routing_prepass(tp, j, local_rows, micro_rows);
-    if (!load.empty()) tp.moe_load = &load;
     tp.expert_split_padding = faults.expert_split_padding(step);
-    for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
-      units->begin_micro_batch(mb == 0, mb + 1 == t.micro_batches);
-      const int64_t row0 = j * local_rows + mb * micro_rows;
-      const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
-      loss_sum += model.forward_backward(units->weights(), tokens, {cursor, row0}, grad_scale,
-                                         units->grads(), &recipe, tp, &*units);
+    if (mesh.size(MeshDim::kPp) > 1) {
+      // MoE is refused with stages (run_rules), so no routing pre-pass is needed here.
+      loss_sum = run_pipeline(j * local_rows, micro_rows, grad_scale, tp);
+    } else {
+      const std::vector<moe::BalanceStats> load =
+          moe_routing_prepass(tp, j, local_rows, micro_rows);
+      if (!load.empty()) tp.moe_load = &load;
+      for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
+        units->begin_micro_batch(mb == 0, mb + 1 == t.micro_batches);
+        const int64_t row0 = j * local_rows + mb * micro_rows;
+        const Tensor tokens = data.rows(cursor, row0, row0 + micro_rows);
+        loss_sum += model.forward_backward(units->weights(), tokens, {cursor, row0}, grad_scale,
+                                           units->grads(), &recipe, tp, &*units);
+      }
     }
     units->end_step();
     fp8->clear_step();
@@ -306,6 +313,11 @@ struct TrainingSession::Impl {
     const bool sp = options.mesh.sequence_parallel && mesh.size(MeshDim::kTp) > 1;
     metrics.loss =
         sum_doubles(comms.group(sp ? groups::kWorld : groups::kData), loss_sum) / positions;
+    // Pipeline stages: the last stage holds the loss; every other stage adds 0.0 (exact), so every
+    // rank gets the last stage's value bit for bit.
+    if (mesh.size(MeshDim::kPp) > 1)
+      metrics.loss =
+          sum_doubles(comms.group(groups::kPp), plan.stage().last_stage ? metrics.loss : 0.0);
 
     // Optimizer: global norm, clipping, AdamW on the local shards; FP8 primary weights follow.
     const auto to = Clock::now();
@@ -323,6 +335,80 @@ struct TrainingSession::Impl {
     store_scalars();
     record_time_and_memory(t0, coll0);
     return metrics;
+  }
+
+  // One pipeline stage's passes of one micro-batch (docs/design.md section 33): the stage's
+  // layers through GptModel::stage_forward / stage_backward, each in-flight micro-batch's
+  // activations held until its backward, the FSDP units' deferred reduction after the pass the
+  // schedule marks last_backward.
+  struct StageRunner final : StagePasses {
+    Impl& s;
+    int64_t first_row, micro_rows;
+    double grad_scale;
+    const TpContext& tp;
+    int64_t act_rows;          // rows of the residual stream exchanged between stages
+    kernels::DType act_dtype;  // the compute dtype
+    std::map<int64_t, std::shared_ptr<GptModel::StageState>> in_flight;
+    double loss_sum = 0;  // the last stage's loss sums, added in micro-batch order
+
+    StageRunner(Impl& impl, int64_t first, int64_t rows, double scale, const TpContext& t)
+        : s(impl),
+          first_row(first),
+          micro_rows(rows),
+          grad_scale(scale),
+          tp(t),
+          act_rows(rows * impl.config.training.seq_len / (t.sp() ? t.comm->size() : 1)),
+          act_dtype(impl.config.recipe.kind == RecipeKind::kFp32 ? kernels::DType::kFloat32
+                                                                 : kernels::DType::kBFloat16) {}
+
+    int64_t row0(int64_t mb) const { return first_row + mb * micro_rows; }
+    Tensor residual() const {
+      return Tensor::empty({act_rows, s.config.model.hidden}, act_dtype, s.device);
+    }
+    Tensor input_buffer(int64_t) override { return residual(); }
+    Tensor grad_output_buffer(int64_t) override { return residual(); }
+    Tensor forward(int64_t mb, const Tensor& input) override {
+      s.units->begin_micro_batch(mb == 0, false);
+      const Tensor tokens = s.data.rows(s.cursor, row0(mb), row0(mb) + micro_rows);
+      Tensor output;
+      double loss = 0;
+      in_flight[mb] = s.model.stage_forward(s.plan.stage(), s.units->weights(), tokens, input,
+                                            {s.cursor, row0(mb)}, grad_scale, &s.recipe, tp,
+                                            &*s.units, true, output, loss);
+      return output;
+    }
+    Tensor backward(int64_t mb, const Tensor& grad_output, bool last_backward) override {
+      // The deferred reduction runs after the schedule's last backward, never inferred from
+      // counting micro-batches (docs/design.md section 33).
+      const int stage = s.mesh.stage(s.rank);
+      const bool reduce = !last_backward || s.faults.pp_last_backward(stage, s.step);
+      s.units->begin_micro_batch(mb == 0, last_backward && reduce);
+      const auto it = in_flight.find(mb);
+      MP_CHECK(it != in_flight.end(),
+               "pipeline stage {}: backward of micro-batch {} before its "
+               "forward",
+               s.mesh.stage(s.rank), mb);
+      const std::shared_ptr<GptModel::StageState> st = std::move(it->second);
+      in_flight.erase(it);
+      Tensor dx =
+          s.model.stage_backward(*st, s.units->weights(), s.units->grads(), grad_output, &*s.units);
+      loss_sum += s.model.stage_loss(*st);
+      if (!reduce) s.units->discard_gradients();  // the fault: nothing reduced
+      return dx;
+    }
+  };
+
+  double run_pipeline(int64_t first_row, int64_t micro_rows, double grad_scale,
+                      const TpContext& tp) {
+    StageRunner runner(*this, first_row, micro_rows, grad_scale, tp);
+    mesh::Communicator& pp = comms.group(groups::kPp);
+    run_stage_schedule(pp,
+                       stage_schedule(config.training.pp_schedule, pp.size(), pp.rank(),
+                                      config.training.micro_batches),
+                       runner);
+    MP_CHECK(runner.in_flight.empty(), "pipeline stage {}: {} micro-batches never ran backward",
+             pp.rank(), runner.in_flight.size());
+    return runner.loss_sum;
   }
 
   void record_time_and_memory(Clock::time_point t0, const std::map<std::string, double>& coll0) {
@@ -348,8 +434,35 @@ TrainingSession::~TrainingSession() = default;
 StepMetrics TrainingSession::step() { return impl_->run_step(); }
 ShardedState& TrainingSession::state() { return impl_->state; }
 void TrainingSession::load_scalars() { impl_->load_scalars(); }
+namespace {
+
+// gather_global of every pipeline stage (collective): each stage gathers its own parameters
+// (or gradients), then broadcasts them from their stage over pp in model order, so every rank
+// holds the whole model's. With one stage: gather_global.
+std::map<std::string, Tensor> gather_all_stages(const Config& config, const ShardPlan& plan,
+                                                mesh::RankComms& comms, bool grad) {
+  std::map<std::string, Tensor> out = gather_global(plan, comms, grad);
+  mesh::Communicator& pp = comms.group(groups::kPp);
+  if (pp.size() == 1) return out;
+  const std::vector<ParamSpec> specs = param_specs(config.model);
+  for (int s = 0; s < pp.size(); ++s) {
+    const StageLayers span = stage_layers(config.model.layers, pp.size(), s);
+    for (const ParamSpec& spec : specs) {
+      if (!stage_holds(spec, span)) continue;
+      Tensor t = s == pp.rank()
+                     ? out.at(spec.name)
+                     : Tensor::empty(spec.shape, kernels::DType::kFloat32, kernels::Device::cpu());
+      pp.broadcast(t, s);
+      out[spec.name] = t;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::map<std::string, Tensor> TrainingSession::gather_params() {
-  return gather_global(impl_->plan, impl_->comms, false);
+  return gather_all_stages(impl_->config, impl_->plan, impl_->comms, false);
 }
 std::vector<TensorDigest> TrainingSession::digests() {
   // The forward's FP8 state ("fp8/<key>", taken at the step's start), then in canonical
@@ -361,12 +474,14 @@ std::vector<TensorDigest> TrainingSession::digests() {
            "each step's start only when tracing");
   std::vector<TensorDigest> d = std::move(impl_->fp8_trace_before);
   impl_->fp8_trace_before.clear();
-  const std::map<std::string, Tensor> grads = gather_global(impl_->plan, impl_->comms, true);
-  const std::map<std::string, Tensor> weights = gather_global(impl_->plan, impl_->comms, false);
-  for (const ShardedParam& p : impl_->plan.params())
-    d.push_back(digest("grad/" + p.spec.name, grads.at(p.spec.name)));
-  for (const ShardedParam& p : impl_->plan.params())
-    d.push_back(digest("param/" + p.spec.name, weights.at(p.spec.name)));
+  const std::map<std::string, Tensor> grads =
+      gather_all_stages(impl_->config, impl_->plan, impl_->comms, true);
+  const std::map<std::string, Tensor> weights =
+      gather_all_stages(impl_->config, impl_->plan, impl_->comms, false);
+  // Every stage's parameters in canonical order (with one stage: the plan's own order).
+  const std::vector<ParamSpec> specs = param_specs(impl_->config.model);
+  for (const ParamSpec& p : specs) d.push_back(digest("grad/" + p.name, grads.at(p.name)));
+  for (const ParamSpec& p : specs) d.push_back(digest("param/" + p.name, weights.at(p.name)));
   for (TensorDigest& u : fp8_state_digests(impl_->plan, impl_->state, impl_->comms, "updated/"))
     d.push_back(std::move(u));
   return d;

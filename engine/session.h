@@ -40,6 +40,10 @@
 // MPI, mesh/split_comm.h).
 // Current limits (input errors, not silent): sequence parallelism needs dropout 0; fp8_params
 // needs current, delayed or mxfp8 (mxfp8: 32-row-aligned shards).
+// Pipeline stages (mesh.pp > 1, docs/design.md section 33): each rank's plan holds its stage's
+// parameters; a step runs the stage's GPipe/1F1B passes over the pp group (engine/pipeline.h),
+// the deferred gradient reduction after the schedule's last backward; bitwise the one-stage
+// step. What stages do not support is refused by engine/run_rules.cc.
 // Faults act through the named points of engine/fault_hooks.h (weight gather padding, amax
 // group, state layout, gradient replicas, backward weight; the checkpoint code asks the save and
 // restore points). The session is assembled from parts with one job each (docs/design.md

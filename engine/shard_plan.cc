@@ -42,9 +42,14 @@ Box compute_box(const Layout& layout, int rank) {
 
 ShardPlan::ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int rank,
                      const FaultHooks& faults, kernels::Device device)
-    : device_(device) {
+    : device_(device),
+      stage_(stage_layers(config.model.layers, mesh.size(MeshDim::kPp), mesh.stage(rank))) {
   const auto host = kernels::Device::cpu();
-  for (ParamSpec& s : param_specs(config.model)) {
+  std::vector<ParamSpec> specs = param_specs(config.model);
+  model_params_ = specs.size();
+  for (size_t index = 0; index < specs.size(); ++index) {
+    ParamSpec& s = specs[index];
+    if (!stage_holds(s, stage_)) continue;
     Layout layout(mesh, s.shape, placements(s, mesh));
     const Box& b = layout.box(rank);
     Tensor master = Tensor::empty(b.shape(), DType::kFloat32, host);
@@ -63,8 +68,14 @@ ShardPlan::ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int ran
     params_.push_back({std::move(s), layout, compute_box(layout, rank), std::move(described),
                        std::move(master), Tensor::zeros(b.shape(), DType::kFloat32, device),
                        Tensor::zeros(b.shape(), DType::kFloat32, device),
-                       Tensor::zeros(b.shape(), DType::kFloat32, device)});
+                       Tensor::zeros(b.shape(), DType::kFloat32, device), index});
   }
+}
+
+bool stage_holds(const ParamSpec& spec, const StageLayers& stage) {
+  if (spec.unit != kRootUnit)
+    return spec.unit >= stage.first && spec.unit < stage.first + stage.count;
+  return spec.name.starts_with("embed.") ? stage.first_stage : stage.last_stage;
 }
 
 void ShardPlan::add_state_entries(ShardedState& state) const {

@@ -19,6 +19,7 @@
 #include "engine/config.h"
 #include "engine/fault_hooks.h"
 #include "engine/params.h"
+#include "engine/pipeline.h"
 #include "engine/sharded_state.h"
 #include "kernels/tensor.h"
 #include "mesh/device_mesh.h"
@@ -44,7 +45,15 @@ struct ShardedParam {
   kernels::Tensor exp_avg;     // fp32, same
   kernels::Tensor exp_avg_sq;  // fp32, same
   kernels::Tensor grad;        // fp32, same (reduced gradient of the last step)
+  // The parameter's index in param_specs(config.model) (the canonical model order): the same
+  // on every pipeline stage, whose plans hold only their own parameters.
+  size_t model_index = 0;
 };
+
+// Whether pipeline stage `stage` holds parameter `spec` (docs/design.md section 33): its layers'
+// parameters, the embeddings on the first stage, the final norm and lm_head on the last. Tied
+// embeddings are not split (run rules refuse them with pp > 1).
+bool stage_holds(const ParamSpec& spec, const StageLayers& stage);
 
 class ShardPlan {
  public:
@@ -52,6 +61,9 @@ class ShardPlan {
   // by global element index: only the rows of its box are materialised), moments and gradient
   // zero. The shards live on `device` (docs/design.md section 2 and "Device-resident training
   // state"): the masters are initialised on the host and uploaded once, here.
+  // With pipeline stages (mesh pp > 1) only the parameters of the rank's stage
+  // (engine/pipeline.h stage_layers: the even split), laid out over the
+  // stage's dims exactly as on a pp = 1 mesh.
   ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int rank, const FaultHooks& faults,
             kernels::Device device = kernels::Device::cpu());
 
@@ -60,6 +72,10 @@ class ShardPlan {
 
   std::vector<ShardedParam>& params() { return params_; }
   const std::vector<ShardedParam>& params() const { return params_; }
+  // The rank's pipeline stage (all layers with pp = 1).
+  const StageLayers& stage() const { return stage_; }
+  // The number of parameters of the whole model (every stage's).
+  size_t model_params() const { return model_params_; }
   // Indices into params() of FSDP unit `unit` (engine/params.h kRootUnit or a layer).
   const std::vector<size_t>& unit(int64_t unit) const { return units_.at(unit); }
   // Appends model/<param>, optim/<param>/exp_avg and /exp_avg_sq of every parameter, described
@@ -72,6 +88,8 @@ class ShardPlan {
 
  private:
   kernels::Device device_;
+  StageLayers stage_;
+  size_t model_params_ = 0;
   std::vector<ShardedParam> params_;
   std::map<int64_t, std::vector<size_t>> units_;
   std::map<std::string, LinearKind, std::less<>> linear_kinds_;

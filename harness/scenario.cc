@@ -114,10 +114,10 @@ std::string scenario_hash_hex(const Scenario& s) {
 }
 
 std::string describe_mesh(const engine::MeshSpec& m) {
-  return fmt::format("dp_replicate={} dp_shard={} tp={}{}{} ({} rank{})", m.dp_replicate,
-                     m.dp_shard, m.tp, m.sequence_parallel ? " sp" : "",
-                     m.ep > 1 ? fmt::format(" ep={}", m.ep) : "", m.world_size(),
-                     m.world_size() == 1 ? "" : "s");
+  return fmt::format("{}dp_replicate={} dp_shard={} tp={}{}{} ({} rank{})",
+                     m.pp > 1 ? fmt::format("pp={} ", m.pp) : "", m.dp_replicate, m.dp_shard, m.tp,
+                     m.sequence_parallel ? " sp" : "", m.ep > 1 ? fmt::format(" ep={}", m.ep) : "",
+                     m.world_size(), m.world_size() == 1 ? "" : "s");
 }
 
 std::string name_problem(const std::string& name) {

@@ -59,6 +59,8 @@ constexpr FaultRequirement kTwoEpRanks{"mesh.ep >= 2",
 constexpr FaultRequirement kDeferredSync{
     "fsdp.sync_each_micro_batch: false (gradients reduced once, after the last micro-batch)",
     [](const Scenario& s) { return !s.fsdp.sync_each_micro_batch; }};
+constexpr FaultRequirement kTwoStages{"mesh.pp >= 2",
+                                      [](const Scenario& s) { return s.mesh.pp >= 2; }};
 constexpr FaultRequirement kUnevenVocabShards{
     "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what leaks)",
     [](const Scenario& s) { return s.model.vocab % s.mesh.dp_shard != 0; }};
@@ -817,6 +819,32 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.expert_split_padding_too_small = true; },
+      },
+      {
+          .name = "pp_last_backward_sync_skipped",
+          .bug_class =
+              "pipeline parallelism with FSDP: the first stage's last backward of the step "
+              "does not run its deferred gradient reduction (NeMo MoEFSDPSyncMixin runs "
+              "the post-backward hooks by hand on the last backward; under 1F1B it is not "
+              "the pass after the last forward), so that stage's parameters get no "
+              "gradient",
+          .needs = {kTwoStages, kDeferredSync},
+          .caught_by = {"reference", "golden"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.pp_last_backward_sync_skipped = true; },
+      },
+      {
+          .name = "pp_microbatch_grads_overwritten",
+          .bug_class = "pipeline parallelism with gradient accumulation: in the last stage each "
+                       "micro-batch's backward overwrites the gradient accumulators instead of "
+                       "adding to them, so that stage's parameters are updated with their last "
+                       "micro-batch's gradient only",
+          .needs = {kTwoStages, kTwoMicroBatches, kDeferredSync},
+          .caught_by = {"reference", "golden"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.pp_microbatch_grads_overwritten = true; },
       },
   };
   return table;

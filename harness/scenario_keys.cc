@@ -491,6 +491,17 @@ std::vector<Key<Scenario>> make_scenario_keys() {
   k.push_back(own_key<S>("checks.state.at_step", KeyType::kInt, "steps / 2", "in [1, steps]"));
   k.push_back(own_key<S>("checks.state.mesh", KeyType::kMapping, "the scenario's",
                          "load and save again on this mesh"));
+  // Pipeline stages (docs/design.md section 33): the order of each stage's passes. Hashed only
+  // where it differs from gpipe, so the hashes of every scenario without it stay what they were.
+  Key<S> pp_schedule = enum_key<S>(
+      "train.pp_schedule", engine::PpSchedule::kGpipe,
+      names_of<engine::PpSchedule>(engine::kPpScheduleNames),
+      [](S & s) -> auto& { return s.train.pp_schedule; },
+      "pipeline schedule with mesh.pp > 1: gpipe (all forwards, then all backwards) or 1f1b");
+  pp_schedule.hash_if = [](const S& s) {
+    return s.train.pp_schedule != engine::PpSchedule::kGpipe;
+  };
+  k.push_back(pp_schedule);
   return k;
 }
 
@@ -508,7 +519,7 @@ std::vector<Key<MeshSpec>> make_mesh_keys() {
       "norms on sequence shards"));
   // Compared with the product, never stored.
   Key<M> world = own_key<M>("world_size", KeyType::kInt, "the product",
-                            "optional cross-check: dp_replicate x dp_shard x tp");
+                            "optional cross-check: pp x dp_replicate x dp_shard x tp");
   world.imin = 1;
   world.imax = int64_t{1} << 24;
   world.def = int64_t{1};
@@ -521,6 +532,14 @@ std::vector<Key<MeshSpec>> make_mesh_keys() {
       "model.moe.experts");
   ep.hash_if = [](const M& m) { return m.ep != 1; };
   k.push_back(ep);
+  // Pipeline stages (docs/design.md section 33), the outermost mesh dim: hashed only when > 1,
+  // so the hashes of every scenario without stages stay what they were.
+  Key<M> pp = int_key<M>(
+      "pp", 1, 1, 4096, [](M & m) -> auto& { return m.pp; },
+      "pipeline stages (outermost dim): each runs a contiguous share of model.layers (as even as "
+      "possible, earlier stages taking the extra layers); at most model.layers");
+  pp.hash_if = [](const M& m) { return m.pp != 1; };
+  k.push_back(pp);
   return k;
 }
 

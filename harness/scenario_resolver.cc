@@ -97,8 +97,12 @@ struct Resolver {
       const int64_t ws = std::get<int64_t>(read_key(s, key_at(mesh_keys(), "world_size"), m));
       if (ws != m.world_size()) {
         bad(s.child("world_size"),
-            fmt::format("{} does not match dp_replicate x dp_shard x tp = {} x {} x {} = {}", ws,
-                        m.dp_replicate, m.dp_shard, m.tp, m.world_size()));
+            m.pp > 1 ? fmt::format("{} does not match pp x dp_replicate x dp_shard x tp = {} x {} "
+                                   "x {} x {} = {}",
+                                   ws, m.pp, m.dp_replicate, m.dp_shard, m.tp, m.world_size())
+                     : fmt::format("{} does not match dp_replicate x dp_shard x tp = {} x {} x {} "
+                                   "= {}",
+                                   ws, m.dp_replicate, m.dp_shard, m.tp, m.world_size()));
       }
     }
     return m;
@@ -283,6 +287,29 @@ struct Resolver {
     return sc;
   }
 
+  // Pipeline stages (docs/design.md section 33): the engine refuses checkpoint hooks, faults,
+  // tensor digests of FP8 primary weights and all-gather parity with mesh.pp > 1 (engine/run_rules.cc); these
+  // are the scenario keys that would ask for them, so `validate` refuses what `run` would.
+  void pipeline_rules(const Scenario& sc) {
+    const ChecksConfig& c = sc.checks;
+    const bool pp = sc.mesh.pp > 1;
+    const auto refuse = [&](const std::string& path, std::string_view what) {
+      bad(path, fmt::format("{} is not built with pipeline stages (mesh.pp = {}); use mesh.pp = 1",
+                            what, sc.mesh.pp));
+    };
+    if (pp && c.resume.enabled) refuse("checks.resume", "the resume check (checkpoints)");
+    if (pp && c.state.enabled) refuse("checks.state", "the state check (checkpoints)");
+    if (pp && sc.checkpoint.every > 0) refuse("checkpoint.every", "periodic checkpoints");
+    if (pp && c.allgather_parity) refuse("checks.allgather_parity", "the all-gather parity check");
+    for (const FaultSpec& f : sc.faults)
+      if (pp && !f.name.starts_with("pp_"))
+        refuse("faults", fmt::format("fault {} (only the pp_* faults are)", f.name));
+    if (c.resume.enabled && c.resume.mesh && c.resume.mesh->pp > 1)
+      bad("checks.resume.mesh.pp", "checkpoints are not built with pipeline stages");
+    if (c.state.enabled && c.state.mesh && c.state.mesh->pp > 1)
+      bad("checks.state.mesh.pp", "checkpoints are not built with pipeline stages");
+  }
+
   // engine::check_run (engine/run_rules.h), the one set of model x mesh x recipe x FSDP rules
   // the training session applies, on the scenario's run and on the runs its checks make (the
   // resume half on checks.resume.mesh, the reference run). Each issue is reported at the
@@ -299,6 +326,7 @@ struct Resolver {
     }
     check_fits(sc.mesh, "mesh", sc.recipe, sc.model, sc.train);
     const ChecksConfig& c = sc.checks;
+    pipeline_rules(sc);
     if (c.resume.enabled && c.resume.mesh) {
       Scenario r = sc;
       r.mesh = *c.resume.mesh;

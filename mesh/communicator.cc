@@ -229,22 +229,33 @@ void Communicator::recv(Tensor& buffer, int peer) {
           buffer.dtype());
 }
 
+// Blocks of kBlock elements: each input's block is added into a local accumulator in rank order,
+// then the block is stored. Per element this is the same sequence of fp32 operations as one
+// element at a time (acc = x_0; acc += x_1; ...), but the inner loops run along the elements,
+// where the compiler vectorises them. Every input block is read before `out`'s block is written,
+// so `out` may still alias an input.
 void reduce_rank_order_host(float* out, const float* const* inputs, int n, int64_t count,
                             ReduceOp op) {
   MP_CHECK(n >= 1, "reduce over {} inputs", n);
   const float divisor = static_cast<float>(n);
-  for (int64_t k = 0; k < count; ++k) {
-    float acc = inputs[0][k];
+  constexpr int64_t kBlock = 512;
+  float acc[kBlock];
+  for (int64_t k0 = 0; k0 < count; k0 += kBlock) {
+    const int64_t m = std::min(kBlock, count - k0);
+    const float* x0 = inputs[0] + k0;
+    for (int64_t i = 0; i < m; ++i) acc[i] = x0[i];
     for (int s = 1; s < n; ++s) {
-      const float x = inputs[s][k];
+      const float* x = inputs[s] + k0;
       if (op == ReduceOp::kMax) {
-        acc = (x > acc || x != x) ? x : acc;  // NaN propagates
+        for (int64_t i = 0; i < m; ++i)
+          acc[i] = (x[i] > acc[i] || x[i] != x[i]) ? x[i] : acc[i];  // NaN propagates
       } else {
-        acc += x;
+        for (int64_t i = 0; i < m; ++i) acc[i] += x[i];
       }
     }
-    if (op == ReduceOp::kAvg) acc = acc / divisor;
-    out[k] = acc;
+    if (op == ReduceOp::kAvg)
+      for (int64_t i = 0; i < m; ++i) acc[i] = acc[i] / divisor;
+    std::copy(acc, acc + m, out + k0);
   }
 }
 

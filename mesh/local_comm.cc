@@ -3,13 +3,24 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <array>
 #include <atomic>
+#include <climits>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <ctime>
+#endif
 
 #include "kernels/cublaslt_resources.h"
 #include "kernels/cuda_check.h"
@@ -42,6 +53,38 @@ struct Slot {
   }
 };
 
+// The barrier's sleep and wake-up: a futex on the generation word (Linux), so that a waiter
+// sleeps in one system call and a completed barrier wakes every waiter with one, without a mutex
+// that each woken waiter must take again (with 8 ranks on 2 cores that mutex hand-off doubled the
+// context switches of every collective). Elsewhere a bounded sleep and re-check.
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+              std::atomic<uint32_t>::is_always_lock_free);
+
+// Sleeps while `word` holds `expected`, at most `timeout`; may return early (a wake-up, a signal,
+// a changed word): the caller re-checks.
+void sleep_while_equal(std::atomic<uint32_t>& word, uint32_t expected,
+                       std::chrono::nanoseconds timeout) {
+#if defined(__linux__)
+  const int64_t ns = std::max<int64_t>(timeout.count(), 0);
+  const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr,
+          0);
+#else
+  if (word.load(std::memory_order_acquire) == expected)
+    std::this_thread::sleep_for(
+        std::min<std::chrono::nanoseconds>(timeout, std::chrono::microseconds(50)));
+#endif
+}
+
+void wake_all_sleepers(std::atomic<uint32_t>& word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
 }  // namespace
 
 // Shared state of one run: the abort flag, the first error and every group's rendezvous.
@@ -66,70 +109,102 @@ class LocalWorld::Impl::Group {
       : impl_(impl),
         ranks_(std::move(ranks)),
         label_(std::move(label)),
-        present_(ranks_.size(), 0),
-        slots_(ranks_.size()),
-        counts_(ranks_.size()) {}
+        present_(ranks_.size()),
+        counts_(ranks_.size()) {
+    for (auto& s : slots_) s.resize(ranks_.size());
+    for (auto& s : staging_) s.resize(ranks_.size());
+  }
 
   const std::vector<int>& ranks() const { return ranks_; }
   int size() const { return static_cast<int>(ranks_.size()); }
-  const Slot& slot(int member) const { return slots_[static_cast<size_t>(member)]; }
 
-  void publish(int member, const Slot& s) {
-    std::lock_guard<std::mutex> lk(mu_);
-    slots_[static_cast<size_t>(member)] = s;
+  // Slots, staging buffers and barriers are per call parity (`call` counts a member's calls on
+  // the group, the same on every member). A member that leaves call n without a completion
+  // barrier (a staged call) may publish call n+1 while a slower member still reads call n's
+  // slots and staging; it cannot reach call n+2, whose arrival needs every member to have left
+  // call n (they must have arrived at n+1). Two copies are therefore enough.
+  const Slot& slot(int64_t call, int member) const {
+    return slots_[static_cast<size_t>(call & 1)][static_cast<size_t>(member)];
+  }
+  void publish(int64_t call, int member, const Slot& s) {
+    slots_[static_cast<size_t>(call & 1)][static_cast<size_t>(member)] = s;
+  }
+
+  // The member's staging buffer for `call`, at least `bytes` long: kept across calls (grown,
+  // never zeroed; the caller overwrites what it publishes), released with the run.
+  std::byte* staging(int64_t call, int member, int64_t bytes) {
+    Staging& st = staging_[static_cast<size_t>(call & 1)][static_cast<size_t>(member)];
+    if (st.capacity < bytes) {
+      st.data = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(bytes));
+      st.capacity = bytes;
+    }
+    return st.data.get();
   }
 
   // all_to_all_v: each member's send and receive counts (one per member), copied here before it
-  // arrives so that every member can check every pair before any data moves.
+  // arrives so that every member can check every pair before any data moves. all_to_all_v
+  // keeps its completion barrier, so no member rewrites its counts while another reads them.
   struct Counts {
     std::vector<int64_t> send, recv;
   };
   void publish_counts(int member, const std::vector<int64_t>& send,
                       const std::vector<int64_t>& recv) {
-    std::lock_guard<std::mutex> lk(mu_);
     counts_[static_cast<size_t>(member)] = {send, recv};
   }
   const Counts& counts(int member) const { return counts_[static_cast<size_t>(member)]; }
 
   // A generation barrier with a deadline and an abort check. `what` names the collective, `call`
-  // its number among this member's calls on the group (1-based).
+  // its number among this member's calls on the group (1-based). Everything a member wrote before
+  // it arrives (its slot, its staging buffer, its output chunk) is visible to every member after
+  // the barrier (release by each arrival, acquire by each exit).
   void wait_all(int member, std::string_view what, std::string_view phase, int64_t call) {
-    std::unique_lock<std::mutex> lk(mu_);
     throw_if_aborted(what);
-    const int64_t gen = generation_;
-    present_[static_cast<size_t>(member)] = 1;
-    if (++arrived_ == size()) {
-      arrived_ = 0;
-      std::fill(present_.begin(), present_.end(), 0);
-      ++generation_;
-      cv_.notify_all();
+    const uint32_t gen = generation_.load(std::memory_order_acquire);
+    present_[static_cast<size_t>(member)].store(1, std::memory_order_relaxed);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == size()) {
+      // The last member: nobody else can touch the count or the presence flags until the
+      // generation moves on.
+      arrived_.store(0, std::memory_order_relaxed);
+      for (auto& p : present_) p.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_acq_rel);
+      wake_all_sleepers(generation_);
       return;
     }
     const auto timeout = impl_.world.options().timeout;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (generation_ == gen) {
+    while (true) {
       throw_if_aborted(what);
-      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && generation_ == gen) {
-        std::vector<int> missing;
-        for (int m = 0; m < size(); ++m) {
-          if (!present_[static_cast<size_t>(m)]) missing.push_back(ranks_[static_cast<size_t>(m)]);
-        }
-        // The same facts as the mpi launcher's watchdog (mesh/mpi_comm.cc): collective, call,
-        // group, waiting rank, missing ranks and how to change the limit.
-        MP_FAIL(
-            "local {} (call {} on this group, {} phase) on {} group of ranks [{}] timed out after "
-            "{:.3f} s on rank {}: ranks [{}] never arrived (stalled, hung or not making this "
-            "call); {} sets the limit in seconds (default {})",
-            what, call, phase, label_, fmt::join(ranks_, ", "),
-            std::chrono::duration<double>(timeout).count(), ranks_[static_cast<size_t>(member)],
-            fmt::join(missing, ", "), kCollectiveTimeoutEnv, kDefaultCollectiveTimeout.count());
+      if (generation_.load(std::memory_order_acquire) != gen) {
+        // An abort also moves the generation (after setting the flag): not a completed barrier.
+        throw_if_aborted(what);
+        return;
       }
+      const auto left = deadline - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds(0)) break;
+      sleep_while_equal(generation_, gen, left);
     }
+    std::vector<int> missing;
+    for (int m = 0; m < size(); ++m) {
+      if (!present_[static_cast<size_t>(m)].load(std::memory_order_relaxed))
+        missing.push_back(ranks_[static_cast<size_t>(m)]);
+    }
+    // The same facts as the mpi launcher's watchdog (mesh/mpi_comm.cc): collective, call,
+    // group, waiting rank, missing ranks and how to change the limit.
+    MP_FAIL(
+        "local {} (call {} on this group, {} phase) on {} group of ranks [{}] timed out after "
+        "{:.3f} s on rank {}: ranks [{}] never arrived (stalled, hung or not making this "
+        "call); {} sets the limit in seconds (default {})",
+        what, call, phase, label_, fmt::join(ranks_, ", "),
+        std::chrono::duration<double>(timeout).count(), ranks_[static_cast<size_t>(member)],
+        fmt::join(missing, ", "), kCollectiveTimeoutEnv, kDefaultCollectiveTimeout.count());
   }
 
+  // After the world's abort flag is set: every sleeping member wakes (the generation word moves,
+  // so a member about to sleep does not), sees the flag and throws.
   void wake_all() {
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+    wake_all_sleepers(generation_);
     std::lock_guard<std::mutex> lk(mu_);
-    cv_.notify_all();
     p2p_cv_.notify_all();
   }
 
@@ -151,17 +226,24 @@ class LocalWorld::Impl::Group {
     }
   }
 
+  struct Staging {
+    std::unique_ptr<std::byte[]> data;
+    int64_t capacity = 0;
+  };
+
   Impl& impl_;
   std::vector<int> ranks_;
   std::string label_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int64_t generation_ = 0;
-  int arrived_ = 0;
-  std::vector<char> present_;
-  std::vector<Slot> slots_;
+  // The barrier: the futex word (bumped once per completed barrier and on abort), the arrivals
+  // of the current generation and who arrived (for the timeout's message).
+  alignas(64) std::atomic<uint32_t> generation_{0};
+  alignas(64) std::atomic<int> arrived_{0};
+  std::vector<std::atomic<char>> present_;
+  std::array<std::vector<Slot>, 2> slots_;
+  std::array<std::vector<Staging>, 2> staging_;
   std::vector<Counts> counts_;
   // Point-to-point queues by (sender, receiver) member index, guarded by mu_.
+  std::mutex mu_;
   std::map<std::pair<int, int>, std::deque<Message>> p2p_;
   std::condition_variable p2p_cv_;
 };
@@ -184,62 +266,76 @@ class LocalCommunicator final : public Communicator {
 
  protected:
   void do_all_gather(const Tensor& input, Tensor& output) override {
-    const Slot me{CollectiveKind::kAllGather, input.dtype(), input.numel().value, 0, ReduceOp::kSum,
-                  input.raw_data(),           input.device()};
-    arrive(me);
+    const int64_t call = ++calls_;
     const kernels::Bytes chunk = input.nbytes();
+    const bool staged = stage(input, output.nbytes());
+    const void* mine = staged ? stage_copy(call, input) : input.raw_data();
+    arrive(Slot{CollectiveKind::kAllGather, input.dtype(), input.numel().value, 0, ReduceOp::kSum,
+                mine, input.device()},
+           call);
     char* out = static_cast<char*>(output.raw_data());
     for (int s = 0; s < size(); ++s) {
       void* dst = out + s * chunk.value;
-      const Slot& src = group_.slot(s);
-      if (dst == src.ptr) continue;  // in place: the member's own slice of its output
-      kernels::copy_bytes(dst, output.device(), src.ptr, src.device, chunk);
+      // This member's own slice comes from its input (equal to its staged copy).
+      const void* src = s == rank() ? input.raw_data() : group_.slot(call, s).ptr;
+      if (dst == src) continue;  // in place: the member's own slice of its output
+      kernels::copy_bytes(dst, output.device(), src, group_.slot(call, s).device, chunk);
     }
-    depart("all_gather");
+    if (!staged) depart("all_gather");
   }
 
   void do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override {
-    const Slot me{CollectiveKind::kReduceScatter,
-                  input.dtype(),
-                  input.numel().value,
-                  0,
-                  op,
-                  input.raw_data(),
-                  input.device()};
-    arrive(me);
+    const int64_t call = ++calls_;
+    const bool staged = stage(input, input.nbytes());
+    const void* mine = staged ? stage_copy(call, input) : input.raw_data();
+    arrive(Slot{CollectiveKind::kReduceScatter, input.dtype(), input.numel().value, 0, op, mine,
+                input.device()},
+           call);
     const int64_t count = output.numel().value;
     std::vector<const float*> ins(static_cast<size_t>(size()));
     for (int s = 0; s < size(); ++s) {
-      ins[static_cast<size_t>(s)] = static_cast<const float*>(group_.slot(s).ptr) + rank() * count;
+      ins[static_cast<size_t>(s)] =
+          static_cast<const float*>(group_.slot(call, s).ptr) + rank() * count;
     }
     reduce(output, ins, count, op);
-    depart("reduce_scatter");
+    if (!staged) depart("reduce_scatter");
   }
 
   void do_all_reduce(Tensor& buffer, ReduceOp op) override {
+    const int64_t call = ++calls_;
+    const int64_t count = buffer.numel().value;
+    // Staged: every member reduces the whole buffer from the staged copies (size() x the
+    // reduction work, cheaper than two more barriers while the buffer is small), so the call has
+    // one barrier. Each element is reduced in rank order either way: the same bits.
+    const bool staged = stage(buffer, kernels::Bytes(buffer.nbytes().value * size()));
+    const void* mine = staged ? stage_copy(call, buffer) : buffer.raw_data();
+    arrive(Slot{CollectiveKind::kAllReduce, buffer.dtype(), count, 0, op, mine, buffer.device()},
+           call);
+    std::vector<const float*> ins(static_cast<size_t>(size()));
+    if (staged) {
+      for (int s = 0; s < size(); ++s)
+        ins[static_cast<size_t>(s)] = static_cast<const float*>(group_.slot(call, s).ptr);
+      reduce(buffer, ins, count, op);
+      return;
+    }
     // Reduce-scatter then all-gather in place, without staging copies: member m reduces chunk m
     // of everyone's buffer (rank order) into its own chunk m, which no other member reads in that
     // phase; after a barrier every member copies the finished chunks s != m from member s.
-    const Slot me{CollectiveKind::kAllReduce, buffer.dtype(), buffer.numel().value, 0, op,
-                  buffer.raw_data(),          buffer.device()};
-    arrive(me);
-    const int64_t count = buffer.numel().value;
     const int64_t chunk = (count + size() - 1) / size();
     auto begin = [&](int m) { return std::min<int64_t>(m * chunk, count); };
     auto end = [&](int m) { return std::min<int64_t>((m + 1) * chunk, count); };
     const int64_t lo = begin(rank()), hi = end(rank());
-    std::vector<const float*> ins(static_cast<size_t>(size()));
     for (int s = 0; s < size(); ++s) {
-      ins[static_cast<size_t>(s)] = static_cast<const float*>(group_.slot(s).ptr) + lo;
+      ins[static_cast<size_t>(s)] = static_cast<const float*>(group_.slot(call, s).ptr) + lo;
     }
-    Tensor mine = buffer.view(kernels::Shape{count}).slice_rows(lo, hi);
-    reduce(mine, ins, hi - lo, op);
+    Tensor own = buffer.view(kernels::Shape{count}).slice_rows(lo, hi);
+    reduce(own, ins, hi - lo, op);
     sync_rank_stream();
-    group_.wait_all(rank(), "all_reduce", "reduction", calls_);
+    group_.wait_all(rank(), "all_reduce", "reduction", call);
     float* out = buffer.data<float>();
     for (int s = 0; s < size(); ++s) {
       if (s == rank() || end(s) == begin(s)) continue;
-      const Slot& src = group_.slot(s);
+      const Slot& src = group_.slot(call, s);
       kernels::copy_bytes(out + begin(s), buffer.device(),
                           static_cast<const float*>(src.ptr) + begin(s), src.device,
                           kernels::Bytes((end(s) - begin(s)) * 4));
@@ -248,31 +344,36 @@ class LocalCommunicator final : public Communicator {
   }
 
   void do_broadcast(Tensor& buffer, int root) override {
-    const Slot me{
-        CollectiveKind::kBroadcast, buffer.dtype(), buffer.numel().value, root, ReduceOp::kSum,
-        buffer.raw_data(),          buffer.device()};
-    arrive(me);
+    const int64_t call = ++calls_;
+    const bool staged = stage(buffer, buffer.nbytes());
+    const void* mine = staged && rank() == root ? stage_copy(call, buffer) : buffer.raw_data();
+    arrive(Slot{CollectiveKind::kBroadcast, buffer.dtype(), buffer.numel().value, root,
+                ReduceOp::kSum, mine, buffer.device()},
+           call);
     if (rank() != root) {
-      const Slot& src = group_.slot(root);
+      const Slot& src = group_.slot(call, root);
       kernels::copy_bytes(buffer.raw_data(), buffer.device(), src.ptr, src.device, buffer.nbytes());
     }
-    depart("broadcast");
+    if (!staged) depart("broadcast");
   }
 
+  // One barrier: there is nothing to read, and the slots of consecutive calls are apart.
   void do_barrier() override {
+    const int64_t call = ++calls_;
     arrive(Slot{CollectiveKind::kBarrier, kernels::DType::kUInt8, 0, 0, ReduceOp::kSum, nullptr,
-                kernels::current_context().device});
-    depart("barrier");
+                kernels::current_context().device},
+           call);
   }
 
   // Every member reads its part of each member's input: member s's elements for this rank start
   // after s's counts for the members before this rank.
   void do_all_to_all_v(const Tensor& input, const std::vector<int64_t>& send_counts, Tensor& output,
                        const std::vector<int64_t>& recv_counts) override {
-    const Slot me{CollectiveKind::kAllToAll, input.dtype(), 0, 0, ReduceOp::kSum,
-                  input.raw_data(),          input.device()};
+    const int64_t call = ++calls_;
     group_.publish_counts(rank(), send_counts, recv_counts);
-    arrive(me);
+    arrive(Slot{CollectiveKind::kAllToAll, input.dtype(), 0, 0, ReduceOp::kSum, input.raw_data(),
+                input.device()},
+           call);
     // Every member checks every pair (the same verdict everywhere, before any copy).
     for (int s = 0; s < size(); ++s)
       for (int t = 0; t < size(); ++t) {
@@ -289,7 +390,7 @@ class LocalCommunicator final : public Communicator {
     char* out = static_cast<char*>(output.raw_data());
     int64_t at = 0;
     for (int s = 0; s < size(); ++s) {
-      const Slot& src = group_.slot(s);
+      const Slot& src = group_.slot(call, s);
       const std::vector<int64_t>& theirs = group_.counts(s).send;
       const int64_t n = theirs[static_cast<size_t>(rank())];
       int64_t from = 0;
@@ -306,16 +407,37 @@ class LocalCommunicator final : public Communicator {
   void do_recv(Tensor& buffer, int peer) override;
 
  private:
+  // Small host collectives are staged: each member copies its input into its staging buffer
+  // for the call before it arrives and the others read that copy, so no member waits for the
+  // others to finish reading (no completion barrier; a staged all_reduce reduces the whole buffer
+  // on every member). One barrier per call instead of two (three for all_reduce): with 8 virtual
+  // ranks on 2 cores each barrier costs every member a sleep and a wake-up. `touched` is what a
+  // member reads in the staged call (all_gather: the output; reduce_scatter: the input; all_reduce:
+  // size() buffers; broadcast: the buffer); above the limit the extra copy (and all_reduce's
+  // redundant reduction) cost more than the barriers saved (bench comm, 2 and 8 ranks on the
+  // 2-core machine: the crossover lies between 64 and 1024 KiB) and the members read each other's
+  // buffers in place. Every member takes the same decision: it depends only on what arrive()
+  // checks to be the same call.
+  static constexpr int64_t kStageLimitBytes = int64_t{256} << 10;
+  bool stage(const Tensor& t, kernels::Bytes touched) const {
+    return size() > 1 && t.device().is_cpu() && touched.value <= kStageLimitBytes;
+  }
+  const void* stage_copy(int64_t call, const Tensor& t) {
+    const int64_t bytes = t.nbytes().value;
+    std::byte* st = group_.staging(call, rank(), bytes);
+    if (bytes > 0) std::memcpy(st, t.raw_data(), static_cast<size_t>(bytes));
+    return st;
+  }
+
   // Publishes this member's call (its input must be complete: the stream is synchronised),
   // waits for everyone and checks that all members made the same call.
-  void arrive(const Slot& me) {
+  void arrive(const Slot& me, int64_t call) {
     sync_rank_stream();
-    group_.publish(rank(), me);
-    ++calls_;
+    group_.publish(call, rank(), me);
     const std::string_view what = collective_name(me.kind);
-    group_.wait_all(rank(), what, "arrival", calls_);
+    group_.wait_all(rank(), what, "arrival", call);
     for (int s = 0; s < size(); ++s) {
-      const Slot& o = group_.slot(s);
+      const Slot& o = group_.slot(call, s);
       MP_CHECK(o.same_call(me),
                "local {}: mismatched collective calls on {}: rank {} called {} but rank {} "
                "called {}",
@@ -337,10 +459,10 @@ class LocalCommunicator final : public Communicator {
     }
 #if MESHPROOF_HAVE_CUDA
     for (int s = 0; s < size(); ++s) {
-      MP_CHECK(group_.slot(s).device == out.device(),
+      MP_CHECK(group_.slot(calls_, s).device == out.device(),
                "local device reduction on {}: rank {} holds its buffer on {} but this rank on {} "
                "(virtual ranks of one reduction must share a GPU)",
-               describe(), ranks()[static_cast<size_t>(s)], group_.slot(s).device.str(),
+               describe(), ranks()[static_cast<size_t>(s)], group_.slot(calls_, s).device.str(),
                out.device().str());
     }
     reduce_rank_order_device(out.data<float>(), ins.data(), size(), count, op,

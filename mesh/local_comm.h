@@ -2,7 +2,9 @@
 // Each thread installs its own kernels::RankContext (rank, device, CUDA stream, memory tracker),
 // and collectives rendezvous in memory: members publish their buffers, wait for each other, then
 // each member computes its own output from the others' buffers (host memcpy, or device-to-device
-// copies and a rank-order reduction kernel on its own stream).
+// copies and a rank-order reduction kernel on its own stream). Small host collectives publish a
+// staged copy instead, so that nobody waits for the others to finish reading: one barrier per
+// call (docs/design.md section 36, "Per-rank overhead"). The barrier sleeps on a futex.
 //
 // Failure handling: a member that waits longer than the timeout raises a kRuntime error naming
 // the collective, the group and the members that never arrived. An exception on any rank aborts

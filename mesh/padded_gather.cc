@@ -17,7 +17,46 @@ Tensor flat_slice(const Tensor& t, int64_t begin, const kernels::Shape& shape) {
   return t.view({t.numel().value}).slice_rows(begin, begin + n).view(shape);
 }
 
+// `local` flattened to `chunk` elements: itself when it has that many, else a copy followed by
+// zeros (only the padding is zero-filled).
+Tensor padded_to(const Tensor& local, int64_t chunk) {
+  const int64_t n = local.numel().value;
+  if (n == chunk) return local.view({chunk});
+  Tensor send = Tensor::empty({chunk}, local.dtype(), local.device());
+  kernels::copy_bytes(send.raw_data(), local.device(), local.raw_data(), local.device(),
+                      local.nbytes());
+  send.slice_rows(n, chunk).zero_();
+  return send;
+}
+
+// stacked_rows over n members whose boxes box_of(s) returns (no copies of the boxes).
+template <typename BoxOf>
+bool stacked_rows_of(int n, const BoxOf& box_of, const Box& whole) {
+  if (n == 0 || whole.rank() == 0) return false;
+  const Box& first = box_of(0);
+  const int64_t rows = first.rank() == whole.rank() ? first.extent[0].value : 0;
+  if (rows <= 0) return false;
+  int64_t row = whole.offset[0].value;
+  for (int s = 0; s < n; ++s) {
+    const Box& b = box_of(s);
+    if (b.rank() != whole.rank() || b.offset[0].value != row || b.extent[0].value != rows)
+      return false;
+    for (int d = 1; d < whole.rank(); ++d) {
+      const auto i = static_cast<size_t>(d);
+      if (b.offset[i] != whole.offset[i] || b.extent[i] != whole.extent[i]) return false;
+    }
+    row += rows;
+  }
+  return row == whole.end(0);
+}
+
 }  // namespace
+
+bool stacked_rows(const std::vector<Box>& boxes, const Box& whole) {
+  return stacked_rows_of(
+      static_cast<int>(boxes.size()),
+      [&](int s) -> const Box& { return boxes[static_cast<size_t>(s)]; }, whole);
+}
 
 std::vector<Box> member_boxes(const Communicator& comm, const Layout& layout) {
   std::vector<Box> boxes;
@@ -65,8 +104,13 @@ Tensor gather_padded(Communicator& comm, const std::vector<Box>& boxes, const Te
     if (!region.empty()) copy_region(local, mine, out, target, region);
     return out;
   }
-  Tensor send = Tensor::zeros({chunk}, local.dtype(), dev);
-  kernels::copy_bytes(send.raw_data(), dev, local.raw_data(), dev, local.nbytes());
+  if (stacked_rows(boxes, target)) {
+    // The members' boxes tile `target` in member order: gather straight into it.
+    Tensor flat = out.view({n * chunk});
+    comm.all_gather(local.view({chunk}), flat);
+    return out;
+  }
+  const Tensor send = padded_to(local, chunk);
   Tensor recv = Tensor::empty({n * chunk}, local.dtype(), dev);
   comm.all_gather(send, recv);
   for (int s = 0; s < n; ++s) {
@@ -89,8 +133,19 @@ Tensor reduce_scatter_box(Communicator& comm, const Layout& layout, const Tensor
     copy_region(full, source, out, mine, mine);
     return out;
   }
+  const auto box_of = [&](int s) -> const Box& {
+    return layout.box(comm.ranks()[static_cast<size_t>(s)]);
+  };
+  if (stacked_rows_of(comm.size(), box_of, source)) {
+    // The members' boxes tile `source` in member order: `full` is the send buffer as it is and
+    // this member's chunk lands in `out` directly.
+    const int64_t chunk = mine.numel().value;
+    Tensor flat = out.view({chunk});
+    comm.reduce_scatter(full.view({comm.size() * chunk}), flat, op);
+    return out;
+  }
   int64_t chunk = 1;
-  for (int r : comm.ranks()) chunk = std::max(chunk, layout.box(r).numel().value);
+  for (int s = 0; s < comm.size(); ++s) chunk = std::max(chunk, box_of(s).numel().value);
   Tensor send = Tensor::zeros({comm.size() * chunk}, kernels::DType::kFloat32, dev);
   for (int s = 0; s < comm.size(); ++s) {
     const Box& b = layout.box(comm.ranks()[static_cast<size_t>(s)]);

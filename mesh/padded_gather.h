@@ -48,6 +48,14 @@ kernels::Tensor reduce_scatter_box(Communicator& comm, const Layout& layout,
                                    const kernels::Tensor& full, const Box& source, ReduceOp op,
                                    bool run);
 
+// True when `boxes` (one per member, in member order) are equal, non-empty slabs along dim 0 that
+// span every other dim of `whole` and stack to exactly `whole` (the FSDP row shards of a weight
+// whose rows the group divides). Member s's elements are then elements [s * chunk, (s + 1) *
+// chunk) of `whole`'s dense storage: gather_padded gathers straight into its result and
+// reduce_scatter_box sends `full` as it is, without padded buffers or region copies (the same
+// bytes either way).
+bool stacked_rows(const std::vector<Box>& boxes, const Box& whole);
+
 // The boxes of comm's members under `layout` (layout.box(rank) for each of comm.ranks()).
 std::vector<Box> member_boxes(const Communicator& comm, const Layout& layout);
 

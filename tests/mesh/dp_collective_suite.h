@@ -26,10 +26,11 @@ inline float dp_value(int member, int64_t k) {
   return static_cast<float>(std::ldexp(m, static_cast<int>((h >> 24) % 9) - 4));
 }
 
-// Rows of the global [rows, 5] tensor for n members: 2n + 1 (uneven chunks) for every n, and
-// n - 1 for n >= 3 (torch.chunk leaves trailing members empty).
+// Rows of the global [rows, 5] tensor for n members: 2n + 1 (uneven chunks) and 2n (equal row
+// slabs: the padded collectives read and write the tensors themselves, mesh/padded_gather.cc
+// stacked_rows) for every n, and n - 1 for n >= 3 (torch.chunk leaves trailing members empty).
 inline std::vector<int64_t> dp_suite_rows(int n) {
-  std::vector<int64_t> r{2 * n + 1};
+  std::vector<int64_t> r{2 * n + 1, 2 * n};
   if (n >= 3) r.push_back(n - 1);
   return r;
 }

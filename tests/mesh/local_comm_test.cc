@@ -4,10 +4,12 @@
 // one rank aborts the others instead of deadlocking them).
 #include "mesh/local_comm.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
@@ -169,6 +171,170 @@ TEST(LocalCommTest, RankOrderSumIsDeterministicAndNotReassociated) {
     c.all_reduce(t, ReduceOp::kSum);
     EXPECT_EQ(t.to_vector<float>()[0], 1.0f);
   });
+}
+
+// The element-wise rank-order reduction that reduce_rank_order_host computed before it worked in
+// blocks along the elements (the oracle: same per-element sequence of fp32 operations).
+void reduce_elementwise(float* out, const float* const* inputs, int n, int64_t count, ReduceOp op) {
+  for (int64_t k = 0; k < count; ++k) {
+    float acc = inputs[0][k];
+    for (int s = 1; s < n; ++s) {
+      const float x = inputs[s][k];
+      if (op == ReduceOp::kMax) {
+        acc = (x > acc || x != x) ? x : acc;
+      } else {
+        acc += x;
+      }
+    }
+    if (op == ReduceOp::kAvg) acc = acc / static_cast<float>(n);
+    out[k] = acc;
+  }
+}
+
+// Bits equal, except that which NaN an add of two NaNs returns depends on the operand order the
+// compiler encodes (docs/design.md section 21): NaN exactly where the oracle has NaN.
+void expect_same_bits_or_both_nan(const std::vector<float>& got, const std::vector<float>& want,
+                                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    if (std::isnan(want[k])) {
+      ASSERT_TRUE(std::isnan(got[k])) << what << " element " << k;
+    } else {
+      uint32_t a = 0, b = 0;
+      std::memcpy(&a, &got[k], 4);
+      std::memcpy(&b, &want[k], 4);
+      ASSERT_EQ(a, b) << what << " element " << k << ": " << got[k] << " vs " << want[k];
+    }
+  }
+}
+
+TEST(LocalCommTest, BlockedRankOrderReductionEqualsTheElementwiseLoop) {
+  // Random bit patterns (every exponent: subnormals, infinities, NaNs with payloads and signs,
+  // signed zeros) mixed with values of one magnitude whose sums round; counts around the block.
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int n : {1, 2, 3, 8, 9}) {
+    for (int64_t count :
+         {int64_t{1}, int64_t{7}, int64_t{511}, int64_t{512}, int64_t{513}, int64_t{1500}}) {
+      std::vector<std::vector<float>> in(static_cast<size_t>(n),
+                                         std::vector<float>(static_cast<size_t>(count)));
+      for (auto& v : in) {
+        for (float& x : v) {
+          const uint64_t r = next();
+          if (r % 4 == 0) {
+            const auto bits = static_cast<uint32_t>(r >> 32);
+            std::memcpy(&x, &bits, 4);
+          } else {
+            x = static_cast<float>(static_cast<int64_t>(r >> 40) - (int64_t{1} << 23)) * 1.37e-3f;
+          }
+        }
+      }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        std::vector<const float*> ptrs;
+        for (const auto& v : in) ptrs.push_back(v.data());
+        std::vector<float> want(static_cast<size_t>(count)), got(static_cast<size_t>(count));
+        reduce_elementwise(want.data(), ptrs.data(), n, count, op);
+        reduce_rank_order_host(got.data(), ptrs.data(), n, count, op);
+        const std::string what = fmt::format("n={} count={} op={}", n, count, reduce_op_name(op));
+        expect_same_bits_or_both_nan(got, want, what);
+        // `out` aliasing the first and the last input (all_reduce in place).
+        for (size_t alias : {size_t{0}, static_cast<size_t>(n - 1)}) {
+          std::vector<std::vector<float>> copy = in;
+          std::vector<const float*> cp;
+          for (const auto& v : copy) cp.push_back(v.data());
+          reduce_rank_order_host(copy[alias].data(), cp.data(), n, count, op);
+          expect_same_bits_or_both_nan(copy[alias], want,
+                                       what + " aliased input " + std::to_string(alias));
+        }
+      }
+    }
+  }
+}
+
+// Small collectives are staged (mesh/local_comm.cc): a member leaves without waiting for the
+// others to read its input and may reuse that input at once, while slower members still read the
+// call before. Every member overwrites its input right after each call, one member per round is
+// late, and sizes alternate below and above the staging limit: every result stays exact.
+TEST(LocalCommTest, StagedCollectivesTolerateInputReuseAndLateMembers) {
+  for (int n : {3, 8}) {
+    LocalWorld world(DeviceMesh(1, n, 1), short_timeout());
+    world.run([&](RankComms& comms) {
+      Communicator& c = comms.group({MeshDim::kDpShard});
+      const int r = c.rank();
+      // Element counts per member: staged (4 and 37 floats) and read in place (80000 floats:
+      // every kind touches more than the 256 KiB limit).
+      const std::vector<int64_t> counts{4, 80000, 37, 37, 80000, 4};
+      for (int round = 0; round < 60; ++round) {
+        const int64_t count = counts[static_cast<size_t>(round) % counts.size()];
+        if (round % n == r) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        const auto v = [&](int member, int64_t k) {
+          return static_cast<float>(member * 1000 + (k + round) % 251);
+        };
+        switch (round % 5) {
+          case 0: {
+            Tensor in = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
+            float* p = in.data<float>();
+            for (int64_t k = 0; k < count; ++k) p[k] = v(r, k);
+            Tensor out = Tensor::empty(Shape{n * count}, DType::kFloat32, kernels::Device::cpu());
+            c.all_gather(in, out);
+            std::fill(p, p + count, -1.0f);  // reused at once
+            const float* o = out.data<float>();
+            for (int s = 0; s < n; ++s)
+              for (int64_t k = 0; k < count; ++k)
+                ASSERT_EQ(o[s * count + k], v(s, k)) << "all_gather round " << round;
+            break;
+          }
+          case 1:
+          case 3: {
+            Tensor in = Tensor::empty(Shape{n * count}, DType::kFloat32, kernels::Device::cpu());
+            float* p = in.data<float>();
+            for (int64_t k = 0; k < n * count; ++k) p[k] = v(r, k);
+            Tensor out = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
+            c.reduce_scatter(in, out, ReduceOp::kSum);
+            std::fill(p, p + n * count, -1.0f);
+            const float* o = out.data<float>();
+            for (int64_t k = 0; k < count; ++k) {
+              float want = 0;
+              for (int s = 0; s < n; ++s) want += v(s, r * count + k);  // exact integers
+              ASSERT_EQ(o[k], want) << "reduce_scatter round " << round;
+            }
+            break;
+          }
+          case 2: {
+            Tensor buf = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
+            float* p = buf.data<float>();
+            for (int64_t k = 0; k < count; ++k) p[k] = v(r, k);
+            c.all_reduce(buf, round % 2 ? ReduceOp::kMax : ReduceOp::kSum);
+            for (int64_t k = 0; k < count; ++k) {
+              float want = round % 2 ? v(n - 1, k) : 0.0f;
+              if (round % 2 == 0)
+                for (int s = 0; s < n; ++s) want += v(s, k);
+              ASSERT_EQ(p[k], want) << "all_reduce round " << round;
+            }
+            std::fill(p, p + count, -1.0f);
+            break;
+          }
+          case 4: {
+            const int root = round % n;
+            Tensor buf = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
+            float* p = buf.data<float>();
+            for (int64_t k = 0; k < count; ++k) p[k] = v(r, k);
+            c.broadcast(buf, root);
+            for (int64_t k = 0; k < count; ++k)
+              ASSERT_EQ(p[k], v(root, k)) << "broadcast round " << round;
+            std::fill(p, p + count, -1.0f);
+            c.barrier();
+            break;
+          }
+        }
+      }
+    });
+  }
 }
 
 TEST(LocalCommTest, MissingRankTimesOutWithClearError) {

@@ -95,6 +95,21 @@ INSTANTIATE_TEST_SUITE_P(
              DeviceMesh(2, 2, 2),
              {5, 6},
              {Placement::replicate(), Placement::shard(0), Placement::shard(1)}},
+        // Equal row slabs that tile the target in member order (8 rows over 4; the strided
+        // FSDP x TP and the row-parallel layouts with rows the groups divide): the gather writes
+        // the target directly, without a padded receive buffer.
+        Case{"even",
+             DeviceMesh(1, 4, 1),
+             {8, 5},
+             {Placement::replicate(), Placement::shard(0), Placement::replicate()}},
+        Case{"strided_tp_even",
+             DeviceMesh(1, 2, 2),
+             {8, 3},
+             {Placement::replicate(), Placement::strided_shard(0, 2), Placement::shard(0)}},
+        Case{"row_parallel_hsdp_even",
+             DeviceMesh(2, 2, 2),
+             {6, 6},
+             {Placement::replicate(), Placement::shard(0), Placement::shard(1)}},
         // A group of one member: a copy, no collective.
         Case{"one_member",
              DeviceMesh(2, 1, 1),
@@ -196,6 +211,42 @@ TEST(ReduceScatterBox, AveragesEachMembersBoxInRankOrderForOneToEightMembers) {
       }
     }
   }
+}
+
+// stacked_rows decides when the padded collectives skip their padded buffers: only equal,
+// non-empty row slabs spanning the other dims, in member order, that tile the whole box exactly.
+TEST(PaddedGather, StackedRowsOnlyForEqualRowSlabsInMemberOrder) {
+  const auto boxes = [](const Layout& l, const std::vector<int>& ranks) {
+    std::vector<Box> b;
+    for (int r : ranks) b.push_back(l.box(r));
+    return b;
+  };
+  const auto rows = [](int d) {
+    return std::vector<Placement>{Placement::replicate(), Placement::shard(d),
+                                  Placement::replicate()};
+  };
+  const Layout even(DeviceMesh(1, 4, 1), {8, 5}, rows(0));
+  const Box whole = Box::whole({8, 5});
+  EXPECT_TRUE(stacked_rows(boxes(even, {0, 1, 2, 3}), whole));
+  EXPECT_FALSE(stacked_rows(boxes(even, {1, 0, 2, 3}), whole)) << "member order";
+  EXPECT_FALSE(stacked_rows(boxes(even, {0, 1, 2}), whole)) << "does not cover the rows";
+  const Layout uneven(DeviceMesh(1, 3, 1), {7, 5}, rows(0));
+  EXPECT_FALSE(stacked_rows(boxes(uneven, {0, 1, 2}), Box::whole({7, 5}))) << "3, 3, 1 rows";
+  const Layout empty_member(DeviceMesh(1, 3, 1), {2, 4}, rows(0));
+  EXPECT_FALSE(stacked_rows(boxes(empty_member, {0, 1, 2}), Box::whole({2, 4})));
+  const Layout columns(DeviceMesh(1, 2, 1), {4, 6}, rows(1));
+  EXPECT_FALSE(stacked_rows(boxes(columns, {0, 1}), Box::whole({4, 6}))) << "column shards";
+  const Layout bias(DeviceMesh(1, 4, 1), {8}, rows(0));
+  EXPECT_TRUE(stacked_rows(boxes(bias, {0, 1, 2, 3}), Box::whole({8})));
+  // The strided FSDP x TP layout: the dp_shard members of one tp rank tile that rank's box.
+  const Layout strided(
+      DeviceMesh(1, 2, 2), {8, 3},
+      {Placement::replicate(), Placement::strided_shard(0, 2), Placement::shard(0)});
+  std::vector<Placement> tp_only = {Placement::replicate(), Placement::replicate(),
+                                    Placement::shard(0)};
+  const Box tp1 = Layout(DeviceMesh(1, 2, 2), {8, 3}, tp_only).box(1);
+  EXPECT_TRUE(stacked_rows(boxes(strided, {1, 3}), tp1)) << tp1.str();
+  EXPECT_FALSE(stacked_rows(boxes(strided, {1, 3}), whole));
 }
 
 // A float32 contribution is required (the reductions are fp32), named in the error.
