@@ -288,8 +288,9 @@ struct Resolver {
   }
 
   // Pipeline stages (docs/design.md section 33): the engine refuses checkpoint hooks, faults,
-  // tensor digests of FP8 primary weights and all-gather parity with mesh.pp > 1 (engine/run_rules.cc); these
-  // are the scenario keys that would ask for them, so `validate` refuses what `run` would.
+  // tensor digests of FP8 primary weights and all-gather parity with mesh.pp > 1
+  // (engine/run_rules.cc); these are the scenario keys that would ask for them, so `validate`
+  // refuses what `run` would.
   void pipeline_rules(const Scenario& sc) {
     const ChecksConfig& c = sc.checks;
     const bool pp = sc.mesh.pp > 1;

@@ -4,10 +4,10 @@
 // same global problem bit for bit (the CPU backend is the bitwise reference): the backwards run
 // in micro-batch order, each stage's deferred reduction follows the schedule's last backward,
 // the norm adds the per-parameter sums in model order and the loss comes from the last stage.
-#include <algorithm>
-
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "engine/collective_budget.h"
 #include "engine/pipeline.h"
