@@ -10,24 +10,6 @@ namespace meshproof::engine {
 using mesh::DimSet;
 using mesh::MeshDim;
 
-LinearKind linear_kind(std::string_view linear) {
-  // MoE expert linears (docs/design.md section 27): "layers.0.moe.experts.3.fc1" and
-  // "layers.0.moe.shared.fc2" are the MLP rows "mlp.fc1" / "mlp.fc2".
-  if (const size_t at = linear.find(".moe."); at != std::string_view::npos) {
-    const size_t dot = linear.rfind('.');
-    const std::string mlp = "mlp." + std::string(linear.substr(dot + 1));
-    for (Activation a : {Activation::kGelu, Activation::kSwiGlu})
-      for (const LinearLayer& l : block_linears(a))
-        if (l.name == mlp) return l.kind;
-  }
-  for (Activation a : {Activation::kGelu, Activation::kSwiGlu})
-    for (const LinearLayer& l : block_linears(a))
-      if (linear.ends_with(l.name) && linear.size() > l.name.size() &&
-          linear[linear.size() - l.name.size() - 1] == '.')
-        return l.kind;
-  MP_FAIL("amax groups: '{}' is not a quantized linear layer", linear);
-}
-
 DimSet default_amax_group(AmaxGroupKey key, const MeshSpec& mesh) {
   // Whether the tensor is split over tp (the other dims follow from the role).
   bool over_tp = true;

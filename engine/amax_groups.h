@@ -36,13 +36,6 @@
 
 namespace meshproof::engine {
 
-// The kind of a quantized linear named as the recipe names it, its weight's parameter name
-// without ".weight" ("layers.0.attn.qkv", "layers.1.mlp.fc1", "layers.0.mlp.fc1_gate",
-// "layers.0.mlp.fc1_up" -> column; "layers.0.attn.proj", "layers.0.mlp.fc2" -> row), looked up
-// in the block's linear table (engine/params.h block_linears). Any other name is an internal
-// error. The session reads the kind from the parameter specs instead.
-LinearKind linear_kind(std::string_view linear);
-
 // One entry of the table: a linear kind and the role of the quantized tensor.
 struct AmaxGroupKey {
   LinearKind kind = LinearKind::kColumnParallel;

@@ -7,9 +7,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
+#include "engine/fault_hooks.h"
 #include "engine/session.h"
+#include "engine/shard_plan.h"
 #include "kernels/error.h"
 #include "tests/engine/test_config.h"
 
@@ -26,16 +29,38 @@ std::string group(LinearKind k, Fp8Role r, const MeshSpec& m) {
   return default_amax_group({k, r}, m).str();
 }
 
-TEST(AmaxGroups, LinearKinds) {
-  EXPECT_EQ(linear_kind("layers.0.attn.qkv"), kCol);
-  EXPECT_EQ(linear_kind("layers.3.mlp.fc1"), kCol);
-  EXPECT_EQ(linear_kind("layers.1.mlp.fc1_up"), kCol);
-  EXPECT_EQ(linear_kind("layers.2.mlp.fc1_gate"), kCol);  // SwiGLU gate, named as its parameter
-  EXPECT_EQ(linear_kind("layers.0.attn.proj"), kRow);
-  EXPECT_EQ(linear_kind("layers.12.mlp.fc2"), kRow);
+// The kind of every quantized linear is data on its parameter spec (engine/params.h), filled from
+// the block's linear table when the model is described, experts and the shared expert included;
+// the plan answers by name from those specs and refuses a name that is no quantized linear.
+TEST(AmaxGroups, LinearKindsAreOnTheParameterSpecs) {
+  testing::TestModel tm;
+  tm.layers = 2;
+  tm.recipe = RecipeKind::kCurrent;
+  Config c = testing::make_config(tm);
+  c.model.activation = Activation::kSwiGlu;
+  c.model.moe.experts = 2;
+  c.model.moe.top_k = 1;
+  c.model.moe.every = 2;  // layer 0 MoE, layer 1 dense
+  c.model.moe.shared_expert = true;
+  const mesh::DeviceMesh one = MeshSpec{}.device_mesh();
+  const ShardPlan plan(c, one, 0, FaultHooks{});
+  const std::vector<std::pair<std::string, LinearKind>> expected = {
+      {"layers.0.attn.qkv", kCol},          {"layers.0.attn.proj", kRow},
+      {"layers.1.mlp.fc1_gate", kCol},      {"layers.1.mlp.fc1_up", kCol},
+      {"layers.1.mlp.fc2", kRow},           {"layers.0.moe.experts.1.fc1_gate", kCol},
+      {"layers.0.moe.experts.0.fc2", kRow}, {"layers.0.moe.shared.fc1_up", kCol},
+      {"layers.0.moe.shared.fc2", kRow}};
+  const std::vector<std::string> linears = plan.linears();
+  for (const auto& [name, kind] : expected) {
+    if (std::find(linears.begin(), linears.end(), name) == linears.end()) {
+      ADD_FAILURE() << name << " is not a quantized linear of the plan";
+      continue;
+    }
+    EXPECT_EQ(plan.linear_kind(name), kind) << name;
+  }
   EXPECT_EQ(linear_kind_name(kCol), "column_parallel");
   EXPECT_EQ(linear_kind_name(kRow), "row_parallel");
-  EXPECT_THROW(linear_kind("lm_head"), kernels::Error);
+  EXPECT_THROW(plan.linear_kind("lm_head"), kernels::Error);
 }
 
 TEST(AmaxGroups, SingleRankReducesOverNobody) {
