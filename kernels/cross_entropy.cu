@@ -15,16 +15,22 @@ constexpr int kRowThreads = 256;
 // The quiet NaN that marks a row whose target lies outside the vocabulary.
 __device__ inline double bad_target() { return __longlong_as_double(0x7ff8000000000000LL); }
 
+// The maximum of one row of v logits, as double, over the block (every thread gets it).
+template <typename T>
+__device__ double block_row_max(const T* row, int64_t v, double* shared) {
+  double part_max = -INFINITY;
+  for (int64_t c = threadIdx.x; c < v; c += blockDim.x)
+    part_max = fmax(part_max, static_cast<double>(detail::load(row, c)));
+  return detail::block_max(part_max, shared);
+}
+
 template <typename T>
 __global__ void cross_entropy_kernel(const T* logits, const int32_t* targets, int64_t v,
                                      double grad_scale, double* row_loss, T* dlogits) {
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
   const T* row = logits + r * v;
-  double part_max = -INFINITY;
-  for (int64_t c = threadIdx.x; c < v; c += blockDim.x)
-    part_max = fmax(part_max, static_cast<double>(detail::load(row, c)));
-  const double mx = detail::block_max(part_max, shared);
+  const double mx = block_row_max(row, v, shared);
   double part_sum = 0.0;
   for (int64_t c = threadIdx.x; c < v; c += blockDim.x)
     part_sum += exp(static_cast<double>(detail::load(row, c)) - mx);
@@ -51,11 +57,7 @@ template <typename T>
 __global__ void shard_max_kernel(const T* logits, int64_t v, double* row_max) {
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
-  const T* row = logits + r * v;
-  double part_max = -INFINITY;
-  for (int64_t c = threadIdx.x; c < v; c += blockDim.x)
-    part_max = fmax(part_max, static_cast<double>(detail::load(row, c)));
-  const double mx = detail::block_max(part_max, shared);  // max is exact: the CPU's bits
+  const double mx = block_row_max(logits + r * v, v, shared);  // max is exact: the CPU's bits
   if (threadIdx.x == 0) row_max[r] = mx;
 }
 

@@ -32,27 +32,15 @@ std::string mesh_name(const MeshSpec& m) {
   return fmt::format("{} ep {}{}", m.device_mesh().str(), m.ep, m.sequence_parallel ? " sp" : "");
 }
 
-// ||got - want|| / ||want|| of one final weight, in double. In attn.qkv.bias the key entries are
-// left out (each checked to have moved by at most AdamW's lr per step instead): the key bias adds
-// q·b_k to every score of a query row, which softmax ignores, so its true gradient is exactly 0
-// and the computed one is fp32 rounding noise whose sign depends on the summation order, which
-// AdamW normalises to a ±lr step (the same exclusion as tests/engine/shard/shard_test.cc).
+// ||got - want|| / ||want|| of one final weight, in double, without attn.qkv.bias's key entries
+// (testing::drop_key_bias says why).
 // Returns {||got - want||², ||want||²}.
 std::pair<double, double> sq_norms(const Config& c, const std::string& name, const Tensor& got_t,
                                    const Tensor& want_t, int steps) {
   std::vector<float> got = got_t.to_vector<float>(), want = want_t.to_vector<float>();
   EXPECT_EQ(got.size(), want.size()) << name;
   if (got.size() != want.size()) return {1.0, 0.0};
-  if (name.ends_with("attn.qkv.bias")) {
-    const int64_t d = c.model.hidden / c.model.heads, kv = kv_heads_of(c.model);
-    const int64_t r = c.model.heads / kv;
-    for (int64_t g = 0; g < kv; ++g)
-      for (int64_t k = 0; k < d; ++k) {
-        const size_t i = static_cast<size_t>(g * (r + 2) * d + r * d + k);
-        EXPECT_LE(std::abs(got[i]), 1.01 * c.training.lr * steps) << name << " key bias " << i;
-        got[i] = want[i] = 0;
-      }
-  }
+  testing::drop_key_bias(c, name, got, want, steps);
   double diff = 0, norm = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     diff += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
