@@ -13,6 +13,7 @@
 #include "engine/pipeline.h"
 #include "engine/run_rules.h"
 #include "engine/session.h"
+#include "engine/shard_plan.h"
 #include "kernels/error.h"
 #include "test_config.h"
 
@@ -238,6 +239,29 @@ TEST(PipelineTraining, TiedEmbeddingsAreBitwiseOneStage) {
           ASSERT_EQ(run.final_params.size(), ref.final_params.size()) << ctx;
           expect_same_run(ref, run, ctx);
         }
+      }
+    }
+  }
+}
+
+// Which stages hold a tied embed.tok (stage_holds) and which copy is counted and reported
+// (stage_reports): pp 3 of 4 layers, the first and the last stage hold it, the middle one not;
+// only the first stage's copy is reported. Untied, the embeddings stay on the first stage and
+// lm_head on the last.
+TEST(PipelineTraining, TiedEmbeddingIsHeldByBothEndStages) {
+  for (bool tied : {false, true}) {
+    Config c = pp_config(RecipeKind::kFp32);
+    c.model.tied_embeddings = tied;
+    for (const ParamSpec& spec : param_specs(c.model)) {
+      if (spec.unit != kRootUnit) continue;
+      EXPECT_EQ(spec.tied_head, tied && spec.name == "embed.tok") << spec.name;
+      for (int s = 0; s < 3; ++s) {
+        const StageLayers span = stage_layers(4, 3, s);
+        const bool embed = spec.name.starts_with("embed.");
+        const bool holds = embed ? s == 0 || (spec.tied_head && s == 2) : s == 2;
+        EXPECT_EQ(stage_holds(spec, span), holds) << spec.name << " stage " << s;
+        EXPECT_EQ(stage_reports(spec, span), embed ? s == 0 : s == 2)
+            << spec.name << " stage " << s;
       }
     }
   }
