@@ -662,6 +662,9 @@ FaultHooks make_fault_hooks(const FaultInjection& f) {
     h.on_pp_accumulation([f](int stage, int stages, int64_t step, bool accumulate) {
       return accumulate && !(f.active(step) && stage == stages - 1);
     });
+  // pp_tied_embedding_grad_not_synced: the end stages do not exchange the tied gradient parts.
+  if (f.pp_tied_embedding_grad_not_synced)
+    h.on_pp_tied_sync([f](int64_t step, bool exchange) { return exchange && !f.active(step); });
   return h;
 }
 
@@ -687,6 +690,12 @@ bool FaultHooks::pp_last_backward(int stage, int64_t step) const {
   bool reduce = true;
   for (const auto& h : pp_last_backward_) reduce = h(stage, step, reduce);
   return reduce;
+}
+
+bool FaultHooks::pp_tied_embedding_synced(int64_t step) const {
+  bool exchange = true;
+  for (const auto& h : pp_tied_sync_) exchange = h(step, exchange);
+  return exchange;
 }
 
 }  // namespace meshproof::engine

@@ -43,6 +43,8 @@
 //   pp_last_backward       each pipeline stage's last        pp_last_backward_sync_skipped
 //                          backward of a step
 //   pp_accumulation        each pipeline stage's backward    pp_microbatch_grads_overwritten
+//   pp_tied_sync           each step's exchange of a tied    pp_tied_embedding_grad_not_synced
+//                          embedding's gradient parts
 // (moe_final_backward_skips_experts acts on the collective point.)
 // The generic (user-defined) faults register on these points too: drop_checkpoint_key and
 // checkpoint_key_dtype on checkpoint_save, amax_group on amax_group.
@@ -154,6 +156,9 @@ class FaultHooks {
   // accumulated ones at `step` (true: correct).
   using PpAccumulationHook =
       std::function<bool(int stage, int stages, int64_t step, bool accumulate)>;
+  // Whether the first and the last pipeline stage exchange a tied embedding's gradient parts at
+  // `step` before reducing it (true: correct; docs/design.md section 33).
+  using PpTiedSyncHook = std::function<bool(int64_t step, bool exchange)>;
 
   // --- registration ---
   void on_weight_gather_padding(GatherPaddingHook h) { padding_.push_back(std::move(h)); }
@@ -188,6 +193,7 @@ class FaultHooks {
   }
   void on_pp_last_backward(PpLastBackwardHook h) { pp_last_backward_.push_back(std::move(h)); }
   void on_pp_accumulation(PpAccumulationHook h) { pp_accumulation_.push_back(std::move(h)); }
+  void on_pp_tied_sync(PpTiedSyncHook h) { pp_tied_sync_.push_back(std::move(h)); }
 
   // --- the points ---
   // How the dp_shard all-gather of parameter `p`'s weight treats the padding (kCut: correct).
@@ -244,6 +250,8 @@ class FaultHooks {
   // Whether pipeline stage `stage` of `stages` accumulates its micro-batches' gradients at
   // `step`.
   bool pp_accumulates(int stage, int stages, int64_t step) const;
+  // Whether the end stages exchange a tied embedding's gradient parts at `step`.
+  bool pp_tied_embedding_synced(int64_t step) const;
 
  private:
   std::vector<GatherPaddingHook> padding_;
@@ -268,6 +276,7 @@ class FaultHooks {
   std::vector<ExpertSplitPaddingHook> expert_split_padding_;
   std::vector<PpLastBackwardHook> pp_last_backward_;
   std::vector<PpAccumulationHook> pp_accumulation_;
+  std::vector<PpTiedSyncHook> pp_tied_sync_;
   bool needs_quantized_ = false;
 };
 

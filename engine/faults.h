@@ -179,6 +179,11 @@ struct FaultInjection {
   // instead of adding to them (a stage-local gradient-accumulation bug): the stage's reduced
   // gradients hold only its last micro-batch. Caught by reference (pp = 1) and golden.
   bool pp_microbatch_grads_overwritten = false;
+  // Tied embeddings under pipeline stages: the first and the last stage do not exchange their
+  // parts of embed.tok's gradient (the embedding backward's, the LM head's) before reducing it,
+  // so each end stage updates its copy with its own part only and the copies drift apart.
+  // Caught by reference (pp = 1) and golden.
+  bool pp_tied_embedding_grad_not_synced = false;
   bool active(int64_t step) const { return step >= from_step; }
   bool any() const {
     return amax_not_reduced || tp_fsdp_left_to_right || fp8_state_dropped_from_checkpoint ||
@@ -198,7 +203,8 @@ struct FaultInjection {
            fp8_all_gather_in_bf16 || !skip_collective_tensor.empty() ||
            !collective_dtype_tensor.empty() || expert_grad_scaled_by_ep ||
            moe_final_backward_skips_experts || expert_split_padding_too_small ||
-           pp_last_backward_sync_skipped || pp_microbatch_grads_overwritten;
+           pp_last_backward_sync_skipped || pp_microbatch_grads_overwritten ||
+           pp_tied_embedding_grad_not_synced;
   }
 };
 

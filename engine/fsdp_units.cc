@@ -34,7 +34,10 @@ FsdpUnitExecutor::FsdpUnitExecutor(const RunOptions& options, ShardPlan& plan, F
       comms_(comms),
       recipe_(recipe),
       faults_(faults),
-      device_(device) {}
+      device_(device) {
+  for (size_t i = 0; i < plan_.params().size(); ++i)
+    if (plan_.params()[i].spec.tied_head) tied_ = i;
+}
 
 void FsdpUnitExecutor::begin_step(int64_t step) {
   step_ = step;
@@ -56,8 +59,12 @@ void FsdpUnitExecutor::end_step() {
 }
 
 void FsdpUnitExecutor::discard_gradients() {
+  const bool stages = comms_.mesh().size(MeshDim::kPp) > 1;
   for (ShardedParam& p : plan_.params()) {
     if (!grads_.contains(p.spec.name)) continue;
+    // A tied embed.tok under stages is reduced after the schedule (sync_tied_embedding), not by
+    // the last backward's deferred reduction: it keeps its accumulators.
+    if (stages && p.spec.tied_head) continue;
     kernels::scale_(p.grad, 0.0);
     grads_.erase(p.spec.name);
   }
@@ -69,16 +76,22 @@ void FsdpUnitExecutor::before(int64_t unit, Pass pass) {
   for (size_t i : plan_.unit(unit)) {
     const std::string& name = plan_.params()[i].spec.name;
     if (!weights_.contains(name)) gather_weight(i);
+    if (pass != Pass::kBackward) continue;
     // The gradient has the gathered weight's shape (a weight gathered with its padding has the
-    // padding's rows too, dropped before the reduce-scatter).
-    if (pass == Pass::kBackward && !grads_.contains(name)) {
-      grads_.insert(name, Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_));
-    } else if (pass == Pass::kBackward && !first_micro_batch_ &&
-               (!faults_.accumulates_gradients(step_) ||
-                !faults_.pp_accumulates(comms_.mesh().stage(comms_.rank()),
-                                        comms_.mesh().size(MeshDim::kPp), step_))) {
-      // Deferred sync, the accumulator not kept (a fault): this micro-batch starts from zero.
-      grads_.at(name) = Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_);
+    // padding's rows too, dropped before the reduce-scatter). A tied embed.tok on the last stage
+    // has a second accumulator, the LM head's part (engine/model.h kTiedHeadGrad).
+    const bool head = plan_.params()[i].spec.tied_head && plan_.stage().last_stage;
+    for (const std::string& key :
+         head ? std::vector<std::string>{name, kTiedHeadGrad} : std::vector<std::string>{name}) {
+      if (!grads_.contains(key)) {
+        grads_.insert(key, Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_));
+      } else if (!first_micro_batch_ &&
+                 (!faults_.accumulates_gradients(step_) ||
+                  !faults_.pp_accumulates(comms_.mesh().stage(comms_.rank()),
+                                          comms_.mesh().size(MeshDim::kPp), step_))) {
+        // Deferred sync, the accumulator not kept (a fault): this micro-batch starts from zero.
+        grads_.at(key) = Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_);
+      }
     }
   }
 }
@@ -157,42 +170,88 @@ void FsdpUnitExecutor::release_weights(int64_t unit) {
 // micro-batches after the first are added to the gradient shard (the next micro-batch's
 // backward starts from fresh zero gradients).
 void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
+  const bool stages = comms_.mesh().size(MeshDim::kPp) > 1;
+  for (size_t i : plan_.unit(unit)) {
+    const ShardedParam& p = plan_.params()[i];
+    if (p.spec.tied_head && stages) continue;  // after the schedule: sync_tied_embedding
+    if (p.spec.tied_head) {
+      // One stage: the embedding's part plus the head's, E + H, once (engine/model.h
+      // kTiedHeadGrad), in the operand order both end stages of a pipeline use.
+      kernels::add_(grads_.at(p.spec.name), grads_.at(kTiedHeadGrad));
+      grads_.erase(kTiedHeadGrad);
+    }
+    reduce_param(i);
+  }
+}
+
+void FsdpUnitExecutor::sync_tied_embedding(bool exchange) {
+  const int stages = comms_.mesh().size(MeshDim::kPp);
+  if (stages == 1 || !tied_) return;
+  const std::string& name = plan_.params()[*tied_].spec.name;
+  const bool first = plan_.stage().first_stage;
+  MP_CHECK(grads_.contains(first ? name : kTiedHeadGrad),
+           "pipeline stage {}: the tied embedding's gradient part was not accumulated this step",
+           comms_.mesh().stage(comms_.rank()));
+  // The first stage's part is the embedding backward's E (embed.tok), the last stage's the LM
+  // head's H (kTiedHeadGrad); the other accumulator each stage holds is unused (zero).
+  Tensor part = grads_.at(first ? name : kTiedHeadGrad);
+  if (exchange) {
+    // Between stage 0 and stage pp - 1 with the same (replicate, shard, tp) place: members 0 and
+    // pp - 1 of the rank's pp group. The first stage sends, then receives; the last receives,
+    // then sends, so that rendezvous sends (MPI) cannot wait on each other. Both add E + H with E
+    // as the first operand, as one stage does: the same bits (NaN payloads included).
+    mesh::Communicator& pp = comms_.group(groups::kPp);
+    Tensor other = Tensor::empty(part.shape(), DType::kFloat32, part.device());
+    if (first) {
+      pp.send(part, stages - 1);
+      pp.recv(other, stages - 1);
+      kernels::add_(part, other);
+    } else {
+      pp.recv(other, 0);
+      pp.send(part, 0);
+      kernels::add_(other, part);
+      part = other;
+    }
+  }
+  grads_.at(name) = part;
+  grads_.erase(kTiedHeadGrad);
+  reduce_param(*tied_);
+}
+
+void FsdpUnitExecutor::reduce_param(size_t i) {
   mesh::Communicator& shard = comms_.group(groups::kDpShard);
   mesh::Communicator& replicate = comms_.group(groups::kDpReplicate);
   const bool over_replicas = faults_.gradient_replicas(step_);
   // Sequence parallelism: gradients of TP-replicated parameters are partial sums over the
   // sequence shards of the tp ranks.
   const bool sp = options_.mesh.sequence_parallel && comms_.mesh().size(MeshDim::kTp) > 1;
-  for (size_t i : plan_.unit(unit)) {
-    ShardedParam& p = plan_.params()[i];
-    Tensor& g = grads_.at(p.spec.name);
-    const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
-    const auto runs = [&](mesh::CollectiveKind kind, DimSet group) {
-      return faults_
-          .collective({.kind = kind, .group = group, .tensor = p.spec.name, .step = step_})
-          .run;
-    };
-    if (sp && !p.layout.placement(MeshDim::kTp).is_shard() &&
-        runs(mesh::CollectiveKind::kAllReduce, groups::kTp))
-      comms_.group(groups::kTp).all_reduce(g, mesh::ReduceOp::kSum);
-    // A gradient of a weight gathered with its padding: the padding's rows are dropped here.
-    const Tensor real =
-        g.shape()[0] == p.compute.extent[0].value ? g : g.slice_rows(0, p.compute.extent[0].value);
-    // On the gradient shard's device (the rank's compute device when the state is resident).
-    Tensor reduced = mesh::reduce_scatter_box(
-        shard, p.layout, on_device(real, p.grad.device()), p.compute, mesh::ReduceOp::kAvg,
-        runs(mesh::CollectiveKind::kReduceScatter, groups::kDpShard));
-    if (replicate.size() > 1 && over_replicas && reduced.numel().value > 0 &&
-        runs(mesh::CollectiveKind::kAllReduce, groups::kDpReplicate))
-      replicate.all_reduce(reduced, mesh::ReduceOp::kAvg);
-    if (!options_.fsdp.sync_each_micro_batch || first_micro_batch_ || reduced.numel().value == 0 ||
-        !faults_.accumulates_gradients(step_)) {
-      p.grad = std::move(reduced);
-    } else {
-      kernels::add_(p.grad, reduced);
-    }
-    grads_.erase(p.spec.name);
+  ShardedParam& p = plan_.params()[i];
+  Tensor& g = grads_.at(p.spec.name);
+  const mesh::CollectiveRecorder::Subject subject(recorder_, p.spec.name);
+  const auto runs = [&](mesh::CollectiveKind kind, DimSet group) {
+    return faults_.collective({.kind = kind, .group = group, .tensor = p.spec.name, .step = step_})
+        .run;
+  };
+  if (sp && !p.layout.placement(MeshDim::kTp).is_shard() &&
+      runs(mesh::CollectiveKind::kAllReduce, groups::kTp))
+    comms_.group(groups::kTp).all_reduce(g, mesh::ReduceOp::kSum);
+  // A gradient of a weight gathered with its padding: the padding's rows are dropped here.
+  const Tensor real =
+      g.shape()[0] == p.compute.extent[0].value ? g : g.slice_rows(0, p.compute.extent[0].value);
+  // On the gradient shard's device (the rank's compute device when the state is resident).
+  Tensor reduced = mesh::reduce_scatter_box(
+      shard, p.layout, on_device(real, p.grad.device()), p.compute, mesh::ReduceOp::kAvg,
+      runs(mesh::CollectiveKind::kReduceScatter, groups::kDpShard));
+  if (replicate.size() > 1 && over_replicas && reduced.numel().value > 0 &&
+      runs(mesh::CollectiveKind::kAllReduce, groups::kDpReplicate))
+    replicate.all_reduce(reduced, mesh::ReduceOp::kAvg);
+  if (!options_.fsdp.sync_each_micro_batch || first_micro_batch_ || reduced.numel().value == 0 ||
+      !faults_.accumulates_gradients(step_)) {
+    p.grad = std::move(reduced);
+  } else {
+    kernels::add_(p.grad, reduced);
   }
+  grads_.erase(p.spec.name);
 }
 
 }  // namespace meshproof::engine

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "engine/fault_hooks.h"
@@ -38,6 +39,15 @@ class FsdpUnitExecutor : public UnitHooks {
   // what a deferred reduction that never ran leaves (the pp_last_backward_sync_skipped fault,
   // docs/design.md section 33).
   void discard_gradients();
+  // Tied embeddings under pipeline stages (docs/design.md section 33), after the stage's schedule
+  // of the step: the first and the last stage hold embed.tok's unreduced gradient parts, the
+  // embedding backward's E and the LM head's H; each sends its part to the other over the pp
+  // group and both add E + H (the one-stage sum, same operand order), then reduce it as the
+  // deferred reduction does. With `exchange` false (the pp_tied_embedding_grad_not_synced fault)
+  // each reduces only its own part. A no-op with one stage, untied embeddings or a middle stage.
+  // Runs after the schedule, not inside the last backward: the last stage's last backward comes
+  // before the first stage's, which waits for that backward's output.
+  void sync_tied_embedding(bool exchange);
 
   // The maps the model reads weights from and accumulates gradients into.
   TensorMap& weights() { return weights_; }
@@ -55,6 +65,8 @@ class FsdpUnitExecutor : public UnitHooks {
   void gather_weight(size_t i);
   void release_weights(int64_t unit);
   void reduce_gradients(int64_t unit);
+  // The reduction of parameter i's accumulated gradient (reduce_gradients' body).
+  void reduce_param(size_t i);
   // The dp_shard members' boxes of parameter i (mesh::member_boxes), computed on first use and
   // kept: a layout never changes within a session, and every step gathers every parameter.
   const std::vector<mesh::Box>& shard_boxes(size_t i);
@@ -76,6 +88,8 @@ class FsdpUnitExecutor : public UnitHooks {
   int64_t peak_gathered_ = 0;
   mesh::CollectiveRecorder* recorder_ = nullptr;
   std::vector<std::vector<mesh::Box>> shard_boxes_;  // by parameter index; empty: not yet made
+  // The plan index of a tied embed.tok (ParamSpec::tied_head), if the stage holds it.
+  std::optional<size_t> tied_;
 };
 
 }  // namespace meshproof::engine

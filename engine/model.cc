@@ -1227,7 +1227,9 @@ Tensor GptModel::stage_backward(StageState& st, const TensorMap& w, TensorMap& g
                              : VocabRange{0, lm_all.shape()[0]};
     const Tensor lm_w = vp ? lm_all.slice_rows(0, vr.rows()) : lm_all;
     const DType dt = lm_w.dtype();
-    Tensor& dlm_all = m.tied_embeddings ? g.at("embed.tok") : g.at("lm_head.weight");
+    Tensor& dlm_all = !m.tied_embeddings          ? g.at("lm_head.weight")
+                      : g.contains(kTiedHeadGrad) ? g.at(kTiedHeadGrad)
+                                                  : g.at("embed.tok");
     Tensor dlm = vp ? dlm_all.slice_rows(0, vr.rows()) : dlm_all;
     kernels::gemm_wgrad(&st.d_logits, &st.head_in, dlm, {.accumulate = true});
     Tensor d_xf = new_tensor({rl, h}, dt);

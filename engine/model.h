@@ -97,6 +97,14 @@ struct BatchCoords {
 // (kRootUnit is declared with the parameter specs, engine/params.h: each spec names its unit.)
 enum class Pass { kForward, kBackward };
 
+// Tied embeddings (docs/design.md section 33): the gradient key of the LM head's contribution to
+// embed.tok's gradient. When the gradient map holds it, the head's weight gradient of every
+// micro-batch accumulates there (H = h0 + h1 + ...) and the embedding backward's into embed.tok
+// (E = e0 + e1 + ...); the caller adds them once, E + H, before the gradient is reduced, so that
+// pipeline stages holding E (first) and H (last) apart reproduce the sum bit for bit. Without the
+// key both accumulate into embed.tok (h0 + e0 + h1 + e1: gradient checks of one call).
+inline constexpr const char* kTiedHeadGrad = "embed.tok@lm_head";
+
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;

@@ -66,9 +66,12 @@ OptimizerStepResult sharded_optimizer_step(ShardPlan& plan, mesh::RankComms& com
     // pp (the counterparts hold the other stages' parameters with the same shard boxes), then
     // added in model order from 0: the pp = 1 rank's sum bit for bit (sum_of_squares_total adds
     // the per-tensor sums in order, and adding +0.0 to a sum of squares changes no bit).
+    // A tied embed.tok is held by both end stages with the same gradient: only the first
+    // stage's copy is counted, once, as with one stage.
     std::vector<double> mine(plan.model_params(), 0.0);
     for (const ShardedParam& p : plan.params())
-      if (tp_lead || p.layout.placement(MeshDim::kTp).is_shard())
+      if ((tp_lead || p.layout.placement(MeshDim::kTp).is_shard()) &&
+          stage_reports(p.spec, plan.stage()))
         mine[p.model_index] = kernels::sum_of_squares_total({&p.grad});
     const std::vector<double> all = gather_doubles(pp, mine);
     for (size_t k = 0; k < mine.size(); ++k)

@@ -115,6 +115,7 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
   ParamSpec& tok = add("embed.tok", {v, h}, InitKind::kNormal, std_, kRootUnit);
   tok.vocab_rows = true;
   tok.tp = vocab_tp;
+  tok.tied_head = m.tied_embeddings;
   if (m.position == PositionKind::kLearned)
     add("embed.pos", {m.max_positions, h}, InitKind::kNormal, std_, kRootUnit);
   // One linear `lin` (a row of block_linears) under the name `name` in layer i; init_stream ""

@@ -88,6 +88,9 @@ struct ParamSpec {
   std::string init_stream;
   // Its compute copy stays float32 under every recipe (the MoE router; docs/design.md section 27).
   bool fp32_compute = false;
+  // embed.tok of a model with tied embeddings: also the LM head's weight. Pipeline stages hold it
+  // on the first and the last stage (docs/design.md section 33).
+  bool tied_head = false;
 
   bool quantized() const { return !linear.empty(); }
   bool weight_decay() const { return shape.rank() >= 2; }  // AdamW decays ndim >= 2 only

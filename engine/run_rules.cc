@@ -135,10 +135,17 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     need("mesh.pp", !m.moe.enabled(),
          "with model.moe is not built (the load-balancing loss of each stage's MoE layers would "
          "have to travel to the last stage); use mesh.pp = 1");
-    need("mesh.pp", !m.tied_embeddings,
-         "with model.tied_embeddings is not built (the first stage's embedding gradient and the "
-         "last stage's head gradient would be summed in another order than with one stage); "
-         "use mesh.pp = 1 or untied embeddings");
+    // Tied embeddings: one copy per end stage, their gradient parts exchanged once per step
+    // after the schedule. Per micro-batch (sync_each_micro_batch) the exchange would have to run
+    // inside the last stage's backward, which the first stage's backward waits on.
+    need("fsdp.sync_each_micro_batch", !m.tied_embeddings || !o.fsdp.sync_each_micro_batch,
+         "with model.tied_embeddings and mesh.pp > 1 is not built (the tied embedding's gradient "
+         "parts are exchanged between the first and last stage once per step, after the "
+         "schedule); use deferred sync, untied embeddings or mesh.pp = 1");
+    need("mesh.pp", !m.tied_embeddings || (!o.before_start && !o.after_step),
+         "checkpoints with model.tied_embeddings are not built with pipeline stages (the first "
+         "and the last stage each hold a copy of embed.tok); drop the checkpoint and resume "
+         "settings, untie the embeddings or use mesh.pp = 1");
     need("mesh.pp", c.recipe.kind != RecipeKind::kDelayed,
          "with recipe delayed is not built (its amax histories are updated per forward and "
          "backward of all linears, which pipeline stages interleave); use another recipe");
@@ -152,6 +159,7 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     FaultInjection other = o.faults;
     other.pp_last_backward_sync_skipped = false;
     other.pp_microbatch_grads_overwritten = false;
+    other.pp_tied_embedding_grad_not_synced = false;
     need("mesh.pp", !other.any(),
          "fault injection other than the pp_* faults is not built with pipeline stages (the "
          "faults' hooks assume one stage)");

@@ -406,6 +406,9 @@ struct TrainingSession::Impl {
                        stage_schedule(config.training.pp_schedule, pp.size(), pp.rank(),
                                       config.training.micro_batches),
                        runner);
+    // Tied embeddings: the end stages' gradient parts, exchanged and reduced once the schedule
+    // is done (docs/design.md section 33).
+    units->sync_tied_embedding(faults.pp_tied_embedding_synced(step));
     MP_CHECK(runner.in_flight.empty(), "pipeline stage {}: {} micro-batches never ran backward",
              pp.rank(), runner.in_flight.size());
     return runner.loss_sum;
@@ -448,7 +451,7 @@ std::map<std::string, Tensor> gather_all_stages(const Config& config, const Shar
   for (int s = 0; s < pp.size(); ++s) {
     const StageLayers span = stage_layers(config.model.layers, pp.size(), s);
     for (const ParamSpec& spec : specs) {
-      if (!stage_holds(spec, span)) continue;
+      if (!stage_reports(spec, span)) continue;  // a tied embed.tok: the first stage's copy
       Tensor t = s == pp.rank()
                      ? out.at(spec.name)
                      : Tensor::empty(spec.shape, kernels::DType::kFloat32, kernels::Device::cpu());

@@ -75,7 +75,12 @@ ShardPlan::ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int ran
 bool stage_holds(const ParamSpec& spec, const StageLayers& stage) {
   if (spec.unit != kRootUnit)
     return spec.unit >= stage.first && spec.unit < stage.first + stage.count;
+  if (spec.tied_head) return stage.first_stage || stage.last_stage;
   return spec.name.starts_with("embed.") ? stage.first_stage : stage.last_stage;
+}
+
+bool stage_reports(const ParamSpec& spec, const StageLayers& stage) {
+  return stage_holds(spec, stage) && (!spec.tied_head || stage.first_stage);
 }
 
 void ShardPlan::add_state_entries(ShardedState& state) const {

@@ -51,9 +51,14 @@ struct ShardedParam {
 };
 
 // Whether pipeline stage `stage` holds parameter `spec` (docs/design.md section 33): its layers'
-// parameters, the embeddings on the first stage, the final norm and lm_head on the last. Tied
-// embeddings are not split (run rules refuse them with pp > 1).
+// parameters, the embeddings on the first stage, the final norm and lm_head on the last. A tied
+// embed.tok (ParamSpec::tied_head) is held by both end stages: one copy each, identical masters
+// (the same Philox rows), kept identical by the exchange of their gradient parts.
 bool stage_holds(const ParamSpec& spec, const StageLayers& stage);
+// Whether stage `stage`'s copy of `spec` is the one counted in the global gradient norm and
+// reported (gather_params, digests): every held parameter but the last stage's copy of a tied
+// embed.tok (the first stage's copy is counted).
+bool stage_reports(const ParamSpec& spec, const StageLayers& stage);
 
 class ShardPlan {
  public:

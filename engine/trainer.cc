@@ -70,11 +70,21 @@ StepMetrics Trainer::step(
     recipe_.restore(before);
     tp.moe_load = &load;
   }
+  // Tied embeddings (docs/design.md section 33): the head's contributions H and the embedding
+  // backward's E accumulate apart and are added once, E + H, as the session does on any mesh.
+  const bool tied = config_.model.tied_embeddings;
+  if (tied)
+    grads_.insert(kTiedHeadGrad,
+                  kernels::Tensor::zeros(grads_.at("embed.tok").shape(), kernels::DType::kFloat32));
   for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
     const int64_t row0 = mb * micro_rows;
     const kernels::Tensor tokens = data_.rows(step_, row0, row0 + micro_rows);
     loss_sum += model_.forward_backward(*weights, tokens, {step_, row0}, 1.0 / positions, grads_,
                                         &recipe_, tp);
+  }
+  if (tied) {
+    kernels::add_(grads_.at("embed.tok"), grads_.at(kTiedHeadGrad));
+    grads_.erase(kTiedHeadGrad);
   }
   metrics.loss = loss_sum / positions;
 

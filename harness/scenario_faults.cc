@@ -64,6 +64,8 @@ constexpr FaultRequirement kTwoStages{"mesh.pp >= 2",
 constexpr FaultRequirement kUnevenVocabShards{
     "model.vocab not divisible by mesh.dp_shard (the padded vocabulary rows are what leaks)",
     [](const Scenario& s) { return s.model.vocab % s.mesh.dp_shard != 0; }};
+constexpr FaultRequirement kTiedEmbeddings{
+    "model.tied_embeddings: true", [](const Scenario& s) { return s.model.tied_embeddings; }};
 
 // ---- the generic faults' parameter checks: a glob must name something of the scenario's run
 // (its checkpoint keys and linears are known before running, engine/fault_hooks.h).
@@ -845,6 +847,18 @@ const std::vector<FaultDescriptor>& rows() {
           .params = {},
           .inject = [](const FaultSpec&,
                        engine::FaultInjection& f) { f.pp_microbatch_grads_overwritten = true; },
+      },
+      {
+          .name = "pp_tied_embedding_grad_not_synced",
+          .bug_class = "pipeline parallelism with tied embeddings: the first stage's embedding "
+                       "gradient and the last stage's LM-head gradient of the shared weight are "
+                       "not exchanged before the reduction, so each end stage updates its copy "
+                       "with its own part only and the two copies drift apart",
+          .needs = {kTwoStages, kTiedEmbeddings, kDeferredSync},
+          .caught_by = {"reference", "golden"},
+          .params = {},
+          .inject = [](const FaultSpec&,
+                       engine::FaultInjection& f) { f.pp_tied_embedding_grad_not_synced = true; },
       },
   };
   return table;

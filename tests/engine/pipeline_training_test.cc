@@ -13,6 +13,7 @@
 #include "engine/pipeline.h"
 #include "engine/run_rules.h"
 #include "engine/session.h"
+#include "engine/shard_plan.h"
 #include "kernels/error.h"
 #include "test_config.h"
 
@@ -176,9 +177,22 @@ TEST(PipelineTraining, UnsupportedCombinationsAreRefused) {
   MeshSpec too_many = m;
   too_many.pp = 5;
   EXPECT_NE(issue(run_options(c, too_many, 1)).find("exceeds model.layers = 4"), std::string::npos);
+  // Tied embeddings run (TiedEmbeddings* below), except with checkpoints and with a reduction
+  // after every micro-batch.
   Config tied = c;
   tied.model.tied_embeddings = true;
-  EXPECT_NE(issue(run_options(tied, m, 1)).find("tied_embeddings"), std::string::npos);
+  EXPECT_EQ(issue(run_options(tied, m, 1)), "");
+  RunOptions tied_saving = run_options(tied, m, 1);
+  tied_saving.before_start = [](ShardedState&, mesh::RankComms&) {};
+  EXPECT_NE(issue(tied_saving).find("model.tied_embeddings"), std::string::npos);
+  RunOptions tied_each = run_options(tied, m, 1);
+  tied_each.fsdp.sync_each_micro_batch = true;
+  bool refused = false;
+  for (const ConfigIssue& i : check_run(tied_each))
+    refused |= i.key_path == "fsdp.sync_each_micro_batch" &&
+               i.message.find("model.tied_embeddings") != std::string::npos;
+  EXPECT_TRUE(refused);
+  EXPECT_THROW(run_training(tied_each), kernels::Error);
   Config delayed = pp_config(RecipeKind::kDelayed);
   EXPECT_NE(issue(run_options(delayed, m, 1)).find("recipe delayed"), std::string::npos);
   Config moe = c;
@@ -193,7 +207,128 @@ TEST(PipelineTraining, UnsupportedCombinationsAreRefused) {
   saving.after_step = [](ShardedState&, mesh::RankComms&, int64_t) { return false; };
   EXPECT_NE(issue(saving).find("checkpoints"), std::string::npos);
   // The session refuses them too (the constructor runs the same rules).
-  EXPECT_THROW(run_training(run_options(tied, m, 1)), kernels::Error);
+  EXPECT_THROW(run_training(run_options(moe, m, 1)), kernels::Error);
+}
+
+// Tied embeddings (docs/design.md section 33): embed.tok is held by the first stage (the
+// embedding) and the last (the LM head); each accumulates its part of the gradient over the
+// micro-batches (E, H), the two exchange them after the schedule and both reduce E + H, which
+// one stage adds once too. pp 2 and 4 (a middle stage holds no copy), both schedules, dp_shard 1
+// and 2, fp32 and bf16: loss, grad norm (the tied weight counted once) and every parameter
+// bitwise one stage's, every step; the losses after step 0 use both copies (the first stage's
+// embedding, the last stage's head), so they also show the copies stay equal.
+TEST(PipelineTraining, TiedEmbeddingsAreBitwiseOneStage) {
+  for (RecipeKind recipe : {RecipeKind::kFp32, RecipeKind::kBf16}) {
+    for (int dp_shard : {1, 2}) {
+      Config c = pp_config(recipe);
+      c.model.tied_embeddings = true;
+      MeshSpec one;
+      one.dp_shard = dp_shard;
+      const RunResult ref = run_training(run_options(c, one, kSteps));
+      ASSERT_EQ(ref.metrics.size(), static_cast<size_t>(kSteps));
+      ASSERT_EQ(ref.final_params.count("lm_head.weight"), 0U);
+      for (int pp : {2, 4}) {
+        for (PpSchedule sched : {PpSchedule::kGpipe, PpSchedule::kOneFOneB}) {
+          c.training.pp_schedule = sched;
+          MeshSpec m = one;
+          m.pp = pp;
+          const std::string ctx =
+              fmt::format("tied, recipe {} dp_shard {} pp {} {}", recipe_name(recipe), dp_shard, pp,
+                          pp_schedule_name(sched));
+          const RunResult run = run_training(run_options(c, m, kSteps));
+          ASSERT_EQ(run.final_params.size(), ref.final_params.size()) << ctx;
+          expect_same_run(ref, run, ctx);
+        }
+      }
+    }
+  }
+}
+
+// Which stages hold a tied embed.tok (stage_holds) and which copy is counted and reported
+// (stage_reports): pp 3 of 4 layers, the first and the last stage hold it, the middle one not;
+// only the first stage's copy is reported. Untied, the embeddings stay on the first stage and
+// lm_head on the last.
+TEST(PipelineTraining, TiedEmbeddingIsHeldByBothEndStages) {
+  for (bool tied : {false, true}) {
+    Config c = pp_config(RecipeKind::kFp32);
+    c.model.tied_embeddings = tied;
+    for (const ParamSpec& spec : param_specs(c.model)) {
+      if (spec.unit != kRootUnit) continue;
+      EXPECT_EQ(spec.tied_head, tied && spec.name == "embed.tok") << spec.name;
+      for (int s = 0; s < 3; ++s) {
+        const StageLayers span = stage_layers(4, 3, s);
+        const bool embed = spec.name.starts_with("embed.");
+        const bool holds = embed ? s == 0 || (spec.tied_head && s == 2) : s == 2;
+        EXPECT_EQ(stage_holds(spec, span), holds) << spec.name << " stage " << s;
+        EXPECT_EQ(stage_reports(spec, span), embed ? s == 0 : s == 2)
+            << spec.name << " stage " << s;
+      }
+    }
+  }
+}
+
+// Tied embeddings with tensor parallelism inside the stages (pp 2 x dp_shard 2 x tp 2): the
+// tp-replicated embed.tok, and the vocabulary-parallel one (its rows split over tp on both end
+// stages) under sequence parallelism, whose parts are partial sums over tp reduced after E + H.
+// Traced: every step's gradient and weight digests hash for hash (one copy of embed.tok each).
+TEST(PipelineTraining, TiedEmbeddingsWithTensorParallelInsideStages) {
+  for (bool sp : {false, true}) {
+    Config c = pp_config(RecipeKind::kFp32);
+    c.model.tied_embeddings = true;
+    c.model.vocab_parallel = sp;
+    c.training.micro_batches = 2;
+    c.training.pp_schedule = PpSchedule::kOneFOneB;
+    MeshSpec one;
+    one.dp_shard = 2;
+    one.tp = 2;
+    one.sequence_parallel = sp;
+    RunOptions ro = run_options(c, one, 2);
+    ro.trace = true;
+    const RunResult ref = run_training(ro);
+    ro.mesh.pp = 2;
+    const RunResult run = run_training(ro);
+    const std::string ctx =
+        sp ? "tied, pp 2 x dp_shard 2 x tp 2, sp, vocab parallel" : "tied, pp 2 x tp 2";
+    ASSERT_EQ(run.final_params.size(), ref.final_params.size()) << ctx;
+    expect_same_run(ref, run, ctx);
+    ASSERT_EQ(run.trace.size(), ref.trace.size()) << ctx;
+    for (size_t step = 0; step < ref.trace.size(); ++step) {
+      ASSERT_EQ(run.trace[step].size(), ref.trace[step].size()) << ctx << " step " << step;
+      for (size_t i = 0; i < ref.trace[step].size(); ++i)
+        EXPECT_EQ(run.trace[step][i].hash, ref.trace[step][i].hash)
+            << ctx << " " << ref.trace[step][i].name << " step " << step;
+    }
+  }
+}
+
+// pp_tied_embedding_grad_not_synced: the end stages skip the exchange, so the first stage's copy
+// is updated with the embedding's part only and the last stage's with the head's. Step 0's loss
+// is still one stage's (the forward precedes the update), every later one differs, and the
+// reported (first stage's) embed.tok differs; the same run without the fault (the negative
+// control) is one stage's bit for bit (TiedEmbeddingsAreBitwiseOneStage covers it too).
+TEST(PipelineTraining, TiedEmbeddingGradNotSyncedIsSeen) {
+  Config c = pp_config(RecipeKind::kFp32);
+  c.model.tied_embeddings = true;
+  c.training.pp_schedule = PpSchedule::kOneFOneB;
+  MeshSpec one;
+  one.dp_shard = 2;
+  const RunResult ref = run_training(run_options(c, one, kSteps));
+  MeshSpec m = one;
+  m.pp = 2;
+  RunOptions ro = run_options(c, m, kSteps);
+  const RunResult clean = run_training(ro);
+  expect_same_run(ref, clean, "tied pp 2, no fault");
+  ro.faults.pp_tied_embedding_grad_not_synced = true;
+  const RunResult bad = run_training(ro);
+  ASSERT_EQ(bad.metrics.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(bad.metrics[0].loss, ref.metrics[0].loss);
+  // The norm of step 0 counts the first stage's gradient, E alone.
+  EXPECT_NE(bad.metrics[0].grad_norm, ref.metrics[0].grad_norm);
+  for (int64_t s = 1; s < kSteps; ++s)
+    EXPECT_NE(bad.metrics[static_cast<size_t>(s)].loss, ref.metrics[static_cast<size_t>(s)].loss)
+        << "step " << s;
+  EXPECT_NE(bad.final_params.at("embed.tok").to_vector<float>(),
+            ref.final_params.at("embed.tok").to_vector<float>());
 }
 
 }  // namespace

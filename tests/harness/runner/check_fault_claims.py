@@ -128,6 +128,9 @@ CLAIMS = {
     ("pp_microbatch_grads_overwritten", "reference"):
         ("reference", "{mesh: {dp_shard: 2}, rtol: 0}"),
     ("pp_microbatch_grads_overwritten", "golden"): ("golden", "{mode: exact}"),
+    ("pp_tied_embedding_grad_not_synced", "reference"):
+        ("reference", "{mesh: {dp_shard: 2}, rtol: 0}"),
+    ("pp_tied_embedding_grad_not_synced", "golden"): ("golden", "{mode: exact}"),
 }
 ALL_CHECKS = ("golden", "resume", "reference", "allgather_parity", "determinism", "state",
               "collectives")

@@ -66,7 +66,7 @@ TEST_P(FaultTableRow, InjectsItsFaultFromItsFirstStep) {
 }
 
 // The engine faults a FaultInjection switches on (engine/faults.h), one flag each.
-std::array<bool, 36> switched_on(const engine::FaultInjection& f) {
+std::array<bool, 37> switched_on(const engine::FaultInjection& f) {
   return {f.amax_not_reduced, f.tp_fsdp_left_to_right, f.fp8_state_dropped_from_checkpoint,
           f.scale_inv_saved_bf16, f.stale_columnwise_copy, f.data_cursor_not_restored,
           f.optimizer_state_not_restored, f.hsdp_replicas_not_reduced, f.uneven_shard_padding_leak,
@@ -96,14 +96,15 @@ std::array<bool, 36> switched_on(const engine::FaultInjection& f) {
           // grouped expert quantization (issue #23)
           f.expert_split_padding_too_small,
           // pipeline-parallel faults (issue #24)
-          f.pp_last_backward_sync_skipped, f.pp_microbatch_grads_overwritten};
+          f.pp_last_backward_sync_skipped, f.pp_microbatch_grads_overwritten,
+          f.pp_tied_embedding_grad_not_synced};
 }
 
 // Each row switches on exactly one engine fault, and no other row switches on the same one.
 TEST_P(FaultTableRow, SwitchesOnOneEngineFaultOfItsOwn) {
   engine::FaultInjection mine;
   row().inject(library_spec(), mine);
-  const std::array<bool, 36> flags = switched_on(mine);
+  const std::array<bool, 37> flags = switched_on(mine);
   EXPECT_EQ(std::count(flags.begin(), flags.end(), true), 1);
   for (const FaultDescriptor& other : fault_table()) {
     if (other.name == GetParam()) continue;
