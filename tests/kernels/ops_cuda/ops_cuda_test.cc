@@ -653,8 +653,8 @@ std::vector<float> moe_logits(int64_t n, uint32_t seed) {
 // weights use the device's double exp (CUDA's, within 1 ulp of double, against glibc's 0.51 ulp;
 // kernels/moe_row.h), so they are not guaranteed bitwise: the float-rounded probability can
 // differ by 1 float ulp where the double lands within an ulp or two of a rounding boundary
-// (about 2^-28 of the elements), and a weight p / S by 2 ulps (its own rounding plus one ulp
-// of p or S). The number of differing bits is recorded.
+// (of the order of 2^-27 of the elements, estimated), and a weight p / S by 2 ulps (its own
+// rounding plus one ulp of p or S). The number of differing bits is recorded.
 TEST(OpsCuda, MoeRouteChoicesEqualTheCpuOnTheDevice) {
   MP_SKIP_WITHOUT_GPU();
   constexpr int64_t kT = 1000, kE = 8;
