@@ -27,6 +27,7 @@ bool device_op(const char* op, Device dev) {
 
 std::string described(const Tensor& t) { return t.defined() ? t.describe() : "undefined"; }
 
+#if MESHPROOF_HAVE_CUDA
 // The element type code of the launchers (moe_cuda.h): float32 0, bfloat16 1.
 int device_type(const char* op, const Tensor& t) {
   MP_CHECK(t.dtype() == DType::kFloat32 || t.dtype() == DType::kBFloat16,
@@ -34,7 +35,6 @@ int device_type(const char* op, const Tensor& t) {
   return t.dtype() == DType::kBFloat16 ? 1 : 0;
 }
 
-#if MESHPROOF_HAVE_CUDA
 void check_launch(int status) { MP_CUDA_CHECK(static_cast<cudaError_t>(status)); }
 #endif
 

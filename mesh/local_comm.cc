@@ -220,6 +220,12 @@ class LocalWorld::Impl::Group {
   };
   void post(int from, int to, Message m);
   Message take(int from, int to, std::string_view what);
+  // Drops the messages nobody received (a failed run): a device message's storage is freed on
+  // its sender's stream, so this runs before the ranks' streams are destroyed.
+  void drop_messages() {
+    std::lock_guard<std::mutex> lk(mu_);
+    p2p_.clear();
+  }
 
  private:
   void throw_if_aborted(std::string_view what) {
@@ -557,6 +563,13 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
   } owned;
   owned.s.assign(static_cast<size_t>(n), nullptr);
   std::vector<void*>& streams = owned.s;
+  // Destroyed before `owned`: unreceived messages go while their senders' streams still exist.
+  struct DropMessages {
+    Impl& impl;
+    ~DropMessages() {
+      for (auto& [key, g] : impl.groups) g->drop_messages();
+    }
+  } drop_messages{impl};
 #if MESHPROOF_HAVE_CUDA
   if (options_.device.is_cuda()) {
     MP_CUDA_CHECK(cudaSetDevice(options_.device.index));

@@ -268,7 +268,9 @@ TEST_F(DeviceStateGpu, MoeStepsMoveOnlyScalarsAndExpertCounts) {
         o.config.model.moe.aux_loss_coef = aux;
         o.steps = 3;
         const int64_t experts = o.config.model.moe.experts;
-        const int64_t layers = o.config.model.layers;
+        int64_t layers = 0;  // MoE layers: layer i is one when i % every == 0
+        for (int64_t i = 0; i < o.config.model.layers; ++i)
+          layers += i % o.config.model.moe.every == 0;
         ASSERT_EQ(experts, 4);
         const std::string what = s.name + " dp_shard " + std::to_string(shard) + " ep " +
                                  std::to_string(ep) + " aux " + std::to_string(aux);
