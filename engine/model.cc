@@ -793,8 +793,8 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
       sp ? seq_gather(*linear.tp.comm, d_out, linear.batch, linear.seq) : d_out;
   Linear el = linear.experts();
   Tensor d_y = new_tensor({a.dispatch.padded_rows(), h}, dt);
-  std::vector<double> d_weight;
-  moe::combine_backward(d_out_all, ep ? a.y_local : a.y_perm, a.dispatch, a.routing, d_y, d_weight);
+  const Tensor d_weight =
+      moe::combine_backward(d_out_all, ep ? a.y_local : a.y_perm, a.dispatch, a.routing, d_y);
   if (ep) d_y = moe::to_owners(*linear.tp.expert, a.ep, a.dispatch, d_y);
   Tensor d_xp = Tensor::zeros({padded, h}, dt);
   for (int64_t e = 0; e < mc.experts; ++e) {
@@ -852,12 +852,13 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
                  linear, d_shared);
     kernels::add_(d_ln2, d_shared);
   }
-  // Router: through the combine weights and the load-balancing loss, in fp32.
+  // Router: through the combine weights and the load-balancing loss, in fp32 (no aux term
+  // without the loss: nothing to upload).
   const std::vector<double> aux =
       mc.aux_loss_coef > 0 ? moe::aux_d_prob(a.load, mc.top_k, mc.aux_loss_coef, linear.grad_scale)
-                           : std::vector<double>(static_cast<size_t>(mc.experts), 0.0);
-  Tensor d_logits = moe::route_backward(a.routing, d_weight, aux, mc.router, a.router_in.dtype());
-  if (!a.router_in.device().is_cpu()) d_logits = d_logits.to(a.router_in.device());
+                           : std::vector<double>{};
+  const Tensor d_logits =
+      moe::route_backward(a.routing, d_weight, aux, mc.router, a.router_in.dtype());
   if (replicated_grads)
     kernels::gemm_wgrad(&d_logits, &a.router_in, *g.router_w, {.accumulate = true});
   Tensor d_router_in = new_tensor({rows, h}, a.router_in.dtype());

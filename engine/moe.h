@@ -1,9 +1,11 @@
 // Mixture-of-experts routing and dispatch (docs/design.md section 27): the router's top-k choice,
 // the sort of (token, choice) pairs into per-expert blocks padded to the recipe's row alignment,
 // and the permute / combine steps around the expert GEMMs, with their backward. All of it is
-// exact host-side index work and double arithmetic rounded once, so the result depends on
-// neither the mesh nor the padding: padding rows are zero on the way in and never read on the way
-// out (tests/engine/moe_test.cc checks this against an unpadded per-expert loop).
+// exact index work and double arithmetic rounded once, so the result depends on neither the mesh
+// nor the padding: padding rows are zero on the way in and never read on the way out
+// (tests/engine/moe_test.cc checks this against an unpadded per-expert loop). The work runs on
+// the tensors' device (kernels/moe_route.h, kernels/moe_rows.h); the host keeps only the
+// per-expert counts, which size the expert blocks and the exchange (docs/design.md section 37).
 //
 // Shapes: T tokens (rows of this micro-batch), E experts, k = top_k, H hidden, P padded rows.
 #pragma once
@@ -17,36 +19,46 @@
 
 namespace meshproof::engine::moe {
 
-// The router's decision for T tokens.
+// The router's decision for T tokens, on the logits' device.
 struct Routing {
   int64_t tokens = 0, experts = 0, top_k = 0;
-  std::vector<double> probs;    // [T, E] probabilities: softmax or sigmoid of the logits
-  std::vector<int32_t> expert;  // [T, k] chosen experts, by descending probability; ties to the
-                                // lower expert index
-  std::vector<double> weight;   // [T, k] combine weights: the chosen probabilities divided by
-                                // their sum (renormalised over the top k)
+  kernels::Tensor probs;   // float64 [T, E] probabilities: softmax or sigmoid of the logits
+  kernels::Tensor expert;  // int32 [T, k] chosen experts, by descending probability; ties to the
+                           // lower expert index
+  kernels::Tensor weight;  // float64 [T, k] combine weights: the chosen probabilities divided by
+                           // their sum (renormalised over the top k)
+  kernels::Tensor counts;  // int64 [E] routed (token, choice) pairs per expert, on the device
+  std::vector<int64_t> host_counts;  // [E] the same on the host (the one download of route)
 };
 
 // logits: float32 [T, E] (any device). Probabilities are evaluated in double per row and rounded
 // once to float; the combine weights likewise. float64 logits (the CPU backend's float64 mode,
-// finite-difference checks) keep both in double.
+// finite-difference checks) keep both in double. On a device the counts are downloaded (E int64:
+// the only bytes that cross).
 Routing route(const kernels::Tensor& logits, int64_t top_k, MoeRouter router);
 
-// d(objective)/d(logits), [T, E] in `dtype` (the logits') on the host, evaluated in double from
-// d/d(weight) [T, k] and a per-expert term added to d/d(probs) of every token (the
-// load-balancing loss's c * E * f_e * scale).
-kernels::Tensor route_backward(const Routing& r, const std::vector<double>& d_weight,
+// A routing from choices made on the host (tests and tools that route by hand): `expert` [T, k],
+// `weight` [T, k], probabilities zero; on the CPU.
+Routing routing_from_choices(int64_t experts, int64_t top_k, const std::vector<int32_t>& expert,
+                             const std::vector<double>& weight);
+
+// d(objective)/d(logits), [T, E] in `dtype` (the logits') on the routing's device, evaluated in
+// double from d/d(weight) (float64 [T, k], combine_backward's) and a per-expert term added to
+// d/d(probs) of every token (the load-balancing loss's c * E * f_e * scale; empty: zero; on a
+// device its E doubles are uploaded).
+kernels::Tensor route_backward(const Routing& r, const kernels::Tensor& d_weight,
                                const std::vector<double>& aux_d_prob, MoeRouter router,
                                kernels::DType dtype);
 
 // Where every (token, choice) pair goes: pairs sorted stably by (expert, token), expert e's rows
 // [offset[e], offset[e] + rows[e]) followed by zero rows up to offset[e + 1], a multiple of the
-// alignment (0 rows stay 0 unless keep_empty).
+// alignment (0 rows stay 0 unless keep_empty). rows and offset are host integers (from the
+// routing's host counts); token and slot live on the routing's device.
 struct Dispatch {
   std::vector<int64_t> rows;    // [E] routed pairs per expert
   std::vector<int64_t> offset;  // [E + 1] first row of each expert's padded block; offset[E] = P
-  std::vector<int64_t> token;   // [P] source token of each dispatched row, -1 for padding
-  std::vector<int64_t> slot;    // [T, k] dispatched row of (token, choice)
+  kernels::Tensor token;        // int64 [P] source token of each dispatched row, -1 for padding
+  kernels::Tensor slot;         // int64 [T, k] dispatched row of (token, choice)
   int64_t padded_rows() const { return offset.back(); }
 };
 // keep_empty (quantized recipes): an expert with no routed pair still gets one block of `align`
@@ -70,16 +82,17 @@ kernels::Tensor permute(const kernels::Tensor& x, const Dispatch& d);
 // out[t] = sum over j in order of weight[t, j] * y[slot[t, j]] in double, rounded once to out's
 // dtype. y [P, H], out [T, H].
 void combine(const kernels::Tensor& y, const Dispatch& d, const Routing& r, kernels::Tensor& out);
-// Backward of combine: dy[slot[t, j]] = weight[t, j] * dout[t] (rounded once; padding rows 0) and
-// d_weight[t, j] = sum_h dout[t, h] * y[slot[t, j], h] in double.
-void combine_backward(const kernels::Tensor& dout, const kernels::Tensor& y, const Dispatch& d,
-                      const Routing& r, kernels::Tensor& dy, std::vector<double>& d_weight);
+// Backward of combine: dy[slot[t, j]] = weight[t, j] * dout[t] (rounded once; padding rows 0);
+// returns d_weight float64 [T, k], d_weight[t, j] = sum_h dout[t, h] * y[slot[t, j], h] in double.
+kernels::Tensor combine_backward(const kernels::Tensor& dout, const kernels::Tensor& y,
+                                 const Dispatch& d, const Routing& r, kernels::Tensor& dy);
 // Backward of permute: dx[t] = sum over j in order of dxp[slot[t, j]] (double, rounded once).
 void unpermute_sum(const kernels::Tensor& dxp, const Dispatch& d, const Routing& r,
                    kernels::Tensor& dx);
 
 // The Switch load-balancing statistics of some tokens: routed pairs per expert, summed
-// probabilities per expert, and the token count (summed over the data-parallel ranks, they give
+// probabilities per expert (summed on the device in token order; E doubles downloaded), and the
+// token count (summed over the data-parallel ranks, they give
 // the global batch's f_e = count_e / (T k) and P_e = prob_sum_e / T).
 struct BalanceStats {
   std::vector<double> count, prob_sum;
@@ -118,9 +131,14 @@ struct EpExchange {
   std::vector<int64_t> send_rows;  // [members] rows this rank sends to each member (as source)
   std::vector<int64_t> recv_rows;  // [members] rows this rank receives from each (as owner)
   // The owner layout: rows / offset per expert as in Dispatch (0 rows for experts not owned);
-  // token[row] = the row's index in the received order (-1 for padding).
+  // token[row] = the row's index in the received order (-1 for padding), a host tensor (index
+  // bookkeeping; slot is not used).
   Dispatch owner;
   std::vector<int64_t> owner_row;  // [received rows] owner-layout row of each received row
+  // [ep * E / ep] rows of local expert l received from group member q, at q * (E / ep) + l: the
+  // received order is blocks of these, each a contiguous run of owner-layout rows, so the
+  // exchanges move whole blocks (device-to-device copies on a device), never single rows.
+  std::vector<int64_t> received;
   int64_t owner_of(int64_t expert, int member) const;  // member index of the expert's owner
 };
 

@@ -12,6 +12,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #if defined(__linux__)
@@ -209,14 +210,22 @@ class LocalWorld::Impl::Group {
   }
 
   // Point-to-point (defined at the end of the file): `from` posts a copy of its bytes to `to`'s
-  // queue; `to` takes the oldest message from `from`.
+  // queue; `to` takes the oldest message from `from`. A host buffer's copy is host bytes; a device
+  // buffer's copy is a device tensor of bytes on the sender's device (no host staging).
   struct Message {
     kernels::DType dtype = kernels::DType::kUInt8;
     int64_t numel = 0;
-    std::vector<std::byte> bytes;
+    std::vector<std::byte> bytes;         // the copy of a host buffer
+    std::optional<kernels::Tensor> copy;  // [nbytes] uint8: the copy of a device buffer
   };
   void post(int from, int to, Message m);
   Message take(int from, int to, std::string_view what);
+  // Drops the messages nobody received (a failed run): a device message's storage is freed on
+  // its sender's stream, so this runs before the ranks' streams are destroyed.
+  void drop_messages() {
+    std::lock_guard<std::mutex> lk(mu_);
+    p2p_.clear();
+  }
 
  private:
   void throw_if_aborted(std::string_view what) {
@@ -554,6 +563,13 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
   } owned;
   owned.s.assign(static_cast<size_t>(n), nullptr);
   std::vector<void*>& streams = owned.s;
+  // Destroyed before `owned`: unreceived messages go while their senders' streams still exist.
+  struct DropMessages {
+    Impl& impl;
+    ~DropMessages() {
+      for (auto& [key, g] : impl.groups) g->drop_messages();
+    }
+  } drop_messages{impl};
 #if MESHPROOF_HAVE_CUDA
   if (options_.device.is_cuda()) {
     MP_CUDA_CHECK(cudaSetDevice(options_.device.index));
@@ -649,26 +665,46 @@ LocalWorld::Impl::Group::Message LocalWorld::Impl::Group::take(int from, int to,
 namespace {
 
 // The bytes are copied out before send returns (the buffer may be reused at once), so a send
-// never waits for its receive: a pipeline stage may send its activation and go on.
+// never waits for its receive: a pipeline stage may send its activation and go on. A device
+// buffer is copied device to device into a byte tensor on its own device, on the sender's stream
+// (after the kernels that wrote it), and the stream is synchronised before the message is posted,
+// so the copy is complete when the receiver (another stream) reads it; nothing crosses to the
+// host (docs/design.md "Host-device traffic per step").
 void LocalCommunicator::do_send(const Tensor& buffer, int peer) {
-  sync_rank_stream();
   LocalWorld::Impl::Group::Message m;
   m.dtype = buffer.dtype();
   m.numel = buffer.numel().value;
-  m.bytes.resize(static_cast<size_t>(buffer.nbytes().value));
-  kernels::copy_bytes(m.bytes.data(), kernels::Device::cpu(), buffer.raw_data(), buffer.device(),
-                      buffer.nbytes());
+  if (buffer.device().is_cpu()) {
+    sync_rank_stream();
+    m.bytes.resize(static_cast<size_t>(buffer.nbytes().value));
+    kernels::copy_bytes(m.bytes.data(), kernels::Device::cpu(), buffer.raw_data(), buffer.device(),
+                        buffer.nbytes());
+  } else {
+    Tensor copy = Tensor::empty({buffer.nbytes().value}, kernels::DType::kUInt8, buffer.device());
+    kernels::copy_bytes(copy.raw_data(), copy.device(), buffer.raw_data(), buffer.device(),
+                        buffer.nbytes());
+    sync_rank_stream();
+    m.copy = std::move(copy);
+  }
   group_.post(rank(), peer, std::move(m));
 }
 
+// A device message is copied on the receiver's stream and the stream synchronised before the
+// message is dropped: its storage is freed on the sender's stream, which does not wait for this
+// one.
 void LocalCommunicator::do_recv(Tensor& buffer, int peer) {
   const LocalWorld::Impl::Group::Message m = group_.take(peer, rank(), "recv");
   MP_CHECK(m.dtype == buffer.dtype() && m.numel == buffer.numel().value,
            "local recv on {}: rank {} sent {} elements of {} but rank {} receives into {}",
            describe(), ranks()[static_cast<size_t>(peer)], m.numel, kernels::dtype_name(m.dtype),
            ranks()[static_cast<size_t>(rank())], buffer.describe());
-  kernels::copy_bytes(buffer.raw_data(), buffer.device(), m.bytes.data(), kernels::Device::cpu(),
-                      buffer.nbytes());
+  if (m.copy.has_value()) {
+    kernels::copy_bytes(buffer.raw_data(), buffer.device(), m.copy->raw_data(), m.copy->device(),
+                        buffer.nbytes());
+  } else {
+    kernels::copy_bytes(buffer.raw_data(), buffer.device(), m.bytes.data(), kernels::Device::cpu(),
+                        buffer.nbytes());
+  }
   sync_rank_stream();
 }
 

@@ -25,22 +25,17 @@ using kernels::Tensor;
 // A routing of `tokens` tokens over `experts` experts with top_k 2 whose choices depend on the
 // rank: the last expert never chosen, and rank 1 routes every token to experts 0 and 1 only.
 moe::Routing uneven_routing(int rank, int64_t tokens, int64_t experts) {
-  moe::Routing r;
-  r.tokens = tokens;
-  r.experts = experts;
-  r.top_k = 2;
+  std::vector<int32_t> expert;
   for (int64_t t = 0; t < tokens; ++t) {
     const int32_t a = rank == 1 ? static_cast<int32_t>(t % 2)
                                 : static_cast<int32_t>((t * 5 + rank) % (experts - 1));
     int32_t b = rank == 1 ? static_cast<int32_t>(1 - t % 2)
                           : static_cast<int32_t>((t * 3 + 1 + rank) % (experts - 1));
     if (b == a) b = static_cast<int32_t>((a + 1) % (experts - 1));
-    r.expert.push_back(a);
-    r.expert.push_back(b);
-    r.weight.push_back(0.5);
-    r.weight.push_back(0.5);
+    expert.push_back(a);
+    expert.push_back(b);
   }
-  return r;
+  return moe::routing_from_choices(experts, 2, expert, std::vector<double>(expert.size(), 0.5));
 }
 
 // Row i of rank q's local layout holds q * 1000 + i in every column.

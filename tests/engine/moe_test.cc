@@ -45,45 +45,46 @@ TEST(MoeRouting, TopKByValueTiesToTheLowerIndexWeightsRenormalised) {
   const Tensor logits = Tensor::from_vector<float>(
       {3, 4}, {0.0f, 2.0f, -1.0f, 2.0f, 0.5f, 0.5f, 0.5f, 0.5f, 1.0f, -3.0f, 3.0f, -3.0f});
   const moe::Routing r = moe::route(logits, 2, MoeRouter::kSoftmax);
-  EXPECT_EQ(r.expert, (std::vector<int32_t>{1, 3, 0, 1, 2, 0}));
+  const std::vector<int32_t> ex = r.expert.to_vector<int32_t>();
+  const std::vector<double> probs = r.probs.to_vector<double>(),
+                            weight = r.weight.to_vector<double>();
+  EXPECT_EQ(ex, (std::vector<int32_t>{1, 3, 0, 1, 2, 0}));
+  EXPECT_EQ(r.host_counts, (std::vector<int64_t>{2, 2, 1, 1}));
+  EXPECT_EQ(r.counts.to_vector<int64_t>(), r.host_counts);
   for (int64_t t = 0; t < 3; ++t) {
     double row = 0;
-    for (int64_t e = 0; e < 4; ++e) row += r.probs[static_cast<size_t>(t * 4 + e)];
+    for (int64_t e = 0; e < 4; ++e) row += probs[static_cast<size_t>(t * 4 + e)];
     EXPECT_NEAR(row, 1.0, 1e-6);  // softmax
-    const double p0 = r.probs[static_cast<size_t>(t * 4 + r.expert[static_cast<size_t>(2 * t)])];
-    const double p1 =
-        r.probs[static_cast<size_t>(t * 4 + r.expert[static_cast<size_t>(2 * t + 1)])];
+    const double p0 = probs[static_cast<size_t>(t * 4 + ex[static_cast<size_t>(2 * t)])];
+    const double p1 = probs[static_cast<size_t>(t * 4 + ex[static_cast<size_t>(2 * t + 1)])];
     // The chosen probabilities divided by their sum, rounded once to float.
-    EXPECT_EQ(r.weight[static_cast<size_t>(2 * t)], static_cast<float>(p0 / (p0 + p1)));
-    EXPECT_EQ(r.weight[static_cast<size_t>(2 * t + 1)], static_cast<float>(p1 / (p0 + p1)));
+    EXPECT_EQ(weight[static_cast<size_t>(2 * t)], static_cast<float>(p0 / (p0 + p1)));
+    EXPECT_EQ(weight[static_cast<size_t>(2 * t + 1)], static_cast<float>(p1 / (p0 + p1)));
   }
   const moe::Routing s = moe::route(logits, 1, MoeRouter::kSigmoid);
-  EXPECT_EQ(s.expert, (std::vector<int32_t>{1, 0, 2}));
-  EXPECT_EQ(s.probs[1], static_cast<float>(1.0 / (1.0 + std::exp(-2.0))));
-  for (double w : s.weight) EXPECT_EQ(w, 1.0);  // top-1: renormalised to exactly 1
+  EXPECT_EQ(s.expert.to_vector<int32_t>(), (std::vector<int32_t>{1, 0, 2}));
+  EXPECT_EQ(s.probs.to_vector<double>()[1], static_cast<float>(1.0 / (1.0 + std::exp(-2.0))));
+  for (double w : s.weight.to_vector<double>()) EXPECT_EQ(w, 1.0);  // top-1: exactly 1
 }
 
 TEST(MoeDispatch, StableByExpertThenTokenPaddedToTheAlignmentEmptyExpertsEmpty) {
-  moe::Routing r;
-  r.tokens = 5;
-  r.experts = 4;
-  r.top_k = 1;
-  r.expert = {2, 0, 2, 0, 2};  // experts 1 and 3 get nothing
-  r.weight.assign(5, 1.0);
+  // Experts 1 and 3 get nothing.
+  const moe::Routing r =
+      moe::routing_from_choices(4, 1, {2, 0, 2, 0, 2}, std::vector<double>(5, 1.0));
   const moe::Dispatch d = moe::dispatch(r, 16);
   EXPECT_EQ(d.rows, (std::vector<int64_t>{2, 0, 3, 0}));
   EXPECT_EQ(d.offset, (std::vector<int64_t>{0, 16, 16, 32, 32}));
-  EXPECT_EQ(d.slot, (std::vector<int64_t>{16, 0, 17, 1, 18}));
+  EXPECT_EQ(d.slot.to_vector<int64_t>(), (std::vector<int64_t>{16, 0, 17, 1, 18}));
   std::vector<int64_t> token(32, -1);
   token[0] = 1;
   token[1] = 3;
   token[16] = 0;
   token[17] = 2;
   token[18] = 4;
-  EXPECT_EQ(d.token, token);
+  EXPECT_EQ(d.token.to_vector<int64_t>(), token);
   const moe::Dispatch kept = moe::dispatch(r, 16, /*keep_empty=*/true);
   EXPECT_EQ(kept.offset, (std::vector<int64_t>{0, 16, 32, 48, 64}));
-  EXPECT_EQ(kept.slot, (std::vector<int64_t>{32, 0, 33, 1, 34}));
+  EXPECT_EQ(kept.slot.to_vector<int64_t>(), (std::vector<int64_t>{32, 0, 33, 1, 34}));
   const moe::Dispatch one = moe::dispatch(r, 1);
   EXPECT_EQ(one.offset, (std::vector<int64_t>{0, 2, 2, 5, 5}));
   for (RecipeKind k : {RecipeKind::kFp32, RecipeKind::kBf16, RecipeKind::kCurrent,
@@ -108,6 +109,8 @@ TEST(MoeGrouped, PaddedBlocksEqualAnUnpaddedPerExpertLoopBitwise) {
   for (int64_t t = 0; t < kT; ++t)
     for (int64_t e = 4; e < kE; ++e) logits.data<float>()[t * kE + e] = -30.0f;  // never chosen
   const moe::Routing r = moe::route(logits, kK, MoeRouter::kSoftmax);
+  const std::vector<int32_t> r_expert = r.expert.to_vector<int32_t>();
+  const std::vector<double> r_weight = r.weight.to_vector<double>();
   std::vector<Tensor> w1, w2;
   for (int64_t e = 0; e < kE; ++e) {
     w1.push_back(random(kF, kH, 10 + static_cast<uint64_t>(e), 0.3));
@@ -118,7 +121,7 @@ TEST(MoeGrouped, PaddedBlocksEqualAnUnpaddedPerExpertLoopBitwise) {
   // Unpadded per-expert loop: expert e's tokens gathered in token order, fc1, GELU, fc2.
   std::vector<std::vector<int64_t>> mine(kE);  // choice index t*k + j per expert
   for (int64_t c = 0; c < kT * kK; ++c)
-    mine[static_cast<size_t>(r.expert[static_cast<size_t>(c)])].push_back(c);
+    mine[static_cast<size_t>(r_expert[static_cast<size_t>(c)])].push_back(c);
   ASSERT_TRUE(mine[4].empty() && mine[5].empty());
   std::vector<std::vector<float>> y_of(kT * kK), dx_of(kT * kK);
   std::vector<Tensor> dw1_loop, dw2_loop;
@@ -132,7 +135,7 @@ TEST(MoeGrouped, PaddedBlocksEqualAnUnpaddedPerExpertLoopBitwise) {
       std::memcpy(xe.data<float>() + i * kH, x.data<float>() + t * kH, kH * sizeof(float));
       for (int64_t h = 0; h < kH; ++h)
         dye.data<float>()[i * kH + h] = static_cast<float>(
-            r.weight[static_cast<size_t>(c)] * static_cast<double>(dout.data<float>()[t * kH + h]));
+            r_weight[static_cast<size_t>(c)] * static_cast<double>(dout.data<float>()[t * kH + h]));
     }
     Tensor h1 = Tensor::empty({n, kF}, DType::kFloat32),
            a1 = Tensor::empty({n, kF}, DType::kFloat32),
@@ -166,7 +169,7 @@ TEST(MoeGrouped, PaddedBlocksEqualAnUnpaddedPerExpertLoopBitwise) {
       double o = 0, g = 0;
       for (int64_t j = 0; j < kK; ++j) {
         const size_t c = static_cast<size_t>(t * kK + j);
-        o += r.weight[c] * static_cast<double>(y_of[c][static_cast<size_t>(h)]);
+        o += r_weight[c] * static_cast<double>(y_of[c][static_cast<size_t>(h)]);
         g += dx_of[c][static_cast<size_t>(h)];
       }
       out_loop[static_cast<size_t>(t * kH + h)] = static_cast<float>(o);
@@ -194,8 +197,16 @@ TEST(MoeGrouped, PaddedBlocksEqualAnUnpaddedPerExpertLoopBitwise) {
     EXPECT_EQ(out.to_vector<float>(), out_loop) << "align " << align;
 
     Tensor dy = Tensor::empty({p, kH}, DType::kFloat32);
-    std::vector<double> d_weight;
-    moe::combine_backward(dout, y, d, r, dy, d_weight);
+    const Tensor d_weight = moe::combine_backward(dout, y, d, r, dy);
+    // d/d(weight) of pair c: the dot product of its token's output gradient and its expert row.
+    const std::vector<double> dw = d_weight.to_vector<double>();
+    for (int64_t c = 0; c < kT * kK; ++c) {
+      double dot = 0;
+      for (int64_t h = 0; h < kH; ++h)
+        dot += static_cast<double>(dout.data<float>()[c / kK * kH + h]) *
+               static_cast<double>(y_of[static_cast<size_t>(c)][static_cast<size_t>(h)]);
+      EXPECT_EQ(dw[static_cast<size_t>(c)], dot) << "align " << align << " pair " << c;
+    }
     Tensor dxp = Tensor::zeros({p, kH}, DType::kFloat32);
     for (int64_t e = 0; e < kE; ++e) {
       const int64_t b = d.offset[static_cast<size_t>(e)],
@@ -223,8 +234,9 @@ TEST(MoeGrouped, PaddedBlocksEqualAnUnpaddedPerExpertLoopBitwise) {
     EXPECT_EQ(dx.to_vector<float>(), dx_loop) << "align " << align;
     // Padding rows of the dispatched gradient are zero.
     const std::vector<float> g = dy.to_vector<float>();
-    for (size_t row = 0; row < d.token.size(); ++row) {
-      if (d.token[row] >= 0) continue;
+    const std::vector<int64_t> token = d.token.to_vector<int64_t>();
+    for (size_t row = 0; row < token.size(); ++row) {
+      if (token[row] >= 0) continue;
       for (int64_t h = 0; h < kH; ++h) EXPECT_EQ(g[row * kH + static_cast<size_t>(h)], 0.0f);
     }
   }

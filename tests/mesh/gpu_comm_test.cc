@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cast.h"
 #include "kernels/device.h"
 #include "kernels/device_reserve.h"
+#include "kernels/runtime.h"
 #include "kernels/tensor.h"
 #include "mesh/local_comm.h"
 #include "mesh/nccl_comm.h"
@@ -117,6 +119,88 @@ TEST(GpuLocalCommTest, OneToEightRanksBitwiseEqualCpu) {
           << "n " << n << " rank " << r << ": device results differ from the CPU reference";
     }
   }
+}
+
+// Send/recv of device buffers over the pp group of a pp = 4 mesh on one GPU (docs/design.md
+// "Host-device traffic per step"): each stage passes its successor an fp32 buffer of odd size
+// holding NaN payloads, denormals and -0, a bf16 buffer and 37 bytes (twice, to check the order),
+// device to device: the received bits equal the sent ones and no rank copies a byte between the
+// host and the device during the exchange (the rank's copy counter, taken after the uploads).
+TEST(GpuLocalCommTest, SendRecvOfDeviceBuffersIsBitwiseWithoutHostCopies) {
+  MP_SKIP_WITHOUT_GPU();
+  const DeviceMesh mesh(1, 1, 1, 4);
+  LocalWorldOptions o;
+  o.device = kernels::Device::cuda(0);
+  o.timeout = std::chrono::seconds(60);
+  LocalWorld world(mesh, o);
+  std::vector<kernels::CopyCounts> during(4);
+  world.run([&](RankComms& comms) {
+    Communicator& pp = comms.group({MeshDim::kPp});
+    ASSERT_EQ(pp.size(), 4);
+    const int s = pp.rank();
+    const kernels::Device dev = kernels::current_context().device;
+    // Host bits of stage `from`'s message `which`: 1001 floats, of which the first three are a NaN
+    // payload, a denormal and -0.
+    const auto bits_of = [](int from, int which) {
+      std::vector<uint32_t> v(1001);
+      for (size_t k = 0; k < v.size(); ++k)
+        v[k] = 0x3f800000u + static_cast<uint32_t>(from * 7919 + which * 104729) +
+               static_cast<uint32_t>(k) * 2654435761u % 8388608u;
+      v[0] = 0x7fc00001u + static_cast<uint32_t>(from);
+      v[1] = 0x00000001u;
+      v[2] = 0x80000000u;
+      return v;
+    };
+    const auto bytes_of = [](int from) {
+      std::vector<uint8_t> v(37);
+      for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<uint8_t>(k * 31 + from);
+      return v;
+    };
+    const auto upload_bits = [&](const std::vector<uint32_t>& v) {
+      Tensor h = Tensor::empty(Shape{static_cast<int64_t>(v.size())}, DType::kFloat32,
+                               kernels::Device::cpu());
+      std::memcpy(h.raw_data(), v.data(), v.size() * 4);
+      return h.to(dev);
+    };
+    // Every upload and receive buffer made before the counting starts.
+    std::vector<Tensor> out, in;
+    if (s + 1 < pp.size()) {
+      out.push_back(upload_bits(bits_of(s, 0)));
+      out.push_back(upload_bits(bits_of(s, 1)));
+      out.push_back(Tensor::from_vector(Shape{37}, bytes_of(s)).to(dev));
+      out.push_back(
+          kernels::cast_to(Tensor::from_vector(Shape{3}, std::vector<float>{1.5f, -2.f, float(s)}),
+                           DType::kBFloat16)
+              .to(dev));
+    }
+    if (s > 0) {
+      in.push_back(Tensor::empty(Shape{1001}, DType::kFloat32, dev));
+      in.push_back(Tensor::empty(Shape{1001}, DType::kFloat32, dev));
+      in.push_back(Tensor::empty(Shape{37}, DType::kUInt8, dev));
+      in.push_back(Tensor::empty(Shape{3}, DType::kBFloat16, dev));
+    }
+    kernels::synchronize_current();
+    const kernels::CopyCounts before = kernels::current_context().copies->counts();
+    for (const Tensor& t : out) pp.send(t, s + 1);
+    for (Tensor& t : in) pp.recv(t, s - 1);
+    during[static_cast<size_t>(comms.rank())] =
+        kernels::current_context().copies->counts() - before;
+    if (s > 0) {
+      for (int which = 0; which < 2; ++which) {
+        const std::vector<uint32_t> want = bits_of(s - 1, which);
+        const Tensor got = in[static_cast<size_t>(which)].to(kernels::Device::cpu());
+        EXPECT_EQ(std::memcmp(got.raw_data(), want.data(), want.size() * 4), 0)
+            << "stage " << s << " message " << which;
+      }
+      EXPECT_EQ(in[2].to_vector<uint8_t>(), bytes_of(s - 1)) << "stage " << s;
+      EXPECT_EQ(
+          kernels::cast_to(in[3].to(kernels::Device::cpu()), DType::kFloat32).to_vector<float>(),
+          (std::vector<float>{1.5f, -2.f, float(s - 1)}))
+          << "stage " << s;
+    }
+  });
+  for (size_t r = 0; r < during.size(); ++r)
+    EXPECT_EQ(during[r].total(), 0) << "rank " << r << ": send/recv crossed PCIe";
 }
 
 TEST(GpuNcclCommTest, CollectivesOnePerGpu) {

@@ -210,6 +210,95 @@ TEST_F(DeviceStateGpu, Nvfp4AllGatherStepsMoveOnlyScalars) {
   EXPECT_EQ(runs, 2) << "the scenario's two nvfp4 meshes";
 }
 
+// Pipeline stages (pp = 2 x FSDP 2, both schedules and both recipes of scenarios/pp_fsdp.yaml)
+// on cuda:0: the activations and gradients between stages travel device to device
+// (mesh/local_comm.cc send/recv), so the steps move only scalars. A pipelined run takes no step
+// hooks (engine/run_rules.cc), so the steps' traffic is measured as the process's copies of a
+// 4-step run minus those of a 2-step run of the same options (construction, the end of the run and
+// the reports are the same in both): the two extra steps must add no bulk copy and only scalars.
+TEST_F(DeviceStateGpu, PipelineStepsMoveOnlyScalars) {
+  int runs = 0;
+  for (const harness::Scenario& s :
+       harness::load_scenario_file(std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/pp_fsdp.yaml")) {
+    RunOptions o = harness::engine_run_options(s);
+    ASSERT_EQ(o.mesh.pp, 2);
+    o.backend = kernels::Device::cuda(0);
+    o.launcher = "local";
+    const auto counted = [&](int64_t steps) {
+      RunOptions r = o;
+      r.steps = steps;
+      const CopyCounts before = kernels::global_copy_counter().counts();
+      const RunResult result = run_training(r);
+      EXPECT_EQ(result.metrics.size(), static_cast<size_t>(steps)) << s.name;
+      return kernels::global_copy_counter().counts() - before;
+    };
+    const CopyCounts two = counted(2), four = counted(4);
+    const CopyCounts steps = four - two;
+    ++runs;
+    EXPECT_EQ(steps.bulk_copies, 0) << s.name;
+    EXPECT_EQ(steps.bulk_host_to_device, 0) << s.name;
+    EXPECT_EQ(steps.bulk_device_to_host, 0) << s.name;
+    // The loss of each micro-batch comes back: at least one scalar per extra step.
+    EXPECT_GE(steps.copies, 2) << s.name;
+    EXPECT_LE(steps.total(), steps.copies * kernels::kScalarCopyBytes) << s.name;
+  }
+  EXPECT_EQ(runs, 4) << "the scenario's two schedules x two recipes";
+}
+
+// MoE layers on the device (docs/design.md section 37): the model of scenarios/moe_fsdp.yaml
+// (4 experts, top 2, shared expert; both recipes, fp32 and mxfp8) on 1 rank, FSDP 2 and FSDP 2 x
+// ep 2, two micro-batches, three steps. Without the load-balancing loss the only bulk copies of a
+// step are the routers' per-expert counts: downloads of exactly E int64 (32 bytes), at least one
+// per MoE layer and micro-batch, nothing uploaded. With the loss (the scenario's 0.01) the
+// statistics travel too, each copy still a handful of numbers: at most the gathered statistics
+// of every rank ((2E + 1) doubles per rank), never a token row block (rows x hidden).
+TEST_F(DeviceStateGpu, MoeStepsMoveOnlyScalarsAndExpertCounts) {
+  int runs = 0;
+  for (const harness::Scenario& s : harness::load_scenario_file(std::string(MESHPROOF_SOURCE_DIR) +
+                                                                "/scenarios/moe_fsdp.yaml")) {
+    for (const auto& [shard, ep] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}})
+      for (double aux : {0.0, 0.01}) {
+        RunOptions o = harness::engine_run_options(s);
+        o.backend = kernels::Device::cuda(0);
+        o.launcher = "local";
+        o.mesh = MeshSpec{};
+        o.mesh.dp_shard = shard;
+        o.mesh.ep = ep;
+        o.config.training.micro_batches = 2;
+        o.config.model.moe.aux_loss_coef = aux;
+        o.steps = 3;
+        const int64_t experts = o.config.model.moe.experts;
+        int64_t layers = 0;  // MoE layers: layer i is one when i % every == 0
+        for (int64_t i = 0; i < o.config.model.layers; ++i)
+          layers += i % o.config.model.moe.every == 0;
+        ASSERT_EQ(experts, 4);
+        const std::string what = s.name + " dp_shard " + std::to_string(shard) + " ep " +
+                                 std::to_string(ep) + " aux " + std::to_string(aux);
+        const Counted c = run_counted(o);
+        ASSERT_EQ(c.result.metrics.size(), 3u) << what;
+        ++runs;
+        for (size_t r = 0; r < c.steps.size(); ++r)
+          for (size_t k = 0; k < c.steps[r].size(); ++k) {
+            const CopyCounts& n = c.steps[r][k];
+            const std::string at =
+                what + " rank " + std::to_string(r) + " step " + std::to_string(k + 1);
+            EXPECT_GE(n.bulk_copies, layers * 2) << at
+                                                 << ": a count download per layer and "
+                                                    "micro-batch";
+            if (aux == 0.0) {
+              EXPECT_EQ(n.bulk_host_to_device, 0) << at;
+              EXPECT_EQ(n.bulk_device_to_host, n.bulk_copies * experts * 8) << at;
+            } else {
+              EXPECT_LE(n.bulk_host_to_device + n.bulk_device_to_host,
+                        n.bulk_copies * shard * (2 * experts + 1) * 8)
+                  << at;
+            }
+          }
+      }
+  }
+  EXPECT_EQ(runs, 12) << "two recipes x three meshes x two aux settings";
+}
+
 // A checkpoint save downloads this rank's state in one batched copy (kernels::to_host_batched):
 // the step with a save moves exactly one bulk download more than the steps without.
 TEST_F(DeviceStateGpu, CheckpointSaveIsOneBatchedDownload) {

@@ -23,6 +23,9 @@
 #include "kernels/flash_attention.h"
 #include "kernels/layernorm.h"
 #include "kernels/markov.h"
+#include "kernels/moe_route.h"
+#include "kernels/moe_row.h"
+#include "kernels/moe_rows.h"
 #include "tests/gpu_test.h"
 #include "tests/kernels/ops/column_reduce_oracle.h"
 #include "tests/kernels/ops/flash_attention_bound.h"
@@ -629,6 +632,145 @@ TEST(OpsCuda, MarkovRowsBitwiseTheHostWithoutCopies) {
     const CopyCounts c = copies_of([&] { markov_rows(dev, shape, 5, 2, hg); });
     EXPECT_EQ(c.total(), 0);
     expect_bitwise(hc, hg, "markov rows");
+  }
+}
+
+// MoE router logits drawn from a few values (exact ties) or those values + 0.001 j: two logits
+// of a row are equal or at least ~1e-3 apart, so their probabilities are equal on both backends
+// (the same exp of the same argument) or far more than an ulp apart.
+std::vector<float> moe_logits(int64_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  const float values[] = {-2.0f, -0.5f, 0.0f, 0.25f, 1.0f, 3.0f};
+  std::uniform_int_distribution<int> pick(0, 5), noise(0, 3);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v)
+    x = noise(g) == 0 ? values[pick(g)] + 0.001f * static_cast<float>(pick(g)) : values[pick(g)];
+  return v;
+}
+
+// The router on the device runs the host's row function: the choices equal the CPU's (ties to
+// the lower index included) and the router moves nothing across PCIe. The probabilities and
+// weights use the device's double exp (CUDA's, within 1 ulp of double, against glibc's 0.51 ulp;
+// kernels/moe_row.h), so they are not guaranteed bitwise: the float-rounded probability can
+// differ by 1 float ulp where the double lands within an ulp or two of a rounding boundary
+// (of the order of 2^-27 of the elements, estimated), and a weight p / S by 2 ulps (its own
+// rounding plus one ulp of p or S). The number of differing bits is recorded.
+TEST(OpsCuda, MoeRouteChoicesEqualTheCpuOnTheDevice) {
+  MP_SKIP_WITHOUT_GPU();
+  constexpr int64_t kT = 1000, kE = 8;
+  const Tensor logits = Tensor::from_vector<float>({kT, kE}, moe_logits(kT * kE, 61));
+  const Tensor dl = on_gpu(logits);
+  for (bool sigmoid : {false, true})
+    for (int64_t k : {1, 2, 3}) {
+      const MoeRouteOut cpu = moe_route(logits, k, sigmoid);
+      MoeRouteOut gpu;
+      Tensor counts;
+      const CopyCounts c = copies_of([&] {
+        gpu = moe_route(dl, k, sigmoid);
+        counts = moe_expert_counts(gpu.expert, kE);
+      });
+      EXPECT_EQ(c.total(), 0) << "the router and its counts stay on the device";
+      expect_bitwise(cpu.expert, gpu.expert, "moe experts");
+      expect_bitwise(moe_expert_counts(cpu.expert, kE), counts, "moe counts");
+      const std::vector<double> pc = cpu.probs.to_vector<double>(),
+                                pg = gpu.probs.to_vector<double>();
+      const std::vector<double> wc = cpu.weight.to_vector<double>(),
+                                wg = gpu.weight.to_vector<double>();
+      int differ = 0;
+      for (size_t i = 0; i < pc.size(); ++i) {
+        differ += pc[i] != pg[i];
+        EXPECT_LE(std::fabs(pc[i] - pg[i]), ulp_at(pc[i], DType::kFloat32)) << "prob " << i;
+      }
+      for (size_t i = 0; i < wc.size(); ++i) {
+        differ += wc[i] != wg[i];
+        EXPECT_LE(std::fabs(wc[i] - wg[i]), 2 * ulp_at(wc[i], DType::kFloat32)) << "weight " << i;
+      }
+      RecordProperty("moe_route_differing_values_" + std::string(sigmoid ? "sigmoid" : "softmax") +
+                         "_k" + std::to_string(k),
+                     std::to_string(differ));
+      // Given the same probabilities the device's probability sums are the host's, bitwise.
+      expect_bitwise(moe_prob_sums(cpu.probs), moe_prob_sums(on_gpu(cpu.probs)), "prob sums");
+    }
+}
+
+// The rest of the MoE layer on the device, fed the CPU's routing: the counts, the dispatch
+// (several 256-pair chunks per expert, an expert nobody picks, keep_empty), the permutation
+// (row widths that take the 16-, 4- and 1-byte copy paths), the combine, the unpermute sum, the
+// combine backward and the router backward are bitwise the CPU's, and none of it copies a byte
+// between the host and the device.
+TEST(OpsCuda, MoeRowsAndBackwardBitwiseTheCpuWithoutCopies) {
+  MP_SKIP_WITHOUT_GPU();
+  constexpr int64_t kT = 300, kE = 8, kK = 2;
+  std::vector<float> lv = moe_logits(kT * kE, 62);
+  for (int64_t t = 0; t < kT; ++t) lv[static_cast<size_t>(t * kE + kE - 1)] = -30.0f;  // unused
+  const MoeRouteOut r = moe_route(Tensor::from_vector<float>({kT, kE}, lv), kK, false);
+  const Tensor d_expert = on_gpu(r.expert), d_weight_in = on_gpu(r.weight),
+               d_probs = on_gpu(r.probs);
+  const Tensor counts = moe_expert_counts(r.expert, kE);
+  for (int64_t align : {1, 32})
+    for (bool keep : {false, true}) {
+      int64_t padded = 0;
+      for (int64_t c : counts.to_vector<int64_t>()) padded += moe_row::padded_block(c, align, keep);
+      const MoeDispatchOut cd = moe_dispatch(r.expert, counts, align, keep, padded);
+      for (int64_t h : {64, 37, 3})
+        for (DType dt : kActDtypes) {
+          const Tensor x = random_tensor({kT, h}, dt, 63);
+          const Tensor y = random_tensor({padded, h}, dt, 64);
+          const Tensor dout = random_tensor({kT, h}, dt, 65);
+          const Tensor gx = on_gpu(x), gy = on_gpu(y), gdout = on_gpu(dout);
+          // CPU reference.
+          const Tensor xp = moe_permute(x, cd.token);
+          Tensor out = Tensor::empty({kT, h}, dt, Device::cpu()),
+                 sum = Tensor::empty({kT, h}, dt, Device::cpu()),
+                 dy = Tensor::empty({padded, h}, dt, Device::cpu());
+          moe_combine(y, cd.slot, r.weight, out);
+          moe_combine(y, cd.slot, Tensor(), sum);
+          const Tensor dw = moe_combine_backward(dout, y, cd.slot, r.weight, dy);
+          const Tensor dl =
+              moe_route_backward(r.probs, r.expert, r.weight, dw, Tensor(), false, dt);
+          // Device.
+          Tensor g_counts, g_xp, g_dw, g_dl;
+          MoeDispatchOut gd;
+          Tensor g_out = Tensor::empty({kT, h}, dt, kGpu), g_sum = Tensor::empty({kT, h}, dt, kGpu),
+                 g_dy = Tensor::empty({padded, h}, dt, kGpu);
+          const CopyCounts c = copies_of([&] {
+            g_counts = moe_expert_counts(d_expert, kE);
+            gd = moe_dispatch(d_expert, g_counts, align, keep, padded);
+            g_xp = moe_permute(gx, gd.token);
+            moe_combine(gy, gd.slot, d_weight_in, g_out);
+            moe_combine(gy, gd.slot, Tensor(), g_sum);
+            g_dw = moe_combine_backward(gdout, gy, gd.slot, d_weight_in, g_dy);
+            g_dl = moe_route_backward(d_probs, d_expert, d_weight_in, g_dw, Tensor(), false, dt);
+          });
+          EXPECT_EQ(c.total(), 0) << "align " << align << " width " << h;
+          expect_bitwise(counts, g_counts, "counts");
+          expect_bitwise(cd.token, gd.token, "dispatch token");
+          expect_bitwise(cd.slot, gd.slot, "dispatch slot");
+          expect_bitwise(xp, g_xp, "permute");
+          expect_bitwise(out, g_out, "combine");
+          expect_bitwise(sum, g_sum, "unpermute sum");
+          expect_bitwise(dy, g_dy, "combine backward dy");
+          expect_bitwise(dw, g_dw, "combine backward d_weight");
+          expect_bitwise(dl, g_dl, "route backward");
+        }
+    }
+  // The router backward with the load-balancing term (uploaded once, before the counting).
+  std::vector<double> aux(kE);
+  for (int64_t e = 0; e < kE; ++e) aux[static_cast<size_t>(e)] = 1e-3 * static_cast<double>(e + 1);
+  std::vector<double> dwv(kT * kK);
+  for (size_t i = 0; i < dwv.size(); ++i) dwv[i] = std::sin(static_cast<double>(i));
+  const Tensor a = Tensor::from_vector<double>({kE}, aux),
+               dw = Tensor::from_vector<double>({kT, kK}, dwv);
+  const Tensor ga = on_gpu(a), gdw = on_gpu(dw);
+  for (bool sigmoid : {false, true}) {
+    const Tensor cpu =
+        moe_route_backward(r.probs, r.expert, r.weight, dw, a, sigmoid, DType::kFloat32);
+    Tensor gpu;
+    const CopyCounts c = copies_of([&] {
+      gpu = moe_route_backward(d_probs, d_expert, d_weight_in, gdw, ga, sigmoid, DType::kFloat32);
+    });
+    EXPECT_EQ(c.total(), 0);
+    expect_bitwise(cpu, gpu, "route backward with the aux term");
   }
 }
 
