@@ -106,9 +106,9 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
     p.unit = unit;
     return s.emplace_back(std::move(p));
   };
-  auto norm = [&](const std::string& prefix, int64_t unit) {
-    add(prefix + ".weight", {h}, InitKind::kOnes, 0.0, unit);
-    if (layernorm) add(prefix + ".bias", {h}, InitKind::kZeros, 0.0, unit);
+  auto norm = [&](const std::string& prefix, int64_t unit, ModelEnd end = ModelEnd::kInput) {
+    add(prefix + ".weight", {h}, InitKind::kOnes, 0.0, unit).end = end;
+    if (layernorm) add(prefix + ".bias", {h}, InitKind::kZeros, 0.0, unit).end = end;
   };
   // Vocabulary-parallel embedding and LM head: rows split over tp like a column-parallel weight.
   const TpStyle vocab_tp = m.vocab_parallel ? TpStyle::kColumn : TpStyle::kReplicated;
@@ -166,9 +166,10 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
       linear(lin, p + std::string(lin.name), i, "");
     }
   }
-  norm("final_ln", kRootUnit);
+  norm("final_ln", kRootUnit, ModelEnd::kOutput);
   if (!m.tied_embeddings) {
     ParamSpec& head = add("lm_head.weight", {v, h}, InitKind::kNormal, std_, kRootUnit);
+    head.end = ModelEnd::kOutput;
     head.vocab_rows = true;
     head.tp = vocab_tp;
   }

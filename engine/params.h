@@ -69,13 +69,19 @@ std::string_view model_dim_name(ModelDim dim);
 // "column_parallel" / "row_parallel".
 std::string_view linear_kind_name(LinearKind k);
 
+// Which end of the model a root-unit parameter belongs to: the input (token and position
+// embeddings) or the output (final norm, LM head). Pipeline stages place it by this
+// (engine/shard_plan.h stage_holds): the first stage holds the input end, the last the output.
+enum class ModelEnd : uint8_t { kInput, kOutput };
+
 struct ParamSpec {
   std::string name;      // e.g. "layers.0.attn.qkv.weight"
   kernels::Shape shape;  // global (unsharded) shape
   InitKind init = InitKind::kZeros;
   double std = 0.0;  // for kNormal
   // --- the sharding plan (filled by param_specs) ---
-  int64_t unit = kRootUnit;  // FSDP unit: the layer index, or kRootUnit
+  int64_t unit = kRootUnit;         // FSDP unit: the layer index, or kRootUnit
+  ModelEnd end = ModelEnd::kInput;  // root-unit parameters only (layer parameters: unused)
   TpStyle tp = TpStyle::kReplicated;
   // The weight of a quantized linear layer: the linear as the recipe names it (the parameter
   // name without ".weight", e.g. "layers.0.attn.qkv", the name of its FP8 state keys and amax

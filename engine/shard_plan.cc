@@ -76,7 +76,7 @@ bool stage_holds(const ParamSpec& spec, const StageLayers& stage) {
   if (spec.unit != kRootUnit)
     return spec.unit >= stage.first && spec.unit < stage.first + stage.count;
   if (spec.tied_head) return stage.first_stage || stage.last_stage;
-  return spec.name.starts_with("embed.") ? stage.first_stage : stage.last_stage;
+  return spec.end == ModelEnd::kInput ? stage.first_stage : stage.last_stage;
 }
 
 bool stage_reports(const ParamSpec& spec, const StageLayers& stage) {

@@ -257,7 +257,9 @@ TEST(PipelineTraining, TiedEmbeddingIsHeldByBothEndStages) {
       EXPECT_EQ(spec.tied_head, tied && spec.name == "embed.tok") << spec.name;
       for (int s = 0; s < 3; ++s) {
         const StageLayers span = stage_layers(4, 3, s);
+        // The test names the ends independently of the spec's `end` field, which places them.
         const bool embed = spec.name.starts_with("embed.");
+        EXPECT_EQ(spec.end == ModelEnd::kInput, embed) << spec.name;
         const bool holds = embed ? s == 0 || (spec.tied_head && s == 2) : s == 2;
         EXPECT_EQ(stage_holds(spec, span), holds) << spec.name << " stage " << s;
         EXPECT_EQ(stage_reports(spec, span), embed ? s == 0 : s == 2)
