@@ -502,6 +502,11 @@ std::vector<Key<Scenario>> make_scenario_keys() {
     return s.train.pp_schedule != engine::PpSchedule::kGpipe;
   };
   k.push_back(pp_schedule);
+  // An explicit split of the layers over the pipeline stages (docs/design.md section 33): a list
+  // read by the resolver, written into the canonical form (and so the hash) only when set.
+  k.push_back(own_key<S>("model.pp_layers", KeyType::kList, "the even split",
+                         "layers per pipeline stage: mesh.pp entries, each >= 1, summing to "
+                         "model.layers"));
   return k;
 }
 
