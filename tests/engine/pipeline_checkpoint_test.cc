@@ -208,6 +208,16 @@ TEST(PipelineCheckpoint, MissingStageEntriesAndForeignStageChunksAreRefused) {
       error_of([&] { parse_checkpoint_index(index_json_text(foreign), "test index"); },
                kernels::ErrorKind::kInput);
   EXPECT_NE(bad_file.find("its writer in pipeline stage 0"), std::string::npos) << bad_file;
+  // The index's mesh names pp only for several stages: "pp": 1 is not a form the saver writes.
+  std::string one_stage = index_json_text(index);
+  const size_t pp_at = one_stage.find("\"pp\"");
+  ASSERT_NE(pp_at, std::string::npos);
+  const size_t digit = one_stage.find('2', pp_at);
+  ASSERT_NE(digit, std::string::npos);
+  one_stage[digit] = '1';
+  const std::string bad_pp = error_of([&] { parse_checkpoint_index(one_stage, "test index"); },
+                                      kernels::ErrorKind::kInput);
+  EXPECT_NE(bad_pp.find("mesh.pp"), std::string::npos) << bad_pp;
 
   for (auto it = index.keys.begin(); it != index.keys.end();) {
     const bool last_stage = it->second.chunks.at(0).file >= "rank_00002.h5";
