@@ -541,8 +541,9 @@ std::vector<Key<MeshSpec>> make_mesh_keys() {
   // so the hashes of every scenario without stages stay what they were.
   Key<M> pp = int_key<M>(
       "pp", 1, 1, 4096, [](M & m) -> auto& { return m.pp; },
-      "pipeline stages (outermost dim): each runs a contiguous share of model.layers (as even as "
-      "possible, earlier stages taking the extra layers); at most model.layers");
+      "pipeline stages (outermost dim): each runs a contiguous share of model.layers "
+      "(model.pp_layers, else as even as possible, earlier stages taking the extra layers); at "
+      "most model.layers");
   pp.hash_if = [](const M& m) { return m.pp != 1; };
   k.push_back(pp);
   return k;
