@@ -28,6 +28,7 @@
 
 #include "engine/checkpoint_files.h"
 #include "engine/fault_hooks.h"
+#include "engine/mesh_groups.h"
 #include "kernels/build_info.h"
 #include "kernels/error.h"
 #include "kernels/formats.h"
@@ -62,8 +63,7 @@ void agree(mesh::RankComms& comms, std::exception_ptr error, std::string_view ph
       message = "unknown error";
     }
   }
-  mesh::Communicator& world =
-      comms.group({mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard, mesh::MeshDim::kTp});
+  mesh::Communicator& world = comms.group(groups::all_ranks(comms.mesh()));
   const kernels::Device device = kernels::current_context().device;
   const int n = world.size();
   const float mine = error ? static_cast<float>(code * (n + 1) + (n - world.rank())) : 0.0f;
@@ -92,8 +92,7 @@ void agree(mesh::RankComms& comms, std::exception_ptr error, std::string_view ph
 
 // A random checkpoint id from rank 0, the same on every rank.
 uint64_t agree_checkpoint_id(mesh::RankComms& comms) {
-  mesh::Communicator& world =
-      comms.group({mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard, mesh::MeshDim::kTp});
+  mesh::Communicator& world = comms.group(groups::all_ranks(comms.mesh()));
   uint64_t id = 0;
   if (world.rank() == 0) {
     std::random_device rd;
@@ -254,6 +253,10 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
         comms, capture([&] {
           const std::string file_name = rank_file_name(rank);
           const fs::path file_path = partial / file_name;
+          // Layouts place tensors over the stage dims: their chunk owners are ranks of stage 0,
+          // and this rank writes the chunks its place in its stage owns (its stage's entries only;
+          // with one stage, its own rank).
+          const int in_stage = rank - comms.mesh().stage(rank) * comms.mesh().stage_size();
           json records = json::array();
           std::vector<std::pair<std::string, Tensor>> to_write;  // dataset, host data
           // The entries this rank writes, downloaded from a device in one batched transfer
@@ -261,7 +264,7 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
           std::vector<Tensor> written;
           for (const StateEntry& e : state.entries) {
             bool owns = false;
-            for (const mesh::Chunk& c : e.layout.chunks()) owns = owns || c.owner == rank;
+            for (const mesh::Chunk& c : e.layout.chunks()) owns = owns || c.owner == in_stage;
             written.push_back(owns && faults.checkpoint_keeps(e.key, step) ? e.local : Tensor());
           }
           written = kernels::to_host_batched(written);
@@ -269,7 +272,7 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
             const StateEntry& e = state.entries[ei];
             if (!faults.checkpoint_keeps(e.key, step)) continue;
             for (const mesh::Chunk& c : e.layout.chunks()) {
-              if (c.owner != rank) continue;
+              if (c.owner != in_stage) continue;
               const Tensor host = faults.checkpoint_bytes(e.key, step, written[ei]);
               const std::string dataset = "/" + e.key;
               records.push_back({{"key", e.key},
@@ -364,6 +367,18 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
           json side = {{"rank", rank}, {"file", file_name}, {"chunks", records}};
           side["keys"] = json::array();
           for (const StateEntry& e : state.entries) side["keys"].push_back(e.key);
+          // What the index records of each saved key (rank 0 holds only its own stage's).
+          side["records"] = json::array();
+          for (const StateEntry& e : state.entries) {
+            if (!faults.checkpoint_keeps(e.key, step)) continue;
+            json placements = json::array();
+            for (const mesh::Placement& p : e.layout.placements())
+              placements.push_back(placement_json(p));
+            side["records"].push_back({{"key", e.key},
+                                       {"shape", e.layout.global_shape().dims()},
+                                       {"dtype", kernels::dtype_name(e.local.dtype())},
+                                       {"placements", placements}});
+          }
           side["scalars"] = state.scalars;
           write_text_file(partial / sidecar_name(rank), side.dump());
           if (options.fault_hook) options.fault_hook(SavePoint::kRankFileWritten, rank, -1);
@@ -384,21 +399,43 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
             index.meshproof_version = std::string(kernels::version());
             index.git_commit = std::string(kernels::git_commit());
             index.scalars = state.scalars;
-            std::vector<std::string> key_names;
-            for (const StateEntry& e : state.entries) {
-              key_names.push_back(e.key);
-              if (!faults.checkpoint_keeps(e.key, step)) continue;
-              KeyRecord k;
-              k.key = e.key;
-              k.shape = e.layout.global_shape();
-              k.dtype = e.local.dtype();
-              k.placements = e.layout.placements();
-              index.keys.emplace(e.key, std::move(k));
-            }
+            // Every rank of a stage holds the same keys; with pipeline stages each stage holds
+            // its own (docs/design.md section 33), and a key is written by exactly one stage: the
+            // index is the union, each key described by its stage's first rank.
+            const mesh::DeviceMesh& m = comms.mesh();
+            std::vector<std::string> stage_keys;  // the keys of the stage being read
+            std::map<std::string, int> key_stage;
             for (int r = 0; r < world; ++r) {
               const json side = read_json_file(partial / sidecar_name(r), "checkpoint sidecar");
-              MP_CHECK(side.at("keys").get<std::vector<std::string>>() == key_names,
-                       "checkpoint save: rank {} saved keys that differ from rank 0's", r);
+              const std::vector<std::string> names =
+                  side.at("keys").get<std::vector<std::string>>();
+              const int stage = m.stage(r);
+              const int first = stage * m.stage_size();
+              if (r == first) {
+                stage_keys = names;
+                for (const std::string& name : names) {
+                  const auto [it, fresh] = key_stage.emplace(name, stage);
+                  MP_CHECK_INPUT(fresh,
+                                 "checkpoint save: key '{}' is held by pipeline stages {} and "
+                                 "{}; each key must be held (and written) by one stage",
+                                 name, it->second, stage);
+                }
+                for (const json& rj : side.at("records")) {
+                  KeyRecord k;
+                  k.key = rj.at("key").get<std::string>();
+                  k.shape = Shape(rj.at("shape").get<std::vector<int64_t>>());
+                  k.dtype = kernels::parse_dtype(rj.at("dtype").get<std::string>(),
+                                                 "checkpoint sidecar dtype");
+                  for (const json& pj : rj.at("placements"))
+                    k.placements.push_back(
+                        placement_from_json(pj, "checkpoint sidecar", k.key, k.shape.rank()));
+                  index.keys.emplace(k.key, std::move(k));
+                }
+              }
+              MP_CHECK(names == stage_keys,
+                       "checkpoint save: rank {} saved keys that differ from "
+                       "rank {}'s",
+                       r, first);
               using ScalarMap = std::map<std::string, int64_t>;
               MP_CHECK(side.at("scalars").get<ScalarMap>() == state.scalars,
                        "checkpoint save: rank {} has scalars that differ from rank 0's", r);
@@ -452,6 +489,8 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
   std::vector<Tensor> staged(state.entries.size());  // undefined: keep the live tensor
   std::map<std::string, int64_t> staged_scalars;
   std::optional<FileCache> cache;
+  // Whether the live mesh has pipeline stages, whose ranks hold only their stage's entries.
+  const bool staged_pp = comms.mesh().size(mesh::MeshDim::kPp) > 1;
 
   // Stage everything: read, verify and assemble into buffers; the live state is untouched.
   std::exception_ptr error = capture([&] {
@@ -502,11 +541,15 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
                e.key, covered, rank, target.numel().value);
       if (faults.restores(e.key, index.step)) staged[i] = buf;
     }
-    for (const auto& [name, k] : index.keys) {
-      MP_CHECK_INPUT(live_keys.count(name) > 0,
-                     "checkpoint {}: key '{}' has no tensor in the live state (a different model "
-                     "or recipe?)",
-                     dir.string(), name);
+    // With pipeline stages this rank holds only its stage's keys: the stages' union is checked
+    // after the agreement below.
+    if (!staged_pp) {
+      for (const auto& [name, k] : index.keys) {
+        MP_CHECK_INPUT(live_keys.count(name) > 0,
+                       "checkpoint {}: key '{}' has no tensor in the live state (a different "
+                       "model or recipe?)",
+                       dir.string(), name);
+      }
     }
     for (const auto& [name, v] : state.scalars) {
       auto it = index.scalars.find(name);
@@ -525,6 +568,36 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
   if (cache) stats.files_opened = cache->names();
   cache.reset();
   agree(comms, error, "load");
+  if (staged_pp) {
+    // Every key of the checkpoint must have its tensor on exactly one stage of the live mesh
+    // (docs/design.md section 33): each rank marks the keys it holds, the marks are summed over
+    // the pp group (one rank of every stage at the same place; the ranks of a stage hold the
+    // same keys) and every sum must be 1.
+    std::vector<std::string> names;
+    for (const auto& [name, k] : index.keys) names.push_back(name);
+    std::set<std::string> live_keys;
+    for (const StateEntry& e : state.entries) live_keys.insert(e.key);
+    std::vector<float> mine(names.size() + 1, 0.0f);  // + 1: never an empty buffer
+    for (size_t i = 0; i < names.size(); ++i) mine[i] = live_keys.count(names[i]) ? 1.0f : 0.0f;
+    Tensor held = Tensor::from_vector<float>(Shape{static_cast<int64_t>(mine.size())}, mine);
+    const kernels::Device device = kernels::current_context().device;
+    if (!device.is_cpu()) held = held.to(device);
+    comms.group(groups::kPp).all_reduce(held, mesh::ReduceOp::kSum);
+    const std::vector<float> stages = held.to_vector<float>();
+    agree(comms, capture([&] {
+            for (size_t i = 0; i < names.size(); ++i) {
+              MP_CHECK_INPUT(stages[i] != 0.0f,
+                             "checkpoint {}: key '{}' has no tensor in the live state of any "
+                             "pipeline stage (a different model or recipe?)",
+                             dir.string(), names[i]);
+              MP_CHECK_INPUT(stages[i] == 1.0f,
+                             "checkpoint {}: key '{}' is held by {} pipeline stages of the live "
+                             "state; each key must be held by one",
+                             dir.string(), names[i], static_cast<int>(stages[i]));
+            }
+          }),
+          "load");
+  }
 
   // Commit: every rank staged everything. A device-resident state is uploaded in one batched
   // transfer (kernels::copy_batched).

@@ -3,7 +3,9 @@
 // On disk a checkpoint is a directory `step_NNNNNNN/` holding
 //   rank_RRRRR.h5  one file per rank of the saving mesh with the chunks that rank is the
 //                  designated writer of (mesh::Layout::chunks(): every distinct box once, written
-//                  by the lowest rank holding it, so replicated tensors are stored once). Dataset
+//                  by the lowest rank holding it, so replicated tensors are stored once; with
+//                  pipeline stages a key is held by one stage and written by that stage's ranks,
+//                  docs/design.md section 33). Dataset
 //                  path = "/" + key; raw low-precision bits are uint8/uint16 datasets; every
 //                  dataset has the attributes `dtype` (kernels::dtype_name), `key` and
 //                  `global_offset`; the file root has `checkpoint_id`.
@@ -104,14 +106,18 @@ std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::pa
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& root);
 
 // Collective over every rank of `comms.mesh()`: saves `state` as step `step` under `root` and
-// returns the committed directory. Every rank passes its own state with the same keys, layouts and
-// scalars (layouts on comms.mesh()). A failure on any rank fails the save on every rank.
+// returns the committed directory. Every rank passes its own state with the same scalars and with
+// the same keys and layouts (on comms.mesh()) as the other ranks of its pipeline stage; with
+// stages each key is held by one stage (a key on two stages is kInput), and the index is the
+// union of the stages' keys. A failure on any rank fails the save on every rank.
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, int64_t step,
                                       const ShardedState& state, mesh::RankComms& comms,
                                       const CheckpointOptions& options = {});
 
 // Collective: loads checkpoint directory `dir` (a step_NNNNNNN/ directory) into `state`, whose
-// entries keep their live layouts (any mesh) and whose local tensors are overwritten in place.
+// entries keep their live layouts (any mesh, any pipeline stages and split: each rank reads its
+// own entries) and whose local tensors are overwritten in place. With stages on the live mesh
+// every checkpoint key must be held by exactly one stage (kInput otherwise).
 // Input errors (kInput) name the key and file: missing or malformed index, missing/extra key,
 // global shape or dtype mismatch. Integrity errors (kIntegrity) name the key and file: index or
 // chunk checksum mismatch, truncated, missing, corrupt or foreign rank file, attributes that

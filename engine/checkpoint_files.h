@@ -76,6 +76,11 @@ bool plain_file_name(std::string_view n);
 std::vector<int64_t> elems(const std::vector<Elements>& v);
 std::vector<Elements> to_elems(const std::vector<int64_t>& v);
 json index_to_json(const CheckpointIndex& index, bool with_checksum);
+// A placement as the index writes it, and back (kInput naming `where` and `what`; a shard dim
+// must lie inside a tensor of rank `tensor_rank`).
+json placement_json(const mesh::Placement& p);
+mesh::Placement placement_from_json(const json& j, std::string_view where, const std::string& what,
+                                    int tensor_rank);
 
 // Reads a string attribute `name` of `obj` (caller holds the HDF5 lock).
 template <typename Obj>

@@ -242,6 +242,10 @@ json index_to_json(const CheckpointIndex& index, bool with_checksum) {
   j["mesh"] = {{"dp_replicate", index.mesh.size(mesh::MeshDim::kDpReplicate)},
                {"dp_shard", index.mesh.size(mesh::MeshDim::kDpShard)},
                {"tp", index.mesh.size(mesh::MeshDim::kTp)}};
+  // Pipeline stages only when there are several (docs/design.md section 33), so the index of a
+  // mesh without stages is what it always was.
+  const int pp = index.mesh.size(mesh::MeshDim::kPp);
+  if (pp > 1) j["mesh"]["pp"] = pp;
   json files = json::array();
   for (size_t i = 0; i < index.files.size(); ++i) {
     files.push_back({{"name", index.files[i]}, {"bytes", index.file_bytes[i]}});
@@ -323,14 +327,24 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, std::string_view w
   index.git_commit = get_string(j.at("git_commit"), where, "git_commit");
 
   const json& m = j.at("mesh");
-  expect_fields(m, where, "mesh", {"dp_replicate", "dp_shard", "tp"});
+  // `pp` is written only for a mesh with several pipeline stages (one form per mesh).
+  const bool has_pp = m.is_object() && m.contains("pp");
+  if (has_pp) {
+    expect_fields(m, where, "mesh", {"pp", "dp_replicate", "dp_shard", "tp"});
+  } else {
+    expect_fields(m, where, "mesh", {"dp_replicate", "dp_shard", "tp"});
+  }
+  const int64_t pp = has_pp ? get_int(m.at("pp"), where, "mesh.pp", 2, kMaxWorld) : 1;
   const int64_t dr = get_int(m.at("dp_replicate"), where, "mesh.dp_replicate", 1, kMaxWorld);
   const int64_t ds = get_int(m.at("dp_shard"), where, "mesh.dp_shard", 1, kMaxWorld);
   const int64_t tp = get_int(m.at("tp"), where, "mesh.tp", 1, kMaxWorld);
-  MP_CHECK_INPUT(dr * ds * tp <= kMaxWorld, "{}: mesh {}x{}x{} has more than {} ranks", where, dr,
-                 ds, tp, kMaxWorld);
-  index.mesh = mesh::DeviceMesh(static_cast<int>(dr), static_cast<int>(ds), static_cast<int>(tp));
+  MP_CHECK_INPUT(dr * ds * tp <= kMaxWorld && pp * dr * ds * tp <= kMaxWorld,
+                 "{}: mesh {}x{}x{}x{} (pp x dp_replicate x dp_shard x tp) has more than {} ranks",
+                 where, pp, dr, ds, tp, kMaxWorld);
+  index.mesh = mesh::DeviceMesh(static_cast<int>(dr), static_cast<int>(ds), static_cast<int>(tp),
+                                static_cast<int>(pp));
   const int world = index.mesh.world_size();
+  const int stage_size = index.mesh.stage_size();
 
   const json& files = j.at("files");
   MP_CHECK_INPUT(files.is_array() && static_cast<int64_t>(files.size()) == world,
@@ -408,6 +422,16 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, std::string_view w
     MP_CHECK_INPUT(cj.is_array() && cj.size() == expected.size(),
                    "{}: {} must have {} chunks (its layout {}), got {}", where, what,
                    expected.size(), layout->str(), cj.is_array() ? shown(cj.size()) : shown(cj));
+    // With pipeline stages a key is held by the ranks of one stage, which write its chunks: the
+    // layout's owners (ranks of stage 0: layouts place tensors over the stage dims only) moved
+    // to the key's stage, the same stage for every chunk. The first chunk's file names it.
+    int stage = 0;
+    if (index.mesh.size(mesh::MeshDim::kPp) > 1 && !cj.empty() && cj[0].is_object() &&
+        cj[0].contains("file") && cj[0].at("file").is_string()) {
+      const std::string first = cj[0].at("file").get<std::string>();
+      for (int s = 0; s < index.mesh.size(mesh::MeshDim::kPp); ++s)
+        if (first == rank_file_name(expected[0].owner + s * stage_size)) stage = s;
+    }
     for (size_t i = 0; i < cj.size(); ++i) {
       const json& c = cj[i];
       const std::string cw = fmt::format("{} chunks[{}]", what, i);
@@ -417,10 +441,17 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, std::string_view w
       MP_CHECK_INPUT(plain_file_name(rec.file),
                      "{}: {} file '{}' is not a plain file name inside the checkpoint directory",
                      where, cw, rec.file);
-      const int owner = expected[i].owner;
-      MP_CHECK_INPUT(rec.file == rank_file_name(owner),
-                     "{}: {} is in file '{}'; its writer, rank {}, writes '{}'", where, cw,
-                     rec.file, owner, rank_file_name(owner));
+      const int owner = expected[i].owner + stage * stage_size;
+      if (index.mesh.size(mesh::MeshDim::kPp) > 1) {
+        MP_CHECK_INPUT(rec.file == rank_file_name(owner),
+                       "{}: {} is in file '{}'; its writer in pipeline stage {} (the stage of the "
+                       "key's first chunk), rank {}, writes '{}'",
+                       where, cw, rec.file, stage, owner, rank_file_name(owner));
+      } else {
+        MP_CHECK_INPUT(rec.file == rank_file_name(owner),
+                       "{}: {} is in file '{}'; its writer, rank {}, writes '{}'", where, cw,
+                       rec.file, owner, rank_file_name(owner));
+      }
       rec.dataset = get_string(c.at("dataset"), where, cw + ".dataset", 2048);
       MP_CHECK_INPUT(rec.dataset == "/" + name, "{}: {} (file {}) has dataset '{}', expected '/{}'",
                      where, cw, rec.file, rec.dataset, name);

@@ -57,8 +57,8 @@ std::vector<CollectiveCall> expected_collectives(const RunOptions& options, int 
   // With pipeline stages the rank issues collectives only for its own stage's parameters
   // (ShardPlan holds no others); activations and their gradients travel by send/recv, which
   // carries no parameter.
-  const StageLayers stage =
-      stage_layers(config.model.layers, mesh.size(MeshDim::kPp), mesh.stage(rank));
+  const StageLayers stage = stage_layers(config.model.layers, mesh.size(MeshDim::kPp),
+                                         mesh.stage(rank), config.model.pp_layers);
 
   std::vector<CollectiveCall> out;
   const auto add = [&](CollectiveKind kind, ReduceOp op, DimSet group, DType dtype, int64_t bytes,

@@ -94,6 +94,11 @@ struct ModelConfig {
   // the parallel cross-entropy; no effect with tp = 1.
   bool vocab_parallel = false;
   MoeConfig moe;  // mixture of experts (docs/design.md section 27); off by default
+  // The layers of each pipeline stage (docs/design.md section 33), one entry per stage of
+  // mesh.pp, each >= 1, summing to `layers` (engine/run_rules.cc); empty: the even split of
+  // engine/pipeline.h stage_layer_counts. A split of the work, not of the model: a checkpoint
+  // saved with one split loads with any other.
+  std::vector<int64_t> pp_layers;
 };
 
 // True when layer i of `m` is a mixture-of-experts layer.

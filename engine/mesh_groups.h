@@ -16,5 +16,13 @@ inline const mesh::DimSet kData{mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpS
 inline const mesh::DimSet kPp{mesh::MeshDim::kPp};
 inline const mesh::DimSet kWorld{mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard,
                                  mesh::MeshDim::kTp};
+// Every rank of `m`: the stage dims, and pp when there are several stages. A mesh without
+// stages keeps kWorld, so its communicators, labels and records are what they were before pp.
+inline mesh::DimSet all_ranks(const mesh::DeviceMesh& m) {
+  return m.size(mesh::MeshDim::kPp) > 1
+             ? mesh::DimSet{mesh::MeshDim::kPp, mesh::MeshDim::kDpReplicate,
+                            mesh::MeshDim::kDpShard, mesh::MeshDim::kTp}
+             : kWorld;
+}
 
 }  // namespace meshproof::engine::groups

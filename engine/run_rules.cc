@@ -1,6 +1,7 @@
 #include "engine/run_rules.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -128,6 +129,23 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
   // Pipeline stages (docs/design.md section 33). Built and proven bitwise equal to one stage:
   // dense models with untied embeddings on recipes without cross-pass state; the rest is refused
   // rather than run unproven.
+  // An explicit split of the layers over the stages (engine/pipeline.h stage_layer_counts).
+  if (!m.pp_layers.empty()) {
+    int64_t sum = 0;
+    bool positive = true;
+    for (int64_t n : m.pp_layers) {
+      positive = positive && n >= 1;
+      sum += std::clamp<int64_t>(n, 0, int64_t{1} << 20);  // no overflow on absurd entries
+    }
+    need("model.pp_layers", static_cast<int64_t>(m.pp_layers.size()) == ms.pp,
+         fmt::format("[{}] has {} entries; mesh.pp = {} needs one per stage",
+                     fmt::join(m.pp_layers, ", "), m.pp_layers.size(), ms.pp));
+    need("model.pp_layers", positive,
+         fmt::format("[{}]: every stage needs at least one layer", fmt::join(m.pp_layers, ", ")));
+    need("model.pp_layers", !positive || sum == m.layers,
+         fmt::format("[{}] sums to {}, model.layers = {}", fmt::join(m.pp_layers, ", "), sum,
+                     m.layers));
+  }
   if (ms.pp > 1) {
     need("mesh.pp", ms.pp <= m.layers,
          fmt::format("mesh.pp = {} exceeds model.layers = {}: every stage needs at least one layer",
@@ -153,9 +171,6 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
          "tensor digests of FP8 primary weights and FP8 all-gather parity are "
          "not built with pipeline stages (each stage holds only its own parameters); drop the "
          "checks that need them");
-    need("mesh.pp", !o.before_start && !o.after_step,
-         "checkpoints are not built with pipeline stages yet (each stage holds only its own "
-         "entries); drop the checkpoint and resume settings or use mesh.pp = 1");
     FaultInjection other = o.faults;
     other.pp_last_backward_sync_skipped = false;
     other.pp_microbatch_grads_overwritten = false;

@@ -449,7 +449,8 @@ std::map<std::string, Tensor> gather_all_stages(const Config& config, const Shar
   if (pp.size() == 1) return out;
   const std::vector<ParamSpec> specs = param_specs(config.model);
   for (int s = 0; s < pp.size(); ++s) {
-    const StageLayers span = stage_layers(config.model.layers, pp.size(), s);
+    const StageLayers span =
+        stage_layers(config.model.layers, pp.size(), s, config.model.pp_layers);
     for (const ParamSpec& spec : specs) {
       if (!stage_reports(spec, span)) continue;  // a tied embed.tok: the first stage's copy
       Tensor t = s == pp.rank()

@@ -43,7 +43,8 @@ Box compute_box(const Layout& layout, int rank) {
 ShardPlan::ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int rank,
                      const FaultHooks& faults, kernels::Device device)
     : device_(device),
-      stage_(stage_layers(config.model.layers, mesh.size(MeshDim::kPp), mesh.stage(rank))) {
+      stage_(stage_layers(config.model.layers, mesh.size(MeshDim::kPp), mesh.stage(rank),
+                          config.model.pp_layers)) {
   const auto host = kernels::Device::cpu();
   std::vector<ParamSpec> specs = param_specs(config.model);
   model_params_ = specs.size();

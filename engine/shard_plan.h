@@ -67,7 +67,7 @@ class ShardPlan {
   // zero. The shards live on `device` (docs/design.md section 2 and "Device-resident training
   // state"): the masters are initialised on the host and uploaded once, here.
   // With pipeline stages (mesh pp > 1) only the parameters of the rank's stage
-  // (engine/pipeline.h stage_layers: the even split), laid out over the
+  // (engine/pipeline.h stage_layers: model.pp_layers, else the even split), laid out over the
   // stage's dims exactly as on a pp = 1 mesh.
   ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int rank, const FaultHooks& faults,
             kernels::Device device = kernels::Device::cpu());

@@ -163,9 +163,8 @@ std::optional<std::string> skip_reference(const CheckContext& c) {
 
 reports::CheckResult run_reference(CheckContext& c) {
   const ReferenceCheck& cfg = c.scenario.checks.reference;
-  Scenario ref = c.run;
+  Scenario ref = cfg.mesh ? on_mesh(c.run, *cfg.mesh) : c.run;
   ref.faults.clear();  // the reference is the clean run the faulty one must agree with
-  if (cfg.mesh) ref.mesh = *cfg.mesh;
   if (cfg.recipe) ref.recipe = *cfg.recipe;
   if (cfg.fsdp) ref.fsdp = *cfg.fsdp;
   if (cfg.micro_batches) ref.train.micro_batches = *cfg.micro_batches;

@@ -42,6 +42,9 @@ json to_canonical_json(const Scenario& s) {
   }
   // MoE keys only with MoE on (docs/design.md section 27): dense canonical texts are unchanged.
   if (s.model.moe.enabled()) j["model"]["moe"] = keys_json(scenario_keys(), "model.moe", s);
+  // An explicit pipeline split only when set (docs/design.md section 33): every other canonical
+  // text is unchanged.
+  if (!s.model.pp_layers.empty()) j["model"]["pp_layers"] = s.model.pp_layers;
   j["mesh"] = mesh_json(s.mesh);
   j["recipe"] = recipe_json(s.recipe);
   json checks = json::object();
@@ -118,6 +121,13 @@ std::string describe_mesh(const engine::MeshSpec& m) {
                      m.pp > 1 ? fmt::format("pp={} ", m.pp) : "", m.dp_replicate, m.dp_shard, m.tp,
                      m.sequence_parallel ? " sp" : "", m.ep > 1 ? fmt::format(" ep={}", m.ep) : "",
                      m.world_size(), m.world_size() == 1 ? "" : "s");
+}
+
+Scenario on_mesh(const Scenario& s, const engine::MeshSpec& m) {
+  Scenario out = s;
+  out.mesh = m;
+  if (m.pp != s.mesh.pp) out.model.pp_layers.clear();
+  return out;
 }
 
 std::string name_problem(const std::string& name) {

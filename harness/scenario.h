@@ -177,6 +177,10 @@ std::string scenario_hash_hex(const Scenario& s);  // 16 lowercase hex digits
 // "mesh dp_replicate=2 dp_shard=2 tp=2 (8 ranks) | recipe mxfp8 | steps 8 | checks golden,resume"
 std::string summary_line(const Scenario& s);
 std::string describe_mesh(const engine::MeshSpec& m);
+// The scenario run on another mesh `m` (a check's: checks.resume.mesh, checks.state.mesh,
+// checks.reference.mesh). model.pp_layers splits the layers over the scenario's own mesh.pp
+// stages: on a mesh with another pp the run takes the even split (docs/design.md section 33).
+Scenario on_mesh(const Scenario& s, const engine::MeshSpec& m);
 
 // Scenario names key golden folders, checkpoint folders and reports (docs/design.md section 11): a
 // name is 1 to kMaxNameBytes bytes of [A-Za-z0-9_.+-] and not "." or "..". Returns "" for a

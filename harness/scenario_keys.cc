@@ -502,6 +502,11 @@ std::vector<Key<Scenario>> make_scenario_keys() {
     return s.train.pp_schedule != engine::PpSchedule::kGpipe;
   };
   k.push_back(pp_schedule);
+  // An explicit split of the layers over the pipeline stages (docs/design.md section 33): a list
+  // read by the resolver, written into the canonical form (and so the hash) only when set.
+  k.push_back(own_key<S>("model.pp_layers", KeyType::kList, "the even split",
+                         "layers per pipeline stage: mesh.pp entries, each >= 1, summing to "
+                         "model.layers"));
   return k;
 }
 
@@ -536,8 +541,9 @@ std::vector<Key<MeshSpec>> make_mesh_keys() {
   // so the hashes of every scenario without stages stay what they were.
   Key<M> pp = int_key<M>(
       "pp", 1, 1, 4096, [](M & m) -> auto& { return m.pp; },
-      "pipeline stages (outermost dim): each runs a contiguous share of model.layers (as even as "
-      "possible, earlier stages taking the extra layers); at most model.layers");
+      "pipeline stages (outermost dim): each runs a contiguous share of model.layers "
+      "(model.pp_layers, else as even as possible, earlier stages taking the extra layers); at "
+      "most model.layers");
   pp.hash_if = [](const M& m) { return m.pp != 1; };
   k.push_back(pp);
   return k;

@@ -232,6 +232,29 @@ struct Resolver {
         bad(moe.has("experts") ? "model.moe.experts" : "model.moe",
             "model.moe needs experts >= 1 (leave model.moe out for the dense model)");
     }
+    if (const Value* pv = ms.get("pp_layers")) {  // model.pp_layers (docs/design.md section 33)
+      locs["model.pp_layers"] = pv->where;
+      if (pv->kind != Value::kSeq || pv->seq.empty()) {
+        bad("model.pp_layers",
+            fmt::format("expected a non-empty list of integers (layers per pipeline stage), got {}",
+                        describe(*pv)));
+      } else {
+        // Set only when every entry is an integer (the engine's rules then judge the split).
+        std::vector<int64_t> split;
+        bool integers = true;
+        for (size_t i = 0; i < pv->seq.size(); ++i) {
+          const Value& e = pv->seq[i];
+          int64_t n = 0;
+          if (e.kind != Value::kScalar || e.quoted || !yaml::parse_int(e.scalar, n)) {
+            report(e.where, fmt::format("model.pp_layers[{}]", i),
+                   fmt::format("expected an integer, got {}", describe(e)));
+            integers = false;
+          }
+          split.push_back(n);
+        }
+        if (integers) sc.model.pp_layers = split;
+      }
+    }
     sc.mesh = read_mesh(top.get("mesh"), "mesh", root_where);
     sc.recipe = read_recipe(top.get("recipe"), "recipe", root_where);
 
@@ -287,10 +310,11 @@ struct Resolver {
     return sc;
   }
 
-  // Pipeline stages (docs/design.md section 33): the engine refuses checkpoint hooks, faults,
-  // tensor digests of FP8 primary weights and all-gather parity with mesh.pp > 1
+  // Pipeline stages (docs/design.md section 33): the engine refuses faults other than the pp_*
+  // ones, tensor digests of FP8 primary weights and all-gather parity with mesh.pp > 1
   // (engine/run_rules.cc); these are the scenario keys that would ask for them, so `validate`
-  // refuses what `run` would.
+  // refuses what `run` would. Checkpoints (checkpoint.every, checks.resume, checks.state) are
+  // built with stages, on the scenario's mesh and on any check mesh.
   void pipeline_rules(const Scenario& sc) {
     const ChecksConfig& c = sc.checks;
     const bool pp = sc.mesh.pp > 1;
@@ -298,17 +322,28 @@ struct Resolver {
       bad(path, fmt::format("{} is not built with pipeline stages (mesh.pp = {}); use mesh.pp = 1",
                             what, sc.mesh.pp));
     };
-    if (pp && c.resume.enabled) refuse("checks.resume", "the resume check (checkpoints)");
-    if (pp && c.state.enabled) refuse("checks.state", "the state check (checkpoints)");
-    if (pp && sc.checkpoint.every > 0) refuse("checkpoint.every", "periodic checkpoints");
     if (pp && c.allgather_parity) refuse("checks.allgather_parity", "the all-gather parity check");
+    // Tied embeddings under stages keep embed.tok on both end stages, which a checkpoint does not
+    // hold yet (engine/run_rules.cc): any checkpoint on a mesh with stages is refused here too.
+    if (sc.model.tied_embeddings) {
+      const auto staged = [&](const std::optional<engine::MeshSpec>& m) {
+        return pp || (m && m->pp > 1);
+      };
+      const auto refuse_tied = [&](const std::string& path, std::string_view what) {
+        bad(path, fmt::format("{} with model.tied_embeddings is not built with pipeline stages "
+                              "(the first and the last stage each hold a copy of embed.tok); "
+                              "untie the embeddings or use mesh.pp = 1",
+                              what));
+      };
+      if (c.resume.enabled && staged(c.resume.mesh))
+        refuse_tied("checks.resume", "the resume check (checkpoints)");
+      if (c.state.enabled && staged(c.state.mesh))
+        refuse_tied("checks.state", "the state check (checkpoints)");
+      if (pp && sc.checkpoint.every > 0) refuse_tied("checkpoint.every", "periodic checkpoints");
+    }
     for (const FaultSpec& f : sc.faults)
       if (pp && !f.name.starts_with("pp_"))
         refuse("faults", fmt::format("fault {} (only the pp_* faults are)", f.name));
-    if (c.resume.enabled && c.resume.mesh && c.resume.mesh->pp > 1)
-      bad("checks.resume.mesh.pp", "checkpoints are not built with pipeline stages");
-    if (c.state.enabled && c.state.mesh && c.state.mesh->pp > 1)
-      bad("checks.state.mesh.pp", "checkpoints are not built with pipeline stages");
   }
 
   // engine::check_run (engine/run_rules.h), the one set of model x mesh x recipe x FSDP rules
@@ -329,8 +364,7 @@ struct Resolver {
     const ChecksConfig& c = sc.checks;
     pipeline_rules(sc);
     if (c.resume.enabled && c.resume.mesh) {
-      Scenario r = sc;
-      r.mesh = *c.resume.mesh;
+      const Scenario r = on_mesh(sc, *c.resume.mesh);
       for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(r))) {
         if (main_issues.count({i.key_path, i.message}) > 0) continue;
         if (i.key_path.rfind("mesh", 0) == 0) {
@@ -342,8 +376,7 @@ struct Resolver {
       check_fits(*c.resume.mesh, "checks.resume.mesh", sc.recipe, sc.model, sc.train);
     }
     if (c.state.enabled && c.state.mesh) {
-      Scenario r = sc;
-      r.mesh = *c.state.mesh;
+      const Scenario r = on_mesh(sc, *c.state.mesh);
       for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(r))) {
         if (main_issues.count({i.key_path, i.message}) > 0) continue;
         if (i.key_path.rfind("mesh", 0) == 0) {
@@ -355,8 +388,7 @@ struct Resolver {
       check_fits(*c.state.mesh, "checks.state.mesh", sc.recipe, sc.model, sc.train);
     }
     if (c.reference.enabled) {
-      Scenario r = sc;
-      if (c.reference.mesh) r.mesh = *c.reference.mesh;
+      Scenario r = c.reference.mesh ? on_mesh(sc, *c.reference.mesh) : sc;
       if (c.reference.recipe) r.recipe = *c.reference.recipe;
       if (c.reference.fsdp) r.fsdp = *c.reference.fsdp;
       if (c.reference.micro_batches) r.train.micro_batches = *c.reference.micro_batches;

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "engine/checkpoint.h"
+#include "engine/mesh_groups.h"
 #include "engine/session.h"
 #include "harness/golden.h"
 #include "kernels/error.h"
@@ -89,8 +90,8 @@ int64_t on_rank0_agreed(mesh::RankComms& comms, const std::function<int64_t()>& 
       message = e.what();
     }
   }
-  mesh::Communicator& world =
-      comms.group({mesh::MeshDim::kDpReplicate, mesh::MeshDim::kDpShard, mesh::MeshDim::kTp});
+  // Every rank of every pipeline stage (engine/mesh_groups.h).
+  mesh::Communicator& world = comms.group(engine::groups::all_ranks(comms.mesh()));
   const kernels::Device device = kernels::current_context().device;
   kernels::Tensor flags =
       kernels::Tensor::from_vector<float>(kernels::Shape{2}, {code, static_cast<float>(value)});
@@ -207,7 +208,12 @@ void check_checkpoint_root_unused(const Scenario& s, const fs::path& root) {
 std::map<std::string, std::string> model_record(const Scenario& s) {
   std::map<std::string, std::string> out;
   const nlohmann::json canonical = to_canonical_json(s);  // outlives the loop over its items
-  for (const auto& [key, value] : canonical.at("model").items()) out["model." + key] = value.dump();
+  for (const auto& [key, value] : canonical.at("model").items()) {
+    // The pipeline split is how the run divides the layers, not the model: a checkpoint saved
+    // with one split loads with any other (docs/design.md section 33).
+    if (key == "pp_layers") continue;
+    out["model." + key] = value.dump();
+  }
   return out;
 }
 
@@ -415,8 +421,7 @@ TrainOutcome resume_scenario(const Scenario& s, const ResumeRequest& request) {
   // The sessions take the forward's FP8 state at each step's start only when tracing.
   tr.trace = request.trace;
   const engine::RunOptions first = make_run_options(s, tr);
-  Scenario resumed = s;
-  if (request.mesh) resumed.mesh = *request.mesh;
+  const Scenario resumed = request.mesh ? on_mesh(s, *request.mesh) : s;
   const engine::RunOptions second = make_run_options(resumed, tr);
 
   const engine::CheckpointOptions co = checkpoint_options(s, request.scenario_hash, request.faults);
@@ -529,8 +534,7 @@ StateOutcome state_roundtrip(const Scenario& s, const StateRequest& request) {
   TrainRequest tr;
   tr.faults = request.faults;
   const engine::RunOptions first = make_run_options(s, tr);
-  Scenario other = s;
-  if (request.mesh) other.mesh = *request.mesh;
+  const Scenario other = request.mesh ? on_mesh(s, *request.mesh) : s;
   const engine::RunOptions second = make_run_options(other, tr);
   // The checkpoint under test carries the faults (save and load side); `before` and `after` are
   // faithful dumps of the live state (no checkpoint faults), so that a save-side fault that

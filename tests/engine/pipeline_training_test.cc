@@ -5,9 +5,11 @@
 // in micro-batch order, each stage's deferred reduction follows the schedule's last backward,
 // the norm adds the per-parameter sums in model order and the loss comes from the last stage.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 
 #include "engine/collective_budget.h"
 #include "engine/pipeline.h"
@@ -163,6 +165,63 @@ TEST(PipelineTraining, RecordedCollectivesAreTheStagesBudget) {
   }
 }
 
+// model.pp_layers: an explicit uneven split (pp 2 as [3, 1] and [1, 3], pp 3 as [1, 2, 1]) with
+// FSDP inside the stages is still one stage's bits, for both schedules; a split that is not one
+// of model.layers over mesh.pp stages is an input error naming model.pp_layers.
+TEST(PipelineTraining, ExplicitUnevenSplitIsBitwiseOneStage) {
+  Config c = pp_config(RecipeKind::kFp32);
+  c.training.micro_batches = 2;
+  MeshSpec one;
+  one.dp_shard = 2;
+  const RunResult ref = run_training(run_options(c, one, 2));
+  for (const std::vector<int64_t>& split :
+       {std::vector<int64_t>{3, 1}, std::vector<int64_t>{1, 3}, std::vector<int64_t>{1, 2, 1}}) {
+    for (PpSchedule sched : {PpSchedule::kGpipe, PpSchedule::kOneFOneB}) {
+      Config sc = c;
+      sc.model.pp_layers = split;
+      sc.training.pp_schedule = sched;
+      MeshSpec m = one;
+      m.pp = static_cast<int>(split.size());
+      const std::string ctx =
+          fmt::format("split [{}] {}", fmt::join(split, ", "), pp_schedule_name(sched));
+      const RunResult run = run_training(run_options(sc, m, 2));
+      ASSERT_EQ(run.final_params.size(), ref.final_params.size()) << ctx;
+      expect_same_run(ref, run, ctx);
+    }
+  }
+  // The first stage of [3, 1] holds layers 0-2: its ranks' collective budget is its own.
+  Config sc = c;
+  sc.model.pp_layers = {3, 1};
+  MeshSpec m = one;
+  m.pp = 2;
+  RunOptions ro = run_options(sc, m, 1);
+  std::set<std::string> first_stage_tensors;
+  for (const mesh::CollectiveCall& call : expected_collectives(ro, 0, 0))
+    first_stage_tensors.insert(call.tensor.substr(0, call.tensor.find(".", 7)));
+  EXPECT_TRUE(first_stage_tensors.count("layers.2"))
+      << fmt::format("{}", fmt::join(first_stage_tensors, " "));
+  EXPECT_FALSE(first_stage_tensors.count("layers.3"));
+
+  const auto issue = [&](std::vector<int64_t> split, int pp) {
+    Config bad = c;
+    bad.model.pp_layers = std::move(split);
+    MeshSpec bm = one;
+    bm.pp = pp;
+    for (const ConfigIssue& i : check_run(run_options(bad, bm, 1)))
+      if (i.key_path == "model.pp_layers") return i.message;
+    return std::string();
+  };
+  EXPECT_EQ(issue({2, 2}, 2), "");
+  EXPECT_NE(issue({4}, 2).find("has 1 entries; mesh.pp = 2 needs one per stage"),
+            std::string::npos);
+  EXPECT_NE(issue({3, 0, 1}, 3).find("every stage needs at least one layer"), std::string::npos);
+  EXPECT_NE(issue({2, 1}, 2).find("sums to 3, model.layers = 4"), std::string::npos);
+  Config bad = c;
+  bad.model.pp_layers = {2, 1};
+  m.pp = 2;
+  EXPECT_THROW(run_training(run_options(bad, m, 1)), kernels::Error);
+}
+
 // What pipeline stages do not support is an input error before any work, naming mesh.pp.
 TEST(PipelineTraining, UnsupportedCombinationsAreRefused) {
   const auto issue = [](const RunOptions& o) {
@@ -203,9 +262,11 @@ TEST(PipelineTraining, UnsupportedCombinationsAreRefused) {
   traced.trace = true;
   traced.fsdp.fp8_params = true;
   EXPECT_NE(issue(traced).find("tensor digests"), std::string::npos);
+  // Checkpoint hooks are built with stages (each stage saves and loads its own entries).
   RunOptions saving = run_options(c, m, 1);
   saving.after_step = [](ShardedState&, mesh::RankComms&, int64_t) { return false; };
-  EXPECT_NE(issue(saving).find("checkpoints"), std::string::npos);
+  saving.before_start = [](ShardedState&, mesh::RankComms&) {};
+  EXPECT_EQ(issue(saving), "");
   // The session refuses them too (the constructor runs the same rules).
   EXPECT_THROW(run_training(run_options(moe, m, 1)), kernels::Error);
 }

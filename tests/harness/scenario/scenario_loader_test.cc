@@ -266,6 +266,42 @@ TEST(ScenarioFsdp, SyncEachMicroBatchIsReadAndHashedOnlyWhenSet) {
   EXPECT_NE(scenario_hash(deferred), scenario_hash(each));
 }
 
+// model.pp_layers (docs/design.md section 33): a list read into the engine's split, hashed only
+// when set; its rules (one entry per stage, each >= 1, summing to model.layers) are the engine's,
+// reported at the list's line and column; a check on a mesh with another pp takes the even split.
+TEST(ScenarioPipeline, PpLayersIsReadHashedOnlyWhenSetAndJudgedAtItsKey) {
+  const std::string yaml = "name: q\nmodel: {layers: 4}\nmesh: {pp: 2}\n";
+  const Scenario even = load_one(yaml);
+  EXPECT_TRUE(even.model.pp_layers.empty());
+  EXPECT_FALSE(to_canonical_json(even)["model"].contains("pp_layers"));
+  const Scenario split = load_one(yaml, {"model.pp_layers=[3, 1]"});
+  EXPECT_EQ(split.model.pp_layers, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(to_canonical_json(split)["model"].at("pp_layers"), nlohmann::json::array({3, 1}));
+  EXPECT_NE(scenario_hash(even), scenario_hash(split));
+  // The split is not the model: a checkpoint's model record is the same with and without it.
+  EXPECT_EQ(model_record(even), model_record(split));
+  // Another pp (a check's mesh) drops the split; the same pp keeps it.
+  engine::MeshSpec one;
+  EXPECT_TRUE(on_mesh(split, one).model.pp_layers.empty());
+  EXPECT_EQ(on_mesh(split, split.mesh).model.pp_layers, split.model.pp_layers);
+
+  const std::string file = "name: q\nmodel:\n  layers: 4\n  pp_layers: [3, 2]\nmesh: {pp: 2}\n";
+  EXPECT_EQ(load_error(file), "x.yaml:4:14: model.pp_layers: [3, 2] sums to 5, model.layers = 4");
+  EXPECT_EQ(load_error("name: q\nmodel:\n  layers: 4\n  pp_layers: [4]\nmesh: {pp: 2}\n"),
+            "x.yaml:4:14: model.pp_layers: [4] has 1 entries; mesh.pp = 2 needs one per stage");
+  EXPECT_EQ(load_error("name: q\nmodel:\n  layers: 4\n  pp_layers: [4, 0]\nmesh: {pp: 2}\n"),
+            "x.yaml:4:14: model.pp_layers: [4, 0]: every stage needs at least one layer");
+  EXPECT_EQ(load_error("name: q\nmodel:\n  layers: 4\n  pp_layers: [3, x]\nmesh: {pp: 2}\n"),
+            "x.yaml:4:18: model.pp_layers[1]: expected an integer, got 'x'");
+  EXPECT_NE(load_error("name: q\nmodel:\n  layers: 4\n  pp_layers: 4\nmesh: {pp: 2}\n")
+                .find("x.yaml:4:14: model.pp_layers: expected a non-empty list of integers"),
+            std::string::npos);
+  // A reference on pp 1 runs with the even split: accepted.
+  EXPECT_EQ(load_error("name: q\nmodel:\n  layers: 4\n  pp_layers: [1, 3]\nmesh: {pp: 2}\n"
+                       "checks:\n  reference:\n    mesh: {pp: 1}\n    rtol: 0\n"),
+            "");
+}
+
 TEST(ScenarioOverrides, SetWinsOverMatrixAndCanEditTheMatrix) {
   const std::string yaml = "name: m\nmatrix:\n  recipe: [bf16, mxfp8]\n";
   const std::vector<Scenario> pinned =
