@@ -1,6 +1,7 @@
 #include "engine/fsdp_units.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "engine/mesh_groups.h"
 #include "kernels/cast.h"
@@ -103,8 +104,12 @@ void FsdpUnitExecutor::after(int64_t unit, Pass pass) {
   const bool keep =
       pass == Pass::kForward && unit != kRootUnit && !options_.fsdp.reshard_after_forward;
   if (!keep) release_weights(unit);
-  if (pass == Pass::kBackward && (last_micro_batch_ || options_.fsdp.sync_each_micro_batch))
+  if (pass == Pass::kBackward && (last_micro_batch_ || options_.fsdp.sync_each_micro_batch)) {
+    const auto t0 = std::chrono::steady_clock::now();
     reduce_gradients(unit);
+    reduction_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 }
 
 void FsdpUnitExecutor::gather_weight(size_t i) {

@@ -54,6 +54,10 @@ class FsdpUnitExecutor : public UnitHooks {
   TensorMap& grads() { return grads_; }
   // The largest number of gathered weight bytes held at once so far.
   int64_t peak_gathered_bytes() const { return peak_gathered_; }
+  // Wall seconds spent reducing gradients (reduce-scatter over dp_shard, all-reduce over
+  // dp_replicate, and their copies) since construction: the pipeline report's deferred reduction
+  // (docs/design.md section 38).
+  double reduction_seconds() const { return reduction_seconds_; }
 
   // Records the executor's collectives, each with the parameter it serves (nullptr: off).
   void set_recorder(mesh::CollectiveRecorder* r) { recorder_ = r; }
@@ -86,6 +90,7 @@ class FsdpUnitExecutor : public UnitHooks {
   std::map<std::string, int64_t> gathered_bytes_;
   int64_t gathered_now_ = 0;
   int64_t peak_gathered_ = 0;
+  double reduction_seconds_ = 0;
   mesh::CollectiveRecorder* recorder_ = nullptr;
   std::vector<std::vector<mesh::Box>> shard_boxes_;  // by parameter index; empty: not yet made
   // The plan index of a tied embed.tok (ParamSpec::tied_head), if the stage holds it.

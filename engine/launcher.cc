@@ -57,8 +57,11 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
   // The global results (metrics, traces, final parameters) are the same on every rank: rank 0
   // hands them out, and with launcher mpi every process does (each is the only rank it has).
   const bool lead = comms.rank() == 0 || options.launcher == "mpi";
+  const bool pipelined = options.mesh.pp > 1;
+  std::vector<PipelineStepTime> pipeline_times;  // this rank's, per step (pp > 1)
   for (int64_t i = 0; i < steps; ++i) {
     const StepMetrics m = session.step();
+    if (pipelined) pipeline_times.push_back(session.last_pipeline_time());
     std::vector<TensorDigest> d;
     if (options.trace) d = session.digests();
     StepTime time = session.last_time();
@@ -78,6 +81,10 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
   }
   std::map<std::string, Tensor> final_params = session.gather_params();
   RankReport report = rank_report(session, comms);
+  if (pipelined) {
+    report.pipeline = session.pipeline_stage();
+    report.pipeline.steps = std::move(pipeline_times);
+  }
   std::lock_guard<std::mutex> lock(mu);
   result.ranks.push_back(std::move(report));
   if (lead) {

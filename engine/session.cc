@@ -87,6 +87,8 @@ struct TrainingSession::Impl {
   int64_t step = 0;    // optimizer steps taken
   int64_t cursor = 0;  // next global batch
   StepTime time;
+  // mesh.pp > 1: the last step's pipeline times (docs/design.md section 38).
+  PipelineStepTime pp_time;
   MemoryBreakdown mem;
   // RunOptions::trace: the forward's FP8 state of the last step, taken at the step's start,
   // before the forward reads the delayed scales and the FP8 primary weights.
@@ -290,8 +292,10 @@ struct TrainingSession::Impl {
                  options.mesh.ep,
                  faults.expert_grad_factor(step, options.mesh.ep)};
     tp.expert_split_padding = faults.expert_split_padding(step);
+    const double reduction0 = units->reduction_seconds();
     if (mesh.size(MeshDim::kPp) > 1) {
       // MoE is refused with stages (run_rules), so no routing pre-pass is needed here.
+      pp_time = {};
       loss_sum = run_pipeline(j * local_rows, micro_rows, grad_scale, tp);
     } else {
       const std::vector<moe::BalanceStats> load =
@@ -328,12 +332,18 @@ struct TrainingSession::Impl {
     faults.state(FaultHooks::StatePoint::kAfterUpdate, step, state);
     if (fp8->primary_weights()) fp8->requantize(step);
     if (recorder) recorder->end_step();
-    time.optimizer = seconds_since(to) - (all_collective_seconds(comms) - coll_optimizer0);
+    const double optimizer_wall = seconds_since(to);
+    time.optimizer = optimizer_wall - (all_collective_seconds(comms) - coll_optimizer0);
 
     ++step;
     ++cursor;
     store_scalars();
     record_time_and_memory(t0, coll0);
+    if (mesh.size(MeshDim::kPp) > 1) {
+      pp_time.reduction = units->reduction_seconds() - reduction0;
+      pp_time.optimizer = optimizer_wall;
+      pp_time.total = time.total;
+    }
     return metrics;
   }
 
@@ -372,9 +382,13 @@ struct TrainingSession::Impl {
       const Tensor tokens = s.data.rows(s.cursor, row0(mb), row0(mb) + micro_rows);
       Tensor output;
       double loss = 0;
+      const auto t0 = Clock::now();
       in_flight[mb] = s.model.stage_forward(s.plan.stage(), s.units->weights(), tokens, input,
                                             {s.cursor, row0(mb)}, grad_scale, &s.recipe, tp,
                                             &*s.units, true, output, loss);
+      // The pass's kernels count in it, not in the send or recv after it (no-op on the CPU).
+      kernels::synchronize_current();
+      s.pp_time.forward += seconds_since(t0);
       return output;
     }
     Tensor backward(int64_t mb, const Tensor& grad_output, bool last_backward) override {
@@ -390,10 +404,16 @@ struct TrainingSession::Impl {
                s.mesh.stage(s.rank), mb);
       const std::shared_ptr<GptModel::StageState> st = std::move(it->second);
       in_flight.erase(it);
+      const auto t0 = Clock::now();
+      const double reduction0 = s.units->reduction_seconds();
       Tensor dx =
           s.model.stage_backward(*st, s.units->weights(), s.units->grads(), grad_output, &*s.units);
       loss_sum += s.model.stage_loss(*st);
       if (!reduce) s.units->discard_gradients();  // the fault: nothing reduced
+      kernels::synchronize_current();
+      // The deferred reduction inside the pass is reported on its own (PipelineStepTime).
+      s.pp_time.backward +=
+          std::max(0.0, seconds_since(t0) - (s.units->reduction_seconds() - reduction0));
       return dx;
     }
   };
@@ -402,10 +422,17 @@ struct TrainingSession::Impl {
                       const TpContext& tp) {
     StageRunner runner(*this, first_row, micro_rows, grad_scale, tp);
     mesh::Communicator& pp = comms.group(groups::kPp);
+    // The time blocked in the schedule's send/recv: the stage's idle time (section 38).
+    const auto p2p_seconds = [&pp] {
+      return pp.stats(mesh::CollectiveKind::kSend).seconds +
+             pp.stats(mesh::CollectiveKind::kRecv).seconds;
+    };
+    const double p2p0 = p2p_seconds();
     run_stage_schedule(pp,
                        stage_schedule(config.training.pp_schedule, pp.size(), pp.rank(),
                                       config.training.micro_batches),
                        runner);
+    pp_time.p2p_wait = p2p_seconds() - p2p0;
     // Tied embeddings: the end stages' gradient parts, exchanged and reduced once the schedule
     // is done (docs/design.md section 33).
     units->sync_tied_embedding(faults.pp_tied_embedding_synced(step));
@@ -494,6 +521,15 @@ int64_t TrainingSession::steps_done() const { return impl_->step; }
 MemoryBreakdown TrainingSession::memory() const { return impl_->mem; }
 const std::vector<std::string>& TrainingSession::notes() const { return impl_->notes.list; }
 const StepTime& TrainingSession::last_time() const { return impl_->time; }
+const PipelineStepTime& TrainingSession::last_pipeline_time() const { return impl_->pp_time; }
+RankPipeline TrainingSession::pipeline_stage() const {
+  const StageLayers& st = impl_->plan.stage();
+  RankPipeline p;
+  p.stage = impl_->mesh.stage(impl_->rank);
+  p.first_layer = st.first;
+  p.layers = st.count;
+  return p;
+}
 const std::vector<AllGatherParity>& TrainingSession::parity() const { return impl_->fp8->parity(); }
 std::vector<mesh::CollectiveCall> TrainingSession::collective_calls() const {
   return impl_->recorder ? impl_->recorder->calls() : std::vector<mesh::CollectiveCall>{};

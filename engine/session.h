@@ -166,10 +166,33 @@ struct CollectiveRecord {
   double seconds = 0;
 };
 
+// One optimizer step of one rank of a pipelined run (mesh.pp > 1; docs/design.md section 38),
+// seconds of the rank's own wall clock (steady_clock; on CUDA the same host clock, each pass ending
+// with a synchronisation of the rank's stream so that its kernels count in it). The parts are
+// disjoint, so forward + backward + p2p_wait + reduction + optimizer <= total (the rest: the loss
+// sums, the step's bookkeeping).
+struct PipelineStepTime {
+  double forward = 0;    // the stage's forward passes (their weight gathers and TP collectives in)
+  double backward = 0;   // the backward passes, without the deferred gradient reduction in them
+  double p2p_wait = 0;   // blocked in send/recv of activations and gradients (the idle time)
+  double reduction = 0;  // the deferred gradient reduction (reduce-scatter, HSDP all-reduce)
+  double optimizer = 0;  // global norm (its reductions, over pp too), clipping, AdamW, FP8 weights
+  double total = 0;      // the whole step as the session runs it (no checkpoint hook)
+};
+
+// A rank's stage of a pipelined run and its per-step times; empty `steps` with pp = 1.
+struct RankPipeline {
+  int stage = 0;
+  int64_t first_layer = 0;  // the stage's layers [first_layer, first_layer + layers)
+  int64_t layers = 0;
+  std::vector<PipelineStepTime> steps;  // one per step run, in order (pp > 1 only)
+};
+
 struct RankReport {
   int rank = 0;
   mesh::Coords coords{};  // (dp_replicate, dp_shard, tp) coordinates
   MemoryBreakdown memory;
+  RankPipeline pipeline;  // mesh.pp > 1: the rank's stage and per-step pipeline times
   // Device memory outside the tracker (kernels/device_reserve.h) on this rank's device at the end
   // of the run: the CUDA pool's reserve, NCCL buffers, cuBLASLt workspaces; empty on the CPU.
   std::vector<kernels::NamedReserve> device_reserves;
@@ -241,6 +264,9 @@ class TrainingSession {
   MemoryBreakdown memory() const;
   const std::vector<std::string>& notes() const;
   const StepTime& last_time() const;
+  // The last step's pipeline times (mesh.pp > 1; zeros with one stage) and the rank's stage.
+  const PipelineStepTime& last_pipeline_time() const;
+  RankPipeline pipeline_stage() const;  // stage, first_layer, layers; no steps
   // allgather_parity records of the steps run so far (RunOptions::allgather_parity; rank 0 holds
   // them, other ranks an empty list).
   const std::vector<AllGatherParity>& parity() const;

@@ -383,6 +383,7 @@ reports::ScenarioRecord run_scenario(const Scenario& s, const RunnerOptions& opt
   }
   rec.steps = main.steps;
   rec.memory = main.memory;
+  rec.pipeline = main.pipeline;
   rec.collectives = main.collectives;
   rec.notes.insert(rec.notes.end(), main.notes.begin(), main.notes.end());
   if (!main.checkpoints.empty()) {

@@ -11,6 +11,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/mesh_groups.h"
+#include "engine/pipeline.h"
 #include "engine/session.h"
 #include "harness/golden.h"
 #include "kernels/error.h"
@@ -268,6 +269,45 @@ engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& reque
   return o;
 }
 
+std::vector<reports::PipelineStageRecord> pipeline_stages(const engine::RunResult& result,
+                                                          const engine::RunOptions& options) {
+  const int pp = options.mesh.pp;
+  if (pp <= 1) return {};
+  const engine::ScheduleTimeline predicted = engine::simulate_schedule(
+      options.config.training.pp_schedule, pp, options.config.training.micro_batches, 1, 2);
+  std::vector<reports::PipelineStageRecord> out(static_cast<size_t>(pp));
+  std::vector<std::vector<std::vector<reports::PipelinePhases>>> phases(static_cast<size_t>(pp));
+  for (const engine::RankReport& rr : result.ranks) {
+    const engine::RankPipeline& rp = rr.pipeline;
+    MP_CHECK(0 <= rp.stage && rp.stage < pp && !rp.steps.empty(),
+             "pipeline report: rank {} reports stage {} with {} steps on {} stages", rr.rank,
+             rp.stage, rp.steps.size(), pp);
+    reports::PipelineStageRecord& st = out[static_cast<size_t>(rp.stage)];
+    st.stage = rp.stage;
+    st.first_layer = rp.first_layer;
+    st.layers = rp.layers;
+    st.ranks.push_back(rr.rank);
+    st.peak_bytes.push_back(rr.memory.peak);
+    std::vector<reports::PipelinePhases>& steps =
+        phases[static_cast<size_t>(rp.stage)].emplace_back();
+    for (const engine::PipelineStepTime& t : rp.steps)
+      steps.push_back({t.forward, t.backward, t.p2p_wait, t.reduction, t.optimizer, t.total});
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    reports::PipelineStageRecord& st = out[i];
+    // launcher mpi: the result holds this process's rank only; its stage alone is reported.
+    if (st.ranks.empty()) continue;
+    const int64_t n = static_cast<int64_t>(phases[i].front().size());
+    st.warmup_steps = std::min(reports::default_warmup_steps(n), n - 1);
+    st.steady_steps = n - st.warmup_steps;
+    st.mean = reports::mean_pipeline_phases(phases[i], st.warmup_steps);
+    st.bubble_fraction = reports::bubble_fraction(st.mean.p2p_wait_s, st.mean.step_s);
+    st.predicted_bubble_fraction = predicted.bubble_fraction(static_cast<int>(i));
+  }
+  std::erase_if(out, [](const reports::PipelineStageRecord& st) { return st.ranks.empty(); });
+  return out;
+}
+
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
   engine::RunOptions o = make_run_options(s, request);
   const engine::CheckpointOptions co = checkpoint_options(s, request.scenario_hash, request.faults);
@@ -399,6 +439,7 @@ TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request) {
       out.collectives.push_back(st);
     }
   }
+  out.pipeline = pipeline_stages(res, o);
   out.notes = std::move(res.notes);
   out.trace = std::move(res.trace);
   out.parity = std::move(res.parity);

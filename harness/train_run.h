@@ -101,6 +101,8 @@ struct TrainOutcome {
   std::vector<reports::StepMetrics> steps;  // 1-based, in order
   engine::TensorMap final_params;           // global (unsharded) fp32 parameters after training
   std::vector<reports::RankMemory> memory;  // per rank
+  // mesh.pp > 1: per stage (pipeline_stages); empty with one stage.
+  std::vector<reports::PipelineStageRecord> pipeline;
   std::vector<reports::CollectiveStats> collectives;
   std::vector<std::string> notes;  // engine fallbacks and limitations the user must know
   std::string device;              // "cpu" or "cuda:0"
@@ -115,6 +117,15 @@ struct TrainOutcome {
 };
 
 TrainOutcome train_scenario(const Scenario& s, const TrainRequest& request);
+
+// The per-stage pipeline report of a run (docs/design.md section 38): the ranks grouped by their
+// stage (RankReport::pipeline), each stage's phase times averaged over its ranks and the
+// steady-state steps (reports::mean_pipeline_phases), its measured bubble
+// (reports::bubble_fraction of the mean p2p wait and step), the bubble its schedule predicts
+// (engine::simulate_schedule, forward 1, backward 2) and its ranks' peak memory. Empty for a
+// one-stage run (options.mesh.pp == 1).
+std::vector<reports::PipelineStageRecord> pipeline_stages(const engine::RunResult& result,
+                                                          const engine::RunOptions& options);
 
 // The scenario as engine::RunOptions (launcher, mesh, FSDP options, faults, steps, trace).
 engine::RunOptions make_run_options(const Scenario& s, const TrainRequest& request);

@@ -96,6 +96,53 @@ double steady_state_median_step_time(const std::vector<StepMetrics>& steps, int6
   return median(std::move(t));
 }
 
+double bubble_fraction(double idle_s, double step_s) {
+  if (!std::isfinite(idle_s) || !std::isfinite(step_s) || step_s <= 0 || idle_s < 0 ||
+      idle_s > step_s) {
+    input_error(
+        fmt::format("pipeline bubble of {} s idle in a step of {} s (needs 0 <= idle <= "
+                    "step, step > 0)",
+                    idle_s, step_s));
+  }
+  return idle_s / step_s;
+}
+
+PipelinePhases mean_pipeline_phases(const std::vector<std::vector<PipelinePhases>>& per_rank,
+                                    int64_t warmup) {
+  if (per_rank.empty()) input_error("pipeline phases of a stage with no ranks");
+  const int64_t n = static_cast<int64_t>(per_rank.front().size());
+  if (n == 0) input_error("pipeline phases of a stage with no steps");
+  if (warmup < 0) warmup = default_warmup_steps(n);
+  warmup = std::min(warmup, n - 1);
+  PipelinePhases sum;
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    if (static_cast<int64_t>(per_rank[r].size()) != n) {
+      input_error(fmt::format("pipeline phases: rank {} of the stage has {} steps, rank 0 {}", r,
+                              per_rank[r].size(), n));
+    }
+    for (int64_t i = warmup; i < n; ++i) {
+      const PipelinePhases& p = per_rank[r][static_cast<size_t>(i)];
+      for (double v :
+           {p.forward_s, p.backward_s, p.p2p_wait_s, p.reduction_s, p.optimizer_s, p.step_s}) {
+        if (!std::isfinite(v) || v < 0) {
+          input_error(
+              fmt::format("pipeline phases: rank {} of the stage, step {}: time {} s", r, i, v));
+        }
+      }
+      sum.forward_s += p.forward_s;
+      sum.backward_s += p.backward_s;
+      sum.p2p_wait_s += p.p2p_wait_s;
+      sum.reduction_s += p.reduction_s;
+      sum.optimizer_s += p.optimizer_s;
+      sum.step_s += p.step_s;
+    }
+  }
+  // A mean, not a median: the means of the parts add up as the parts of each step do.
+  const double k = static_cast<double>(per_rank.size()) * static_cast<double>(n - warmup);
+  return {sum.forward_s / k,   sum.backward_s / k,  sum.p2p_wait_s / k,
+          sum.reduction_s / k, sum.optimizer_s / k, sum.step_s / k};
+}
+
 int64_t matmul_parameters(const ModelShape& m) {
   if (m.layers < 0 || m.hidden <= 0 || m.ffn < 0 || m.vocab < 0) {
     input_error(fmt::format("model shape L={} H={} F={} V={} is not a model", m.layers, m.hidden,

@@ -28,6 +28,20 @@ double steady_state_median_step_time(const std::vector<StepMetrics>& steps, int6
 // ReportError(kInput) for an empty sample or a non-finite value.
 double median(std::vector<double> values);
 
+// ---- pipeline stages (docs/design.md section 38) --------------------------------------------
+
+// The measured pipeline bubble of a stage: idle_s / step_s, the share of the step the stage
+// spent waiting for a neighbour. Throws ReportError(kInput) unless 0 <= idle_s <= step_s and
+// step_s > 0 (finite).
+double bubble_fraction(double idle_s, double step_s);
+
+// The mean per step of each phase over a stage's ranks and the steps [warmup, n) of each:
+// per_rank[r][i] is rank r's step i; every rank has the same n >= 1 steps. warmup < 0 selects
+// default_warmup_steps(n); a warm-up >= n is clamped to n - 1 (as steady_state_median_step_time).
+// Throws ReportError(kInput) for no ranks, no steps, unequal step counts or a negative time.
+PipelinePhases mean_pipeline_phases(const std::vector<std::vector<PipelinePhases>>& per_rank,
+                                    int64_t warmup = -1);
+
 // ---- model FLOPs (Megatron-style) -------------------------------------------------------------
 
 // The dimensions that the FLOP count needs.

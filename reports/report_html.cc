@@ -416,6 +416,25 @@ std::string scenario_section(const ScenarioRecord& s, size_t index) {
     }
     out += "</tbody></table>\n";
   }
+  if (!s.pipeline.empty()) {
+    out += fmt::format(
+        "<h3>Pipeline stages</h3><p>{}.</p><table><thead><tr><th>stage</th><th>ranks</th>"
+        "<th>layers</th><th>forward (ms)</th><th>backward (ms)</th><th>p2p wait (ms)</th>"
+        "<th>reduction (ms)</th><th>optimizer (ms)</th><th>step (ms)</th><th>bubble</th>"
+        "<th>predicted bubble</th><th>peak memory per rank</th></tr></thead><tbody>\n",
+        esc(pipeline_caption(s)));
+    for (const PipelineStageRecord& p : s.pipeline) {
+      const PipelinePhases& m = p.mean;
+      out += fmt::format(
+          R"(<tr><td class="num">{}</td><td>{}</td><td>{}</td><td class="num">{:.3f}</td><td class="num">{:.3f}</td><td class="num">{:.3f}</td><td class="num">{:.3f}</td><td class="num">{:.3f}</td><td class="num">{:.3f}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td></tr>)"
+          "\n",
+          p.stage, esc(stage_ranks_text(p)), esc(stage_layers_text(p)), m.forward_s * 1e3,
+          m.backward_s * 1e3, m.p2p_wait_s * 1e3, m.reduction_s * 1e3, m.optimizer_s * 1e3,
+          m.step_s * 1e3, fraction_text(p.bubble_fraction),
+          fraction_text(p.predicted_bubble_fraction), esc(stage_peaks_text(p)));
+    }
+    out += "</tbody></table>\n";
+  }
   if (!s.collectives.empty()) {
     out +=
         "<h3>Collectives</h3><table><thead><tr><th>kind</th><th>group</th><th>n</th>"

@@ -130,6 +130,19 @@ std::string render_junit(const RunRecord& r) {
                                {"mfu", mfu_percent(s)}}) {
       suites += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", k, xml_escape_attr(v));
     }
+    // Pipeline stages (pp > 1 only): each stage's mean step time and its measured and
+    // predicted bubble, beside the scenario's step time.
+    for (const PipelineStageRecord& p : s.pipeline) {
+      for (const auto& [k, v] : {std::pair<std::string, std::string>{
+                                     "step_ms", fmt::format("{:.3f}", p.mean.step_s * 1e3)},
+                                 {"p2p_wait_ms", fmt::format("{:.3f}", p.mean.p2p_wait_s * 1e3)},
+                                 {"bubble", fraction_text(p.bubble_fraction)},
+                                 {"predicted_bubble", fraction_text(p.predicted_bubble_fraction)},
+                                 {"peak_memory", stage_peaks_text(p)}}) {
+        suites += fmt::format("      <property name=\"pp_stage{}_{}\" value=\"{}\"/>\n", p.stage, k,
+                              xml_escape_attr(v));
+      }
+    }
     // Benchmark figures that are an emulation (bench recipes): their reasons, once each.
     std::string emulated;
     for (const BenchmarkFigure& b : s.benchmarks) {

@@ -115,6 +115,24 @@ std::string render_markdown(const RunRecord& r) {
                            parts, format_bytes(m.device_total_bytes()));
       }
     }
+    if (!s.pipeline.empty()) {
+      out += fmt::format("\n{}:\n\n", pipeline_caption(s));
+      out +=
+          "| stage | ranks | layers | forward (ms) | backward (ms) | p2p wait (ms) | reduction "
+          "(ms) "
+          "| optimizer (ms) | step (ms) | bubble | predicted bubble | peak memory per rank |\n";
+      out += "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
+      for (const PipelineStageRecord& p : s.pipeline) {
+        const PipelinePhases& m = p.mean;
+        out += fmt::format(
+            "| {} | {} | {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {} | {} | {} "
+            "|\n",
+            p.stage, stage_ranks_text(p), stage_layers_text(p), m.forward_s * 1e3,
+            m.backward_s * 1e3, m.p2p_wait_s * 1e3, m.reduction_s * 1e3, m.optimizer_s * 1e3,
+            m.step_s * 1e3, fraction_text(p.bubble_fraction),
+            fraction_text(p.predicted_bubble_fraction), stage_peaks_text(p));
+      }
+    }
     if (!s.collectives.empty()) {
       out +=
           "\n| collective | group | n | calls | bytes | time (ms) | algbw (GB/s) | busbw (GB/s) "

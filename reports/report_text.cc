@@ -59,6 +59,37 @@ std::string format_bytes(int64_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
+std::string stage_ranks_text(const PipelineStageRecord& p) {
+  std::string out;
+  for (int r : p.ranks) out += fmt::format("{}{}", out.empty() ? "" : ", ", r);
+  return out;
+}
+
+std::string stage_layers_text(const PipelineStageRecord& p) {
+  if (p.layers == 1) return std::to_string(p.first_layer);
+  return fmt::format("{}-{}", p.first_layer, p.first_layer + p.layers - 1);
+}
+
+std::string stage_peaks_text(const PipelineStageRecord& p) {
+  std::string out;
+  for (int64_t b : p.peak_bytes) out += (out.empty() ? "" : ", ") + format_bytes(b);
+  return out;
+}
+
+std::string fraction_text(double v) {
+  return std::isfinite(v) ? fmt::format("{:.3f}", v) : std::string("n/a");
+}
+
+std::string pipeline_caption(const ScenarioRecord& s) {
+  if (s.pipeline.empty()) return {};
+  const PipelineStageRecord& p = s.pipeline.front();
+  return fmt::format(
+      "Pipeline stages: milliseconds per step, the mean over each stage's ranks and steps {}..{} "
+      "(after {} warm-up steps); bubble = p2p wait / step (measured), predicted = the schedule "
+      "played in unit time (forward 1, backward 2)",
+      p.warmup_steps + 1, p.warmup_steps + p.steady_steps, p.warmup_steps);
+}
+
 std::string check_headline(const CheckResult& c) {
   std::string out = c.message;
   if (c.evidence && !c.evidence->empty()) {

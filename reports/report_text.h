@@ -29,4 +29,13 @@ std::string join_names(const std::vector<std::string>& names);
 // The JSON config of a scenario, compact.
 std::string config_text(const ScenarioRecord& s);
 
+// Pipeline stages (ScenarioRecord::pipeline), the cells every writer shows: the ranks "0, 1", the
+// layers "0-1" (one layer: "2"), the peak memory of each rank "1.2 MiB, 1.3 MiB", a fraction as
+// "%.3f" ("n/a" when not finite), and the sentence that says what the table's figures are.
+std::string stage_ranks_text(const PipelineStageRecord& p);
+std::string stage_layers_text(const PipelineStageRecord& p);
+std::string stage_peaks_text(const PipelineStageRecord& p);
+std::string fraction_text(double v);
+std::string pipeline_caption(const ScenarioRecord& s);
+
 }  // namespace meshproof::reports

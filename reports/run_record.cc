@@ -154,25 +154,46 @@ nlohmann::json to_json(const ScenarioRecord& s) {
     }
     if (!b.emulated.empty()) j["emulated"] = b.emulated;
   }
-  return {{"name", s.name},
-          {"verdict", verdict_name(scenario_verdict(s))},
-          {"expectation", expectation_name(s.expectation)},
-          {"caught_by", s.caught_by},
-          {"mesh", s.mesh},
-          {"recipe", s.recipe},
-          {"backend", s.backend},
-          {"duration_s", num(s.duration_s)},
-          {"error", s.error},
-          {"config", s.config},
-          {"steps", steps},
-          {"entropy_floor", opt(s.entropy_floor)},
-          {"golden", golden},
-          {"checks", checks},
-          {"performance", perf},
-          {"memory", memory},
-          {"collectives", colls},
-          {"benchmarks", benchmarks},
-          {"notes", s.notes}};
+  nlohmann::json pipeline = nlohmann::json::array();
+  for (const PipelineStageRecord& p : s.pipeline) {
+    pipeline.push_back({{"stage", p.stage},
+                        {"ranks", p.ranks},
+                        {"first_layer", p.first_layer},
+                        {"layers", p.layers},
+                        {"warmup_steps", p.warmup_steps},
+                        {"steady_steps", p.steady_steps},
+                        {"forward_s", num(p.mean.forward_s)},
+                        {"backward_s", num(p.mean.backward_s)},
+                        {"p2p_wait_s", num(p.mean.p2p_wait_s)},
+                        {"reduction_s", num(p.mean.reduction_s)},
+                        {"optimizer_s", num(p.mean.optimizer_s)},
+                        {"step_s", num(p.mean.step_s)},
+                        {"bubble_fraction", num(p.bubble_fraction)},
+                        {"predicted_bubble_fraction", num(p.predicted_bubble_fraction)},
+                        {"peak_bytes", p.peak_bytes}});
+  }
+  nlohmann::json out = {{"name", s.name},
+                        {"verdict", verdict_name(scenario_verdict(s))},
+                        {"expectation", expectation_name(s.expectation)},
+                        {"caught_by", s.caught_by},
+                        {"mesh", s.mesh},
+                        {"recipe", s.recipe},
+                        {"backend", s.backend},
+                        {"duration_s", num(s.duration_s)},
+                        {"error", s.error},
+                        {"config", s.config},
+                        {"steps", steps},
+                        {"entropy_floor", opt(s.entropy_floor)},
+                        {"golden", golden},
+                        {"checks", checks},
+                        {"performance", perf},
+                        {"memory", memory},
+                        {"collectives", colls},
+                        {"benchmarks", benchmarks},
+                        {"notes", s.notes}};
+  // Pipelined runs only: a one-stage scenario's JSON is what it was.
+  if (!s.pipeline.empty()) out["pipeline"] = pipeline;
+  return out;
 }
 
 }  // namespace
@@ -346,6 +367,11 @@ void validate_record(const RunRecord& r) {
         fail(fmt::format("scenario '{}': step {} has negative step or tokens ({})", s.name, m.step,
                          m.tokens));
       }
+    }
+    for (const PipelineStageRecord& p : s.pipeline) {
+      if (p.stage < 0 || p.ranks.empty() || p.ranks.size() != p.peak_bytes.size())
+        fail(fmt::format("scenario '{}': pipeline stage {} with {} ranks and {} peak figures",
+                         s.name, p.stage, p.ranks.size(), p.peak_bytes.size()));
     }
     for (const RankMemory& m : s.memory) {
       if (m.rank < 0) fail(fmt::format("scenario '{}': memory of rank {}", s.name, m.rank));

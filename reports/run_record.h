@@ -159,6 +159,34 @@ struct RankMemory {
   int64_t device_total_bytes() const;     // peak_bytes + device_reserved_bytes()
 };
 
+// One optimizer step of one rank of a pipelined run (mesh.pp > 1), seconds of the rank's wall
+// clock, disjoint parts (docs/design.md section 38): forward + backward + p2p_wait + reduction +
+// optimizer <= step.
+struct PipelinePhases {
+  double forward_s = 0;    // the stage's forward passes (weight gathers, TP collectives in them)
+  double backward_s = 0;   // the backward passes without the deferred gradient reduction
+  double p2p_wait_s = 0;   // blocked in send/recv of activations and gradients: idle
+  double reduction_s = 0;  // the deferred gradient reduction (reduce-scatter, HSDP all-reduce)
+  double optimizer_s = 0;  // gradient norm (with its reductions), clipping, AdamW
+  double step_s = 0;       // the whole step
+};
+
+// One pipeline stage of a run (mesh.pp > 1; absent with one stage): its phase times per step,
+// averaged over the stage's ranks and the steady-state steps, its measured bubble beside the one
+// its schedule predicts, and the peak memory of each of its ranks.
+struct PipelineStageRecord {
+  int stage = 0;
+  std::vector<int> ranks;   // the stage's ranks, increasing
+  int64_t first_layer = 0;  // the stage's layers [first_layer, first_layer + layers)
+  int64_t layers = 0;
+  int64_t warmup_steps = 0;              // leading steps left out (default_warmup_steps)
+  int64_t steady_steps = 0;              // steps averaged
+  PipelinePhases mean;                   // per step, mean over the ranks and the steady steps
+  double bubble_fraction = 0;            // measured: mean.p2p_wait_s / mean.step_s
+  double predicted_bubble_fraction = 0;  // the schedule in unit time (forward 1, backward 2)
+  std::vector<int64_t> peak_bytes;       // per rank of `ranks`: the tracker's high-water mark
+};
+
 // Statistics of one collective kind on one process group over the whole run (rank 0's view).
 // bytes follows nccl-tests' "size": the full buffer (all-gather: output, reduce-scatter: input,
 // all-reduce: the buffer) summed over calls. Bandwidths are GB/s (1e9 bytes per second).
@@ -220,6 +248,9 @@ struct ScenarioRecord {
   std::vector<CheckResult> checks;
   std::optional<PerformanceFigures> performance;  // absent when the run did not train
   std::vector<RankMemory> memory;                 // one entry per rank, rank order
+  // Pipelined runs (mesh.pp > 1): one entry per stage, stage order; empty otherwise (and then
+  // absent from every report).
+  std::vector<PipelineStageRecord> pipeline;
   std::vector<CollectiveStats> collectives;
   std::vector<BenchmarkFigure> benchmarks;  // benchmark verbs only; empty for training runs
   std::vector<std::string> notes;           // things the user must know, e.g. fallbacks taken

@@ -222,6 +222,44 @@ TEST(PipelineTraining, ExplicitUnevenSplitIsBitwiseOneStage) {
   EXPECT_THROW(run_training(run_options(bad, m, 1)), kernels::Error);
 }
 
+// The per-stage report's measurements (docs/design.md section 38): every rank of a pp 2 x
+// dp_shard 2 run reports its stage, its layers and one PipelineStepTime per step, each time
+// non-negative and the disjoint parts within the step (structure and consistency only: no
+// wall-clock value is asserted beyond "the phase ran"); a one-stage run reports none.
+TEST(PipelineTraining, StepTimesPerRankAndStage) {
+  for (PpSchedule sched : {PpSchedule::kGpipe, PpSchedule::kOneFOneB}) {
+    Config c = pp_config(RecipeKind::kBf16);
+    c.training.pp_schedule = sched;
+    MeshSpec m;
+    m.pp = 2;
+    m.dp_shard = 2;
+    const RunResult run = run_training(run_options(c, m, kSteps));
+    ASSERT_EQ(run.ranks.size(), 4U);
+    for (const RankReport& r : run.ranks) {
+      const std::string ctx = fmt::format("{} rank {}", pp_schedule_name(sched), r.rank);
+      // rank = i_pp * dp_shard + i_shard: ranks 0, 1 hold layers 0-1, ranks 2, 3 layers 2-3.
+      EXPECT_EQ(r.pipeline.stage, r.rank / 2) << ctx;
+      EXPECT_EQ(r.pipeline.first_layer, 2 * (r.rank / 2)) << ctx;
+      EXPECT_EQ(r.pipeline.layers, 2) << ctx;
+      ASSERT_EQ(r.pipeline.steps.size(), static_cast<size_t>(kSteps)) << ctx;
+      for (const PipelineStepTime& t : r.pipeline.steps) {
+        // Every phase ran (a pass, a receive, a reduce-scatter over dp_shard, AdamW: each takes
+        // more than the clock's nanosecond), so each is positive.
+        for (double v : {t.forward, t.backward, t.p2p_wait, t.reduction, t.optimizer, t.total})
+          EXPECT_GT(v, 0) << ctx;
+        // The parts are disjoint intervals of the step. Relative 1e-9: the seconds are sums of
+        // nanosecond counts scaled to double (rounding ~1e-16 per term), never a timing margin.
+        const double parts = t.forward + t.backward + t.p2p_wait + t.reduction + t.optimizer;
+        EXPECT_LE(parts, t.total * (1 + 1e-9)) << ctx;
+      }
+    }
+  }
+  MeshSpec one;
+  one.dp_shard = 2;
+  const RunResult flat = run_training(run_options(pp_config(RecipeKind::kBf16), one, 1));
+  for (const RankReport& r : flat.ranks) EXPECT_TRUE(r.pipeline.steps.empty()) << r.rank;
+}
+
 // What pipeline stages do not support is an input error before any work, naming mesh.pp.
 TEST(PipelineTraining, UnsupportedCombinationsAreRefused) {
   const auto issue = [](const RunOptions& o) {

@@ -52,6 +52,42 @@ TEST(PerfMetricsTest, SteadyStateMedianExcludesWarmup) {
   EXPECT_THROW(steady_state_median_step_time({}), ReportError);
 }
 
+TEST(PerfMetricsTest, PipelineBubbleIsIdleOverStep) {
+  EXPECT_DOUBLE_EQ(bubble_fraction(0.025, 0.1), 0.25);
+  EXPECT_DOUBLE_EQ(bubble_fraction(0, 0.1), 0);
+  EXPECT_DOUBLE_EQ(bubble_fraction(0.1, 0.1), 1);
+  EXPECT_THROW(bubble_fraction(0.2, 0.1), ReportError);  // idle longer than the step
+  EXPECT_THROW(bubble_fraction(-0.01, 0.1), ReportError);
+  EXPECT_THROW(bubble_fraction(0, 0), ReportError);
+  EXPECT_THROW(bubble_fraction(std::nan(""), 0.1), ReportError);
+}
+
+TEST(PerfMetricsTest, PipelinePhasesAreTheMeanOverRanksAndSteadySteps) {
+  // Two ranks, three steps each; the default warm-up of 3 steps is 1, so steps 1 and 2 count.
+  const auto ph = [](double f, double w, double step) {
+    return PipelinePhases{f, 2 * f, w, 0.5 * f, 0.25 * f, step};
+  };
+  const std::vector<std::vector<PipelinePhases>> ranks = {
+      {ph(100, 100, 1000), ph(1, 2, 10), ph(3, 4, 20)},
+      {ph(100, 100, 1000), ph(5, 6, 30), ph(7, 8, 40)}};
+  const PipelinePhases m = mean_pipeline_phases(ranks);
+  // (1 + 3 + 5 + 7) / 4 = 4; waits (2 + 4 + 6 + 8) / 4 = 5; steps (10 + 20 + 30 + 40) / 4 = 25.
+  EXPECT_DOUBLE_EQ(m.forward_s, 4);
+  EXPECT_DOUBLE_EQ(m.backward_s, 8);
+  EXPECT_DOUBLE_EQ(m.p2p_wait_s, 5);
+  EXPECT_DOUBLE_EQ(m.reduction_s, 2);
+  EXPECT_DOUBLE_EQ(m.optimizer_s, 1);
+  EXPECT_DOUBLE_EQ(m.step_s, 25);
+  EXPECT_DOUBLE_EQ(bubble_fraction(m.p2p_wait_s, m.step_s), 0.2);
+  // An explicit warm-up of 0 keeps the first step; one past the end is clamped to the last step.
+  EXPECT_DOUBLE_EQ(mean_pipeline_phases(ranks, 0).step_s, (1000 + 10 + 20 + 1000 + 30 + 40) / 6.0);
+  EXPECT_DOUBLE_EQ(mean_pipeline_phases(ranks, 7).step_s, 30);  // (20 + 40) / 2
+  EXPECT_THROW(mean_pipeline_phases({}), ReportError);
+  EXPECT_THROW(mean_pipeline_phases({{}}), ReportError);
+  EXPECT_THROW(mean_pipeline_phases({{ph(1, 1, 2)}, {ph(1, 1, 2), ph(1, 1, 2)}}), ReportError);
+  EXPECT_THROW(mean_pipeline_phases({{ph(-1, 1, 2)}}), ReportError);
+}
+
 TEST(PerfMetricsTest, MatmulParametersAndMegatronFlops) {
   // L=2, H=4, F=16, V=10, S=8.
   // P = 2 * (3*16 + 16 + 2*4*16) + 10*4 = 2 * (48 + 16 + 128) + 40 = 424.

@@ -193,6 +193,23 @@ RunRecord sample_record() {
                  "skipped: --fast runs each scenario once", 0, std::nullopt}};
     s.performance = perf(s.steps, 8, "fp8");
     s.memory = memory(8, 3 * kMiB + kMiB / 2, 120 * kMiB);
+    // Its 8 ranks as 2 pipeline stages of 4 (the per-stage table; mean ms per step, the bubble
+    // = p2p wait / step: 40 / 200 and 25 / 200; GPipe, 4 micro-batches, 2 stages in unit time
+    // with forward 1, backward 2: makespan 15, busy 12, 3 / 15 = 0.2).
+    for (int st = 0; st < 2; ++st) {
+      PipelineStageRecord p;
+      p.stage = st;
+      p.ranks = {4 * st, 4 * st + 1, 4 * st + 2, 4 * st + 3};
+      p.first_layer = 6 * st;
+      p.layers = 6;
+      p.warmup_steps = 4;
+      p.steady_steps = 16;
+      p.mean = {0.040, 0.080, st == 0 ? 0.040 : 0.025, 0.012, 0.020, 0.200};
+      p.bubble_fraction = p.mean.p2p_wait_s / p.mean.step_s;
+      p.predicted_bubble_fraction = 0.2;
+      for (int r : p.ranks) p.peak_bytes.push_back(s.memory[static_cast<size_t>(r)].peak_bytes);
+      s.pipeline.push_back(p);
+    }
     s.collectives = {
         coll(CollectiveKind::kAllGather, "dp_shard", 2, 640, 20 * 8 * 14 * kMiB, 0.051),
         coll(CollectiveKind::kReduceScatter, "dp_shard", 2, 320, 20 * 14 * kMiB * 4, 0.044),

@@ -260,6 +260,44 @@ TEST(WritersTest, EntropyFloorInJsonMarkdownAndHtml) {
 
 // The loss plot's y axis fits the curves: its lowest tick is at most one tick step below the
 // lowest loss, never down at the far-away floor.
+// Pipeline stages (docs/design.md section 38): the per-stage table in every format that carries
+// per-rank figures, for the scenario with stages only.
+TEST(WritersTest, PipelineStagesInEveryFormatOnlyWithStages) {
+  const RunRecord r = testing::sample_record();
+  ASSERT_EQ(r.scenarios[1].pipeline.size(), 2u);
+  ASSERT_TRUE(r.scenarios[0].pipeline.empty());
+  const nlohmann::json j = to_json(r);
+  EXPECT_FALSE(j.at("scenarios").at(0).contains("pipeline"));
+  const nlohmann::json& p = j.at("scenarios").at(1).at("pipeline");
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p.at(1).at("stage"), 1);
+  EXPECT_EQ(p.at(1).at("ranks"), nlohmann::json({4, 5, 6, 7}));
+  EXPECT_DOUBLE_EQ(p.at(1).at("bubble_fraction").get<double>(), 0.125);  // 25 / 200
+  EXPECT_DOUBLE_EQ(p.at(1).at("predicted_bubble_fraction").get<double>(), 0.2);
+  EXPECT_EQ(p.at(1).at("peak_bytes").size(), 4u);
+
+  const std::string md = render_markdown(r);
+  EXPECT_EQ(count(md, "| stage | ranks | layers | forward (ms) |"), 1u);
+  // Stage 1: ranks 4-7, layers 6-11, 40/80/25/12/20/200 ms, bubble 0.125, predicted 0.200.
+  EXPECT_NE(md.find("| 1 | 4, 5, 6, 7 | 6-11 | 40.000 | 80.000 | 25.000 | 12.000 | 20.000 | "
+                    "200.000 | 0.125 | 0.200 | "),
+            std::string::npos)
+      << md;
+  const std::string html = render_html(r);
+  EXPECT_EQ(count(html, "<h3>Pipeline stages</h3>"), 1u);
+  EXPECT_NE(html.find("<td>4, 5, 6, 7</td><td>6-11</td>"), std::string::npos);
+  const std::string x = render_junit(r);
+  EXPECT_NE(x.find(R"(<property name="pp_stage1_bubble" value="0.125"/>)"), std::string::npos);
+  EXPECT_NE(x.find(R"(<property name="pp_stage0_predicted_bubble" value="0.200"/>)"),
+            std::string::npos);
+  EXPECT_EQ(count(x, "pp_stage0_step_ms"), 1u);  // the one scenario with stages
+
+  // A stage whose ranks and peak figures disagree is refused before anything is written.
+  RunRecord bad = r;
+  bad.scenarios[1].pipeline[0].peak_bytes.pop_back();
+  EXPECT_THROW(validate_record(bad), ReportError);
+}
+
 TEST(WritersTest, LossPlotAxisFitsTheCurves) {
   RunRecord r = testing::sample_record();
   r.scenarios.resize(1);

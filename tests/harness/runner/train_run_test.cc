@@ -159,5 +159,56 @@ TEST(ResumeFromTheMainRun, SameRowsTraceAndParamsAsTrainingTheFirstHalf) {
   fs::remove_all(root);
 }
 
+// The per-stage pipeline report (docs/design.md section 38) from given per-rank times: ranks
+// grouped by their stage, each stage's times the mean over its ranks and the steps after the
+// warm-up, the measured bubble p2p wait / step of those means, the predicted one the schedule's
+// in unit time, one peak per rank; nothing for one stage.
+TEST(PipelineStages, StagesAggregateTheirRanks) {
+  engine::RunOptions o;
+  o.config.training.micro_batches = 4;
+  o.config.training.pp_schedule = engine::PpSchedule::kGpipe;
+  o.mesh.pp = 2;
+  o.mesh.dp_shard = 2;
+  engine::RunResult res;
+  // Three steps per rank; the first (the warm-up: default_warmup_steps(3) = 1) is far off.
+  const auto t = [](double f, double wait, double step) {
+    return engine::PipelineStepTime{f, 2 * f, wait, 0.1 * f, 0.2 * f, step};
+  };
+  for (int rank = 0; rank < 4; ++rank) {
+    engine::RankReport r;
+    r.rank = rank;
+    r.memory.peak = 1000 + rank;
+    r.pipeline.stage = rank / 2;
+    r.pipeline.first_layer = 3 * (rank / 2);
+    r.pipeline.layers = 3;
+    const double w = rank < 2 ? 4 : 1;  // stage 0 waits longer than stage 1
+    r.pipeline.steps = {t(50, 50, 500), t(1 + rank, w, 20), t(3 + rank, w + 2, 20)};
+    res.ranks.push_back(r);
+  }
+  const std::vector<reports::PipelineStageRecord> st = pipeline_stages(res, o);
+  ASSERT_EQ(st.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    const reports::PipelineStageRecord& p = st[static_cast<size_t>(s)];
+    EXPECT_EQ(p.stage, s);
+    EXPECT_EQ(p.ranks, (std::vector<int>{2 * s, 2 * s + 1}));
+    EXPECT_EQ(p.first_layer, 3 * s);
+    EXPECT_EQ(p.layers, 3);
+    EXPECT_EQ(p.warmup_steps, 1);
+    EXPECT_EQ(p.steady_steps, 2);
+    EXPECT_EQ(p.peak_bytes, (std::vector<int64_t>{1000 + 2 * s, 1001 + 2 * s}));
+    // Forward: ranks 2s and 2s+1, steps 1 and 2: (1 + 3 + 2 + 4) / 4 + 2s = 2.5 + 2s.
+    EXPECT_DOUBLE_EQ(p.mean.forward_s, 2.5 + 2 * s);
+    EXPECT_DOUBLE_EQ(p.mean.backward_s, 2 * (2.5 + 2 * s));
+    EXPECT_DOUBLE_EQ(p.mean.step_s, 20);
+    // Waits (w + w + 2) / 2 = w + 1: 5 on stage 0, 2 on stage 1; bubble 5/20, 2/20.
+    EXPECT_DOUBLE_EQ(p.mean.p2p_wait_s, s == 0 ? 5 : 2);
+    EXPECT_DOUBLE_EQ(p.bubble_fraction, s == 0 ? 0.25 : 0.1);
+    // GPipe, 2 stages, 4 micro-batches, forward 1 and backward 2: makespan 15, busy 12.
+    EXPECT_DOUBLE_EQ(p.predicted_bubble_fraction, 0.2);
+  }
+  o.mesh.pp = 1;
+  EXPECT_TRUE(pipeline_stages(res, o).empty());
+}
+
 }  // namespace
 }  // namespace meshproof::harness
