@@ -1,6 +1,7 @@
 #include "kernels/moe_route.h"
 
 #include "kernels/cast.h"
+#include "kernels/device_op.h"
 #include "kernels/error.h"
 #include "kernels/moe_row.h"
 #include "kernels/runtime.h"
@@ -15,15 +16,6 @@
 namespace meshproof::kernels {
 
 namespace {
-
-// Whether the op runs on a CUDA device (all operands on `dev`); a CUDA tensor in a build without
-// the backend is an error, never a host fallback.
-bool device_op(const char* op, Device dev) {
-  if (!dev.is_cuda()) return false;
-  MP_CHECK(MESHPROOF_HAVE_CUDA, "{}: {} is a CUDA device but meshproof was built without CUDA", op,
-           dev.str());
-  return true;
-}
 
 void check_on(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& shape,
               Device dev) {

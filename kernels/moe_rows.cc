@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/cast.h"
+#include "kernels/device_op.h"
 #include "kernels/error.h"
 #include "kernels/moe_row.h"
 #include "kernels/runtime.h"
@@ -17,13 +18,6 @@
 namespace meshproof::kernels {
 
 namespace {
-
-bool device_op(const char* op, Device dev) {
-  if (!dev.is_cuda()) return false;
-  MP_CHECK(MESHPROOF_HAVE_CUDA, "{}: {} is a CUDA device but meshproof was built without CUDA", op,
-           dev.str());
-  return true;
-}
 
 std::string described(const Tensor& t) { return t.defined() ? t.describe() : "undefined"; }
 
