@@ -23,6 +23,8 @@
 namespace meshproof::engine {
 namespace {
 
+using testing::error_of;
+
 namespace fs = std::filesystem;
 using kernels::Tensor;
 
@@ -33,18 +35,6 @@ fs::path fresh_dir(const std::string& name) {
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
-}
-
-template <class F>
-std::string error_of(F&& f, kernels::ErrorKind kind) {
-  try {
-    f();
-  } catch (const kernels::Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.message();
-    return e.message();
-  }
-  ADD_FAILURE() << "no error";
-  return {};
 }
 
 // fp32, 4 layers (pp 1, 2 and 4 all split them), 2 micro-batches, 4 steps, AdamW with decay and

@@ -17,21 +17,12 @@
 
 #include "kernels/error.h"
 #include "mesh/local_comm.h"
+#include "test_config.h"
 
 namespace meshproof::engine {
 namespace {
 
-template <class F>
-std::string error_of(F&& f, kernels::ErrorKind kind) {
-  try {
-    f();
-  } catch (const kernels::Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.message();
-    return e.message();
-  }
-  ADD_FAILURE() << "no error";
-  return {};
-}
+using testing::error_of;
 
 TEST(PipelineSplit, DefaultIsAsEvenAsPossibleEarlierStagesTakeTheExtra) {
   EXPECT_EQ(stage_layer_counts(7, 3), (std::vector<int64_t>{3, 2, 2}));

@@ -12,6 +12,7 @@
 
 #include "engine/config.h"
 #include "engine/session.h"
+#include "kernels/error.h"
 
 namespace meshproof::engine::testing {
 
@@ -144,6 +145,20 @@ inline void drop_key_bias(const Config& c, const std::string& name, std::vector<
           << name << " key bias " << i;
       got[i] = want[i] = 0;
     }
+}
+
+// Calls f, which must throw a kernels::Error of `kind`; returns its message ("" and a test
+// failure when f returns).
+template <class F>
+std::string error_of(F&& f, kernels::ErrorKind kind) {
+  try {
+    f();
+  } catch (const kernels::Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.message();
+    return e.message();
+  }
+  ADD_FAILURE() << "no error";
+  return {};
 }
 
 }  // namespace meshproof::engine::testing
