@@ -20,6 +20,7 @@
 #include "kernels/moe_route.h"
 #include "kernels/moe_row.h"
 #include "kernels/moe_rows.h"
+#include "tests/kernels/ops/moe_logits.h"
 
 namespace meshproof::kernels {
 namespace {
@@ -58,15 +59,7 @@ void route_reference(const std::vector<double>& l, int64_t k, bool sigmoid, bool
   for (int64_t j = 0; j < k; ++j) w.push_back(round(p[static_cast<size_t>(ex[j])] / chosen));
 }
 
-// Logits drawn from a few values, so that many probabilities tie.
-std::vector<float> tied_logits(std::mt19937& g, int64_t n) {
-  const float values[] = {-2.0f, -0.5f, 0.0f, 0.25f, 1.0f, 3.0f};
-  std::uniform_int_distribution<int> pick(0, 5), noise(0, 3);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v)
-    x = noise(g) == 0 ? values[pick(g)] + 0.001f * static_cast<float>(pick(g)) : values[pick(g)];
-  return v;
-}
+using moe_testing::tied_logits;
 
 TEST(MoeRoute, RowFunctionIsTheStableSortOfTheProbabilities) {
   std::mt19937 g(7);

@@ -29,6 +29,7 @@
 #include "tests/gpu_test.h"
 #include "tests/kernels/ops/column_reduce_oracle.h"
 #include "tests/kernels/ops/flash_attention_bound.h"
+#include "tests/kernels/ops/moe_logits.h"
 
 namespace meshproof::kernels {
 namespace {
@@ -635,17 +636,10 @@ TEST(OpsCuda, MarkovRowsBitwiseTheHostWithoutCopies) {
   }
 }
 
-// MoE router logits drawn from a few values (exact ties) or those values + 0.001 j: two logits
-// of a row are equal or at least ~1e-3 apart, so their probabilities are equal on both backends
-// (the same exp of the same argument) or far more than an ulp apart.
+// The MoE router tests' logits (tests/kernels/ops/moe_logits.h), from their own seed.
 std::vector<float> moe_logits(int64_t n, uint32_t seed) {
   std::mt19937 g(seed);
-  const float values[] = {-2.0f, -0.5f, 0.0f, 0.25f, 1.0f, 3.0f};
-  std::uniform_int_distribution<int> pick(0, 5), noise(0, 3);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v)
-    x = noise(g) == 0 ? values[pick(g)] + 0.001f * static_cast<float>(pick(g)) : values[pick(g)];
-  return v;
+  return moe_testing::tied_logits(g, n);
 }
 
 // The router on the device runs the host's row function: the choices equal the CPU's (ties to
