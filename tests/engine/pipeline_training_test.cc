@@ -40,6 +40,24 @@ Config pp_config(RecipeKind recipe) {
 
 constexpr int64_t kSteps = 3;
 
+// Tensor parallelism inside the stages: 2 micro-batches under 1F1B, with sequence parallelism
+// the vocabulary-parallel embedding and head; the one-stage mesh dp_shard 2 x tp 2 (pp added by
+// the test).
+Config tp_stage_config(RecipeKind recipe, bool sp) {
+  Config c = pp_config(recipe);
+  c.model.vocab_parallel = sp;
+  c.training.micro_batches = 2;
+  c.training.pp_schedule = PpSchedule::kOneFOneB;
+  return c;
+}
+MeshSpec tp_inner_mesh(bool sp) {
+  MeshSpec m;
+  m.dp_shard = 2;
+  m.tp = 2;
+  m.sequence_parallel = sp;
+  return m;
+}
+
 TEST(PipelineTraining, StagesAreBitwiseOneStageForEveryScheduleAndFsdp) {
   for (RecipeKind recipe : {RecipeKind::kFp32, RecipeKind::kBf16, RecipeKind::kCurrent}) {
     for (int dp_shard : {1, 2}) {
@@ -104,14 +122,8 @@ TEST(PipelineTraining, UnevenSplitHsdpRecomputeAndSyncEachMicroBatch) {
 // as each tp rank's sequence shard; still one stage's bits.
 TEST(PipelineTraining, TensorAndSequenceParallelInsideStages) {
   for (bool sp : {false, true}) {
-    Config c = pp_config(RecipeKind::kBf16);
-    c.model.vocab_parallel = sp;
-    c.training.micro_batches = 2;
-    c.training.pp_schedule = PpSchedule::kOneFOneB;
-    MeshSpec one;
-    one.dp_shard = 2;
-    one.tp = 2;
-    one.sequence_parallel = sp;
+    const Config c = tp_stage_config(RecipeKind::kBf16, sp);
+    const MeshSpec one = tp_inner_mesh(sp);
     const RunResult ref = run_training(run_options(c, one, 2));
     MeshSpec m = one;
     m.pp = 2;
@@ -374,15 +386,9 @@ TEST(PipelineTraining, TiedEmbeddingIsHeldByBothEndStages) {
 // Traced: every step's gradient and weight digests hash for hash (one copy of embed.tok each).
 TEST(PipelineTraining, TiedEmbeddingsWithTensorParallelInsideStages) {
   for (bool sp : {false, true}) {
-    Config c = pp_config(RecipeKind::kFp32);
+    Config c = tp_stage_config(RecipeKind::kFp32, sp);
     c.model.tied_embeddings = true;
-    c.model.vocab_parallel = sp;
-    c.training.micro_batches = 2;
-    c.training.pp_schedule = PpSchedule::kOneFOneB;
-    MeshSpec one;
-    one.dp_shard = 2;
-    one.tp = 2;
-    one.sequence_parallel = sp;
+    const MeshSpec one = tp_inner_mesh(sp);
     RunOptions ro = run_options(c, one, 2);
     ro.trace = true;
     const RunResult ref = run_training(ro);
