@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/collective_budget.h"
@@ -90,7 +91,8 @@ TEST(PipelineMoe, AuxLossOverMicroBatchesIsBitwiseOneStage) {
 // no aux loss with 2 micro-batches.
 TEST(PipelineMoe, SigmoidSwiGluEveryLayerWithAndWithoutAuxLoss) {
   for (RecipeKind recipe : {RecipeKind::kFp32, RecipeKind::kBf16, RecipeKind::kCurrent}) {
-    for (const auto& [aux, mbs] : {std::pair<double, int64_t>{0.05, 1}, {0.0, 2}}) {
+    using AuxCase = std::pair<double, int64_t>;  // aux coefficient, micro-batches
+    for (const auto& [aux, mbs] : {AuxCase{0.05, 1}, AuxCase{0.0, 2}}) {
       const Config c = moe_pp_config(recipe, 1, MoeRouter::kSigmoid, false, true, aux, mbs);
       ASSERT_FALSE(moe::needs_routing_prepass(c));
       MeshSpec one;
@@ -155,9 +157,9 @@ TEST(PipelineMoe, AuxLossMovesTheComparedBits) {
 
 // The collective budget with MoE stages (docs/design.md section 29): every rank records exactly
 // its own stage's parameter collectives, the routing pre-pass's extra weight gathers and amax
-// reductions included (pp 2 x dp_shard 2 x ep 2, current scaling, aux loss over 2 micro-batches,
-// reshard_after_forward, 1F1B); the expert weights of a stage's layers are counted on that stage
-// only.
+// reductions included (dp_shard 2 x ep 2, current scaling, aux loss over 2 micro-batches,
+// reshard_after_forward on and off, 1F1B; pp 2 and pp 4, whose middle stages hold no embeddings or
+// head); the expert weights of a stage's layers are counted on that stage only.
 TEST(PipelineMoe, RecordedCollectivesAreTheStagesBudget) {
   const auto sorted_strings = [](const std::vector<mesh::CollectiveCall>& calls) {
     std::vector<std::string> out;
@@ -168,39 +170,49 @@ TEST(PipelineMoe, RecordedCollectivesAreTheStagesBudget) {
   };
   Config c = moe_pp_config(RecipeKind::kCurrent, 1, MoeRouter::kSoftmax, true, false, 0.05, 2);
   c.training.pp_schedule = PpSchedule::kOneFOneB;
-  MeshSpec m;
-  m.pp = 2;
-  m.dp_shard = 2;
-  m.ep = 2;
-  RunOptions ro = run_options(c, m, 2);
-  ro.record_collectives = true;
-  const RunResult run = run_training(ro);
-  ASSERT_EQ(run.ranks.size(), 4U);
-  for (const RankReport& r : run.ranks) {
-    std::vector<mesh::CollectiveCall> expected;
-    for (int64_t step = 0; step < 2; ++step)
-      for (mesh::CollectiveCall& e : expected_collectives(ro, r.rank, step))
-        expected.push_back(std::move(e));
-    ASSERT_FALSE(expected.empty()) << r.rank;
-    // Ranks 0, 1 hold layers 0-1, ranks 2, 3 layers 2-3: no expert of the other stage.
-    const std::string other = r.rank < 2 ? "layers.2.moe" : "layers.0.moe";
-    bool mine = false;
-    for (const mesh::CollectiveCall& e : expected) {
-      EXPECT_FALSE(e.tensor.starts_with(other)) << r.rank << " " << e.tensor;
-      mine |= e.tensor.find(".moe.experts.") != std::string::npos;
+  for (int pp : {2, 4}) {
+    for (bool reshard : {true, false}) {
+      MeshSpec m;
+      m.pp = pp;
+      m.dp_shard = 2;
+      m.ep = 2;
+      RunOptions ro = run_options(c, m, 2);
+      ro.record_collectives = true;
+      ro.fsdp.reshard_after_forward = reshard;
+      const RunResult run = run_training(ro);
+      ASSERT_EQ(run.ranks.size(), static_cast<size_t>(2 * pp));
+      for (const RankReport& r : run.ranks) {
+        const std::string ctx =
+            fmt::format("pp {} reshard_after_forward {} rank {}", pp, reshard, r.rank);
+        std::vector<mesh::CollectiveCall> expected;
+        for (int64_t step = 0; step < 2; ++step)
+          for (mesh::CollectiveCall& e : expected_collectives(ro, r.rank, step))
+            expected.push_back(std::move(e));
+        ASSERT_FALSE(expected.empty()) << ctx;
+        // Stage r.rank / 2 holds layers [first, first + 4 / pp): every layer tensor of the budget
+        // is one of them, and its experts are there.
+        const int64_t per = 4 / pp, first = (r.rank / 2) * per;
+        bool experts = false;
+        for (const mesh::CollectiveCall& e : expected) {
+          if (!e.tensor.starts_with("layers.")) continue;
+          const int64_t layer = std::stoll(e.tensor.substr(7));
+          EXPECT_TRUE(layer >= first && layer < first + per) << ctx << " " << e.tensor;
+          experts |= e.tensor.find(".moe.experts.") != std::string::npos;
+        }
+        EXPECT_TRUE(experts) << ctx;
+        EXPECT_EQ(sorted_strings(r.calls), sorted_strings(expected)) << ctx;
+      }
+      // The pre-pass's terms are in the budget that matched: the same run without the aux loss
+      // (no pre-pass) expects fewer calls on every rank.
+      RunOptions no_prepass = ro;
+      no_prepass.config.model.moe.aux_loss_coef = 0;
+      ASSERT_FALSE(moe::needs_routing_prepass(no_prepass.config));
+      for (int rank = 0; rank < 2 * pp; ++rank)
+        EXPECT_LT(expected_collectives(no_prepass, rank, 0).size(),
+                  expected_collectives(ro, rank, 0).size())
+            << "pp " << pp << " rank " << rank;
     }
-    EXPECT_TRUE(mine) << r.rank;
-    EXPECT_EQ(sorted_strings(r.calls), sorted_strings(expected)) << "rank " << r.rank;
   }
-  // The pre-pass's terms are in the budget that matched: the same run without the aux loss
-  // (no pre-pass) expects fewer calls on every rank.
-  RunOptions no_prepass = ro;
-  no_prepass.config.model.moe.aux_loss_coef = 0;
-  ASSERT_FALSE(moe::needs_routing_prepass(no_prepass.config));
-  for (int rank = 0; rank < 4; ++rank)
-    EXPECT_LT(expected_collectives(no_prepass, rank, 0).size(),
-              expected_collectives(ro, rank, 0).size())
-        << rank;
 }
 
 }  // namespace
