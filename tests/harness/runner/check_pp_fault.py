@@ -7,7 +7,8 @@ Runs the fault scenario as written (OUT_DIR/pp1) and again with the --set overri
 put it on pipeline stages (OUT_DIR/pp; e.g. mesh.pp=2 mesh.dp_shard=2), and requires of both
 runs: exit 0, the scenario expected `caught` and caught (scenario verdict `pass`: the expectation
 met), the same non-empty set of checks catching it (report.json caught_by), and of the staged run: a `pipeline` report with 2 or
-more stages (so the fault really ran on stages). Exits 1 naming what differed.
+more stages (so the fault really ran on stages) and no check failing on the golden's scenario
+hash (the staged scenario has its own hash). Exits 1 naming what differed.
 """
 import json
 import shutil
@@ -45,6 +46,12 @@ def main():
     if sorted(one["caught_by"]) != sorted(staged["caught_by"]):
         problems.append("caught by %s on one stage but by %s on stages" %
                         (sorted(one["caught_by"]), sorted(staged["caught_by"])))
+    # The staged scenario has another scenario hash, so a golden of the one-stage scenario fails
+    # on the hash, whatever the numbers: such a catch would prove nothing.
+    for c in staged["checks"]:
+        if c["verdict"] != "pass" and "golden recorded for scenario hash" in c["message"]:
+            problems.append("the staged run's %s check failed on the golden's scenario hash, not "
+                            "on the numbers: stage a scenario without a golden check" % c["name"])
     stages = {st["stage"] for st in staged.get("pipeline") or []}
     if len(stages) < 2:
         problems.append("the staged run reports no pipeline of 2 or more stages: %s" %
