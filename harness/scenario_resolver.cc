@@ -319,8 +319,8 @@ struct Resolver {
     const ChecksConfig& c = sc.checks;
     const bool pp = sc.mesh.pp > 1;
     // The all-gather parity check and the faults run with stages (docs/design.md section 33);
-    // the one fault setting that cannot (amax_group over pp) is engine::check_run's refusal,
-    // reported by engine_rules.
+    // the one fault setting that cannot, amax_group over pp, is refused by the fault table's
+    // dims rule (stage dims only) and by engine::check_run (engine_rules).
     // Tied embeddings under stages keep embed.tok on both end stages, which a checkpoint does not
     // hold yet (engine/run_rules.cc): any checkpoint on a mesh with stages is refused here too.
     if (sc.model.tied_embeddings) {
