@@ -225,10 +225,65 @@ void Fp8WeightStore::record_parity(const ShardedParam& p, int64_t step, const Te
     r.mismatched_bytes += static_cast<int64_t>(all[i + 1]);
     r.max_abs_error = std::max(r.max_abs_error, all[i + 2]);
   }
-  if (comms_.rank() == 0 || options_.launcher == "mpi") parity_.push_back(std::move(r));
+  // The first rank of each pipeline stage (with one stage: rank 0) keeps its stage's records.
+  if (comms_.group(groups::kWorld).rank() == 0 || options_.launcher == "mpi") {
+    parity_.push_back(std::move(r));
+    parity_index_.push_back(p.model_index);
+  }
   notes_.add(
       "allgather_parity: the reference high-precision gathers are counted in the collective "
       "figures");
+}
+
+std::vector<AllGatherParity> Fp8WeightStore::parity() {
+  mesh::Communicator& pp = comms_.group(groups::kPp);
+  if (pp.size() == 1) return parity_;
+  // Each record as 7 doubles (exact: steps, indices and byte counts are far below 2^53), every
+  // member's list padded to the longest; the members of a pp group hold the same place of every
+  // stage, so rank 0's group holds every stage's first rank.
+  constexpr size_t kFields = 7;
+  const std::vector<double> counts = gather_doubles(pp, {static_cast<double>(parity_.size())});
+  const auto longest = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+  std::vector<double> mine(longest * kFields, 0.0);
+  for (size_t i = 0; i < parity_.size(); ++i) {
+    const AllGatherParity& r = parity_[i];
+    const double fields[kFields] = {static_cast<double>(r.step),
+                                    static_cast<double>(parity_index_[i]),
+                                    static_cast<double>(r.bytes),
+                                    static_cast<double>(r.mismatched_bytes),
+                                    r.max_abs_error,
+                                    r.scale_inv,
+                                    r.reference_scale_inv};
+    std::copy(fields, fields + kFields, mine.begin() + static_cast<std::ptrdiff_t>(i * kFields));
+  }
+  const std::vector<double> all = gather_doubles(pp, mine);
+  const std::vector<ParamSpec> specs = param_specs(config_.model);
+  std::vector<std::pair<size_t, AllGatherParity>> merged;
+  for (int s = 0; s < pp.size(); ++s) {
+    for (size_t i = 0; i < static_cast<size_t>(counts[static_cast<size_t>(s)]); ++i) {
+      const double* f = all.data() + (static_cast<size_t>(s) * longest + i) * kFields;
+      AllGatherParity r;
+      r.step = static_cast<int64_t>(f[0]);
+      const auto index = static_cast<size_t>(f[1]);
+      r.tensor = specs.at(index).name;
+      r.bytes = static_cast<int64_t>(f[2]);
+      r.mismatched_bytes = static_cast<int64_t>(f[3]);
+      r.max_abs_error = f[4];
+      r.scale_inv = f[5];
+      r.reference_scale_inv = f[6];
+      merged.emplace_back(index, std::move(r));
+    }
+  }
+  // One stage gathers every weight of a step in its first micro-batch's forward in model order
+  // before any second gather, and every gather of a weight within a step compares the same
+  // inputs; so this order puts first the record the one-stage list puts first, and the check's
+  // verdict and message are the one-stage run's.
+  std::stable_sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.second.step, a.first) < std::pair(b.second.step, b.first);
+  });
+  std::vector<AllGatherParity> out;
+  for (auto& m : merged) out.push_back(std::move(m.second));
+  return out;
 }
 
 // Quantizes every GEMM weight's master shard into its FP8 primary weight and adds the FP8 bytes

@@ -58,8 +58,10 @@ class Fp8WeightStore {
   void set_recorder(mesh::CollectiveRecorder* r) { recorder_ = r; }
   // Bytes of parameter i's FP8 primary weight (0 without fp8_params).
   int64_t primary_bytes(size_t i) const;
-  // allgather_parity records (rank 0, or every process with launcher mpi).
-  const std::vector<AllGatherParity>& parity() const { return parity_; }
+  // allgather_parity records (rank 0, or every process with launcher mpi). With pipeline stages
+  // each stage records its own weights; this merges them (collective over the pp group: every
+  // rank calls it) ordered by step, then model index, each weight's records in gather order.
+  std::vector<AllGatherParity> parity();
 
  private:
   const Fp8Shard& local_shard(size_t i);
@@ -91,7 +93,8 @@ class Fp8WeightStore {
   std::map<size_t, Fp8Shard> step_shards_;     // quantized once per step, gathered at every use
   std::map<size_t, kernels::Tensor> step_hp_;  // bf16 compute copies of the step_shards_
   std::vector<AllGatherParity> parity_;
-  int64_t step_ = 0;  // the optimizer step of the current gather or re-quantization
+  std::vector<size_t> parity_index_;  // the model index of each parity_ record's weight
+  int64_t step_ = 0;                  // the optimizer step of the current gather or re-quantization
   mesh::CollectiveRecorder* recorder_ = nullptr;
 };
 

@@ -80,6 +80,7 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
     }
   }
   std::map<std::string, Tensor> final_params = session.gather_params();
+  std::vector<AllGatherParity> parity = session.parity();  // collective with stages
   RankReport report = rank_report(session, comms);
   if (pipelined) {
     report.pipeline = session.pipeline_stage();
@@ -90,7 +91,7 @@ void run_rank(const RunOptions& options, mesh::RankComms& comms, RunResult& resu
   if (lead) {
     result.final_params = std::move(final_params);
     result.notes = session.notes();
-    result.parity = session.parity();
+    result.parity = std::move(parity);
   }
 }
 

@@ -164,17 +164,16 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     need("mesh.pp", c.recipe.kind != RecipeKind::kDelayed,
          "with recipe delayed is not built (its amax histories are updated per forward and "
          "backward of all linears, which pipeline stages interleave); use another recipe");
-    need("mesh.pp", !(o.trace && o.fsdp.fp8_params) && !o.allgather_parity,
-         "tensor digests of FP8 primary weights and FP8 all-gather parity are "
-         "not built with pipeline stages (each stage holds only its own parameters); drop the "
-         "checks that need them");
-    FaultInjection other = o.faults;
-    other.pp_last_backward_sync_skipped = false;
-    other.pp_microbatch_grads_overwritten = false;
-    other.pp_tied_embedding_grad_not_synced = false;
-    need("mesh.pp", !other.any(),
-         "fault injection other than the pp_* faults is not built with pipeline stages (the "
-         "faults' hooks assume one stage)");
+    // Faults under stages: every hook is keyed by parameter, linear, checkpoint key or step and
+    // acts on the stage that holds what it names. An amax reduction over pp cannot: the linear
+    // lives on one stage, whose MAX-reduction over the pp group no other stage would join.
+    // (The dims are read as written, '+'-joined names: a malformed list is the harness's error.)
+    const std::string dims = fmt::format("+{}+", o.faults.amax_group_dims);
+    need("faults", o.faults.amax_group_linear.empty() || dims.find("+pp+") == std::string::npos,
+         fmt::format("amax_group over dims '{}' cannot run with pipeline stages (mesh.pp = {}): "
+                     "the linear '{}' is held by one stage, and its amax reduction over pp would "
+                     "wait for stages that do not hold it; leave pp out of the dims",
+                     o.faults.amax_group_dims, ms.pp, o.faults.amax_group_linear));
   }
   const int64_t split = dp * t.micro_batches;
   need("training.batch", t.batch % split == 0,

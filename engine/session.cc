@@ -622,7 +622,7 @@ RankPipeline TrainingSession::pipeline_stage() const {
   p.layers = st.count;
   return p;
 }
-const std::vector<AllGatherParity>& TrainingSession::parity() const { return impl_->fp8->parity(); }
+std::vector<AllGatherParity> TrainingSession::parity() { return impl_->fp8->parity(); }
 std::vector<mesh::CollectiveCall> TrainingSession::collective_calls() const {
   return impl_->recorder ? impl_->recorder->calls() : std::vector<mesh::CollectiveCall>{};
 }

@@ -268,8 +268,9 @@ class TrainingSession {
   const PipelineStepTime& last_pipeline_time() const;
   RankPipeline pipeline_stage() const;  // stage, first_layer, layers; no steps
   // allgather_parity records of the steps run so far (RunOptions::allgather_parity; rank 0 holds
-  // them, other ranks an empty list).
-  const std::vector<AllGatherParity>& parity() const;
+  // them, other ranks an empty list). With pipeline stages every stage's records, merged over
+  // the pp group: a collective that every rank calls (Fp8WeightStore::parity).
+  std::vector<AllGatherParity> parity();
   // RunOptions::record_collectives: this rank's recorded collectives so far (empty otherwise).
   std::vector<mesh::CollectiveCall> collective_calls() const;
 

@@ -270,7 +270,10 @@ reports::CheckResult run_state(CheckContext& c) {
       fmt::format("state after step {} saved on {}, loaded and saved again on {}", req.at_step,
                   describe_mesh(s.mesh), describe_mesh(other));
   reports::CheckResult result = compare_checkpoint_state(o.after, o.before, o.params, what);
-  // Its folder is removed on a pass and kept for `ckpt diff` on a failure (rank 0 alone).
+  // Its folder is removed on a pass and kept for `ckpt diff` on a failure (rank 0 alone), once
+  // every process of an mpi launch has compared the two checkpoints (each reads their files:
+  // removed under a slower process, its rank files went missing and its check errored).
+  wait_for_every_process(c.run);
   if (mesh::launched_rank() == 0) {
     if (result.verdict != reports::Verdict::kPass) {
       c.record.notes.push_back(fmt::format("state: kept {} for inspection (ckpt diff {} {})",

@@ -82,6 +82,18 @@ void check_not_several_local_runs(const std::vector<Scenario>& scenarios,
   }
 }
 
+// A --launcher given on the command line replaces each scenario's own after loading; the
+// loader's rules for that launcher (launcher mpi runs every check in the scenario's processes,
+// so a check mesh of another rank count is refused at its key, e.g. the smaller pp = 1
+// reference of a pipelined scenario) are applied here, before any work: loaded again with the
+// launcher set, for the problems only (the scenarios run are the ones loaded without it).
+void check_launcher_rules(const std::vector<std::string>& paths, std::vector<std::string> sets,
+                          const std::string& filter, const std::optional<Launcher>& launcher) {
+  if (!launcher) return;
+  sets.push_back(fmt::format("launcher={}", to_string(*launcher)));
+  (void)load_scenarios(paths, sets, filter);
+}
+
 // Issues #17.5, #18.11: the output folder must be a folder this process can write, checked before
 // any training (a run that trains for an hour and then cannot write its reports lost the hour).
 // Creates it when missing; proves writability by creating, writing and removing a probe file
@@ -137,6 +149,7 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
   opts.sets = o.sets;
   // Everything is loaded and validated before anything runs or is written.
   const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
+  check_launcher_rules(o.paths, o.sets, o.filter, opts.launcher);
   check_not_several_local_runs(scenarios, opts.launcher, "run");
   (void)mesh::collective_timeout();  // a malformed MESHPROOF_COLLECTIVE_TIMEOUT is bad input now
 
@@ -243,6 +256,7 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
                  "--force-platform '{}': expected a name of [a-z0-9_-] characters (cpu, h100, ...)",
                  o.force_platform);
   const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
+  check_launcher_rules(o.paths, o.sets, o.filter, opts.launcher);
   check_not_several_local_runs(scenarios, opts.launcher, "golden update");
   (void)mesh::collective_timeout();
   const reports::EnvironmentRecord env = collect_environment();

@@ -318,11 +318,9 @@ struct Resolver {
   void pipeline_rules(const Scenario& sc) {
     const ChecksConfig& c = sc.checks;
     const bool pp = sc.mesh.pp > 1;
-    const auto refuse = [&](const std::string& path, std::string_view what) {
-      bad(path, fmt::format("{} is not built with pipeline stages (mesh.pp = {}); use mesh.pp = 1",
-                            what, sc.mesh.pp));
-    };
-    if (pp && c.allgather_parity) refuse("checks.allgather_parity", "the all-gather parity check");
+    // The all-gather parity check and the faults run with stages (docs/design.md section 33);
+    // the one fault setting that cannot, amax_group over pp, is refused by the fault table's
+    // dims rule (stage dims only) and by engine::check_run (engine_rules).
     // Tied embeddings under stages keep embed.tok on both end stages, which a checkpoint does not
     // hold yet (engine/run_rules.cc): any checkpoint on a mesh with stages is refused here too.
     if (sc.model.tied_embeddings) {
@@ -341,9 +339,6 @@ struct Resolver {
         refuse_tied("checks.state", "the state check (checkpoints)");
       if (pp && sc.checkpoint.every > 0) refuse_tied("checkpoint.every", "periodic checkpoints");
     }
-    for (const FaultSpec& f : sc.faults)
-      if (pp && !f.name.starts_with("pp_"))
-        refuse("faults", fmt::format("fault {} (only the pp_* faults are)", f.name));
   }
 
   // engine::check_run (engine/run_rules.h), the one set of model x mesh x recipe x FSDP rules

@@ -649,4 +649,11 @@ StateOutcome state_roundtrip(const Scenario& s, const StateRequest& request) {
   return out;
 }
 
+void wait_for_every_process(const Scenario& s) {
+  if (s.launcher != Launcher::kMpi) return;
+  engine::run_on_ranks(make_run_options(s, {}), [](mesh::RankComms& comms) {
+    comms.group(engine::groups::all_ranks(comms.mesh())).barrier();
+  });
+}
+
 }  // namespace meshproof::harness

@@ -195,5 +195,9 @@ struct StateOutcome {
 // `saved`, constructs a fresh engine on the state mesh, loads `saved` and saves `after` without
 // running a step. Collective over the ranks of each half; rank 0 creates the folder.
 StateOutcome state_roundtrip(const Scenario& s, const StateRequest& request);
+// Launcher mpi: returns once every process of the launch has called it (a barrier over the
+// scenario's ranks), so that rank 0 removes a check's files only after every process has read
+// them. Launcher local: returns at once (the ranks are threads of this process).
+void wait_for_every_process(const Scenario& s);
 
 }  // namespace meshproof::harness

@@ -310,10 +310,29 @@ TEST(PipelineTraining, UnsupportedCombinationsAreRefused) {
   moe.model.moe.top_k = 1;
   moe.model.moe.aux_loss_coef = 0.01;
   EXPECT_EQ(issue(run_options(moe, m, 1)), "");
-  RunOptions traced = run_options(c, m, 1);
+  // FP8 primary weight digests, the all-gather parity check and faults are built with stages
+  // (pipeline_checks_test.cc, runner.pp_fault.*); an amax reduction over pp is not: the linear
+  // lives on one stage.
+  RunOptions traced = run_options(pp_config(RecipeKind::kCurrent), m, 1);
   traced.trace = true;
   traced.fsdp.fp8_params = true;
-  EXPECT_NE(issue(traced).find("tensor digests"), std::string::npos);
+  traced.fsdp.fp8_all_gather = true;
+  traced.allgather_parity = true;
+  traced.faults.amax_not_reduced = true;
+  EXPECT_TRUE(check_run(traced).empty());
+  RunOptions amax_over_pp = run_options(pp_config(RecipeKind::kCurrent), m, 1);
+  amax_over_pp.faults.amax_group_linear = "layers.*.attn.qkv";
+  amax_over_pp.faults.amax_group_dims = "dp_shard+pp";
+  bool amax_refused = false;
+  for (const ConfigIssue& i : check_run(amax_over_pp))
+    amax_refused |=
+        i.key_path == "faults" && i.message.find(
+                                      "amax_group over dims 'dp_shard+pp' cannot run with pipeline "
+                                      "stages") != std::string::npos;
+  EXPECT_TRUE(amax_refused);
+  EXPECT_THROW(run_training(amax_over_pp), kernels::Error);
+  amax_over_pp.faults.amax_group_dims = "dp_shard";
+  EXPECT_TRUE(check_run(amax_over_pp).empty());
   // Checkpoint hooks are built with stages (each stage saves and loads its own entries).
   RunOptions saving = run_options(c, m, 1);
   saving.after_step = [](ShardedState&, mesh::RankComms&, int64_t) { return false; };
