@@ -449,18 +449,25 @@ class Scratch {
   size_t cap_ = 0;
 };
 
+// Stored row `r` of `v` in fp32: an fp32 row in place, any other decoded into `row`.
+const float* stored_row(const StoredView& v, int64_t r, float* row) {
+  if (v.kind == StoredView::Kind::kF32) return static_cast<const float*>(v.data) + r * v.cols;
+  decode_stored_row(v, r, row);
+  return row;
+}
+
 // Packs the canonical matrix [n, K] of `v` into panels of `w` rows (rows >= n zero): panel p
 // starts at dst + p * K * w and holds element (p * w + i, k) at [k * w + i].
 void pack_panels(const StoredView& v, int64_t n, int64_t K, int w, float* dst, float* row) {
   const int64_t panels = (n + w - 1) / w;
-  if (v.canonical) {  // stored [n, K]: decode row by row, scatter into the panel's lane i
+  if (v.canonical) {  // stored [n, K]: row by row, scattered into the panel's lane i
     for (int64_t p = 0; p < panels; ++p) {
       float* panel = dst + p * K * w;
       for (int i = 0; i < w; ++i) {
         const int64_t r = p * w + i;
         if (r < n) {
-          decode_stored_row(v, r, row);
-          for (int64_t k = 0; k < K; ++k) panel[k * w + i] = row[k];
+          const float* src = stored_row(v, r, row);
+          for (int64_t k = 0; k < K; ++k) panel[k * w + i] = src[k];
         } else {
           for (int64_t k = 0; k < K; ++k) panel[k * w + i] = 0.0f;
         }
@@ -470,12 +477,12 @@ void pack_panels(const StoredView& v, int64_t n, int64_t K, int w, float* dst, f
   }
   // stored [K, n]: stored row k is column k of the canonical matrix, contiguous in every panel
   for (int64_t k = 0; k < K; ++k) {
-    decode_stored_row(v, k, row);
+    const float* src = stored_row(v, k, row);
     for (int64_t p = 0; p < panels; ++p) {
       float* dk = dst + p * K * w + k * w;
       const int64_t r0 = p * w;
       const int64_t m = std::min<int64_t>(w, n - r0);
-      std::memcpy(dk, row + r0, static_cast<size_t>(m) * 4);
+      std::memcpy(dk, src + r0, static_cast<size_t>(m) * 4);
       for (int64_t i = m; i < w; ++i) dk[i] = 0.0f;
     }
   }
