@@ -150,9 +150,6 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     need("mesh.pp", ms.pp <= m.layers,
          fmt::format("mesh.pp = {} exceeds model.layers = {}: every stage needs at least one layer",
                      ms.pp, m.layers));
-    need("mesh.pp", !m.moe.enabled(),
-         "with model.moe is not built (the load-balancing loss of each stage's MoE layers would "
-         "have to travel to the last stage); use mesh.pp = 1");
     // Tied embeddings: one copy per end stage, their gradient parts exchanged once per step
     // after the schedule. Per micro-batch (sync_each_micro_batch) the exchange would have to run
     // inside the last stage's backward, which the first stage's backward waits on.
