@@ -1,6 +1,10 @@
 #include "engine/data.h"
 
+#include <bit>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "kernels/error.h"
 #include "kernels/philox.h"
@@ -25,6 +29,58 @@ double markov_entropy_rate(int64_t vocab, double decay) {
   return h;
 }
 
+std::shared_ptr<const MarkovSource::Tables> MarkovSource::build_tables(int64_t vocab,
+                                                                       const DataConfig& data) {
+  MP_CHECK_INPUT(vocab >= 1, "Markov source over a vocabulary of {} tokens", vocab);
+  auto t = std::make_shared<Tables>();
+  int64_t contexts = 1;
+  for (int64_t i = 0; i < data.markov_order; ++i) contexts *= vocab;
+  // Rank probabilities p_r = decay^r / Z.
+  std::vector<double> p(vocab);
+  double z = 0;
+  for (int64_t r = 0; r < vocab; ++r) z += (p[r] = std::pow(data.decay, static_cast<double>(r)));
+  t->cdf.resize(vocab);
+  double acc = 0;
+  for (int64_t r = 0; r < vocab; ++r) {
+    p[r] /= z;
+    acc += p[r];
+    t->cdf[r] = acc;
+  }
+  t->cdf.back() = 1.0;
+  // A Fisher-Yates permutation per context.
+  t->ranked.resize(static_cast<size_t>(contexts * vocab));
+  for (int64_t c = 0; c < contexts; ++c) {
+    int32_t* perm = t->ranked.data() + c * vocab;
+    for (int64_t i = 0; i < vocab; ++i) perm[i] = static_cast<int32_t>(i);
+    for (int64_t i = vocab - 1; i > 0; --i) {
+      const double u =
+          kernels::philox_uniform(data.seed, kTableStream, static_cast<uint64_t>(c * vocab + i));
+      const int64_t j = std::min<int64_t>(i, static_cast<int64_t>(u * static_cast<double>(i + 1)));
+      std::swap(perm[i], perm[j]);
+    }
+  }
+  return t;
+}
+
+std::shared_ptr<const MarkovSource::Tables> MarkovSource::shared_tables(int64_t vocab,
+                                                                        const DataConfig& data) {
+  // Keyed by the decay's bits: the tables are a function of the exact value.
+  using Key = std::tuple<int64_t, int64_t, uint64_t, uint64_t>;
+  static std::mutex mu;
+  static std::map<Key, std::weak_ptr<const Tables>> cache;
+  const Key key{vocab, data.markov_order, std::bit_cast<uint64_t>(data.decay), data.seed};
+  // Under the lock: the other ranks of the run wait for the first one's tables instead of
+  // building their own.
+  std::lock_guard<std::mutex> lk(mu);
+  std::erase_if(cache, [](const auto& kv) { return kv.second.expired(); });
+  if (auto it = cache.find(key); it != cache.end()) {
+    if (std::shared_ptr<const Tables> t = it->second.lock()) return t;
+  }
+  std::shared_ptr<const Tables> t = build_tables(vocab, data);
+  cache[key] = t;
+  return t;
+}
+
 MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch, int64_t seq_len,
                            kernels::Device device)
     : vocab_(vocab),
@@ -32,39 +88,14 @@ MarkovSource::MarkovSource(int64_t vocab, const DataConfig& data, int64_t batch,
       batch_(batch),
       seq_len_(seq_len),
       seed_(data.seed),
+      tables_(shared_tables(vocab, data)),
       device_(device) {
-  int64_t contexts = 1;
-  for (int64_t i = 0; i < order_; ++i) contexts *= vocab_;
-  // Rank probabilities p_r = decay^r / Z.
-  std::vector<double> p(vocab_);
-  double z = 0;
-  for (int64_t r = 0; r < vocab_; ++r) z += (p[r] = std::pow(data.decay, static_cast<double>(r)));
-  cdf_.resize(vocab_);
-  double acc = 0;
-  for (int64_t r = 0; r < vocab_; ++r) {
-    p[r] /= z;
-    acc += p[r];
-    cdf_[r] = acc;
-  }
-  cdf_.back() = 1.0;
   entropy_ = markov_entropy_rate(vocab_, data.decay);
-  // A Fisher-Yates permutation per context.
-  ranked_.resize(static_cast<size_t>(contexts * vocab_));
-  for (int64_t c = 0; c < contexts; ++c) {
-    int32_t* perm = ranked_.data() + c * vocab_;
-    for (int64_t i = 0; i < vocab_; ++i) perm[i] = static_cast<int32_t>(i);
-    for (int64_t i = vocab_ - 1; i > 0; --i) {
-      const double u =
-          kernels::philox_uniform(seed_, kTableStream, static_cast<uint64_t>(c * vocab_ + i));
-      const int64_t j = std::min<int64_t>(i, static_cast<int64_t>(u * static_cast<double>(i + 1)));
-      std::swap(perm[i], perm[j]);
-    }
-  }
   if (device_.is_cuda()) {
-    device_tables_.cdf = kernels::Tensor::from_vector<double>({vocab_}, cdf_).to(device_);
-    device_tables_.ranked =
-        kernels::Tensor::from_vector<int32_t>({static_cast<int64_t>(ranked_.size())}, ranked_)
-            .to(device_);
+    device_tables_.cdf = kernels::Tensor::from_vector<double>({vocab_}, tables_->cdf).to(device_);
+    device_tables_.ranked = kernels::Tensor::from_vector<int32_t>(
+                                {static_cast<int64_t>(tables_->ranked.size())}, tables_->ranked)
+                                .to(device_);
   }
 }
 
@@ -90,7 +121,7 @@ kernels::Tensor MarkovSource::rows(int64_t step, int64_t row_begin, int64_t row_
   for (int64_t r = row_begin; r < row_end; ++r)
     kernels::markov_fill_row(t + (r - row_begin) * width, width, order_, vocab_, seed_,
                              kTokenStream, static_cast<uint64_t>((step * batch_ + r) * width),
-                             cdf_.data(), ranked_.data());
+                             tables_->cdf.data(), tables_->ranked.data());
   return out;
 }
 

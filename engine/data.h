@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/config.h"
@@ -43,13 +44,25 @@ class MarkovSource {
   // Entropy rate in nats per token (the loss floor).
   double entropy_rate() const { return entropy_; }
 
+  // The host tables, a function of (vocab, data.markov_order, data.decay, data.seed) alone.
+  struct Tables {
+    std::vector<double> cdf;      // [V] cumulative probabilities by rank
+    std::vector<int32_t> ranked;  // [V^k, V] token of rank r for each context
+  };
+  // Builds them (no sharing).
+  static std::shared_ptr<const Tables> build_tables(int64_t vocab, const DataConfig& data);
+  // The process's one copy for these arguments, built by the first caller and shared read-only
+  // while any source holds it: the virtual ranks of a run are threads of one process, and each
+  // would otherwise build the same V^k x V table (docs/design.md section 36).
+  static std::shared_ptr<const Tables> shared_tables(int64_t vocab, const DataConfig& data);
+  const Tables& tables() const { return *tables_; }
+
  private:
   int64_t vocab_, order_, batch_, seq_len_;
   uint64_t seed_;
-  std::vector<double> cdf_;      // [V] cumulative probabilities by rank
-  std::vector<int32_t> ranked_;  // [V^k, V] token of rank r for each context
+  std::shared_ptr<const Tables> tables_;
   kernels::Device device_;
-  kernels::MarkovTables device_tables_;  // cdf_ and ranked_ on device_ (CUDA only)
+  kernels::MarkovTables device_tables_;  // tables_ on device_ (CUDA only)
   double entropy_ = 0;
 };
 

@@ -449,18 +449,25 @@ class Scratch {
   size_t cap_ = 0;
 };
 
+// Stored row `r` of `v` in fp32: an fp32 row in place, any other decoded into `row`.
+const float* stored_row(const StoredView& v, int64_t r, float* row) {
+  if (v.kind == StoredView::Kind::kF32) return static_cast<const float*>(v.data) + r * v.cols;
+  decode_stored_row(v, r, row);
+  return row;
+}
+
 // Packs the canonical matrix [n, K] of `v` into panels of `w` rows (rows >= n zero): panel p
 // starts at dst + p * K * w and holds element (p * w + i, k) at [k * w + i].
 void pack_panels(const StoredView& v, int64_t n, int64_t K, int w, float* dst, float* row) {
   const int64_t panels = (n + w - 1) / w;
-  if (v.canonical) {  // stored [n, K]: decode row by row, scatter into the panel's lane i
+  if (v.canonical) {  // stored [n, K]: row by row, scattered into the panel's lane i
     for (int64_t p = 0; p < panels; ++p) {
       float* panel = dst + p * K * w;
       for (int i = 0; i < w; ++i) {
         const int64_t r = p * w + i;
         if (r < n) {
-          decode_stored_row(v, r, row);
-          for (int64_t k = 0; k < K; ++k) panel[k * w + i] = row[k];
+          const float* src = stored_row(v, r, row);
+          for (int64_t k = 0; k < K; ++k) panel[k * w + i] = src[k];
         } else {
           for (int64_t k = 0; k < K; ++k) panel[k * w + i] = 0.0f;
         }
@@ -470,20 +477,34 @@ void pack_panels(const StoredView& v, int64_t n, int64_t K, int w, float* dst, f
   }
   // stored [K, n]: stored row k is column k of the canonical matrix, contiguous in every panel
   for (int64_t k = 0; k < K; ++k) {
-    decode_stored_row(v, k, row);
+    const float* src = stored_row(v, k, row);
     for (int64_t p = 0; p < panels; ++p) {
       float* dk = dst + p * K * w + k * w;
       const int64_t r0 = p * w;
       const int64_t m = std::min<int64_t>(w, n - r0);
-      std::memcpy(dk, row + r0, static_cast<size_t>(m) * 4);
+      std::memcpy(dk, src + r0, static_cast<size_t>(m) * 4);
       for (int64_t i = m; i < w; ++i) dk[i] = 0.0f;
     }
   }
 }
 
+// The micro-kernel's A operand: element (i, k) of the tile at p[i * is + k * ks]. A packed panel
+// has is = 1, ks = kMr and zero rows past the matrix; an fp32 operand read in place (canonical,
+// stored [n, K]) has is = K, ks = 1, and `rows` < kMr on its last tile: the rows past it read row
+// rows - 1 instead (in bounds; their results are never stored).
+struct ATile {
+  const float* p;
+  int64_t is, ks;
+  int rows;
+};
+
 // c[kMr][kNr] (row stride ldc) = (load_c ? c : +0.0f) + sum over k < kc, in order, of
-// a[k * kMr + i] * b[k * kNr + j]. Portable kernel: GCC/Clang 4-lane vector extensions (SSE2 on
-// any x86-64, NEON on aarch64), lane-wise IEEE multiply then add, the same order in every lane.
+// a(i, k) * b[k * kNr + j]. kSwapped: the kernel computes C^T (its A operand is the GEMM's B and
+// its B panel the GEMM's A), and every product is formed as b * a so that each one is still the
+// GEMM's A element times its B element, operands in that order (which NaN an x86 multiply of two
+// NaNs returns depends on the order, section 21). Portable kernel: GCC/Clang 4-lane vector
+// extensions (SSE2 on any x86-64, NEON on aarch64), lane-wise IEEE multiply then add, the same
+// order in every lane.
 using V4 = float __attribute__((vector_size(16)));
 
 V4 load4(const float* p) {
@@ -493,9 +514,12 @@ V4 load4(const float* p) {
 }
 void store4(float* p, V4 v) { std::memcpy(p, &v, sizeof(v)); }
 
-void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+template <bool kSwapped>
+void micro_kernel_portable(int64_t kc, const ATile& a, const float* b, float* c, int64_t ldc,
                            bool load_c) {
   constexpr int kV = kNr / 4;
+  const float* ar[kMr];
+  for (int i = 0; i < kMr; ++i) ar[i] = a.p + std::min(i, a.rows - 1) * a.is;
   V4 acc[kMr][kV];
   for (int i = 0; i < kMr; ++i)
     for (int v = 0; v < kV; ++v) acc[i][v] = load_c ? load4(c + i * ldc + 4 * v) : V4{};
@@ -503,9 +527,9 @@ void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c,
     V4 bv[kV];
     for (int v = 0; v < kV; ++v) bv[v] = load4(b + k * kNr + 4 * v);
     for (int i = 0; i < kMr; ++i) {
-      const float ai = a[k * kMr + i];
+      const float ai = ar[i][k * a.ks];
       const V4 av = {ai, ai, ai, ai};
-      for (int v = 0; v < kV; ++v) acc[i][v] = acc[i][v] + av * bv[v];
+      for (int v = 0; v < kV; ++v) acc[i][v] = acc[i][v] + (kSwapped ? bv[v] * av : av * bv[v]);
     }
   }
   for (int i = 0; i < kMr; ++i)
@@ -517,8 +541,21 @@ void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c,
 // AVX2: 12 accumulators (6 rows x 2 vectors of 8) + 2 B vectors + 1 broadcast + 1 product = 16
 // ymm registers. Explicit mul then add (the avx2 target has no FMA and the kernels are compiled
 // with -ffp-contract=off, so nothing is fused).
-__attribute__((target("avx2"))) void micro_kernel_avx2(int64_t kc, const float* a, const float* b,
+template <bool kSwapped>
+__attribute__((target("avx2"))) inline __m256 product(__m256 av, __m256 bv) {
+  return kSwapped ? _mm256_mul_ps(bv, av) : _mm256_mul_ps(av, bv);
+}
+
+template <bool kSwapped>
+__attribute__((target("avx2"))) void micro_kernel_avx2(int64_t kc, const ATile& a, const float* b,
                                                        float* c, int64_t ldc, bool load_c) {
+  const float* a0 = a.p;
+  const float* a1 = a.p + std::min(1, a.rows - 1) * a.is;
+  const float* a2 = a.p + std::min(2, a.rows - 1) * a.is;
+  const float* a3 = a.p + std::min(3, a.rows - 1) * a.is;
+  const float* a4 = a.p + std::min(4, a.rows - 1) * a.is;
+  const float* a5 = a.p + std::min(5, a.rows - 1) * a.is;
+  const int64_t ks = a.ks;
   __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
   if (load_c) {
     c00 = _mm256_loadu_ps(c + 0 * ldc), c01 = _mm256_loadu_ps(c + 0 * ldc + 8);
@@ -530,28 +567,27 @@ __attribute__((target("avx2"))) void micro_kernel_avx2(int64_t kc, const float* 
   } else {
     c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
   }
-  for (int64_t k = 0; k < kc; ++k) {
+  for (int64_t k = 0, off = 0; k < kc; ++k, off += ks) {
     const __m256 b0 = _mm256_loadu_ps(b);
     const __m256 b1 = _mm256_loadu_ps(b + 8);
-    __m256 av = _mm256_broadcast_ss(a + 0);
-    c00 = _mm256_add_ps(c00, _mm256_mul_ps(av, b0));
-    c01 = _mm256_add_ps(c01, _mm256_mul_ps(av, b1));
-    av = _mm256_broadcast_ss(a + 1);
-    c10 = _mm256_add_ps(c10, _mm256_mul_ps(av, b0));
-    c11 = _mm256_add_ps(c11, _mm256_mul_ps(av, b1));
-    av = _mm256_broadcast_ss(a + 2);
-    c20 = _mm256_add_ps(c20, _mm256_mul_ps(av, b0));
-    c21 = _mm256_add_ps(c21, _mm256_mul_ps(av, b1));
-    av = _mm256_broadcast_ss(a + 3);
-    c30 = _mm256_add_ps(c30, _mm256_mul_ps(av, b0));
-    c31 = _mm256_add_ps(c31, _mm256_mul_ps(av, b1));
-    av = _mm256_broadcast_ss(a + 4);
-    c40 = _mm256_add_ps(c40, _mm256_mul_ps(av, b0));
-    c41 = _mm256_add_ps(c41, _mm256_mul_ps(av, b1));
-    av = _mm256_broadcast_ss(a + 5);
-    c50 = _mm256_add_ps(c50, _mm256_mul_ps(av, b0));
-    c51 = _mm256_add_ps(c51, _mm256_mul_ps(av, b1));
-    a += kMr;
+    __m256 av = _mm256_broadcast_ss(a0 + off);
+    c00 = _mm256_add_ps(c00, product<kSwapped>(av, b0));
+    c01 = _mm256_add_ps(c01, product<kSwapped>(av, b1));
+    av = _mm256_broadcast_ss(a1 + off);
+    c10 = _mm256_add_ps(c10, product<kSwapped>(av, b0));
+    c11 = _mm256_add_ps(c11, product<kSwapped>(av, b1));
+    av = _mm256_broadcast_ss(a2 + off);
+    c20 = _mm256_add_ps(c20, product<kSwapped>(av, b0));
+    c21 = _mm256_add_ps(c21, product<kSwapped>(av, b1));
+    av = _mm256_broadcast_ss(a3 + off);
+    c30 = _mm256_add_ps(c30, product<kSwapped>(av, b0));
+    c31 = _mm256_add_ps(c31, product<kSwapped>(av, b1));
+    av = _mm256_broadcast_ss(a4 + off);
+    c40 = _mm256_add_ps(c40, product<kSwapped>(av, b0));
+    c41 = _mm256_add_ps(c41, product<kSwapped>(av, b1));
+    av = _mm256_broadcast_ss(a5 + off);
+    c50 = _mm256_add_ps(c50, product<kSwapped>(av, b0));
+    c51 = _mm256_add_ps(c51, product<kSwapped>(av, b1));
     b += kNr;
   }
   _mm256_storeu_ps(c + 0 * ldc, c00), _mm256_storeu_ps(c + 0 * ldc + 8, c01);
@@ -565,7 +601,7 @@ __attribute__((target("avx2"))) void micro_kernel_avx2(int64_t kc, const float* 
 #define MESHPROOF_GEMM_AVX2 0
 #endif
 
-using MicroKernel = void (*)(int64_t, const float*, const float*, float*, int64_t, bool);
+using MicroKernel = void (*)(int64_t, const ATile&, const float*, float*, int64_t, bool);
 
 std::atomic<detail::CpuGemmKernel> g_forced_kernel{detail::CpuGemmKernel::kAuto};
 
@@ -578,23 +614,37 @@ bool cpu_has_avx2() {
 #endif
 }
 
-MicroKernel select_kernel() {
+MicroKernel select_kernel(bool swapped) {
   const detail::CpuGemmKernel k = detail::cpu_gemm_kernel();
 #if MESHPROOF_GEMM_AVX2
-  if (k == detail::CpuGemmKernel::kAvx2) return micro_kernel_avx2;
+  if (k == detail::CpuGemmKernel::kAvx2)
+    return swapped ? micro_kernel_avx2<true> : micro_kernel_avx2<false>;
 #endif
   (void)k;
-  return micro_kernel_portable;
+  return swapped ? micro_kernel_portable<true> : micro_kernel_portable<false>;
 }
 
-// c[R, S] (row stride S) = A · B^T from the packed panels, every element summed in k order.
-void gemm_packed(const float* apack, const float* bpack, float* c, int64_t R, int64_t S,
-                 int64_t K) {
+// The A operand of gemm_packed: packed kMr-row panels (pack_panels), or an fp32 matrix stored
+// [R, K] read in place.
+struct ASource {
+  const float* data;
+  bool panels;
+  ATile tile(int64_t ip, int64_t k0, int64_t R, int64_t K) const {
+    if (panels) return {data + ip * K * kMr + k0 * kMr, 1, kMr, kMr};
+    const int64_t i0 = ip * kMr;
+    return {data + i0 * K + k0, K, 1, static_cast<int>(std::min<int64_t>(kMr, R - i0))};
+  }
+};
+
+// c[R, S] (row stride S) = A · B^T from A (panels or in place) and B's packed panels, every
+// element summed in k order. `swapped`: A and B are the GEMM's B and A (c is C^T).
+void gemm_packed(const ASource& a, const float* bpack, float* c, int64_t R, int64_t S, int64_t K,
+                 bool swapped) {
   if (K == 0) {  // an empty sum is +0
     std::fill_n(c, R * S, 0.0f);
     return;
   }
-  const MicroKernel kernel = select_kernel();
+  const MicroKernel kernel = select_kernel(swapped);
   const int64_t a_panels = (R + kMr - 1) / kMr;
   const int64_t b_panels = (S + kNr - 1) / kNr;
   float edge[kMr * kNr];
@@ -608,18 +658,18 @@ void gemm_packed(const float* apack, const float* bpack, float* c, int64_t R, in
         const int64_t j0 = jp * kNr;
         const int64_t cols = std::min<int64_t>(kNr, S - j0);
         for (int64_t ip = ib; ip < ie; ++ip) {
-          const float* ap = apack + ip * K * kMr + k0 * kMr;
+          const ATile at = a.tile(ip, k0, R, K);
           const int64_t i0 = ip * kMr;
           const int64_t rows = std::min<int64_t>(kMr, R - i0);
           float* ct = c + i0 * S + j0;
           if (rows == kMr && cols == kNr) {
-            kernel(kc, ap, bp, ct, S, load_c);
+            kernel(kc, at, bp, ct, S, load_c);
             continue;
           }
           // Edge tile: through a full-size local tile; only the valid part is read and written.
           if (load_c)
             for (int64_t i = 0; i < rows; ++i) std::memcpy(edge + i * kNr, ct + i * S, cols * 4);
-          kernel(kc, ap, bp, edge, kNr, load_c);
+          kernel(kc, at, bp, edge, kNr, load_c);
           for (int64_t i = 0; i < rows; ++i) std::memcpy(ct + i * S, edge + i * kNr, cols * 4);
         }
       }
@@ -627,28 +677,68 @@ void gemm_packed(const float* apack, const float* bpack, float* c, int64_t R, in
   }
 }
 
+// Packing costs about one pass over the packed matrix, so with few rows of A (a virtual rank's
+// share of the batch) packing B, the whole weight, costs more than the product. Two plans, the
+// same bits (every element is the same k-ordered sum of the same A x B products):
+//  - plain: the kernel's A is the GEMM's A (read in place when it is a canonical fp32 matrix,
+//    packed otherwise) and its B panels are the GEMM's B, packed;
+//  - swapped: C^T = B · A^T; the kernel reads the GEMM's B in place (a canonical fp32 matrix
+//    only), packs the GEMM's A into B panels, and C^T is transposed into the output.
+// The cheaper one by elements moved (packing a matrix, transposing C^T) runs.
+bool in_place(const StoredView& v) { return v.kind == StoredView::Kind::kF32 && v.canonical; }
+
+bool swap_operands(const StoredView& a, const StoredView& b, int64_t R, int64_t S, int64_t K) {
+  if (!in_place(b)) return false;
+  const int64_t plain = (in_place(a) ? 0 : R * K) + S * K;
+  const int64_t swapped = R * K + R * S;
+  return swapped < plain;
+}
+
 void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
   const int64_t R = p.r, S = p.s, K = p.k;
   thread_local Scratch a_buf, b_buf, c_buf, row_buf;
   const StoredView av = stored_view(p.a);
   const StoredView bv = stored_view(p.b);
+  const bool swap = swap_operands(av, bv, R, S, K);
+  // The kernel's operands: x (its A, xr rows) and y (its B panels, yr rows).
+  const StoredView& x = swap ? bv : av;
+  const StoredView& y = swap ? av : bv;
+  const int64_t xr = swap ? S : R, yr = swap ? R : S;
   float* row = row_buf.get(static_cast<size_t>(std::max({av.cols, bv.cols, int64_t{1}})));
-  float* apack = a_buf.get(static_cast<size_t>((R + kMr - 1) / kMr * kMr * K + 1));
-  float* bpack = b_buf.get(static_cast<size_t>((S + kNr - 1) / kNr * kNr * K + 1));
-  pack_panels(av, R, K, kMr, apack, row);
-  pack_panels(bv, S, K, kNr, bpack, row);
+  ASource asrc{static_cast<const float*>(x.data), true};
+  if (in_place(x)) {
+    asrc.panels = false;
+  } else {
+    float* apack = a_buf.get(static_cast<size_t>((xr + kMr - 1) / kMr * kMr * K + 1));
+    pack_panels(x, xr, K, kMr, apack, row);
+    asrc.data = apack;
+  }
+  float* bpack = b_buf.get(static_cast<size_t>((yr + kNr - 1) / kNr * kNr * K + 1));
+  pack_panels(y, yr, K, kNr, bpack, row);
   const size_t n = static_cast<size_t>(R * S);
-  const bool direct = out.dtype() == DType::kFloat32 && !options.accumulate;
-  float* c = direct ? out.data<float>() : c_buf.get(n);  // [R, S]
-  gemm_packed(apack, bpack, c, R, S, K);
+  const bool direct = !swap && out.dtype() == DType::kFloat32 && !options.accumulate;
+  float* c = direct ? out.data<float>() : c_buf.get(n);  // [R, S], or C^T [S, R] when swapped
+  gemm_packed(asrc, bpack, c, xr, yr, K, swap);
+  // Element (i, j) of C, row by row.
+  const auto for_each_c = [&](auto&& f) {
+    if (!swap) {
+      for (size_t i = 0; i < n; ++i) f(i, c[i]);
+      return;
+    }
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < S; ++j) f(static_cast<size_t>(i * S + j), c[j * R + i]);
+  };
   if (out.dtype() == DType::kFloat32) {
+    float* o = out.data<float>();
     if (options.accumulate) {
-      float* o = out.data<float>();
-      for (size_t i = 0; i < n; ++i) o[i] += c[i];
+      for_each_c([o](size_t i, float v) { o[i] += v; });
+    } else if (!direct) {
+      for_each_c([o](size_t i, float v) { o[i] = v; });
     }
   } else {
     auto* o = static_cast<uint16_t*>(out.raw_data());
-    for (size_t i = 0; i < n; ++i) o[i] = fmt8::float_to_bf16(c[i]);  // round to nearest even
+    // round to nearest even
+    for_each_c([o](size_t i, float v) { o[i] = fmt8::float_to_bf16(v); });
   }
   for (Scratch* s : {&a_buf, &b_buf, &c_buf, &row_buf}) s->trim();
 }

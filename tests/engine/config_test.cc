@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "engine/data.h"
 #include "engine/params.h"
@@ -154,6 +157,51 @@ TEST(Data, RowsAreGlobalAndDeterministic) {
   EXPECT_EQ(src.rank_rows(4, 2, 4).to_vector<int32_t>(), all.slice_rows(4, 6).to_vector<int32_t>());
   EXPECT_THROW(src.rank_rows(4, 0, 3), kernels::Error);
   for (int32_t t : all.to_vector<int32_t>()) ASSERT_TRUE(t >= 0 && t < 16);
+}
+
+// The host tables are built once per process per (vocab, order, decay, seed) and shared by every
+// source (the virtual ranks of a run are threads): the shared copy equals a freshly built one, a
+// different key gets its own tables, and sources made by concurrent threads (as the ranks of a
+// local run make them) share one copy and make the same rows as a source made alone.
+TEST(Data, TablesAreSharedPerKeyAndEqualFreshlyBuiltOnes) {
+  DataConfig d;
+  d.markov_order = 2;
+  d.seed = 5;
+  const auto shared = MarkovSource::shared_tables(16, d);
+  const auto fresh = MarkovSource::build_tables(16, d);
+  ASSERT_NE(shared.get(), fresh.get());
+  EXPECT_EQ(shared->cdf, fresh->cdf);
+  EXPECT_EQ(shared->ranked, fresh->ranked);
+  EXPECT_EQ(shared->ranked.size(), size_t{16 * 16 * 16});
+  EXPECT_EQ(MarkovSource::shared_tables(16, d).get(), shared.get());
+  // Every part of the key selects other tables (negative controls: a cache keyed on less would
+  // hand these the tables above).
+  DataConfig other_seed = d, other_decay = d, other_order = d;
+  other_seed.seed = 6;
+  other_decay.decay = 0.75;
+  other_order.markov_order = 1;
+  const auto s2 = MarkovSource::shared_tables(16, other_seed);
+  const auto s3 = MarkovSource::shared_tables(16, other_decay);
+  const auto s4 = MarkovSource::shared_tables(16, other_order);
+  const auto s5 = MarkovSource::shared_tables(8, d);
+  for (const auto& t : {s2, s3, s4, s5}) EXPECT_NE(t.get(), shared.get());
+  EXPECT_NE(s2->ranked, shared->ranked);
+  EXPECT_EQ(s2->cdf, shared->cdf);
+  EXPECT_NE(s3->cdf, shared->cdf);
+  EXPECT_EQ(s4->ranked.size(), size_t{16 * 16});
+  EXPECT_EQ(s5->ranked.size(), size_t{8 * 8 * 8});
+
+  const MarkovSource alone(16, d, 8, 10);
+  std::vector<std::unique_ptr<MarkovSource>> sources(8);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < sources.size(); ++i)
+    threads.emplace_back(
+        [&sources, &d, i] { sources[i] = std::make_unique<MarkovSource>(16, d, 8, 10); });
+  for (std::thread& t : threads) t.join();
+  for (const auto& s : sources) {
+    EXPECT_EQ(&s->tables(), shared.get());
+    EXPECT_EQ(s->batch(3).to_vector<int32_t>(), alone.batch(3).to_vector<int32_t>());
+  }
 }
 
 TEST(Data, StreamIsKeyedByDataSeedNotTheModelSeed) {

@@ -7,13 +7,21 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <system_error>
 #include <thread>
+#include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 #include "kernels/cast.h"
 #include "kernels/error.h"
@@ -336,6 +344,54 @@ TEST(LocalCommTest, StagedCollectivesTolerateInputReuseAndLateMembers) {
     });
   }
 }
+
+#if defined(__linux__)
+// The CPUs the calling thread may run on.
+std::vector<int> thread_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(pthread_getaffinity_np(pthread_self(), sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+// With more ranks than the process's CPUs each rank thread runs on one allowed CPU and the ranks
+// spread evenly over all of them (how many per CPU differs by at most one); with no more ranks
+// than CPUs every rank keeps the process's whole set. Results are unaffected either way (the
+// other tests run on both sides of the line).
+TEST(LocalCommTest, RanksOutnumberingTheCpusArePinnedEvenly) {
+  const std::vector<int> allowed = thread_cpus();
+  ASSERT_FALSE(allowed.empty());
+  const int cpus = static_cast<int>(allowed.size());
+  for (int n : {cpus, cpus + 1, 2 * cpus + 3}) {
+    if (n > 64) continue;  // a machine with many CPUs: the line is beyond what a test starts
+    std::vector<std::vector<int>> seen(static_cast<size_t>(n));
+    LocalWorld world(DeviceMesh(1, n, 1), short_timeout());
+    world.run([&](RankComms& comms) {
+      seen[static_cast<size_t>(comms.rank())] = thread_cpus();
+      comms.group({MeshDim::kDpShard}).barrier();
+    });
+    std::map<int, int> per_cpu;
+    for (const auto& s : seen) {
+      if (n <= cpus) {
+        EXPECT_EQ(s, allowed) << n << " ranks";
+        continue;
+      }
+      ASSERT_EQ(s.size(), 1u) << n << " ranks";
+      EXPECT_NE(std::find(allowed.begin(), allowed.end(), s[0]), allowed.end());
+      ++per_cpu[s[0]];
+    }
+    if (n <= cpus) continue;
+    EXPECT_EQ(static_cast<int>(per_cpu.size()), cpus) << n << " ranks";
+    for (const auto& kv : per_cpu) {
+      EXPECT_GE(kv.second, n / cpus) << "cpu " << kv.first;
+      EXPECT_LE(kv.second, n / cpus + 1) << "cpu " << kv.first;
+    }
+  }
+}
+#endif
 
 TEST(LocalCommTest, MissingRankTimesOutWithClearError) {
   LocalWorldOptions opts;
