@@ -32,11 +32,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string mesh_text(const engine::MeshSpec& m) {
-  return fmt::format("dp_replicate={} dp_shard={} tp={}{}{}", m.dp_replicate, m.dp_shard, m.tp,
-                     m.sequence_parallel ? " sp" : "", m.ep > 1 ? fmt::format(" ep={}", m.ep) : "");
-}
-
 reports::CheckResult make_result(const std::string& name, reports::Verdict v, std::string msg) {
   reports::CheckResult r;
   r.name = name;

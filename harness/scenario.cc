@@ -116,11 +116,15 @@ std::string scenario_hash_hex(const Scenario& s) {
   return fmt::format("{:016x}", scenario_hash(s));
 }
 
-std::string describe_mesh(const engine::MeshSpec& m) {
-  return fmt::format("{}dp_replicate={} dp_shard={} tp={}{}{} ({} rank{})",
+std::string mesh_text(const engine::MeshSpec& m) {
+  return fmt::format("{}dp_replicate={} dp_shard={} tp={}{}{}",
                      m.pp > 1 ? fmt::format("pp={} ", m.pp) : "", m.dp_replicate, m.dp_shard, m.tp,
-                     m.sequence_parallel ? " sp" : "", m.ep > 1 ? fmt::format(" ep={}", m.ep) : "",
-                     m.world_size(), m.world_size() == 1 ? "" : "s");
+                     m.sequence_parallel ? " sp" : "", m.ep > 1 ? fmt::format(" ep={}", m.ep) : "");
+}
+
+std::string describe_mesh(const engine::MeshSpec& m) {
+  return fmt::format("{} ({} rank{})", mesh_text(m), m.world_size(),
+                     m.world_size() == 1 ? "" : "s");
 }
 
 Scenario on_mesh(const Scenario& s, const engine::MeshSpec& m) {

@@ -176,6 +176,9 @@ uint64_t scenario_hash(const Scenario& s);
 std::string scenario_hash_hex(const Scenario& s);  // 16 lowercase hex digits
 // "mesh dp_replicate=2 dp_shard=2 tp=2 (8 ranks) | recipe mxfp8 | steps 8 | checks golden,resume"
 std::string summary_line(const Scenario& s);
+// The mesh as reports name it, "pp=2 dp_replicate=1 dp_shard=2 tp=1 sp ep=2" (pp, sp and ep
+// only when used); describe_mesh adds the rank count.
+std::string mesh_text(const engine::MeshSpec& m);
 std::string describe_mesh(const engine::MeshSpec& m);
 // The scenario run on another mesh `m` (a check's: checks.resume.mesh, checks.state.mesh,
 // checks.reference.mesh). model.pp_layers splits the layers over the scenario's own mesh.pp
