@@ -153,24 +153,16 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     need("mesh.pp", !m.moe.enabled(),
          "with model.moe is not built (the load-balancing loss of each stage's MoE layers would "
          "have to travel to the last stage); use mesh.pp = 1");
-    // Tied embeddings: one copy per end stage, their gradient parts exchanged once per step
-    // after the schedule. Per micro-batch (sync_each_micro_batch) the exchange would have to run
-    // inside the last stage's backward, which the first stage's backward waits on.
-    need("fsdp.sync_each_micro_batch", !m.tied_embeddings || !o.fsdp.sync_each_micro_batch,
-         "with model.tied_embeddings and mesh.pp > 1 is not built (the tied embedding's gradient "
-         "parts are exchanged between the first and last stage once per step, after the "
-         "schedule); use deferred sync, untied embeddings or mesh.pp = 1");
-    need("mesh.pp", !m.tied_embeddings || (!o.before_start && !o.after_step),
-         "checkpoints with model.tied_embeddings are not built with pipeline stages (the first "
-         "and the last stage each hold a copy of embed.tok); drop the checkpoint and resume "
-         "settings, untie the embeddings or use mesh.pp = 1");
-    need("mesh.pp", c.recipe.kind != RecipeKind::kDelayed,
-         "with recipe delayed is not built (its amax histories are updated per forward and "
-         "backward of all linears, which pipeline stages interleave); use another recipe");
-    need("mesh.pp", !(o.trace && o.fsdp.fp8_params) && !o.allgather_parity,
-         "tensor digests of FP8 primary weights and FP8 all-gather parity are "
-         "not built with pipeline stages (each stage holds only its own parameters); drop the "
-         "checks that need them");
+    // Recipe delayed runs: each stage updates its own linears' amax histories after each of
+    // its forwards (input, weight) and backwards (grad_output), in micro-batch order per role,
+    // as one stage does (docs/design.md section 33). The digests of the FP8 state are not
+    // gathered over the stages.
+    need("mesh.pp",
+         !(o.trace && (o.fsdp.fp8_params || c.recipe.kind == RecipeKind::kDelayed)) &&
+             !o.allgather_parity,
+         "tensor digests of FP8 primary weights and of delayed-scaling state and FP8 all-gather "
+         "parity are not built with pipeline stages (each stage holds only its own parameters "
+         "and scaling state); drop the checks that need them");
     FaultInjection other = o.faults;
     other.pp_last_backward_sync_skipped = false;
     other.pp_microbatch_grads_overwritten = false;

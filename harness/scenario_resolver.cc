@@ -314,7 +314,8 @@ struct Resolver {
   // ones, tensor digests of FP8 primary weights and all-gather parity with mesh.pp > 1
   // (engine/run_rules.cc); these are the scenario keys that would ask for them, so `validate`
   // refuses what `run` would. Checkpoints (checkpoint.every, checks.resume, checks.state) are
-  // built with stages, on the scenario's mesh and on any check mesh.
+  // built with stages, on the scenario's mesh and on any check mesh, with tied embeddings too
+  // (the first stage's copy of embed.tok is saved, both stages' copies loaded).
   void pipeline_rules(const Scenario& sc) {
     const ChecksConfig& c = sc.checks;
     const bool pp = sc.mesh.pp > 1;
@@ -323,24 +324,6 @@ struct Resolver {
                             what, sc.mesh.pp));
     };
     if (pp && c.allgather_parity) refuse("checks.allgather_parity", "the all-gather parity check");
-    // Tied embeddings under stages keep embed.tok on both end stages, which a checkpoint does not
-    // hold yet (engine/run_rules.cc): any checkpoint on a mesh with stages is refused here too.
-    if (sc.model.tied_embeddings) {
-      const auto staged = [&](const std::optional<engine::MeshSpec>& m) {
-        return pp || (m && m->pp > 1);
-      };
-      const auto refuse_tied = [&](const std::string& path, std::string_view what) {
-        bad(path, fmt::format("{} with model.tied_embeddings is not built with pipeline stages "
-                              "(the first and the last stage each hold a copy of embed.tok); "
-                              "untie the embeddings or use mesh.pp = 1",
-                              what));
-      };
-      if (c.resume.enabled && staged(c.resume.mesh))
-        refuse_tied("checks.resume", "the resume check (checkpoints)");
-      if (c.state.enabled && staged(c.state.mesh))
-        refuse_tied("checks.state", "the state check (checkpoints)");
-      if (pp && sc.checkpoint.every > 0) refuse_tied("checkpoint.every", "periodic checkpoints");
-    }
     for (const FaultSpec& f : sc.faults)
       if (pp && !f.name.starts_with("pp_"))
         refuse("faults", fmt::format("fault {} (only the pp_* faults are)", f.name));
