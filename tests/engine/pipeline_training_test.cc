@@ -534,6 +534,37 @@ TEST(PipelineTraining, TiedEmbeddingGradNotSyncedIsSeen) {
   }
 }
 
+// Each end stage allocates only the tied embedding's gradient accumulator it uses (the first
+// stage embed.tok's, the last stage the head's kTiedHeadGrad), so a tied model's stages need no
+// more memory than an untied one's, whose last stage holds lm_head.weight's [V, H] accumulator in
+// the same place: pp 2 x dp_shard 2, bf16, vocab 256, each rank's peak (the memory tracker's
+// high-water mark, the per-stage report's peak_bytes) tied <= untied. Measured 2026-11-25 on the
+// CPU backend: first stage 151744 bytes both, last stage 163488 tied vs 163552 untied; with the
+// last stage also allocating embed.tok's accumulator (which stayed zero) it was 179872, V x H x 4
+// = 16384 bytes more, and this test fails.
+TEST(PipelineTraining, TiedEmbeddingEndStagesAllocateOnlyTheirAccumulator) {
+  std::map<bool, RunResult> runs;
+  for (bool tied : {false, true}) {
+    Config c = pp_config(RecipeKind::kBf16);
+    c.model.vocab = 256;
+    c.model.tied_embeddings = tied;
+    MeshSpec m;
+    m.dp_shard = 2;
+    m.pp = 2;
+    runs[tied] = run_training(run_options(c, m, 2));
+  }
+  ASSERT_EQ(runs[true].ranks.size(), 4U);
+  ASSERT_EQ(runs[false].ranks.size(), 4U);
+  for (size_t r = 0; r < 4; ++r) {
+    const RankReport& tied = runs[true].ranks[r];
+    const RankReport& untied = runs[false].ranks[r];
+    ASSERT_EQ(tied.pipeline.stage, untied.pipeline.stage);
+    EXPECT_GT(tied.memory.peak, 0) << "rank " << r;
+    EXPECT_LE(tied.memory.peak, untied.memory.peak)
+        << "rank " << r << " stage " << tied.pipeline.stage;
+  }
+}
+
 // Tied embeddings with fsdp.sync_each_micro_batch (docs/design.md section 33): one stage reduces
 // E_i + H_i after each micro-batch's backward; the end stages keep each micro-batch's unreduced
 // part, exchange them after the schedule and reduce E_i + H_i in micro-batch order then (every
