@@ -2,8 +2,11 @@
 // their stage's entries, and a checkpoint keeps global keys, so a save with pp = 2 loads with
 // pp = 1 or 4 and with any split of the layers. The pipelined fp32 step is bitwise the one-stage
 // step on the same inner mesh, so every resume below must be bitwise the uninterrupted run on the
-// target mesh. The negative controls: a checkpoint without one stage's entries, a chunk in another
-// stage's file, a key saved by two stages, a checkpoint key no stage of the live state holds.
+// target mesh. Tied embeddings (a copy of embed.tok on both end stages: the first saves it, both
+// load it) and delayed scaling (each stage's linears' amax histories) resume bitwise too. The
+// negative controls: a checkpoint without one stage's entries, a chunk in another stage's file, a
+// key saved by two stages, a checkpoint key no stage of the live state holds, a tied embed.tok
+// loaded into the first stage's copy only.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
