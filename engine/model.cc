@@ -991,8 +991,8 @@ struct GptModel::StageState {
   bool recompute = false;
   std::map<std::string, Linear::Saved> saved;  // quantized GEMM operands for the backward
   Linear linear;
-  std::vector<LayerActs> acts;  // [span.count]
-  double aux_loss = 0;          // the stage's layers' MoE load-balancing losses
+  std::vector<LayerActs> acts;    // [span.count]
+  std::vector<double> layer_aux;  // [span.count] the layers' MoE load-balancing losses
   // Last stage: the residual stream entering the final norm, its outputs, the lm_head input and
   // the loss gradient of the logits.
   Tensor x_last, xf, f_mean, f_rstd, head_in, d_logits;
@@ -1132,7 +1132,7 @@ std::shared_ptr<GptModel::StageState> GptModel::stage_forward(
     before(i, Pass::kForward);
     layer_forward(layer_weights(w, i), i, coords, batch, linear, a);
     if (units) units->after(i, Pass::kForward);
-    st->aux_loss += a.aux_loss;
+    st->layer_aux.push_back(a.aux_loss);
     x = a.x_out;
     if (recompute) {  // keep only the layer input; backward re-runs the layer
       Tensor in = a.x_in;
@@ -1182,8 +1182,8 @@ std::shared_ptr<GptModel::StageState> GptModel::stage_forward(
                                                   tp_size, tp_rank, log_z)
                             : 0.0;
   if (!training) {
-    loss = (vp ? vp_loss : kernels::cross_entropy_forward(logits, targets)) +
-           st->aux_loss * static_cast<double>(rl);
+    loss = micro_batch_loss(vp ? vp_loss : kernels::cross_entropy_forward(logits, targets),
+                            st->layer_aux, rl);
     return st;
   }
   // The loss and its gradient.
@@ -1302,20 +1302,31 @@ Tensor GptModel::stage_backward(StageState& st, const TensorMap& w, TensorMap& g
   return span.first_stage ? Tensor{} : dx;
 }
 
+double GptModel::micro_batch_loss(double cross_entropy, const std::vector<double>& layer_aux,
+                                  int64_t rows) {
+  double aux = 0;
+  for (double a : layer_aux) aux += a;
+  return cross_entropy + aux * static_cast<double>(rows);
+}
+
+GptModel::StageLoss GptModel::stage_loss_parts(const StageState& st) const {
+  return {st.loss_sum, st.rl, st.layer_aux};
+}
+
 double GptModel::stage_loss(const StageState& st) const {
-  return st.loss_sum + st.aux_loss * static_cast<double>(st.rl);
+  return micro_batch_loss(st.loss_sum, st.layer_aux, st.rl);
 }
 
 double GptModel::run(const TensorMap& w, const Tensor& tokens, const BatchCoords& coords,
                      double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp,
-                     UnitHooks* units, std::vector<moe::BalanceStats>* routing) const {
+                     UnitHooks* units) const {
   // The whole model is one stage: the same calls in the same order as a stage of pp > 1.
   const StageLayers whole{0, config_.model.layers, true, true};
   Tensor output;
   double loss = 0;
   const std::shared_ptr<StageState> st =
       stage_forward(whole, w, tokens, Tensor{}, coords, grad_scale, recipe, tp, units,
-                    grads != nullptr, output, loss, routing);
+                    grads != nullptr, output, loss);
   if (grads == nullptr) {
     if (units) units->after(kRootUnit, Pass::kForward);
     return loss;
@@ -1335,8 +1346,22 @@ std::vector<moe::BalanceStats> GptModel::routing_stats(const TensorMap& weights,
                                                        const BatchCoords& coords, Fp8Recipe* recipe,
                                                        const TpContext& tp,
                                                        UnitHooks* units) const {
+  Tensor output;
+  return stage_routing_stats({0, config_.model.layers, true, true}, weights, tokens, Tensor{},
+                             coords, recipe, tp, units, output);
+}
+
+std::vector<moe::BalanceStats> GptModel::stage_routing_stats(
+    const StageLayers& span, const TensorMap& weights, const Tensor& tokens, const Tensor& input,
+    const BatchCoords& coords, Fp8Recipe* recipe, const TpContext& tp, UnitHooks* units,
+    Tensor& output) const {
   std::vector<moe::BalanceStats> out;
-  run(weights, tokens, coords, 0.0, nullptr, recipe, tp, units, &out);
+  double loss = 0;
+  stage_forward(span, weights, tokens, input, coords, 0.0, recipe, tp, units, false, output, loss,
+                &out);
+  // The root unit (what the stage holds of the embeddings and head) is released as after
+  // run's forward-only pass; a middle stage holds none and never gathered it.
+  if (units && (span.first_stage || span.last_stage)) units->after(kRootUnit, Pass::kForward);
   return out;
 }
 

@@ -167,8 +167,31 @@ class GptModel {
   kernels::Tensor stage_backward(StageState& state, const TensorMap& weights, TensorMap& grads,
                                  const kernels::Tensor& grad_output, UnitHooks* units) const;
   // The loss sum stage_forward returned plus the stage's MoE load-balancing terms, as
-  // forward_backward returns it for the whole model.
+  // forward_backward returns it for the whole model: micro_batch_loss of stage_loss_parts.
   double stage_loss(const StageState& state) const;
+  // The parts of a micro-batch's loss sum on one stage (docs/design.md section 33, "MoE under
+  // stages"): each MoE layer's load-balancing loss is computed where the layer lives, the
+  // cross-entropy on the last stage, which adds them all.
+  struct StageLoss {
+    double cross_entropy = 0;       // stage_forward's loss sum (the last stage; 0 on the others)
+    int64_t rows = 0;               // the positions this rank adds each aux loss for
+    std::vector<double> layer_aux;  // the stage's layers' aux losses in layer order (dense: 0)
+  };
+  StageLoss stage_loss_parts(const StageState& state) const;
+  // cross_entropy + (0 + layer_aux[0] + layer_aux[1] + ...) * rows, the one expression of a
+  // micro-batch's loss sum: with one stage layer_aux is every layer's; with pipeline stages the
+  // last stage passes every layer's aux loss of the micro-batch (gathered over pp, model order),
+  // so the sum is one stage's bit for bit.
+  static double micro_batch_loss(double cross_entropy, const std::vector<double>& layer_aux,
+                                 int64_t rows);
+  // The routing pre-pass on a pipeline stage (docs/design.md section 33): stage_forward of the
+  // span without training, the unit hooks as routing_stats calls them; returns the statistics of
+  // the span's MoE layers, indexed by layer (every other layer empty), and sets `output` to the
+  // residual stream for the next stage. routing_stats is this over the one stage of all layers.
+  std::vector<moe::BalanceStats> stage_routing_stats(
+      const StageLayers& span, const TensorMap& weights, const kernels::Tensor& tokens,
+      const kernels::Tensor& input, const BatchCoords& coords, Fp8Recipe* recipe,
+      const TpContext& tp, UnitHooks* units, kernels::Tensor& output) const;
 
   const Config& config() const { return config_; }
 
@@ -183,7 +206,7 @@ class GptModel {
   struct Linear;
   double run(const TensorMap& weights, const kernels::Tensor& tokens, const BatchCoords& coords,
              double grad_scale, TensorMap* grads, Fp8Recipe* recipe, const TpContext& tp,
-             UnitHooks* units, std::vector<moe::BalanceStats>* routing = nullptr) const;
+             UnitHooks* units) const;
   LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
   LayerGrads layer_grads(TensorMap& g, int64_t i) const;
   template <class T, class At>

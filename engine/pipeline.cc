@@ -48,6 +48,14 @@ StageLayers stage_layers(int64_t layers, int pp, int stage, const std::vector<in
   return s;
 }
 
+std::vector<PpStep> forward_sweep(int64_t micro_batches) {
+  MP_CHECK_INPUT(micro_batches >= 1, "a forward sweep over {} micro-batches (needs >= 1)",
+                 micro_batches);
+  std::vector<PpStep> out;
+  for (int64_t mb = 0; mb < micro_batches; ++mb) out.push_back({PpPass::kForward, mb, false});
+  return out;
+}
+
 std::vector<PpStep> stage_schedule(PpSchedule schedule, int pp, int stage, int64_t micro_batches) {
   MP_CHECK_INPUT(pp >= 1 && 0 <= stage && stage < pp, "stage {} of {} pipeline stages", stage, pp);
   MP_CHECK_INPUT(micro_batches >= 1, "a pipeline schedule over {} micro-batches (needs >= 1)",

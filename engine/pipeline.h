@@ -63,6 +63,13 @@ struct PpStep {
 // Needs 0 <= stage < pp and micro_batches >= 1 (input errors).
 std::vector<PpStep> stage_schedule(PpSchedule schedule, int pp, int stage, int64_t micro_batches);
 
+// Every micro-batch's forward in order and no backward, the same list on every stage: the MoE
+// routing pre-pass under pipeline stages (docs/design.md section 33), run by run_stage_schedule.
+// Its programs are a chain (each stage receives micro-batch mb before it sends it on, and the
+// last stage sends nothing), free of deadlocks with eager and rendezvous sends: check_programs
+// plays them in tests/engine/pipeline_test.cc. Needs micro_batches >= 1 (input error).
+std::vector<PpStep> forward_sweep(int64_t micro_batches);
+
 // A schedule played on all stages in unit time: a forward costs `forward_cost`, a backward
 // `backward_cost`; a pass starts when its stage is free and its input has arrived (the
 // neighbour's pass finished; sends are buffered and take no time, as the local communicator's).

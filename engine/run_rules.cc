@@ -150,9 +150,6 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     need("mesh.pp", ms.pp <= m.layers,
          fmt::format("mesh.pp = {} exceeds model.layers = {}: every stage needs at least one layer",
                      ms.pp, m.layers));
-    need("mesh.pp", !m.moe.enabled(),
-         "with model.moe is not built (the load-balancing loss of each stage's MoE layers would "
-         "have to travel to the last stage); use mesh.pp = 1");
     // Recipe delayed runs: each stage updates its own linears' amax histories after each of
     // its forwards (input, weight) and backwards (grad_output), in micro-batch order per role,
     // as one stage does (docs/design.md section 33). The digests of the FP8 state are not

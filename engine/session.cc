@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -234,19 +235,30 @@ struct TrainingSession::Impl {
   // executor as in the real forward) to record each MoE layer's routing statistics, which are
   // summed over the micro-batches and then over the data-parallel ranks in rank order; the
   // recipe's state is put back, so the step's real passes see it unchanged and, every forward
-  // being deterministic, route exactly as the pre-pass did. Empty when not needed.
-  std::vector<moe::BalanceStats> moe_routing_prepass(const TpContext& tp, int64_t j,
-                                                     int64_t local_rows, int64_t micro_rows) {
+  // being deterministic, route exactly as the pre-pass did. Empty when not needed. With
+  // pipeline stages (section 33) the forwards are a forward-only sweep over the stages
+  // (PrepassRunner): each stage records its own MoE layers' statistics (the others' stay empty).
+  std::vector<moe::BalanceStats> moe_routing_prepass(const TpContext& tp, int64_t first_row,
+                                                     int64_t micro_rows) {
     if (!moe::needs_routing_prepass(config)) return {};
     const Fp8Recipe::Snapshot before = recipe.snapshot();
     std::vector<moe::BalanceStats> load;
-    for (int64_t mb = 0; mb < config.training.micro_batches; ++mb) {
-      const int64_t row0 = j * local_rows + mb * micro_rows;
-      const std::vector<moe::BalanceStats> s =
-          model.routing_stats(units->weights(), data.rows(cursor, row0, row0 + micro_rows),
-                              {cursor, row0}, &recipe, tp, &*units);
+    const auto add = [&load](const std::vector<moe::BalanceStats>& s) {
       load.resize(s.size());
       for (size_t i = 0; i < s.size(); ++i) moe::add_balance_stats(load[i], s[i]);
+    };
+    if (mesh.size(MeshDim::kPp) > 1) {
+      PrepassRunner runner(*this, first_row, micro_rows, tp, add);
+      mesh::Communicator& pp = comms.group(groups::kPp);
+      const double p2p0 = p2p_seconds(pp);
+      run_stage_schedule(pp, forward_sweep(config.training.micro_batches), runner);
+      pp_time.p2p_wait += p2p_seconds(pp) - p2p0;
+    } else {
+      for (int64_t mb = 0; mb < config.training.micro_batches; ++mb) {
+        const int64_t row0 = first_row + mb * micro_rows;
+        add(model.routing_stats(units->weights(), data.rows(cursor, row0, row0 + micro_rows),
+                                {cursor, row0}, &recipe, tp, &*units));
+      }
     }
     recipe.restore(before);
     mesh::Communicator& data_group = comms.group(groups::kData);
@@ -254,6 +266,54 @@ struct TrainingSession::Impl {
       if (!l.count.empty() && data_group.size() > 1) l = moe::sum_balance_stats(data_group, l);
     return load;
   }
+
+  // The time blocked in the pp group's send/recv: a stage's idle time (section 38).
+  static double p2p_seconds(mesh::Communicator& pp) {
+    return pp.stats(mesh::CollectiveKind::kSend).seconds +
+           pp.stats(mesh::CollectiveKind::kRecv).seconds;
+  }
+
+  // The residual stream exchanged between stages for one micro-batch: [rows, H] in the compute
+  // dtype, rows = B*S, or B*S/tp under sequence parallelism (each tp rank its sequence shard).
+  Tensor stage_activation(int64_t micro_rows, const TpContext& tp) const {
+    const int64_t rows = micro_rows * config.training.seq_len / (tp.sp() ? tp.comm->size() : 1);
+    const kernels::DType dt = config.recipe.kind == RecipeKind::kFp32 ? kernels::DType::kFloat32
+                                                                      : kernels::DType::kBFloat16;
+    return Tensor::empty({rows, config.model.hidden}, dt, device);
+  }
+
+  // The routing pre-pass on a pipeline stage: each micro-batch's forward without training, in
+  // order (forward_sweep: received from the stage below, sent on to the stage above), through
+  // GptModel::stage_routing_stats; the statistics go to `add` in micro-batch order, as one
+  // stage's pre-pass adds them.
+  struct PrepassRunner final : StagePasses {
+    Impl& s;
+    int64_t first_row, micro_rows;
+    const TpContext& tp;
+    std::function<void(const std::vector<moe::BalanceStats>&)> add;
+
+    PrepassRunner(Impl& impl, int64_t first, int64_t rows, const TpContext& t,
+                  std::function<void(const std::vector<moe::BalanceStats>&)> a)
+        : s(impl), first_row(first), micro_rows(rows), tp(t), add(std::move(a)) {}
+
+    Tensor input_buffer(int64_t) override { return s.stage_activation(micro_rows, tp); }
+    Tensor grad_output_buffer(int64_t) override { return s.stage_activation(micro_rows, tp); }
+    Tensor forward(int64_t mb, const Tensor& input) override {
+      const int64_t row0 = first_row + mb * micro_rows;
+      Tensor output;
+      const auto t0 = Clock::now();
+      add(s.model.stage_routing_stats(s.plan.stage(), s.units->weights(),
+                                      s.data.rows(s.cursor, row0, row0 + micro_rows), input,
+                                      {s.cursor, row0}, &s.recipe, tp, &*s.units, output));
+      kernels::synchronize_current();
+      s.pp_time.forward += seconds_since(t0);
+      return output;
+    }
+    Tensor backward(int64_t mb, const Tensor&, bool) override {
+      MP_FAIL("pipeline stage {}: the routing pre-pass has no backward (micro-batch {})",
+              s.mesh.stage(s.rank), mb);
+    }
+  };
 
   // One optimizer step, top to bottom: micro-batched forward/backward on this data-parallel
   // rank's rows (the unit executor gathers each unit's weights as the model reaches it and
@@ -294,12 +354,11 @@ struct TrainingSession::Impl {
     tp.expert_split_padding = faults.expert_split_padding(step);
     const double reduction0 = units->reduction_seconds();
     if (mesh.size(MeshDim::kPp) > 1) {
-      // MoE is refused with stages (run_rules), so no routing pre-pass is needed here.
       pp_time = {};
       loss_sum = run_pipeline(j * local_rows, micro_rows, grad_scale, tp);
     } else {
       const std::vector<moe::BalanceStats> load =
-          moe_routing_prepass(tp, j, local_rows, micro_rows);
+          moe_routing_prepass(tp, j * local_rows, micro_rows);
       if (!load.empty()) tp.moe_load = &load;
       for (int64_t mb = 0; mb < t.micro_batches; ++mb) {
         units->begin_micro_batch(mb == 0, mb + 1 == t.micro_batches);
@@ -356,30 +415,19 @@ struct TrainingSession::Impl {
     int64_t first_row, micro_rows;
     double grad_scale;
     const TpContext& tp;
-    int64_t act_rows;          // rows of the residual stream exchanged between stages
-    kernels::DType act_dtype;  // the compute dtype
     std::map<int64_t, std::shared_ptr<GptModel::StageState>> in_flight;
     // With recompute: the delayed scales each in-flight micro-batch's forward used, put back
     // before its backward re-runs the forward (Fp8Recipe::forward_scales).
     std::map<int64_t, std::map<std::string, Tensor>> forward_scales;
-    double loss_sum = 0;  // the last stage's loss sums, added in micro-batch order
+    // Each micro-batch's loss parts, in micro-batch order (the backwards run in that order).
+    std::vector<GptModel::StageLoss> losses;
 
     StageRunner(Impl& impl, int64_t first, int64_t rows, double scale, const TpContext& t)
-        : s(impl),
-          first_row(first),
-          micro_rows(rows),
-          grad_scale(scale),
-          tp(t),
-          act_rows(rows * impl.config.training.seq_len / (t.sp() ? t.comm->size() : 1)),
-          act_dtype(impl.config.recipe.kind == RecipeKind::kFp32 ? kernels::DType::kFloat32
-                                                                 : kernels::DType::kBFloat16) {}
+        : s(impl), first_row(first), micro_rows(rows), grad_scale(scale), tp(t) {}
 
     int64_t row0(int64_t mb) const { return first_row + mb * micro_rows; }
-    Tensor residual() const {
-      return Tensor::empty({act_rows, s.config.model.hidden}, act_dtype, s.device);
-    }
-    Tensor input_buffer(int64_t) override { return residual(); }
-    Tensor grad_output_buffer(int64_t) override { return residual(); }
+    Tensor input_buffer(int64_t) override { return s.stage_activation(micro_rows, tp); }
+    Tensor grad_output_buffer(int64_t) override { return s.stage_activation(micro_rows, tp); }
     Tensor forward(int64_t mb, const Tensor& input) override {
       s.units->begin_micro_batch(mb == 0, false);
       const Tensor tokens = s.data.rows(s.cursor, row0(mb), row0(mb) + micro_rows);
@@ -416,7 +464,11 @@ struct TrainingSession::Impl {
       const double reduction0 = s.units->reduction_seconds();
       Tensor dx =
           s.model.stage_backward(*st, s.units->weights(), s.units->grads(), grad_output, &*s.units);
-      loss_sum += s.model.stage_loss(*st);
+      MP_CHECK(static_cast<int64_t>(losses.size()) == mb,
+               "pipeline stage {}: backward of micro-batch {} after {} backwards (not in "
+               "micro-batch order)",
+               stage, mb, losses.size());
+      losses.push_back(s.model.stage_loss_parts(*st));
       if (!reduce) s.units->discard_gradients();  // the fault: nothing reduced
       kernels::synchronize_current();
       // The deferred reduction inside the pass is reported on its own (PipelineStepTime).
@@ -426,27 +478,67 @@ struct TrainingSession::Impl {
     }
   };
 
-  double run_pipeline(int64_t first_row, int64_t micro_rows, double grad_scale,
-                      const TpContext& tp) {
+  double run_pipeline(int64_t first_row, int64_t micro_rows, double grad_scale, TpContext tp) {
+    // MoE with the aux loss over micro-batches: the routing pre-pass as a forward sweep over
+    // the stages; each stage's MoE layers use the statistics of all micro-batches.
+    const std::vector<moe::BalanceStats> load = moe_routing_prepass(tp, first_row, micro_rows);
+    if (!load.empty()) tp.moe_load = &load;
     StageRunner runner(*this, first_row, micro_rows, grad_scale, tp);
     mesh::Communicator& pp = comms.group(groups::kPp);
-    // The time blocked in the schedule's send/recv: the stage's idle time (section 38).
-    const auto p2p_seconds = [&pp] {
-      return pp.stats(mesh::CollectiveKind::kSend).seconds +
-             pp.stats(mesh::CollectiveKind::kRecv).seconds;
-    };
-    const double p2p0 = p2p_seconds();
+    const double p2p0 = p2p_seconds(pp);
     run_stage_schedule(pp,
                        stage_schedule(config.training.pp_schedule, pp.size(), pp.rank(),
                                       config.training.micro_batches),
                        runner);
-    pp_time.p2p_wait = p2p_seconds() - p2p0;
+    pp_time.p2p_wait += p2p_seconds(pp) - p2p0;
     // Tied embeddings: the end stages' gradient parts, exchanged and reduced once the schedule
     // is done (docs/design.md section 33).
     units->sync_tied_embedding(faults.pp_tied_embedding_synced(step));
     MP_CHECK(runner.in_flight.empty(), "pipeline stage {}: {} micro-batches never ran backward",
              pp.rank(), runner.in_flight.size());
-    return runner.loss_sum;
+    if (config.model.moe.enabled() && config.model.moe.aux_loss_coef > 0)
+      stage_aux_into_loss(pp, runner.losses);
+    // The micro-batches' loss sums added in micro-batch order, as one stage adds them.
+    double loss_sum = 0;
+    for (const GptModel::StageLoss& l : runner.losses)
+      loss_sum += GptModel::micro_batch_loss(l.cross_entropy, l.layer_aux, l.rows);
+    return loss_sum;
+  }
+
+  // MoE under pipeline stages (docs/design.md section 33): each MoE layer's load-balancing loss
+  // of a micro-batch is computed on its layer's stage, but the last stage adds every layer's to
+  // the micro-batch's loss sum. Each stage puts its layers' values at their model index
+  // (micro-batch x layer) of a vector of zeros, the vectors are gathered over pp and every
+  // micro-batch's `layer_aux` becomes the model's layers' values, each taken from the stage that
+  // holds the layer (not summed: the copy is exact whatever the value). micro_batch_loss then
+  // adds them in layer order from 0 as one stage does.
+  void stage_aux_into_loss(mesh::Communicator& pp, std::vector<GptModel::StageLoss>& losses) {
+    const int64_t layers = config.model.layers;
+    const int64_t m = static_cast<int64_t>(losses.size());
+    const StageLayers& mine = plan.stage();
+    std::vector<double> local(static_cast<size_t>(m * layers), 0.0);
+    for (int64_t mb = 0; mb < m; ++mb) {
+      const std::vector<double>& aux = losses[static_cast<size_t>(mb)].layer_aux;
+      MP_CHECK(static_cast<int64_t>(aux.size()) == mine.count,
+               "pipeline stage {}: {} aux losses for {} layers", pp.rank(), aux.size(), mine.count);
+      for (int64_t i = 0; i < mine.count; ++i)
+        local[static_cast<size_t>(mb * layers + mine.first + i)] = aux[static_cast<size_t>(i)];
+    }
+    const std::vector<double> all = gather_doubles(pp, local);
+    // The stage holding each layer.
+    std::vector<int> owner(static_cast<size_t>(layers), -1);
+    for (int s = 0; s < pp.size(); ++s) {
+      const StageLayers span = stage_layers(layers, pp.size(), s, config.model.pp_layers);
+      for (int64_t l = span.first; l < span.first + span.count; ++l)
+        owner[static_cast<size_t>(l)] = s;
+    }
+    for (int64_t mb = 0; mb < m; ++mb) {
+      std::vector<double> aux(static_cast<size_t>(layers));
+      for (int64_t l = 0; l < layers; ++l)
+        aux[static_cast<size_t>(l)] =
+            all[static_cast<size_t>(owner[static_cast<size_t>(l)] * m * layers + mb * layers + l)];
+      losses[static_cast<size_t>(mb)].layer_aux = std::move(aux);
+    }
   }
 
   void record_time_and_memory(Clock::time_point t0, const std::map<std::string, double>& coll0) {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -239,6 +240,40 @@ TEST(PipelineProgram, EverySchedulesProgramIsFreeOfDeadlocksEagerAndRendezvous) 
         EXPECT_NO_THROW(check_programs(progs, true));
         EXPECT_NO_THROW(check_programs(progs, false));
       }
+}
+
+// The MoE routing pre-pass under stages (docs/design.md section 33) is forward_sweep, every
+// micro-batch's forward in order on every stage: each stage receives a micro-batch before it
+// sends it on, so the programs form a chain that no send order can close into a cycle; played
+// with eager and with rendezvous sends for pp 1..8 and m 1..16. A stage that runs the sweep in
+// another order gets another micro-batch's activation (the negative control).
+TEST(PipelineProgram, ForwardSweepIsAChainFreeOfDeadlocks) {
+  const PpStep f0{PpPass::kForward, 0}, f1{PpPass::kForward, 1};
+  EXPECT_EQ(forward_sweep(2), (std::vector<PpStep>{f0, f1}));
+  EXPECT_EQ(stage_program(forward_sweep(2), 1, 3),
+            (std::vector<PpOp>{{PpOp::Kind::kRecv, f0, 0},
+                               {PpOp::Kind::kCompute, f0, -1},
+                               {PpOp::Kind::kSend, f0, 2},
+                               {PpOp::Kind::kRecv, f1, 0},
+                               {PpOp::Kind::kCompute, f1, -1},
+                               {PpOp::Kind::kSend, f1, 2}}));
+  for (int pp : {1, 2, 3, 4, 5, 8})
+    for (int64_t m : {1, 2, 3, 4, 7, 16}) {
+      SCOPED_TRACE(fmt::format("forward sweep pp {} m {}", pp, m));
+      std::vector<std::vector<PpOp>> progs;
+      for (int s = 0; s < pp; ++s) progs.push_back(stage_program(forward_sweep(m), s, pp));
+      EXPECT_NO_THROW(check_programs(progs, true));
+      EXPECT_NO_THROW(check_programs(progs, false));
+    }
+  std::vector<std::vector<PpOp>> reversed;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<PpStep> sweep = forward_sweep(2);
+    if (s == 1) std::reverse(sweep.begin(), sweep.end());
+    reversed.push_back(stage_program(sweep, s, 3));
+  }
+  for (bool eager : {true, false})
+    EXPECT_THROW(check_programs(reversed, eager), kernels::Error) << eager;
+  EXPECT_THROW(forward_sweep(0), kernels::Error);
 }
 
 // Negative controls of check_programs: without the crossing rule 1F1B deadlocks once sends are
