@@ -262,15 +262,19 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
           // The entries this rank writes, downloaded from a device in one batched transfer
           // (kernels::to_host_batched; host entries are used as they are).
           std::vector<Tensor> written;
+          // A replica (a key another stage saves: StateEntry::replica) is not written.
+          const auto saves = [&](const StateEntry& e) {
+            return !e.replica && faults.checkpoint_keeps(e.key, step);
+          };
           for (const StateEntry& e : state.entries) {
             bool owns = false;
             for (const mesh::Chunk& c : e.layout.chunks()) owns = owns || c.owner == in_stage;
-            written.push_back(owns && faults.checkpoint_keeps(e.key, step) ? e.local : Tensor());
+            written.push_back(owns && saves(e) ? e.local : Tensor());
           }
           written = kernels::to_host_batched(written);
           for (size_t ei = 0; ei < state.entries.size(); ++ei) {
             const StateEntry& e = state.entries[ei];
-            if (!faults.checkpoint_keeps(e.key, step)) continue;
+            if (!saves(e)) continue;
             for (const mesh::Chunk& c : e.layout.chunks()) {
               if (c.owner != in_stage) continue;
               const Tensor host = faults.checkpoint_bytes(e.key, step, written[ei]);
@@ -366,11 +370,12 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
           fsync_path(file_path);
           json side = {{"rank", rank}, {"file", file_name}, {"chunks", records}};
           side["keys"] = json::array();
-          for (const StateEntry& e : state.entries) side["keys"].push_back(e.key);
+          for (const StateEntry& e : state.entries)
+            if (!e.replica) side["keys"].push_back(e.key);
           // What the index records of each saved key (rank 0 holds only its own stage's).
           side["records"] = json::array();
           for (const StateEntry& e : state.entries) {
-            if (!faults.checkpoint_keeps(e.key, step)) continue;
+            if (!saves(e)) continue;
             json placements = json::array();
             for (const mesh::Placement& p : e.layout.placements())
               placements.push_back(placement_json(p));
@@ -572,11 +577,14 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
     // Every key of the checkpoint must have its tensor on exactly one stage of the live mesh
     // (docs/design.md section 33): each rank marks the keys it holds, the marks are summed over
     // the pp group (one rank of every stage at the same place; the ranks of a stage hold the
-    // same keys) and every sum must be 1.
+    // same keys) and every sum must be 1. A replica (the last stage's copy of a tied embed.tok,
+    // StateEntry::replica) is filled from the same key but not counted: the stage that saves
+    // the key holds it.
     std::vector<std::string> names;
     for (const auto& [name, k] : index.keys) names.push_back(name);
     std::set<std::string> live_keys;
-    for (const StateEntry& e : state.entries) live_keys.insert(e.key);
+    for (const StateEntry& e : state.entries)
+      if (!e.replica) live_keys.insert(e.key);
     std::vector<float> mine(names.size() + 1, 0.0f);  // + 1: never an empty buffer
     for (size_t i = 0; i < names.size(); ++i) mine[i] = live_keys.count(names[i]) ? 1.0f : 0.0f;
     Tensor held = Tensor::from_vector<float>(Shape{static_cast<int64_t>(mine.size())}, mine);

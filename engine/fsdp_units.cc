@@ -79,11 +79,18 @@ void FsdpUnitExecutor::before(int64_t unit, Pass pass) {
     if (!weights_.contains(name)) gather_weight(i);
     if (pass != Pass::kBackward) continue;
     // The gradient has the gathered weight's shape (a weight gathered with its padding has the
-    // padding's rows too, dropped before the reduce-scatter). A tied embed.tok on the last stage
-    // has a second accumulator, the LM head's part (engine/model.h kTiedHeadGrad).
-    const bool head = plan_.params()[i].spec.tied_head && plan_.stage().last_stage;
-    for (const std::string& key :
-         head ? std::vector<std::string>{name, kTiedHeadGrad} : std::vector<std::string>{name}) {
+    // padding's rows too, dropped before the reduce-scatter). A tied embed.tok has a second
+    // accumulator for the LM head's part (engine/model.h kTiedHeadGrad) on the last stage; under
+    // pipeline stages the last stage, which runs no embedding backward, holds only that one and
+    // the first stage only the embedding's (each end stage allocates the [V, H] fp32 buffer it
+    // uses).
+    const bool tied = plan_.params()[i].spec.tied_head;
+    const bool head = tied && plan_.stage().last_stage;
+    const bool embedding = !tied || plan_.stage().first_stage;
+    std::vector<std::string> keys;
+    if (embedding) keys.push_back(name);
+    if (head) keys.push_back(kTiedHeadGrad);
+    for (const std::string& key : keys) {
       if (!grads_.contains(key)) {
         grads_.insert(key, Tensor::zeros(weights_.at(name).shape(), DType::kFloat32, device_));
       } else if (!first_micro_batch_ &&
@@ -178,7 +185,17 @@ void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
   const bool stages = comms_.mesh().size(MeshDim::kPp) > 1;
   for (size_t i : plan_.unit(unit)) {
     const ShardedParam& p = plan_.params()[i];
-    if (p.spec.tied_head && stages) continue;  // after the schedule: sync_tied_embedding
+    if (p.spec.tied_head && stages) {
+      // After the schedule: sync_tied_embedding. With a reduction per micro-batch this
+      // micro-batch's unreduced part is kept (E_i on the first stage, H_i on the last) and the
+      // next backward starts a fresh accumulator.
+      if (options_.fsdp.sync_each_micro_batch) {
+        const std::string own = plan_.stage().first_stage ? p.spec.name : kTiedHeadGrad;
+        tied_parts_.push_back(grads_.at(own));
+        grads_.erase(own);
+      }
+      continue;
+    }
     if (p.spec.tied_head) {
       // One stage: the embedding's part plus the head's, E + H, once (engine/model.h
       // kTiedHeadGrad), in the operand order both end stages of a pipeline use.
@@ -194,33 +211,57 @@ void FsdpUnitExecutor::sync_tied_embedding(bool exchange) {
   if (stages == 1 || !tied_) return;
   const std::string& name = plan_.params()[*tied_].spec.name;
   const bool first = plan_.stage().first_stage;
-  MP_CHECK(grads_.contains(first ? name : kTiedHeadGrad),
-           "pipeline stage {}: the tied embedding's gradient part was not accumulated this step",
-           comms_.mesh().stage(comms_.rank()));
   // The first stage's part is the embedding backward's E (embed.tok), the last stage's the LM
-  // head's H (kTiedHeadGrad); the other accumulator each stage holds is unused (zero).
-  Tensor part = grads_.at(first ? name : kTiedHeadGrad);
-  if (exchange) {
-    // Between stage 0 and stage pp - 1 with the same (replicate, shard, tp) place: members 0 and
-    // pp - 1 of the rank's pp group. The first stage sends, then receives; the last receives,
-    // then sends, so that rendezvous sends (MPI) cannot wait on each other. Both add E + H with E
-    // as the first operand, as one stage does: the same bits (NaN payloads included).
-    mesh::Communicator& pp = comms_.group(groups::kPp);
-    Tensor other = Tensor::empty(part.shape(), DType::kFloat32, part.device());
-    if (first) {
-      pp.send(part, stages - 1);
-      pp.recv(other, stages - 1);
-      kernels::add_(part, other);
-    } else {
-      pp.recv(other, 0);
-      pp.send(part, 0);
-      kernels::add_(other, part);
-      part = other;
-    }
+  // head's H (kTiedHeadGrad), each the only tied accumulator its stage holds.
+  const std::string own = first ? name : std::string(kTiedHeadGrad);
+  // Deferred sync: one part, accumulated over the micro-batches. fsdp.sync_each_micro_batch: one
+  // part per micro-batch, kept by reduce_gradients in micro-batch order (the backwards' order).
+  std::vector<Tensor> parts;
+  if (options_.fsdp.sync_each_micro_batch) {
+    parts = std::move(tied_parts_);
+    tied_parts_.clear();
+    MP_CHECK(static_cast<int64_t>(parts.size()) == options_.config.training.micro_batches,
+             "pipeline stage {}: {} per-micro-batch parts of the tied embedding's gradient for {} "
+             "micro-batches",
+             comms_.mesh().stage(comms_.rank()), parts.size(),
+             options_.config.training.micro_batches);
+  } else {
+    MP_CHECK(grads_.contains(own),
+             "pipeline stage {}: the tied embedding's gradient part was not accumulated this step",
+             comms_.mesh().stage(comms_.rank()));
+    parts.push_back(grads_.at(own));
+    grads_.erase(own);
   }
-  grads_.at(name) = part;
-  grads_.erase(kTiedHeadGrad);
-  reduce_param(*tied_);
+  const bool first_micro_batch = first_micro_batch_;
+  for (size_t mb = 0; mb < parts.size(); ++mb) {
+    Tensor part = parts[mb];
+    if (exchange) {
+      // Between stage 0 and stage pp - 1 with the same (replicate, shard, tp) place: members 0
+      // and pp - 1 of the rank's pp group. The first stage sends, then receives; the last
+      // receives, then sends, so that rendezvous sends (MPI) cannot wait on each other. Both add
+      // E + H with E as the first operand, as one stage does: the same bits (NaN payloads
+      // included).
+      mesh::Communicator& pp = comms_.group(groups::kPp);
+      Tensor other = Tensor::empty(part.shape(), DType::kFloat32, part.device());
+      if (first) {
+        pp.send(part, stages - 1);
+        pp.recv(other, stages - 1);
+        kernels::add_(part, other);
+      } else {
+        pp.recv(other, 0);
+        pp.send(part, 0);
+        kernels::add_(other, part);
+        part = other;
+      }
+    }
+    grads_.erase(name);
+    grads_.insert(name, part);
+    // reduce_param's per-micro-batch rule: the first micro-batch's reduced part replaces the
+    // gradient shard, the later ones add to it, in micro-batch order as with one stage.
+    first_micro_batch_ = mb == 0;
+    reduce_param(*tied_);
+  }
+  first_micro_batch_ = first_micro_batch;
 }
 
 void FsdpUnitExecutor::reduce_param(size_t i) {

@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/fault_hooks.h"
 #include "engine/fp8_weights.h"
@@ -46,7 +47,10 @@ class FsdpUnitExecutor : public UnitHooks {
   // deferred reduction does. With `exchange` false (the pp_tied_embedding_grad_not_synced fault)
   // each reduces only its own part. A no-op with one stage, untied embeddings or a middle stage.
   // Runs after the schedule, not inside the last backward: the last stage's last backward comes
-  // before the first stage's, which waits for that backward's output.
+  // before the first stage's, which waits for that backward's output. With
+  // fsdp.sync_each_micro_batch the parts are per micro-batch (kept by the backwards), exchanged
+  // and reduced one micro-batch after the other, in micro-batch order: E_i + H_i, the one-stage
+  // per-micro-batch rule.
   void sync_tied_embedding(bool exchange);
 
   // The maps the model reads weights from and accumulates gradients into.
@@ -95,6 +99,11 @@ class FsdpUnitExecutor : public UnitHooks {
   std::vector<std::vector<mesh::Box>> shard_boxes_;  // by parameter index; empty: not yet made
   // The plan index of a tied embed.tok (ParamSpec::tied_head), if the stage holds it.
   std::optional<size_t> tied_;
+  // Tied embed.tok under stages with fsdp.sync_each_micro_batch: this end stage's unreduced part
+  // of each micro-batch's gradient (E_i on the first stage, H_i on the last), in micro-batch
+  // order, held until sync_tied_embedding exchanges and reduces them after the schedule: m fp32
+  // [V, H] buffers per end stage (docs/design.md section 33).
+  std::vector<kernels::Tensor> tied_parts_;
 };
 
 }  // namespace meshproof::engine

@@ -98,6 +98,15 @@ class Fp8Recipe {
   void end_forward();   // delayed: reduce + update input/weight states
   void end_backward();  // delayed: reduce + update gradient states
   void set_recompute(bool on) { recompute_ = on; }
+  // Delayed: the scale each forward tensor was quantized with in the latest forward, which a
+  // recompute quantizes with again. Pipeline stages (docs/design.md section 33) run other
+  // micro-batches' forwards between a micro-batch's forward and its backward: the stage takes
+  // the map after each forward and puts it back before that micro-batch's backward. The map's
+  // tensors are never written in place (each forward stores fresh copies).
+  std::map<std::string, kernels::Tensor> forward_scales() const { return forward_scales_; }
+  void set_forward_scales(std::map<std::string, kernels::Tensor> s) {
+    forward_scales_ = std::move(s);
+  }
 
   // Delayed-scaling state per "<linear>/<input|weight|grad_output>" (checkpoint state).
   std::map<std::string, kernels::DelayedScalingState>& delayed_states() { return states_; }

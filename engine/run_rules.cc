@@ -150,20 +150,9 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     need("mesh.pp", ms.pp <= m.layers,
          fmt::format("mesh.pp = {} exceeds model.layers = {}: every stage needs at least one layer",
                      ms.pp, m.layers));
-    // Tied embeddings: one copy per end stage, their gradient parts exchanged once per step
-    // after the schedule. Per micro-batch (sync_each_micro_batch) the exchange would have to run
-    // inside the last stage's backward, which the first stage's backward waits on.
-    need("fsdp.sync_each_micro_batch", !m.tied_embeddings || !o.fsdp.sync_each_micro_batch,
-         "with model.tied_embeddings and mesh.pp > 1 is not built (the tied embedding's gradient "
-         "parts are exchanged between the first and last stage once per step, after the "
-         "schedule); use deferred sync, untied embeddings or mesh.pp = 1");
-    need("mesh.pp", !m.tied_embeddings || (!o.before_start && !o.after_step),
-         "checkpoints with model.tied_embeddings are not built with pipeline stages (the first "
-         "and the last stage each hold a copy of embed.tok); drop the checkpoint and resume "
-         "settings, untie the embeddings or use mesh.pp = 1");
-    need("mesh.pp", c.recipe.kind != RecipeKind::kDelayed,
-         "with recipe delayed is not built (its amax histories are updated per forward and "
-         "backward of all linears, which pipeline stages interleave); use another recipe");
+    // Recipe delayed runs: each stage updates its own linears' amax histories after each of
+    // its forwards (input, weight) and backwards (grad_output), in micro-batch order per role,
+    // as one stage does (docs/design.md section 33).
     // Faults under stages: every hook is keyed by parameter, linear, checkpoint key or step and
     // acts on the stage that holds what it names. An amax reduction over pp cannot: the linear
     // lives on one stage, whose MAX-reduction over the pp group no other stage would join.

@@ -416,6 +416,9 @@ struct TrainingSession::Impl {
     double grad_scale;
     const TpContext& tp;
     std::map<int64_t, std::shared_ptr<GptModel::StageState>> in_flight;
+    // With recompute: the delayed scales each in-flight micro-batch's forward used, put back
+    // before its backward re-runs the forward (Fp8Recipe::forward_scales).
+    std::map<int64_t, std::map<std::string, Tensor>> forward_scales;
     // Each micro-batch's loss parts, in micro-batch order (the backwards run in that order).
     std::vector<GptModel::StageLoss> losses;
 
@@ -434,6 +437,7 @@ struct TrainingSession::Impl {
       in_flight[mb] = s.model.stage_forward(s.plan.stage(), s.units->weights(), tokens, input,
                                             {s.cursor, row0(mb)}, grad_scale, &s.recipe, tp,
                                             &*s.units, true, output, loss);
+      if (s.config.training.recompute) forward_scales[mb] = s.recipe.forward_scales();
       // The pass's kernels count in it, not in the send or recv after it (no-op on the CPU).
       kernels::synchronize_current();
       s.pp_time.forward += seconds_since(t0);
@@ -452,6 +456,10 @@ struct TrainingSession::Impl {
                s.mesh.stage(s.rank), mb);
       const std::shared_ptr<GptModel::StageState> st = std::move(it->second);
       in_flight.erase(it);
+      if (s.config.training.recompute) {
+        s.recipe.set_forward_scales(std::move(forward_scales.at(mb)));
+        forward_scales.erase(mb);
+      }
       const auto t0 = Clock::now();
       const double reduction0 = s.units->reduction_seconds();
       Tensor dx =

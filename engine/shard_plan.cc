@@ -86,9 +86,12 @@ bool stage_reports(const ParamSpec& spec, const StageLayers& stage) {
 
 void ShardPlan::add_state_entries(ShardedState& state) const {
   for (const ShardedParam& p : params_) {
-    state.entries.push_back({keys::model(p.spec.name), p.described, p.master});
-    state.entries.push_back({keys::exp_avg(p.spec.name), p.described, p.exp_avg});
-    state.entries.push_back({keys::exp_avg_sq(p.spec.name), p.described, p.exp_avg_sq});
+    // A tied embed.tok on the last of several stages is the first stage's copy (equal masters
+    // and moments): that one is saved (stage_reports), this one only loaded.
+    const bool replica = !stage_reports(p.spec, stage_);
+    state.entries.push_back({keys::model(p.spec.name), p.described, p.master, replica});
+    state.entries.push_back({keys::exp_avg(p.spec.name), p.described, p.exp_avg, replica});
+    state.entries.push_back({keys::exp_avg_sq(p.spec.name), p.described, p.exp_avg_sq, replica});
   }
 }
 

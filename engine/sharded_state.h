@@ -36,6 +36,11 @@ struct StateEntry {
   std::string key;        // checkpoint key, see above
   mesh::Layout layout;    // global shape + placements on the run's mesh; box(rank) = local's box
   kernels::Tensor local;  // this rank's box of the global tensor (empty box: numel 0)
+  // A copy of a key that another pipeline stage holds and saves (the last stage's copy of a tied
+  // embed.tok and its moments, docs/design.md section 33): a checkpoint save does not write it,
+  // a load fills it from the one global key like any entry, and the rule that each checkpoint key
+  // is held by exactly one stage does not count it.
+  bool replica = false;
 };
 
 struct ShardedState {

@@ -310,37 +310,6 @@ struct Resolver {
     return sc;
   }
 
-  // Pipeline stages (docs/design.md section 33): the engine refuses faults other than the pp_*
-  // ones, tensor digests of FP8 primary weights and all-gather parity with mesh.pp > 1
-  // (engine/run_rules.cc); these are the scenario keys that would ask for them, so `validate`
-  // refuses what `run` would. Checkpoints (checkpoint.every, checks.resume, checks.state) are
-  // built with stages, on the scenario's mesh and on any check mesh.
-  void pipeline_rules(const Scenario& sc) {
-    const ChecksConfig& c = sc.checks;
-    const bool pp = sc.mesh.pp > 1;
-    // The all-gather parity check and the faults run with stages (docs/design.md section 33);
-    // the one fault setting that cannot, amax_group over pp, is refused by the fault table's
-    // dims rule (stage dims only) and by engine::check_run (engine_rules).
-    // Tied embeddings under stages keep embed.tok on both end stages, which a checkpoint does not
-    // hold yet (engine/run_rules.cc): any checkpoint on a mesh with stages is refused here too.
-    if (sc.model.tied_embeddings) {
-      const auto staged = [&](const std::optional<engine::MeshSpec>& m) {
-        return pp || (m && m->pp > 1);
-      };
-      const auto refuse_tied = [&](const std::string& path, std::string_view what) {
-        bad(path, fmt::format("{} with model.tied_embeddings is not built with pipeline stages "
-                              "(the first and the last stage each hold a copy of embed.tok); "
-                              "untie the embeddings or use mesh.pp = 1",
-                              what));
-      };
-      if (c.resume.enabled && staged(c.resume.mesh))
-        refuse_tied("checks.resume", "the resume check (checkpoints)");
-      if (c.state.enabled && staged(c.state.mesh))
-        refuse_tied("checks.state", "the state check (checkpoints)");
-      if (pp && sc.checkpoint.every > 0) refuse_tied("checkpoint.every", "periodic checkpoints");
-    }
-  }
-
   // engine::check_run (engine/run_rules.h), the one set of model x mesh x recipe x FSDP rules
   // the training session applies, on the scenario's run and on the runs its checks make (the
   // resume half on checks.resume.mesh, the reference run). Each issue is reported at the
@@ -357,7 +326,6 @@ struct Resolver {
     }
     check_fits(sc.mesh, "mesh", sc.recipe, sc.model, sc.train);
     const ChecksConfig& c = sc.checks;
-    pipeline_rules(sc);
     if (c.resume.enabled && c.resume.mesh) {
       const Scenario r = on_mesh(sc, *c.resume.mesh);
       for (const engine::ConfigIssue& i : engine::check_run(engine_run_options(r))) {

@@ -2,8 +2,11 @@
 // their stage's entries, and a checkpoint keeps global keys, so a save with pp = 2 loads with
 // pp = 1 or 4 and with any split of the layers. The pipelined fp32 step is bitwise the one-stage
 // step on the same inner mesh, so every resume below must be bitwise the uninterrupted run on the
-// target mesh. The negative controls: a checkpoint without one stage's entries, a chunk in another
-// stage's file, a key saved by two stages, a checkpoint key no stage of the live state holds.
+// target mesh. Tied embeddings (a copy of embed.tok on both end stages: the first saves it, both
+// load it) and delayed scaling (each stage's linears' amax histories) resume bitwise too. The
+// negative controls: a checkpoint without one stage's entries, a chunk in another stage's file, a
+// key saved by two stages, a checkpoint key no stage of the live state holds, a tied embed.tok
+// loaded into the first stage's copy only.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -60,8 +63,22 @@ RunOptions options(int pp, std::vector<int64_t> split = {},
 }
 
 std::string describe(const RunOptions& o) {
-  return fmt::format("pp {} [{}] {}", o.mesh.pp, fmt::join(o.config.model.pp_layers, ","),
-                     pp_schedule_name(o.config.training.pp_schedule));
+  return fmt::format("pp {} [{}] {}{}{}", o.mesh.pp, fmt::join(o.config.model.pp_layers, ","),
+                     pp_schedule_name(o.config.training.pp_schedule),
+                     o.config.model.tied_embeddings ? " tied" : "",
+                     o.config.recipe.kind == RecipeKind::kDelayed ? " delayed" : "");
+}
+
+// options() with tied embeddings (embed.tok held by both end stages under pp).
+RunOptions tied(RunOptions o) {
+  o.config.model.tied_embeddings = true;
+  return o;
+}
+
+// options() with recipe delayed (every stage holds its own linears' amax histories and scales).
+RunOptions delayed(RunOptions o) {
+  o.config.recipe.kind = RecipeKind::kDelayed;
+  return o;
 }
 
 // Trains kSaveAt steps on `o` and saves under `root`: the checkpoint directory.
@@ -77,15 +94,21 @@ fs::path train_and_save(const RunOptions& o, const fs::path& root) {
 }
 
 // A fresh session on `o` loads `dir` and trains to kSteps: the metrics of those steps and the
-// final parameters, as a RunResult.
-RunResult resume(const RunOptions& o, const fs::path& dir) {
+// final parameters, as a RunResult. `skip_replicas` (a negative control) loads the state without
+// its replicas (StateEntry::replica: the last stage's copy of a tied embed.tok and its moments),
+// which keep their initial values.
+RunResult resume(const RunOptions& o, const fs::path& dir, bool skip_replicas = false) {
   RunResult r;
   std::map<std::string, Tensor> params;
   run_on_ranks(
       o,
       [&](mesh::RankComms& comms) {
         TrainingSession s(o, comms);
-        load_checkpoint(dir, s.state(), comms);
+        ShardedState loaded = s.state();  // the entries' tensors are the live ones
+        if (skip_replicas)
+          std::erase_if(loaded.entries, [](const StateEntry& e) { return e.replica; });
+        load_checkpoint(dir, loaded, comms);
+        s.state().scalars = loaded.scalars;
         s.load_scalars();
         std::vector<StepMetrics> m;
         while (s.steps_done() < kSteps) m.push_back(s.step());
@@ -144,6 +167,116 @@ TEST(PipelineCheckpoint, ResumeAcrossStageCountsAndSplitsIsBitwise) {
     ASSERT_EQ(got.final_params.size(), want.final_params.size()) << ctx;
     testing::expect_same_run(want, got, ctx);
   }
+  fs::remove_all(root);
+}
+
+// Tied embeddings (docs/design.md section 33): both end stages hold model/embed.tok and its
+// moments; the save writes the reported copy only (the first stage's, stage_reports) and the load
+// fills both from the one global key, on any pp. Same-mesh resume for both schedules, pp 2 -> 1
+// and pp 1 -> 4: each bitwise the target's uninterrupted run (whose losses use the first stage's
+// embedding and the last stage's head, so both copies must have been loaded). The index holds
+// embed.tok's keys once, in the first stage's files (rank_00000/1), bitwise the pp 1 save's.
+TEST(PipelineCheckpoint, TiedEmbeddingsResumeBitwiseOnAnyStageCount) {
+  const fs::path root = fresh_dir("tied");
+  struct Pair {
+    RunOptions from, to;
+  };
+  const std::vector<Pair> pairs = {
+      {tied(options(2)), tied(options(2))},
+      {tied(options(2, {}, PpSchedule::kOneFOneB)), tied(options(2, {}, PpSchedule::kOneFOneB))},
+      {tied(options(2)), tied(options(1))},
+      {tied(options(1)), tied(options(4, {}, PpSchedule::kOneFOneB))},
+  };
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const Pair& p = pairs[i];
+    const std::string ctx = describe(p.from) + " -> " + describe(p.to);
+    const fs::path dir = train_and_save(p.from, root / std::to_string(i));
+    const RunResult got = resume(p.to, dir);
+    const RunResult want = straight_tail(p.to);
+    ASSERT_EQ(got.final_params.size(), want.final_params.size()) << ctx;
+    testing::expect_same_run(want, got, ctx);
+  }
+  const fs::path one = train_and_save(tied(options(1)), root / "pp1");
+  const fs::path two = train_and_save(tied(options(2)), root / "pp2");
+  const CheckpointIndex a = read_checkpoint_index(one);
+  const CheckpointIndex b = read_checkpoint_index(two);
+  ASSERT_EQ(a.keys.size(), b.keys.size());
+  for (const std::string& key :
+       {keys::model("embed.tok"), keys::exp_avg("embed.tok"), keys::exp_avg_sq("embed.tok")}) {
+    const KeyRecord& k = b.keys.at(key);
+    ASSERT_FALSE(k.chunks.empty()) << key;
+    for (const ChunkRecord& c : k.chunks) EXPECT_LT(c.file, "rank_00002.h5") << key;
+    const Tensor ta = read_global(one, a, a.keys.at(key));
+    const Tensor tb = read_global(two, b, k);
+    ASSERT_EQ(ta.nbytes().value, tb.nbytes().value) << key;
+    EXPECT_EQ(std::memcmp(ta.raw_data(), tb.raw_data(), static_cast<size_t>(ta.nbytes().value)), 0)
+        << key;
+  }
+  EXPECT_EQ(b.keys.count(keys::model("lm_head.weight")), 0U);
+  EXPECT_TRUE(verify_checkpoint(two).ok());
+  fs::remove_all(root);
+}
+
+// Negative control: a load that fills only the saved copy (the last stage's replica keeps its
+// initial weights and moments) diverges from the uninterrupted run at its first step, on the same
+// mesh and from pp 1; with the replicas loaded (above) it does not.
+TEST(PipelineCheckpoint, TiedEmbeddingLoadedOnOneStageOnlyDiverges) {
+  const fs::path root = fresh_dir("tied_one_copy");
+  for (int from : {2, 1}) {
+    const RunOptions to = tied(options(2, {}, PpSchedule::kOneFOneB));
+    const fs::path dir = train_and_save(tied(options(from)), root / std::to_string(from));
+    const RunResult got = resume(to, dir, true);
+    const RunResult want = straight_tail(to);
+    ASSERT_EQ(got.metrics.size(), want.metrics.size());
+    EXPECT_NE(got.metrics.at(0).loss, want.metrics.at(0).loss) << "from pp " << from;
+    EXPECT_NE(got.final_params.at("embed.tok").to_vector<float>(),
+              want.final_params.at("embed.tok").to_vector<float>())
+        << "from pp " << from;
+  }
+  fs::remove_all(root);
+}
+
+// Recipe delayed: every stage saves its own linears' amax histories and scales under their global
+// keys (fp8/<linear>/<role>/...), and a load on any pp fills them from whichever stage wrote
+// them. Same-mesh resume for both schedules and pp 2 -> 1: each bitwise the target's
+// uninterrupted run (loss, grad norm, parameters; the FP8 scales decide every quantized GEMM).
+// The index holds every layer's scaling state, bitwise the pp 1 save's.
+TEST(PipelineCheckpoint, DelayedScalingStateResumesBitwise) {
+  const fs::path root = fresh_dir("delayed");
+  struct Pair {
+    RunOptions from, to;
+  };
+  const std::vector<Pair> pairs = {
+      {delayed(options(2)), delayed(options(2))},
+      {delayed(options(2, {}, PpSchedule::kOneFOneB)),
+       delayed(options(2, {}, PpSchedule::kOneFOneB))},
+      {delayed(options(2, {}, PpSchedule::kOneFOneB)), delayed(options(1))},
+  };
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const Pair& p = pairs[i];
+    const std::string ctx = describe(p.from) + " -> " + describe(p.to);
+    const fs::path dir = train_and_save(p.from, root / std::to_string(i));
+    const RunResult got = resume(p.to, dir);
+    const RunResult want = straight_tail(p.to);
+    ASSERT_EQ(got.final_params.size(), want.final_params.size()) << ctx;
+    testing::expect_same_run(want, got, ctx);
+  }
+  const fs::path one = train_and_save(delayed(options(1)), root / "pp1");
+  const fs::path two = train_and_save(delayed(options(2)), root / "pp2");
+  const CheckpointIndex a = read_checkpoint_index(one);
+  const CheckpointIndex b = read_checkpoint_index(two);
+  ASSERT_EQ(a.keys.size(), b.keys.size());
+  int scaling = 0;
+  for (const auto& [name, k] : b.keys) {
+    if (!name.starts_with("fp8/")) continue;
+    ++scaling;
+    const Tensor ta = read_global(one, a, a.keys.at(name));
+    const Tensor tb = read_global(two, b, k);
+    ASSERT_EQ(ta.nbytes().value, tb.nbytes().value) << name;
+    EXPECT_EQ(std::memcmp(ta.raw_data(), tb.raw_data(), static_cast<size_t>(ta.nbytes().value)), 0)
+        << name;
+  }
+  EXPECT_EQ(scaling, 96);  // 4 layers x 4 linears x 3 roles x (scale, amax_history)
   fs::remove_all(root);
 }
 

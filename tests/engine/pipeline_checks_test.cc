@@ -23,12 +23,12 @@ using testing::make_config;
 using testing::run_options;
 using testing::TestModel;
 
-// 4 layers over 2 stages, FSDP 2 inside each, 4 micro-batches, FP8 current scaling with the FP8
-// all-gather: every GEMM weight is gathered as FP8 at every use.
-RunOptions fp8_options(int pp, PpSchedule schedule) {
+// 4 layers over 2 stages, FSDP 2 inside each, 4 micro-batches, FP8 current (or delayed) scaling
+// with the FP8 all-gather: every GEMM weight is gathered as FP8 at every use.
+RunOptions fp8_options(int pp, PpSchedule schedule, RecipeKind recipe = RecipeKind::kCurrent) {
   TestModel tm;
   tm.layers = 4;
-  tm.recipe = RecipeKind::kCurrent;
+  tm.recipe = recipe;
   Config c = make_config(tm);
   c.training.micro_batches = 4;
   c.training.pp_schedule = schedule;
@@ -74,35 +74,44 @@ const AllGatherParity* first_mismatch(const std::vector<AllGatherParity>& record
 // gradients, the weights and the re-quantized FP8 state of every step, hash for hash and name
 // for name the one-stage run's, under both schedules.
 TEST(PipelineChecks, Fp8PrimaryWeightDigestsAreOneStages) {
-  RunOptions one = fp8_options(1, PpSchedule::kGpipe);
-  one.fsdp.fp8_params = true;
-  one.trace = true;
-  ASSERT_TRUE(check_run(one).empty());
-  const RunResult ref = run_training(one);
-  ASSERT_EQ(ref.trace.size(), 2u);
-  size_t fp8_entries = 0;
-  for (const TensorDigest& d : ref.trace[0])
-    fp8_entries += d.name.starts_with("fp8/params/") || d.name.starts_with("updated/fp8/params/");
-  // 4 layers x 4 GEMM weights (qkv, proj, fc1, fc2), each with data and scale_inv, before and
-  // after the step: the digests are not vacuous.
-  EXPECT_GE(fp8_entries, 4u * 4u * 2u * 2u);
-  for (PpSchedule sched : {PpSchedule::kGpipe, PpSchedule::kOneFOneB}) {
-    RunOptions o = fp8_options(2, sched);
-    o.fsdp.fp8_params = true;
-    o.trace = true;
-    EXPECT_TRUE(check_run(o).empty()) << pp_schedule_name(sched);
-    const RunResult run = run_training(o);
-    const std::string ctx = fmt::format("pp 2 {}", pp_schedule_name(sched));
-    expect_same_run(ref, run, ctx);
-    ASSERT_EQ(run.trace.size(), ref.trace.size()) << ctx;
-    for (size_t step = 0; step < ref.trace.size(); ++step) {
-      ASSERT_EQ(run.trace[step].size(), ref.trace[step].size()) << ctx << " step " << step;
-      for (size_t i = 0; i < ref.trace[step].size(); ++i) {
-        EXPECT_EQ(run.trace[step][i].name, ref.trace[step][i].name) << ctx << " step " << step;
-        EXPECT_EQ(run.trace[step][i].hash, ref.trace[step][i].hash)
-            << ctx << " step " << step << " " << ref.trace[step][i].name;
-        EXPECT_EQ(run.trace[step][i].shape, ref.trace[step][i].shape)
-            << ctx << " " << ref.trace[step][i].name;
+  // Delayed scaling adds its per-linear scales and amax histories (fp8/delayed/...), held by the
+  // stage of the linear, to the digests.
+  for (RecipeKind recipe : {RecipeKind::kCurrent, RecipeKind::kDelayed}) {
+    RunOptions one = fp8_options(1, PpSchedule::kGpipe, recipe);
+    one.fsdp.fp8_params = true;
+    one.trace = true;
+    ASSERT_TRUE(check_run(one).empty());
+    const RunResult ref = run_training(one);
+    ASSERT_EQ(ref.trace.size(), 2u);
+    size_t fp8_entries = 0, delayed_entries = 0;
+    for (const TensorDigest& d : ref.trace[0]) {
+      fp8_entries += d.name.starts_with("fp8/params/") || d.name.starts_with("updated/fp8/params/");
+      delayed_entries += d.name.find("fp8/delayed/") != std::string::npos;
+    }
+    // 4 layers x 4 GEMM weights (qkv, proj, fc1, fc2), each with data and scale_inv, before and
+    // after the step: the digests are not vacuous. Delayed: 16 linears x 3 roles x (scale,
+    // amax history), before and after.
+    EXPECT_GE(fp8_entries, 4u * 4u * 2u * 2u);
+    if (recipe == RecipeKind::kDelayed) EXPECT_GE(delayed_entries, 16u * 3u * 2u * 2u);
+    for (PpSchedule sched : {PpSchedule::kGpipe, PpSchedule::kOneFOneB}) {
+      RunOptions o = fp8_options(2, sched, recipe);
+      o.fsdp.fp8_params = true;
+      o.trace = true;
+      EXPECT_TRUE(check_run(o).empty()) << pp_schedule_name(sched);
+      const RunResult run = run_training(o);
+      const std::string ctx =
+          fmt::format("{} pp 2 {}", recipe_name(recipe), pp_schedule_name(sched));
+      expect_same_run(ref, run, ctx);
+      ASSERT_EQ(run.trace.size(), ref.trace.size()) << ctx;
+      for (size_t step = 0; step < ref.trace.size(); ++step) {
+        ASSERT_EQ(run.trace[step].size(), ref.trace[step].size()) << ctx << " step " << step;
+        for (size_t i = 0; i < ref.trace[step].size(); ++i) {
+          EXPECT_EQ(run.trace[step][i].name, ref.trace[step][i].name) << ctx << " step " << step;
+          EXPECT_EQ(run.trace[step][i].hash, ref.trace[step][i].hash)
+              << ctx << " step " << step << " " << ref.trace[step][i].name;
+          EXPECT_EQ(run.trace[step][i].shape, ref.trace[step][i].shape)
+              << ctx << " " << ref.trace[step][i].name;
+        }
       }
     }
   }
