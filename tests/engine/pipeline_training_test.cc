@@ -128,6 +128,45 @@ TEST(PipelineTraining, StagesAreBitwiseOneStageForEveryScheduleAndFsdp) {
   }
 }
 
+// The block-scaled recipes (MXFP8, 128x128 block scaling, NVFP4 with its random Hadamard
+// transform and stochastic rounding keyed by global coordinates) under stages: their quantizers
+// keep no state across passes, so the pipelined step is one stage's bit for bit as well; with
+// the recipe's low-precision all-gather where it has one (not block: refused by the FSDP rules).
+TEST(PipelineTraining, BlockScaledRecipesAreBitwiseOneStage) {
+  for (RecipeKind recipe : {RecipeKind::kMxfp8, RecipeKind::kBlock, RecipeKind::kNvfp4}) {
+    // Hidden 32 / ffn 64 and 8 rows x 16 positions = 128 tokens per rank and micro-batch: whole
+    // MXFP8 (32), NVFP4 (16) and 128-row blocks along every GEMM's K, the wgrad's included.
+    TestModel tm;
+    tm.layers = 4;
+    tm.hidden = 32;
+    tm.ffn = 64;
+    tm.seq = 16;
+    tm.batch = 32;
+    tm.recipe = recipe;
+    Config c = make_config(tm);
+    c.training.micro_batches = 2;
+    MeshSpec one;
+    one.dp_shard = 2;
+    RunOptions ro = run_options(c, one, kSteps);
+    ro.fsdp.fp8_all_gather = recipe != RecipeKind::kBlock;
+    for (const ConfigIssue& i : check_run(ro)) ADD_FAILURE() << i.key_path << ": " << i.message;
+    const RunResult ref = run_training(ro);
+    for (const auto& [pp, sched] :
+         {std::pair{2, PpSchedule::kGpipe}, std::pair{2, PpSchedule::kOneFOneB},
+          std::pair{4, PpSchedule::kOneFOneB}}) {
+      RunOptions staged = ro;
+      staged.config.training.pp_schedule = sched;
+      staged.mesh.pp = pp;
+      const std::string ctx =
+          fmt::format("recipe {} pp {} {}", recipe_name(recipe), pp, pp_schedule_name(sched));
+      ASSERT_TRUE(check_run(staged).empty()) << ctx;
+      const RunResult run = run_training(staged);
+      ASSERT_EQ(run.final_params.size(), ref.final_params.size()) << ctx;
+      expect_same_run(ref, run, ctx);
+    }
+  }
+}
+
 // An uneven split (5 layers over 2 stages: [3, 2]) with HSDP inside the stages, recompute and
 // reduce-after-every-micro-batch: still one stage's bits.
 TEST(PipelineTraining, UnevenSplitHsdpRecomputeAndSyncEachMicroBatch) {
