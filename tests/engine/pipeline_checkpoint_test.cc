@@ -132,6 +132,23 @@ RunResult straight_tail(const RunOptions& o) {
   return r;
 }
 
+// A run saved after kSaveAt steps on `from` and resumed on `to` (in `dir`): bitwise `to`'s
+// uninterrupted run, loss, grad norm and every final parameter.
+struct ResumePair {
+  RunOptions from, to;
+};
+void expect_resumes_bitwise(const std::vector<ResumePair>& pairs, const fs::path& root) {
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const ResumePair& p = pairs[i];
+    const std::string ctx = describe(p.from) + " -> " + describe(p.to);
+    const fs::path dir = train_and_save(p.from, root / std::to_string(i));
+    const RunResult got = resume(p.to, dir);
+    const RunResult want = straight_tail(p.to);
+    ASSERT_EQ(got.final_params.size(), want.final_params.size()) << ctx;
+    testing::expect_same_run(want, got, ctx);
+  }
+}
+
 TEST(PipelineCheckpoint, SameMeshResumeIsBitwiseForBothSchedules) {
   const fs::path root = fresh_dir("same_mesh");
   for (PpSchedule sched : {PpSchedule::kGpipe, PpSchedule::kOneFOneB}) {
@@ -150,23 +167,13 @@ TEST(PipelineCheckpoint, SameMeshResumeIsBitwiseForBothSchedules) {
 // depend on pp or the split).
 TEST(PipelineCheckpoint, ResumeAcrossStageCountsAndSplitsIsBitwise) {
   const fs::path root = fresh_dir("cross");
-  struct Pair {
-    RunOptions from, to;
-  };
-  const std::vector<Pair> pairs = {
-      {options(2), options(1)},
-      {options(1), options(4, {}, PpSchedule::kOneFOneB)},
-      {options(2, {3, 1}, PpSchedule::kOneFOneB), options(2, {1, 3})},
-  };
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    const Pair& p = pairs[i];
-    const std::string ctx = describe(p.from) + " -> " + describe(p.to);
-    const fs::path dir = train_and_save(p.from, root / std::to_string(i));
-    const RunResult got = resume(p.to, dir);
-    const RunResult want = straight_tail(p.to);
-    ASSERT_EQ(got.final_params.size(), want.final_params.size()) << ctx;
-    testing::expect_same_run(want, got, ctx);
-  }
+  expect_resumes_bitwise(
+      {
+          {options(2), options(1)},
+          {options(1), options(4, {}, PpSchedule::kOneFOneB)},
+          {options(2, {3, 1}, PpSchedule::kOneFOneB), options(2, {1, 3})},
+      },
+      root);
   fs::remove_all(root);
 }
 
@@ -178,24 +185,15 @@ TEST(PipelineCheckpoint, ResumeAcrossStageCountsAndSplitsIsBitwise) {
 // embed.tok's keys once, in the first stage's files (rank_00000/1), bitwise the pp 1 save's.
 TEST(PipelineCheckpoint, TiedEmbeddingsResumeBitwiseOnAnyStageCount) {
   const fs::path root = fresh_dir("tied");
-  struct Pair {
-    RunOptions from, to;
-  };
-  const std::vector<Pair> pairs = {
-      {tied(options(2)), tied(options(2))},
-      {tied(options(2, {}, PpSchedule::kOneFOneB)), tied(options(2, {}, PpSchedule::kOneFOneB))},
-      {tied(options(2)), tied(options(1))},
-      {tied(options(1)), tied(options(4, {}, PpSchedule::kOneFOneB))},
-  };
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    const Pair& p = pairs[i];
-    const std::string ctx = describe(p.from) + " -> " + describe(p.to);
-    const fs::path dir = train_and_save(p.from, root / std::to_string(i));
-    const RunResult got = resume(p.to, dir);
-    const RunResult want = straight_tail(p.to);
-    ASSERT_EQ(got.final_params.size(), want.final_params.size()) << ctx;
-    testing::expect_same_run(want, got, ctx);
-  }
+  expect_resumes_bitwise(
+      {
+          {tied(options(2)), tied(options(2))},
+          {tied(options(2, {}, PpSchedule::kOneFOneB)),
+           tied(options(2, {}, PpSchedule::kOneFOneB))},
+          {tied(options(2)), tied(options(1))},
+          {tied(options(1)), tied(options(4, {}, PpSchedule::kOneFOneB))},
+      },
+      root);
   const fs::path one = train_and_save(tied(options(1)), root / "pp1");
   const fs::path two = train_and_save(tied(options(2)), root / "pp2");
   const CheckpointIndex a = read_checkpoint_index(one);
@@ -243,24 +241,14 @@ TEST(PipelineCheckpoint, TiedEmbeddingLoadedOnOneStageOnlyDiverges) {
 // The index holds every layer's scaling state, bitwise the pp 1 save's.
 TEST(PipelineCheckpoint, DelayedScalingStateResumesBitwise) {
   const fs::path root = fresh_dir("delayed");
-  struct Pair {
-    RunOptions from, to;
-  };
-  const std::vector<Pair> pairs = {
-      {delayed(options(2)), delayed(options(2))},
-      {delayed(options(2, {}, PpSchedule::kOneFOneB)),
-       delayed(options(2, {}, PpSchedule::kOneFOneB))},
-      {delayed(options(2, {}, PpSchedule::kOneFOneB)), delayed(options(1))},
-  };
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    const Pair& p = pairs[i];
-    const std::string ctx = describe(p.from) + " -> " + describe(p.to);
-    const fs::path dir = train_and_save(p.from, root / std::to_string(i));
-    const RunResult got = resume(p.to, dir);
-    const RunResult want = straight_tail(p.to);
-    ASSERT_EQ(got.final_params.size(), want.final_params.size()) << ctx;
-    testing::expect_same_run(want, got, ctx);
-  }
+  expect_resumes_bitwise(
+      {
+          {delayed(options(2)), delayed(options(2))},
+          {delayed(options(2, {}, PpSchedule::kOneFOneB)),
+           delayed(options(2, {}, PpSchedule::kOneFOneB))},
+          {delayed(options(2, {}, PpSchedule::kOneFOneB)), delayed(options(1))},
+      },
+      root);
   const fs::path one = train_and_save(delayed(options(1)), root / "pp1");
   const fs::path two = train_and_save(delayed(options(2)), root / "pp2");
   const CheckpointIndex a = read_checkpoint_index(one);

@@ -491,31 +491,41 @@ TEST(PipelineTraining, UnsupportedCombinationsAreRefused) {
 // and 2, fp32 and bf16: loss, grad norm (the tied weight counted once) and every parameter
 // bitwise one stage's, every step; the losses after step 0 use both copies (the first stage's
 // embedding, the last stage's head), so they also show the copies stay equal.
-TEST(PipelineTraining, TiedEmbeddingsAreBitwiseOneStage) {
+// The tied model (fp32 and bf16 x dp_shard 1 and 2) on pp 2 and 4 under both schedules, against
+// one stage: loss, grad norm and every parameter bitwise, every step; deferred gradient sync or
+// a reduction after every micro-batch.
+void expect_tied_stages_bitwise_one_stage(bool sync_each_micro_batch) {
   for (RecipeKind recipe : {RecipeKind::kFp32, RecipeKind::kBf16}) {
     for (int dp_shard : {1, 2}) {
       Config c = pp_config(recipe);
       c.model.tied_embeddings = true;
       MeshSpec one;
       one.dp_shard = dp_shard;
-      const RunResult ref = run_training(run_options(c, one, kSteps));
+      RunOptions ro = run_options(c, one, kSteps);
+      ro.fsdp.sync_each_micro_batch = sync_each_micro_batch;
+      const RunResult ref = run_training(ro);
       ASSERT_EQ(ref.metrics.size(), static_cast<size_t>(kSteps));
       ASSERT_EQ(ref.final_params.count("lm_head.weight"), 0U);
       for (int pp : {2, 4}) {
         for (PpSchedule sched : {PpSchedule::kGpipe, PpSchedule::kOneFOneB}) {
-          c.training.pp_schedule = sched;
-          MeshSpec m = one;
-          m.pp = pp;
+          RunOptions p = ro;
+          p.config.training.pp_schedule = sched;
+          p.mesh.pp = pp;
           const std::string ctx =
-              fmt::format("tied, recipe {} dp_shard {} pp {} {}", recipe_name(recipe), dp_shard, pp,
-                          pp_schedule_name(sched));
-          const RunResult run = run_training(run_options(c, m, kSteps));
+              fmt::format("tied{}, recipe {} dp_shard {} pp {} {}",
+                          sync_each_micro_batch ? ", sync each micro-batch" : "",
+                          recipe_name(recipe), dp_shard, pp, pp_schedule_name(sched));
+          const RunResult run = run_training(p);
           ASSERT_EQ(run.final_params.size(), ref.final_params.size()) << ctx;
           expect_same_run(ref, run, ctx);
         }
       }
     }
   }
+}
+
+TEST(PipelineTraining, TiedEmbeddingsAreBitwiseOneStage) {
+  expect_tied_stages_bitwise_one_stage(false);
 }
 
 // Which stages hold a tied embed.tok (stage_holds) and which copy is counted and reported
@@ -644,31 +654,7 @@ TEST(PipelineTraining, TiedEmbeddingEndStagesAllocateOnlyTheirAccumulator) {
 // other parameter still reduces per micro-batch). fp32 and bf16 x dp_shard 1 and 2 x pp 2 and 4
 // x gpipe and 1f1b: loss, grad norm and every parameter bitwise one stage's.
 TEST(PipelineTraining, TiedEmbeddingsWithSyncEachMicroBatchAreBitwiseOneStage) {
-  for (RecipeKind recipe : {RecipeKind::kFp32, RecipeKind::kBf16}) {
-    for (int dp_shard : {1, 2}) {
-      Config c = pp_config(recipe);
-      c.model.tied_embeddings = true;
-      MeshSpec one;
-      one.dp_shard = dp_shard;
-      RunOptions ro = run_options(c, one, kSteps);
-      ro.fsdp.sync_each_micro_batch = true;
-      const RunResult ref = run_training(ro);
-      ASSERT_EQ(ref.metrics.size(), static_cast<size_t>(kSteps));
-      for (int pp : {2, 4}) {
-        for (PpSchedule sched : {PpSchedule::kGpipe, PpSchedule::kOneFOneB}) {
-          RunOptions p = ro;
-          p.config.training.pp_schedule = sched;
-          p.mesh.pp = pp;
-          const std::string ctx =
-              fmt::format("tied, sync each micro-batch, recipe {} dp_shard {} pp {} {}",
-                          recipe_name(recipe), dp_shard, pp, pp_schedule_name(sched));
-          const RunResult run = run_training(p);
-          ASSERT_EQ(run.final_params.size(), ref.final_params.size()) << ctx;
-          expect_same_run(ref, run, ctx);
-        }
-      }
-    }
-  }
+  expect_tied_stages_bitwise_one_stage(true);
 }
 
 }  // namespace
