@@ -442,16 +442,13 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, std::string_view w
                      "{}: {} file '{}' is not a plain file name inside the checkpoint directory",
                      where, cw, rec.file);
       const int owner = expected[i].owner + stage * stage_size;
-      if (index.mesh.size(mesh::MeshDim::kPp) > 1) {
-        MP_CHECK_INPUT(rec.file == rank_file_name(owner),
-                       "{}: {} is in file '{}'; its writer in pipeline stage {} (the stage of the "
-                       "key's first chunk), rank {}, writes '{}'",
-                       where, cw, rec.file, stage, owner, rank_file_name(owner));
-      } else {
-        MP_CHECK_INPUT(rec.file == rank_file_name(owner),
-                       "{}: {} is in file '{}'; its writer, rank {}, writes '{}'", where, cw,
-                       rec.file, owner, rank_file_name(owner));
-      }
+      MP_CHECK_INPUT(
+          rec.file == rank_file_name(owner),
+          "{}: {} is in file '{}'; its writer{}, rank {}, writes '{}'", where, cw, rec.file,
+          index.mesh.size(mesh::MeshDim::kPp) > 1
+              ? fmt::format(" in pipeline stage {} (the stage of the key's first chunk)", stage)
+              : std::string(),
+          owner, rank_file_name(owner));
       rec.dataset = get_string(c.at("dataset"), where, cw + ".dataset", 2048);
       MP_CHECK_INPUT(rec.dataset == "/" + name, "{}: {} (file {}) has dataset '{}', expected '/{}'",
                      where, cw, rec.file, rec.dataset, name);

@@ -190,7 +190,7 @@ void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
       // micro-batch's unreduced part is kept (E_i on the first stage, H_i on the last) and the
       // next backward starts a fresh accumulator.
       if (options_.fsdp.sync_each_micro_batch) {
-        const std::string own = plan_.stage().first_stage ? p.spec.name : kTiedHeadGrad;
+        const std::string own = tied_part_key(p.spec.name);
         tied_parts_.push_back(grads_.at(own));
         grads_.erase(own);
       }
@@ -206,14 +206,17 @@ void FsdpUnitExecutor::reduce_gradients(int64_t unit) {
   }
 }
 
+std::string FsdpUnitExecutor::tied_part_key(const std::string& name) const {
+  return plan_.stage().first_stage ? name : std::string(kTiedHeadGrad);
+}
+
 void FsdpUnitExecutor::sync_tied_embedding(bool exchange) {
   const int stages = comms_.mesh().size(MeshDim::kPp);
   if (stages == 1 || !tied_) return;
   const std::string& name = plan_.params()[*tied_].spec.name;
   const bool first = plan_.stage().first_stage;
-  // The first stage's part is the embedding backward's E (embed.tok), the last stage's the LM
-  // head's H (kTiedHeadGrad), each the only tied accumulator its stage holds.
-  const std::string own = first ? name : std::string(kTiedHeadGrad);
+  // Each end stage's part is the only tied accumulator it holds.
+  const std::string own = tied_part_key(name);
   // Deferred sync: one part, accumulated over the micro-batches. fsdp.sync_each_micro_batch: one
   // part per micro-batch, kept by reduce_gradients in micro-batch order (the backwards' order).
   std::vector<Tensor> parts;

@@ -70,6 +70,10 @@ class FsdpUnitExecutor : public UnitHooks {
   void after(int64_t unit, Pass pass) override;
 
  private:
+  // The key of this end stage's accumulator of the tied embed.tok under pipeline stages: the
+  // embedding backward's part E (the parameter's own key) on the first stage, the LM head's H
+  // (engine/model.h kTiedHeadGrad) on the last.
+  std::string tied_part_key(const std::string& name) const;
   void gather_weight(size_t i);
   void release_weights(int64_t unit);
   void reduce_gradients(int64_t unit);

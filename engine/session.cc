@@ -525,19 +525,15 @@ struct TrainingSession::Impl {
         local[static_cast<size_t>(mb * layers + mine.first + i)] = aux[static_cast<size_t>(i)];
     }
     const std::vector<double> all = gather_doubles(pp, local);
-    // The stage holding each layer.
-    std::vector<int> owner(static_cast<size_t>(layers), -1);
+    // Each layer's value copied from the stage holding it (stage s's vector starts at s * m *
+    // layers), not summed with the other stages' zeros: exact for any value.
+    for (GptModel::StageLoss& l : losses) l.layer_aux.assign(static_cast<size_t>(layers), 0.0);
     for (int s = 0; s < pp.size(); ++s) {
       const StageLayers span = stage_layers(layers, pp.size(), s, config.model.pp_layers);
-      for (int64_t l = span.first; l < span.first + span.count; ++l)
-        owner[static_cast<size_t>(l)] = s;
-    }
-    for (int64_t mb = 0; mb < m; ++mb) {
-      std::vector<double> aux(static_cast<size_t>(layers));
-      for (int64_t l = 0; l < layers; ++l)
-        aux[static_cast<size_t>(l)] =
-            all[static_cast<size_t>(owner[static_cast<size_t>(l)] * m * layers + mb * layers + l)];
-      losses[static_cast<size_t>(mb)].layer_aux = std::move(aux);
+      for (int64_t mb = 0; mb < m; ++mb)
+        for (int64_t l = span.first; l < span.first + span.count; ++l)
+          losses[static_cast<size_t>(mb)].layer_aux[static_cast<size_t>(l)] =
+              all[static_cast<size_t>((s * m + mb) * layers + l)];
     }
   }
 
