@@ -11,6 +11,7 @@
 
 #include "engine/params.h"
 #include "kernels/error.h"
+#include "mesh/local_comm.h"
 
 namespace meshproof::engine {
 
@@ -302,11 +303,18 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
   // Only for a valid configuration (a broken one has no meaningful size).
   if (!issues.empty()) return issues;
   if (o.launcher != "mpi" && limits.max_threads > 0) {
-    const int64_t world = dp * tp;
-    need("mesh", world <= limits.max_threads,
-         fmt::format("launcher local runs one thread per rank: {} ranks, but this process may "
+    // One thread per rank, or one fiber worker per CPU when the host ranks outnumber the CPUs
+    // (mesh/rank_fibers.h): the same decision the local world takes.
+    const int64_t world = int64_t{ms.pp} * dp * tp;
+    mesh::LocalWorldOptions local;
+    local.device = o.backend;
+    const int64_t workers = mesh::local_fiber_workers(static_cast<int>(world), local);
+    const int64_t threads = workers > 0 ? workers : world;
+    need("mesh", threads <= limits.max_threads,
+         fmt::format("launcher local runs {} ranks on {} threads ({}), but this process may "
                      "start at most {} threads here",
-                     world, limits.max_threads));
+                     world, threads, workers > 0 ? "fibers on one worker per CPU" : "one per rank",
+                     limits.max_threads));
   }
   if (limits.memory_bytes > 0) {
     const MemoryEstimate e = estimate_memory(o);

@@ -23,6 +23,7 @@
 #include "kernels/error.h"
 #include "mesh/communicator.h"
 #include "mesh/library_info.h"
+#include "mesh/rank_fibers.h"
 #include "reports/atomic_file.h"
 #include "reports/report_error.h"
 #include "reports/report_writers.h"
@@ -147,7 +148,9 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
   opts.trace = o.trace;
   opts.progress = lead && o.progress && !o.quiet;
   opts.sets = o.sets;
-  // Everything is loaded and validated before anything runs or is written.
+  // Everything is loaded and validated before anything runs or is written (a malformed
+  // MESHPROOF_VIRTUAL_RANKS first: the run rules read it).
+  (void)mesh::rank_threading_from_env();
   const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
   check_launcher_rules(o.paths, o.sets, o.filter, opts.launcher);
   check_not_several_local_runs(scenarios, opts.launcher, "run");
@@ -255,6 +258,7 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
   MP_CHECK_INPUT(o.force_platform.empty() || valid_platform_name(o.force_platform),
                  "--force-platform '{}': expected a name of [a-z0-9_-] characters (cpu, h100, ...)",
                  o.force_platform);
+  (void)mesh::rank_threading_from_env();
   const std::vector<Scenario> scenarios = load_scenarios(o.paths, o.sets, o.filter);
   check_launcher_rules(o.paths, o.sets, o.filter, opts.launcher);
   check_not_several_local_runs(scenarios, opts.launcher, "golden update");

@@ -6,7 +6,6 @@
 #include <array>
 #include <atomic>
 #include <climits>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -16,19 +15,16 @@
 #include <thread>
 
 #if defined(__linux__)
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
-#include <sys/syscall.h>
 #include <unistd.h>
-
-#include <ctime>
 #endif
 
 #include "kernels/cublaslt_resources.h"
 #include "kernels/cuda_check.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
+#include "mesh/rank_fibers.h"
 
 namespace meshproof::mesh {
 
@@ -55,38 +51,6 @@ struct Slot {
            device.type == o.device.type;
   }
 };
-
-// The barrier's sleep and wake-up: a futex on the generation word (Linux), so that a waiter
-// sleeps in one system call and a completed barrier wakes every waiter with one, without a mutex
-// that each woken waiter must take again (with 8 ranks on 2 cores that mutex hand-off doubled the
-// context switches of every collective). Elsewhere a bounded sleep and re-check.
-static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
-              std::atomic<uint32_t>::is_always_lock_free);
-
-// Sleeps while `word` holds `expected`, at most `timeout`; may return early (a wake-up, a signal,
-// a changed word): the caller re-checks.
-void sleep_while_equal(std::atomic<uint32_t>& word, uint32_t expected,
-                       std::chrono::nanoseconds timeout) {
-#if defined(__linux__)
-  const int64_t ns = std::max<int64_t>(timeout.count(), 0);
-  const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr,
-          0);
-#else
-  if (word.load(std::memory_order_acquire) == expected)
-    std::this_thread::sleep_for(
-        std::min<std::chrono::nanoseconds>(timeout, std::chrono::microseconds(50)));
-#endif
-}
-
-void wake_all_sleepers(std::atomic<uint32_t>& word) {
-#if defined(__linux__)
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
-          nullptr, 0);
-#else
-  (void)word;
-#endif
-}
 
 // The CPUs each rank thread is pinned to: with more ranks than the CPUs this process may use
 // (virtual ranks sharing cores), rank r runs on allowed CPU (r + offset) mod count, the offset
@@ -138,8 +102,38 @@ struct LocalWorld::Impl {
   explicit Impl(const LocalWorld& w) : world(w) {}
 
   void abort();
+  // Records a rank's error (the first one is rethrown by run()) and aborts the world.
+  void fail(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lk(error_mu);
+      if (!first_error) first_error = std::move(e);
+    }
+    abort();
+  }
+
+  // The one wait of rank code (barriers, point-to-point queues): until `word` no longer holds
+  // `expected`, at most until `deadline`; may return early, the caller re-checks. With fibers the
+  // worker runs the rank's neighbours meanwhile; with a thread per rank the thread sleeps on the
+  // word (a futex: one system call to sleep, one to wake all sleepers, no mutex to take again).
+  void wait_word(std::atomic<uint32_t>& word, uint32_t expected,
+                 std::chrono::steady_clock::time_point deadline) {
+    if (fibers != nullptr) {
+      detail::FiberWorld::wait(word, expected, deadline);
+    } else {
+      detail::futex_wait(word, expected, deadline - std::chrono::steady_clock::now());
+    }
+  }
+  // After changing a word that ranks may wait on.
+  void notify_word(std::atomic<uint32_t>& word) {
+    if (fibers != nullptr) {
+      fibers->notify();
+    } else {
+      detail::futex_wake_all(word);
+    }
+  }
 
   const LocalWorld& world;
+  detail::FiberWorld* fibers = nullptr;  // the ranks' fibers, when they run as fibers
   std::atomic<bool> aborted{false};
   std::mutex error_mu;
   std::exception_ptr first_error;
@@ -211,7 +205,7 @@ class LocalWorld::Impl::Group {
       arrived_.store(0, std::memory_order_relaxed);
       for (auto& p : present_) p.store(0, std::memory_order_relaxed);
       generation_.fetch_add(1, std::memory_order_acq_rel);
-      wake_all_sleepers(generation_);
+      impl_.notify_word(generation_);
       return;
     }
     const auto timeout = impl_.world.options().timeout;
@@ -223,9 +217,8 @@ class LocalWorld::Impl::Group {
         throw_if_aborted(what);
         return;
       }
-      const auto left = deadline - std::chrono::steady_clock::now();
-      if (left <= std::chrono::nanoseconds(0)) break;
-      sleep_while_equal(generation_, gen, left);
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      impl_.wait_word(generation_, gen, deadline);
     }
     std::vector<int> missing;
     for (int m = 0; m < size(); ++m) {
@@ -247,9 +240,9 @@ class LocalWorld::Impl::Group {
   // so a member about to sleep does not), sees the flag and throws.
   void wake_all() {
     generation_.fetch_add(1, std::memory_order_acq_rel);
-    wake_all_sleepers(generation_);
-    std::lock_guard<std::mutex> lk(mu_);
-    p2p_cv_.notify_all();
+    impl_.notify_word(generation_);
+    p2p_posted_.fetch_add(1, std::memory_order_acq_rel);
+    impl_.notify_word(p2p_posted_);
   }
 
   // Point-to-point (defined at the end of the file): `from` posts a copy of its bytes to `to`'s
@@ -294,10 +287,11 @@ class LocalWorld::Impl::Group {
   std::array<std::vector<Slot>, 2> slots_;
   std::array<std::vector<Staging>, 2> staging_;
   std::vector<Counts> counts_;
-  // Point-to-point queues by (sender, receiver) member index, guarded by mu_.
+  // Point-to-point queues by (sender, receiver) member index, guarded by mu_; p2p_posted_ moves
+  // with every message posted (and on abort): a receiver finding its queue empty waits on it.
   std::mutex mu_;
   std::map<std::pair<int, int>, std::deque<Message>> p2p_;
-  std::condition_variable p2p_cv_;
+  alignas(64) std::atomic<uint32_t> p2p_posted_{0};
 };
 
 void LocalWorld::Impl::abort() {
@@ -627,37 +621,49 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
                  options_.device.str());
 #endif
 
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(n));
+  // One rank's life: its context, its communicators, its errors (recorded, then the world is
+  // aborted so that the others stop waiting for it). Never throws: it may run on a fiber.
+  auto run_rank = [this, &impl, &fn, &streams](int r) {
+    try {
+      kernels::ScopedRankContext ctx(kernels::RankContext{
+          r, options_.device, streams[static_cast<size_t>(r)],
+          memory_[static_cast<size_t>(r)].get(), copies_[static_cast<size_t>(r)].get()});
+      LocalRankComms comms(impl, r);
+      fn(comms);
+      kernels::synchronize_current();
+    } catch (const kernels::Error& e) {
+      impl.fail(
+          std::make_exception_ptr(kernels::Error(e.kind(), e.file(), e.line(), e.expression(),
+                                                 fmt::format("rank {}: {}", r, e.message()))));
+    } catch (const std::exception& e) {
+      impl.fail(
+          std::make_exception_ptr(kernels::Error(kernels::ErrorKind::kRuntime, __FILE__, __LINE__,
+                                                 "", fmt::format("rank {}: {}", r, e.what()))));
+    } catch (...) {
+      impl.fail(std::make_exception_ptr(
+          kernels::Error(kernels::ErrorKind::kRuntime, __FILE__, __LINE__, "",
+                         fmt::format("rank {}: unknown exception", r))));
+    }
+  };
+
+  // With fibers: worker w runs ranks w, w + workers, ... and is pinned like rank w would be.
+  const int workers = local_fiber_workers(n, options_);
+  std::optional<detail::FiberWorld> fibers;
+  if (workers > 0) {
+    fibers.emplace(n, workers, impl.aborted);
+    impl.fibers = &*fibers;
+  }
+  const int threads_to_start = workers > 0 ? workers : n;
   const std::vector<int> cpus = rank_cpus(n, options_.device.is_cpu());
-  for (int r = 0; r < n; ++r) {
-    std::function<void()> body = [this, &impl, &fn, &streams, &cpus, r] {
-      if (!cpus.empty()) pin_to_cpu(cpus[static_cast<size_t>(r)]);
-      try {
-        kernels::ScopedRankContext ctx(kernels::RankContext{
-            r, options_.device, streams[static_cast<size_t>(r)],
-            memory_[static_cast<size_t>(r)].get(), copies_[static_cast<size_t>(r)].get()});
-        LocalRankComms comms(impl, r);
-        fn(comms);
-        kernels::synchronize_current();
-      } catch (const kernels::Error& e) {
-        std::exception_ptr err =
-            std::make_exception_ptr(kernels::Error(e.kind(), e.file(), e.line(), e.expression(),
-                                                   fmt::format("rank {}: {}", r, e.message())));
-        {
-          std::lock_guard<std::mutex> lk(impl.error_mu);
-          if (!impl.first_error) impl.first_error = err;
-        }
-        impl.abort();
-      } catch (const std::exception& e) {
-        std::exception_ptr err =
-            std::make_exception_ptr(kernels::Error(kernels::ErrorKind::kRuntime, __FILE__, __LINE__,
-                                                   "", fmt::format("rank {}: {}", r, e.what())));
-        {
-          std::lock_guard<std::mutex> lk(impl.error_mu);
-          if (!impl.first_error) impl.first_error = err;
-        }
-        impl.abort();
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(threads_to_start));
+  for (int t = 0; t < threads_to_start; ++t) {
+    std::function<void()> body = [&, t] {
+      if (!cpus.empty()) pin_to_cpu(cpus[static_cast<size_t>(t)]);
+      if (fibers) {
+        fibers->work(t, run_rank);
+      } else {
+        run_rank(t);
       }
     };
     try {
@@ -667,32 +673,73 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
       // The ranks already running may wait in a collective for this one: abort them, join
       // them, then report the start failure (the cause) rather than their aborts.
       impl.abort();
-      for (auto& t : threads) t.join();
+      for (auto& th : threads) th.join();
+      if (fibers) {
+        MP_FAIL(
+            "local world {}: could not start fiber worker thread {} of {} (ranks {}, {}, ...; {} "
+            "running): {}",
+            mesh_.str(), t, workers, t, t + workers, threads.size(), e.what());
+      }
       MP_FAIL("local world {}: could not start the thread of rank {} of {} ({} running): {}",
-              mesh_.str(), r, n, threads.size(), e.what());
+              mesh_.str(), t, n, threads.size(), e.what());
     }
   }
-  for (auto& t : threads) t.join();
+  for (auto& th : threads) th.join();
   if (impl.first_error) std::rethrow_exception(impl.first_error);
+}
+
+int local_fiber_workers(int ranks, const LocalWorldOptions& options) {
+  if (!options.device.is_cpu() || ranks <= 1 || options.threading == RankThreading::kThreads)
+    return 0;
+  int cpus = 1;
+#if defined(__linux__)
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) cpus = std::max(1, CPU_COUNT(&allowed));
+#else
+  cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+#endif
+  if (options.threading == RankThreading::kAuto && (!fibers_supported() || ranks <= cpus)) return 0;
+  MP_CHECK_INPUT(fibers_supported(), "{}=fibers: virtual ranks as fibers need Linux (use threads)",
+                 kVirtualRanksEnv);
+  MP_CHECK_INPUT(options.fiber_workers >= 0, "local world: fiber_workers must be >= 0, got {}",
+                 options.fiber_workers);
+  const int workers = options.fiber_workers > 0 ? options.fiber_workers : cpus;
+  return std::min(workers, ranks);
 }
 
 // ---- point-to-point ----------------------------------------------------------------------------
 
 void LocalWorld::Impl::Group::post(int from, int to, Message m) {
-  std::lock_guard<std::mutex> lk(mu_);
-  p2p_[{from, to}].push_back(std::move(m));
-  p2p_cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    p2p_[{from, to}].push_back(std::move(m));
+    // Moved under the lock: a receiver that read the word under the lock and found its queue
+    // empty sees it change (and is woken) once this message is in.
+    p2p_posted_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  impl_.notify_word(p2p_posted_);
 }
 
 LocalWorld::Impl::Group::Message LocalWorld::Impl::Group::take(int from, int to,
                                                                std::string_view what) {
-  std::unique_lock<std::mutex> lk(mu_);
   const auto timeout = impl_.world.options().timeout;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::deque<Message>& q = p2p_[{from, to}];
-  while (q.empty()) {
+  Message m;
+  while (true) {
+    uint32_t seen = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      std::deque<Message>& q = p2p_[{from, to}];
+      if (!q.empty()) {
+        m = std::move(q.front());
+        q.pop_front();
+        break;
+      }
+      seen = p2p_posted_.load(std::memory_order_acquire);
+    }
     throw_if_aborted(what);
-    if (p2p_cv_.wait_until(lk, deadline) == std::cv_status::timeout && q.empty()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
       MP_FAIL(
           "local {} on {} group of ranks [{}] timed out after {:.3f} s on rank {}: rank {} never "
           "sent (stalled, hung or not making this call); {} sets the limit in seconds (default "
@@ -701,9 +748,8 @@ LocalWorld::Impl::Group::Message LocalWorld::Impl::Group::take(int from, int to,
           ranks_[static_cast<size_t>(to)], ranks_[static_cast<size_t>(from)], kCollectiveTimeoutEnv,
           kDefaultCollectiveTimeout.count());
     }
+    impl_.wait_word(p2p_posted_, seen, deadline);
   }
-  Message m = std::move(q.front());
-  q.pop_front();
   return m;
 }
 

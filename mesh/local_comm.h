@@ -1,5 +1,7 @@
-// The `local` launcher: every rank of the mesh is a thread of this process ("virtual ranks").
-// Each thread installs its own kernels::RankContext (rank, device, CUDA stream, memory tracker),
+// The `local` launcher: every rank of the mesh runs in this process ("virtual ranks"), as a thread
+// of its own or, with more host ranks than CPUs, as a fiber on one worker thread per CPU
+// (mesh/rank_fibers.h). Each rank installs its own kernels::RankContext (rank, device, CUDA
+// stream, memory tracker),
 // and collectives rendezvous in memory: members publish their buffers, wait for each other, then
 // each member computes its own output from the others' buffers (host memcpy, or device-to-device
 // copies and a rank-order reduction kernel on its own stream). Small host collectives publish a
@@ -19,6 +21,7 @@
 #include "kernels/runtime.h"
 #include "mesh/communicator.h"
 #include "mesh/device_mesh.h"
+#include "mesh/rank_fibers.h"
 
 namespace meshproof::mesh {
 
@@ -28,10 +31,21 @@ struct LocalWorldOptions {
   // How long a member waits for the others in one collective before failing (the watchdog;
   // default: MESHPROOF_COLLECTIVE_TIMEOUT or 300 s, mesh/communicator.h collective_timeout).
   std::chrono::milliseconds timeout = collective_timeout();
-  // Starts one rank's thread; empty: std::thread. Tests inject a start failure through it (a
-  // machine out of threads throws std::system_error from std::thread's constructor).
+  // Threads or fibers (default: MESHPROOF_VIRTUAL_RANKS, mesh/rank_fibers.h). kAuto: fibers when
+  // the host ranks outnumber the CPUs this process may use; device ranks are always threads.
+  RankThreading threading = rank_threading_from_env();
+  // Worker threads of the fibers; 0: as many as the CPUs this process may use (never more than
+  // the ranks). Tests set 1 to put every rank on one worker.
+  int fiber_workers = 0;
+  // Starts one thread (a rank's, or a fiber worker's); empty: std::thread. Tests inject a start
+  // failure through it (a machine out of threads throws std::system_error from std::thread's
+  // constructor).
   std::function<std::thread(std::function<void()>)> start_thread = nullptr;
 };
+
+// How a local world of `ranks` ranks runs them: the number of fiber worker threads, or 0 for one
+// thread per rank (also what the run rules count as the threads a run starts).
+int local_fiber_workers(int ranks, const LocalWorldOptions& options);
 
 class LocalWorld {
  public:

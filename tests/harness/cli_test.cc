@@ -155,5 +155,21 @@ TEST(CliTest, MalformedCollectiveTimeoutIsBadInput) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
+// So is the way virtual ranks run (MESHPROOF_VIRTUAL_RANKS, mesh/rank_fibers.h).
+TEST(CliTest, MalformedVirtualRanksIsBadInput) {
+  const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
+  const std::string out = ::testing::TempDir() + "cli_bad_virtual_ranks";
+  std::filesystem::remove_all(out);
+  setenv("MESHPROOF_VIRTUAL_RANKS", "coroutines", 1);
+  const CliResult r =
+      run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
+  unsetenv("MESHPROOF_VIRTUAL_RANKS");
+  EXPECT_EQ(r.code, kExitBadInput) << r.err;
+  EXPECT_NE(r.err.find("MESHPROOF_VIRTUAL_RANKS=coroutines: expected auto, threads or fibers"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 }  // namespace
 }  // namespace meshproof::harness

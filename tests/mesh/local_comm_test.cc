@@ -14,6 +14,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -53,12 +56,37 @@ LocalWorldOptions short_timeout() {
   return o;
 }
 
-class LocalCollectivesTest : public ::testing::TestWithParam<int> {};
+// How the ranks run (mesh/rank_fibers.h): a thread each, or fibers on one worker (every wait
+// must hand the worker to another rank) or on two (waits across workers). Explicit, so that every
+// machine tests all three whatever its CPU count would pick by default.
+struct Mode {
+  const char* name;
+  RankThreading threading;
+  int workers;
+};
+constexpr Mode kThreads{"threads", RankThreading::kThreads, 0};
+constexpr Mode kModes[] = {kThreads,
+                           {"fibers on 1 worker", RankThreading::kFibers, 1},
+                           {"fibers on 2 workers", RankThreading::kFibers, 2}};
+
+LocalWorldOptions options_for(const Mode& m,
+                              std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  LocalWorldOptions o;
+  o.timeout = timeout;
+  o.threading = m.threading;
+  o.fiber_workers = m.workers;
+  return o;
+}
+
+// (ranks, index into kModes)
+class LocalCollectivesTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(LocalCollectivesTest, AllCollectivesExact) {
-  const int n = GetParam();
+  const int n = std::get<0>(GetParam());
+  const Mode& mode = kModes[std::get<1>(GetParam())];
+  SCOPED_TRACE(mode.name);
   const int64_t count = 37;  // odd on purpose: nothing lines up with a vector width
-  LocalWorld world(DeviceMesh(1, n, 1), short_timeout());
+  LocalWorld world(DeviceMesh(1, n, 1), options_for(mode));
   world.run([&](RankComms& comms) {
     Communicator& c = comms.group({MeshDim::kDpShard});
     const int r = c.rank();
@@ -142,7 +170,8 @@ TEST_P(LocalCollectivesTest, AllCollectivesExact) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks1To8, LocalCollectivesTest, ::testing::Range(1, 9));
+INSTANTIATE_TEST_SUITE_P(Ranks1To8, LocalCollectivesTest,
+                         ::testing::Combine(::testing::Range(1, 9), ::testing::Range(0, 3)));
 
 TEST(LocalCommTest, MeshGroupsReduceOverTheirMembersOnly) {
   const DeviceMesh mesh(2, 2, 2);
@@ -269,80 +298,82 @@ TEST(LocalCommTest, BlockedRankOrderReductionEqualsTheElementwiseLoop) {
 // call before. Every member overwrites its input right after each call, one member per round is
 // late, and sizes alternate below and above the staging limit: every result stays exact.
 TEST(LocalCommTest, StagedCollectivesTolerateInputReuseAndLateMembers) {
-  for (int n : {3, 8}) {
-    LocalWorld world(DeviceMesh(1, n, 1), short_timeout());
-    world.run([&](RankComms& comms) {
-      Communicator& c = comms.group({MeshDim::kDpShard});
-      const int r = c.rank();
-      // Element counts per member: staged (4 and 37 floats) and read in place (80000 floats:
-      // every kind touches more than the 256 KiB limit).
-      const std::vector<int64_t> counts{4, 80000, 37, 37, 80000, 4};
-      for (int round = 0; round < 60; ++round) {
-        const int64_t count = counts[static_cast<size_t>(round) % counts.size()];
-        if (round % n == r) std::this_thread::sleep_for(std::chrono::microseconds(300));
-        const auto v = [&](int member, int64_t k) {
-          return static_cast<float>(member * 1000 + (k + round) % 251);
-        };
-        switch (round % 5) {
-          case 0: {
-            Tensor in = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
-            float* p = in.data<float>();
-            for (int64_t k = 0; k < count; ++k) p[k] = v(r, k);
-            Tensor out = Tensor::empty(Shape{n * count}, DType::kFloat32, kernels::Device::cpu());
-            c.all_gather(in, out);
-            std::fill(p, p + count, -1.0f);  // reused at once
-            const float* o = out.data<float>();
-            for (int s = 0; s < n; ++s)
+  for (const Mode& mode : kModes)
+    for (int n : {3, 8}) {
+      SCOPED_TRACE(mode.name);
+      LocalWorld world(DeviceMesh(1, n, 1), options_for(mode));
+      world.run([&](RankComms& comms) {
+        Communicator& c = comms.group({MeshDim::kDpShard});
+        const int r = c.rank();
+        // Element counts per member: staged (4 and 37 floats) and read in place (80000 floats:
+        // every kind touches more than the 256 KiB limit).
+        const std::vector<int64_t> counts{4, 80000, 37, 37, 80000, 4};
+        for (int round = 0; round < 60; ++round) {
+          const int64_t count = counts[static_cast<size_t>(round) % counts.size()];
+          if (round % n == r) std::this_thread::sleep_for(std::chrono::microseconds(300));
+          const auto v = [&](int member, int64_t k) {
+            return static_cast<float>(member * 1000 + (k + round) % 251);
+          };
+          switch (round % 5) {
+            case 0: {
+              Tensor in = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
+              float* p = in.data<float>();
+              for (int64_t k = 0; k < count; ++k) p[k] = v(r, k);
+              Tensor out = Tensor::empty(Shape{n * count}, DType::kFloat32, kernels::Device::cpu());
+              c.all_gather(in, out);
+              std::fill(p, p + count, -1.0f);  // reused at once
+              const float* o = out.data<float>();
+              for (int s = 0; s < n; ++s)
+                for (int64_t k = 0; k < count; ++k)
+                  ASSERT_EQ(o[s * count + k], v(s, k)) << "all_gather round " << round;
+              break;
+            }
+            case 1:
+            case 3: {
+              Tensor in = Tensor::empty(Shape{n * count}, DType::kFloat32, kernels::Device::cpu());
+              float* p = in.data<float>();
+              for (int64_t k = 0; k < n * count; ++k) p[k] = v(r, k);
+              Tensor out = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
+              c.reduce_scatter(in, out, ReduceOp::kSum);
+              std::fill(p, p + n * count, -1.0f);
+              const float* o = out.data<float>();
+              for (int64_t k = 0; k < count; ++k) {
+                float want = 0;
+                for (int s = 0; s < n; ++s) want += v(s, r * count + k);  // exact integers
+                ASSERT_EQ(o[k], want) << "reduce_scatter round " << round;
+              }
+              break;
+            }
+            case 2: {
+              Tensor buf = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
+              float* p = buf.data<float>();
+              for (int64_t k = 0; k < count; ++k) p[k] = v(r, k);
+              c.all_reduce(buf, round % 2 ? ReduceOp::kMax : ReduceOp::kSum);
+              for (int64_t k = 0; k < count; ++k) {
+                float want = round % 2 ? v(n - 1, k) : 0.0f;
+                if (round % 2 == 0)
+                  for (int s = 0; s < n; ++s) want += v(s, k);
+                ASSERT_EQ(p[k], want) << "all_reduce round " << round;
+              }
+              std::fill(p, p + count, -1.0f);
+              break;
+            }
+            case 4: {
+              const int root = round % n;
+              Tensor buf = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
+              float* p = buf.data<float>();
+              for (int64_t k = 0; k < count; ++k) p[k] = v(r, k);
+              c.broadcast(buf, root);
               for (int64_t k = 0; k < count; ++k)
-                ASSERT_EQ(o[s * count + k], v(s, k)) << "all_gather round " << round;
-            break;
-          }
-          case 1:
-          case 3: {
-            Tensor in = Tensor::empty(Shape{n * count}, DType::kFloat32, kernels::Device::cpu());
-            float* p = in.data<float>();
-            for (int64_t k = 0; k < n * count; ++k) p[k] = v(r, k);
-            Tensor out = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
-            c.reduce_scatter(in, out, ReduceOp::kSum);
-            std::fill(p, p + n * count, -1.0f);
-            const float* o = out.data<float>();
-            for (int64_t k = 0; k < count; ++k) {
-              float want = 0;
-              for (int s = 0; s < n; ++s) want += v(s, r * count + k);  // exact integers
-              ASSERT_EQ(o[k], want) << "reduce_scatter round " << round;
+                ASSERT_EQ(p[k], v(root, k)) << "broadcast round " << round;
+              std::fill(p, p + count, -1.0f);
+              c.barrier();
+              break;
             }
-            break;
-          }
-          case 2: {
-            Tensor buf = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
-            float* p = buf.data<float>();
-            for (int64_t k = 0; k < count; ++k) p[k] = v(r, k);
-            c.all_reduce(buf, round % 2 ? ReduceOp::kMax : ReduceOp::kSum);
-            for (int64_t k = 0; k < count; ++k) {
-              float want = round % 2 ? v(n - 1, k) : 0.0f;
-              if (round % 2 == 0)
-                for (int s = 0; s < n; ++s) want += v(s, k);
-              ASSERT_EQ(p[k], want) << "all_reduce round " << round;
-            }
-            std::fill(p, p + count, -1.0f);
-            break;
-          }
-          case 4: {
-            const int root = round % n;
-            Tensor buf = Tensor::empty(Shape{count}, DType::kFloat32, kernels::Device::cpu());
-            float* p = buf.data<float>();
-            for (int64_t k = 0; k < count; ++k) p[k] = v(r, k);
-            c.broadcast(buf, root);
-            for (int64_t k = 0; k < count; ++k)
-              ASSERT_EQ(p[k], v(root, k)) << "broadcast round " << round;
-            std::fill(p, p + count, -1.0f);
-            c.barrier();
-            break;
           }
         }
-      }
-    });
-  }
+      });
+    }
 }
 
 #if defined(__linux__)
@@ -394,31 +425,33 @@ TEST(LocalCommTest, RanksOutnumberingTheCpusArePinnedEvenly) {
 #endif
 
 TEST(LocalCommTest, MissingRankTimesOutWithClearError) {
-  LocalWorldOptions opts;
-  opts.timeout = std::chrono::milliseconds(300);
-  LocalWorld world(DeviceMesh(1, 4, 1), opts);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    world.run([&](RankComms& comms) {
-      if (comms.rank() == 3) return;  // never arrives
-      Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{1.0f});
-      comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
-    });
-    FAIL() << "expected a timeout";
-  } catch (const kernels::Error& e) {
-    EXPECT_EQ(e.kind(), kernels::ErrorKind::kRuntime);
-    const std::string msg = e.message();
-    EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("dp_shard group of ranks [0, 1, 2, 3]"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("ranks [3] never arrived"), std::string::npos) << msg;
-    // As specific as the mpi watchdog: which call, which phase, who waited, how to change it.
-    EXPECT_NE(msg.find("local all_reduce (call 1 on this group, arrival phase)"), std::string::npos)
-        << msg;
-    EXPECT_NE(msg.find("timed out after 0.300 s on rank "), std::string::npos) << msg;
-    EXPECT_NE(msg.find("MESHPROOF_COLLECTIVE_TIMEOUT sets the limit"), std::string::npos) << msg;
+  for (const Mode& mode : kModes) {
+    SCOPED_TRACE(mode.name);
+    LocalWorld world(DeviceMesh(1, 4, 1), options_for(mode, std::chrono::milliseconds(300)));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      world.run([&](RankComms& comms) {
+        if (comms.rank() == 3) return;  // never arrives
+        Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{1.0f});
+        comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
+      });
+      FAIL() << "expected a timeout";
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kRuntime);
+      const std::string msg = e.message();
+      EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("dp_shard group of ranks [0, 1, 2, 3]"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("ranks [3] never arrived"), std::string::npos) << msg;
+      // As specific as the mpi watchdog: which call, which phase, who waited, how to change it.
+      EXPECT_NE(msg.find("local all_reduce (call 1 on this group, arrival phase)"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("timed out after 0.300 s on rank "), std::string::npos) << msg;
+      EXPECT_NE(msg.find("MESHPROOF_COLLECTIVE_TIMEOUT sets the limit"), std::string::npos) << msg;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 30.0);  // not a hang: 0.3 s timeout, generous bound for a loaded 2-core machine
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(s, 30.0);  // not a hang: 0.3 s timeout, generous bound for a loaded 2-core machine
 }
 
 // The watchdog's limit comes from MESHPROOF_COLLECTIVE_TIMEOUT (seconds) for both launchers;
@@ -451,22 +484,25 @@ TEST(LocalCommTest, CollectiveTimeoutFromEnvironment) {
 }
 
 TEST(LocalCommTest, ExceptionOnOneRankAbortsTheOthers) {
-  // Default 300 s timeout: the others must be woken by the abort, not by their timeout.
-  LocalWorld world(DeviceMesh(1, 4, 1));
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    world.run([&](RankComms& comms) {
-      if (comms.rank() == 2) MP_FAIL_INPUT("rank two rejects its input");
-      Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{1.0f});
-      comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
-    });
-    FAIL() << "expected the rank-2 error";
-  } catch (const kernels::Error& e) {
-    EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
-    EXPECT_EQ(e.message(), "rank 2: rank two rejects its input");
+  for (const Mode& mode : kModes) {
+    SCOPED_TRACE(mode.name);
+    // Default 300 s timeout: the others must be woken by the abort, not by their timeout.
+    LocalWorld world(DeviceMesh(1, 4, 1), options_for(mode, std::chrono::seconds(300)));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      world.run([&](RankComms& comms) {
+        if (comms.rank() == 2) MP_FAIL_INPUT("rank two rejects its input");
+        Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{1.0f});
+        comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
+      });
+      FAIL() << "expected the rank-2 error";
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+      EXPECT_EQ(e.message(), "rank 2: rank two rejects its input");
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 30.0);
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(s, 30.0);
 }
 
 TEST(LocalCommTest, ThreadStartFailureIsAnErrorNotTerminate) {
@@ -474,7 +510,7 @@ TEST(LocalCommTest, ThreadStartFailureIsAnErrorNotTerminate) {
   // of joinable threads was destroyed during unwinding: std::terminate. Now the started ranks
   // (waiting in a collective for the missing ones) are aborted and joined, and run() throws.
   // Default 300 s timeout: the abort must wake them, not their timeout.
-  LocalWorldOptions o;
+  LocalWorldOptions o = options_for(kThreads, std::chrono::seconds(300));
   int started = 0;
   o.start_thread = [&started](std::function<void()> body) {
     if (started == 2) {
@@ -642,58 +678,61 @@ namespace {
 // the next and gets one back, bit for bit (fp32 with NaN payloads and denormals, bf16, uint8),
 // in send order (two messages per hop), and the stats count each call and its bytes.
 TEST(LocalP2pTest, SendRecvIsBitwiseOrderedAndCounted) {
-  const DeviceMesh mesh(1, 2, 1, 4);
-  LocalWorld world(mesh, short_timeout());
-  world.run([&](RankComms& comms) {
-    Communicator& pp = comms.group({MeshDim::kPp});
-    ASSERT_EQ(pp.size(), 4);
-    EXPECT_EQ(pp.ranks(), mesh.group_ranks(comms.rank(), {MeshDim::kPp}));
-    const int s = pp.rank();
-    const auto bits_of = [](int from, int which) {
-      std::vector<uint32_t> v = {0x7fc00001u + static_cast<uint32_t>(from),  // NaN payload
-                                 0x00000001u,                                // denormal
-                                 0x80000000u,                                // -0
-                                 static_cast<uint32_t>(from * 1000 + which)};
-      Tensor t = Tensor::empty(Shape{4}, DType::kFloat32, kernels::Device::cpu());
-      std::memcpy(t.raw_data(), v.data(), 16);
-      return t;
-    };
-    if (s + 1 < pp.size()) {
-      pp.send(bits_of(s, 0), s + 1);
-      pp.send(bits_of(s, 1), s + 1);
-      Tensor bytes = Tensor::from_vector(Shape{3}, std::vector<uint8_t>{1, 2, uint8_t(s)});
-      pp.send(bytes, s + 1);
-    }
-    if (s > 0) {
-      for (int which = 0; which < 2; ++which) {
-        Tensor got = Tensor::empty(Shape{4}, DType::kFloat32, kernels::Device::cpu());
-        pp.recv(got, s - 1);
-        EXPECT_EQ(std::memcmp(got.raw_data(), bits_of(s - 1, which).raw_data(), 16), 0)
-            << "stage " << s << " message " << which;
+  for (const Mode& mode : kModes) {
+    SCOPED_TRACE(mode.name);
+    const DeviceMesh mesh(1, 2, 1, 4);
+    LocalWorld world(mesh, options_for(mode));
+    world.run([&](RankComms& comms) {
+      Communicator& pp = comms.group({MeshDim::kPp});
+      ASSERT_EQ(pp.size(), 4);
+      EXPECT_EQ(pp.ranks(), mesh.group_ranks(comms.rank(), {MeshDim::kPp}));
+      const int s = pp.rank();
+      const auto bits_of = [](int from, int which) {
+        std::vector<uint32_t> v = {0x7fc00001u + static_cast<uint32_t>(from),  // NaN payload
+                                   0x00000001u,                                // denormal
+                                   0x80000000u,                                // -0
+                                   static_cast<uint32_t>(from * 1000 + which)};
+        Tensor t = Tensor::empty(Shape{4}, DType::kFloat32, kernels::Device::cpu());
+        std::memcpy(t.raw_data(), v.data(), 16);
+        return t;
+      };
+      if (s + 1 < pp.size()) {
+        pp.send(bits_of(s, 0), s + 1);
+        pp.send(bits_of(s, 1), s + 1);
+        Tensor bytes = Tensor::from_vector(Shape{3}, std::vector<uint8_t>{1, 2, uint8_t(s)});
+        pp.send(bytes, s + 1);
       }
-      Tensor bytes = Tensor::empty(Shape{3}, DType::kUInt8, kernels::Device::cpu());
-      pp.recv(bytes, s - 1);
-      EXPECT_EQ(bytes.to_vector<uint8_t>(), (std::vector<uint8_t>{1, 2, uint8_t(s - 1)}));
-    }
-    // The way back (gradients), bf16.
-    if (s > 0) {
-      Tensor g = Tensor::from_vector(Shape{2}, std::vector<float>{float(s), -float(s)});
-      pp.send(kernels::cast_to(g, DType::kBFloat16), s - 1);
-    }
-    if (s + 1 < pp.size()) {
-      Tensor got = Tensor::empty(Shape{2}, DType::kBFloat16, kernels::Device::cpu());
-      pp.recv(got, s + 1);
-      EXPECT_EQ(kernels::cast_to(got, DType::kFloat32).to_vector<float>(),
-                (std::vector<float>{float(s + 1), -float(s + 1)}));
-    }
-    const int64_t sends = (s + 1 < pp.size() ? 3 : 0) + (s > 0 ? 1 : 0);
-    const int64_t recvs = (s > 0 ? 3 : 0) + (s + 1 < pp.size() ? 1 : 0);
-    EXPECT_EQ(pp.stats(CollectiveKind::kSend).count, sends);
-    EXPECT_EQ(pp.stats(CollectiveKind::kRecv).count, recvs);
-    if (s == 0) {
-      EXPECT_EQ(pp.stats(CollectiveKind::kSend).bytes.value, 16 + 16 + 3);
-    }
-  });
+      if (s > 0) {
+        for (int which = 0; which < 2; ++which) {
+          Tensor got = Tensor::empty(Shape{4}, DType::kFloat32, kernels::Device::cpu());
+          pp.recv(got, s - 1);
+          EXPECT_EQ(std::memcmp(got.raw_data(), bits_of(s - 1, which).raw_data(), 16), 0)
+              << "stage " << s << " message " << which;
+        }
+        Tensor bytes = Tensor::empty(Shape{3}, DType::kUInt8, kernels::Device::cpu());
+        pp.recv(bytes, s - 1);
+        EXPECT_EQ(bytes.to_vector<uint8_t>(), (std::vector<uint8_t>{1, 2, uint8_t(s - 1)}));
+      }
+      // The way back (gradients), bf16.
+      if (s > 0) {
+        Tensor g = Tensor::from_vector(Shape{2}, std::vector<float>{float(s), -float(s)});
+        pp.send(kernels::cast_to(g, DType::kBFloat16), s - 1);
+      }
+      if (s + 1 < pp.size()) {
+        Tensor got = Tensor::empty(Shape{2}, DType::kBFloat16, kernels::Device::cpu());
+        pp.recv(got, s + 1);
+        EXPECT_EQ(kernels::cast_to(got, DType::kFloat32).to_vector<float>(),
+                  (std::vector<float>{float(s + 1), -float(s + 1)}));
+      }
+      const int64_t sends = (s + 1 < pp.size() ? 3 : 0) + (s > 0 ? 1 : 0);
+      const int64_t recvs = (s > 0 ? 3 : 0) + (s + 1 < pp.size() ? 1 : 0);
+      EXPECT_EQ(pp.stats(CollectiveKind::kSend).count, sends);
+      EXPECT_EQ(pp.stats(CollectiveKind::kRecv).count, recvs);
+      if (s == 0) {
+        EXPECT_EQ(pp.stats(CollectiveKind::kSend).bytes.value, 16 + 16 + 3);
+      }
+    });
+  }
 }
 
 // A receive into a buffer of another dtype or size fails naming both ends; a peer outside the
@@ -731,44 +770,235 @@ TEST(LocalP2pTest, MismatchesBadPeersAndMissingSendersAreErrors) {
       }
     }
   });
-  LocalWorldOptions opts;
-  opts.timeout = std::chrono::milliseconds(300);
-  LocalWorld silent(DeviceMesh(1, 1, 1, 2), opts);
-  try {
-    silent.run([&](RankComms& comms) {
-      Communicator& pp = comms.group({MeshDim::kPp});
-      if (pp.rank() == 1) {
-        Tensor t = Tensor::empty(Shape{1}, DType::kFloat32, kernels::Device::cpu());
-        pp.recv(t, 0);
-      }
-    });
-    FAIL() << "expected a timeout";
-  } catch (const kernels::Error& e) {
-    EXPECT_EQ(e.kind(), kernels::ErrorKind::kRuntime);
-    EXPECT_NE(e.message().find("local recv on pp group of ranks [0, 1] timed out"),
-              std::string::npos)
-        << e.message();
-    EXPECT_NE(e.message().find("rank 0 never sent"), std::string::npos) << e.message();
+  for (const Mode& mode : kModes) {
+    SCOPED_TRACE(mode.name);
+    LocalWorld silent(DeviceMesh(1, 1, 1, 2), options_for(mode, std::chrono::milliseconds(300)));
+    try {
+      silent.run([&](RankComms& comms) {
+        Communicator& pp = comms.group({MeshDim::kPp});
+        if (pp.rank() == 1) {
+          Tensor t = Tensor::empty(Shape{1}, DType::kFloat32, kernels::Device::cpu());
+          pp.recv(t, 0);
+        }
+      });
+      FAIL() << "expected a timeout";
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kRuntime);
+      EXPECT_NE(e.message().find("local recv on pp group of ranks [0, 1] timed out"),
+                std::string::npos)
+          << e.message();
+      EXPECT_NE(e.message().find("rank 0 never sent"), std::string::npos) << e.message();
+    }
   }
 }
 
 // An error on one stage wakes a stage waiting in recv (abort), instead of leaving it to time out.
 TEST(LocalP2pTest, ExceptionOnOneStageAbortsAWaitingRecv) {
-  LocalWorld world(DeviceMesh(1, 1, 1, 2), short_timeout());
+  for (const Mode& mode : kModes) {
+    SCOPED_TRACE(mode.name);
+    LocalWorld world(DeviceMesh(1, 1, 1, 2), options_for(mode));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      world.run([&](RankComms& comms) {
+        Communicator& pp = comms.group({MeshDim::kPp});
+        if (pp.rank() == 0) MP_FAIL("stage 0 failed");
+        Tensor t = Tensor::empty(Shape{1}, DType::kFloat32, kernels::Device::cpu());
+        pp.recv(t, 0);
+      });
+      FAIL() << "expected the stage's error";
+    } catch (const kernels::Error& e) {
+      EXPECT_NE(e.message().find("stage 0 failed"), std::string::npos) << e.message();
+    }
+    // Hang guard only: far below the 20 s timeout means the abort woke the receiver.
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+  }
+}
+
+// ---- virtual ranks as fibers (mesh/rank_fibers.h) ---------------------------------------------
+
+// Raises a barrier while the stack unwinds: the rank waits with an exception in flight.
+struct BarrierWhileUnwinding {
+  Communicator& c;
+  int& uncaught_seen;
+  ~BarrierWhileUnwinding() {
+    c.barrier();
+    uncaught_seen = std::uncaught_exceptions();
+  }
+};
+
+// Each rank sees its own rank context (rank, memory tracker) and its own exception state across
+// the waits in which its worker runs the other ranks: every rank waits inside a catch block (then
+// rethrows with `throw;`, which reads the chain of caught exceptions) and during unwinding, while
+// the other ranks throw and catch their own. Without the swap of the C++ runtime's exception state
+// a rank on a shared worker rethrows another rank's exception.
+TEST(RankFibers, RankContextAndExceptionStateArePerRank) {
+  for (const Mode& mode : kModes) {
+    SCOPED_TRACE(mode.name);
+    const int n = 5;
+    LocalWorld world(DeviceMesh(1, n, 1), options_for(mode));
+    world.run([&](RankComms& comms) {
+      Communicator& c = comms.group({MeshDim::kDpShard});
+      const int r = comms.rank();
+      // A buffer of the rank's own size, accounted to the rank's own tracker.
+      const Tensor mine =
+          Tensor::zeros(Shape{(r + 1) * 1000}, DType::kFloat32, kernels::Device::cpu());
+      for (int round = 0; round < 3; ++round) {
+        const std::string what = fmt::format("rank {} round {}", r, round);
+        try {
+          throw std::runtime_error(what);
+        } catch (const std::runtime_error& e) {
+          c.barrier();  // the others throw and catch theirs meanwhile
+          EXPECT_EQ(std::string(e.what()), what);
+          EXPECT_EQ(std::uncaught_exceptions(), 0);
+          try {
+            throw;
+          } catch (const std::runtime_error& again) {
+            EXPECT_EQ(std::string(again.what()), what) << "rethrew another rank's exception";
+          }
+        }
+        EXPECT_EQ(std::current_exception(), nullptr);
+        int uncaught_seen = -1;
+        try {
+          BarrierWhileUnwinding guard{c, uncaught_seen};
+          throw std::logic_error(what);
+        } catch (const std::logic_error& e) {
+          EXPECT_EQ(std::string(e.what()), what);
+        }
+        EXPECT_EQ(uncaught_seen, 1);
+        EXPECT_EQ(kernels::current_context().rank, r);
+      }
+      EXPECT_EQ(kernels::current_context().rank, r);
+      EXPECT_EQ(kernels::current_context().memory->current(kernels::DeviceType::kCpu).value,
+                mine.nbytes().value);
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(world.memory(r).peak(kernels::DeviceType::kCpu).value, (r + 1) * 1000 * 4)
+          << "rank " << r;
+    }
+  }
+}
+
+// Fibers run on as many worker threads as asked (never more than the ranks), rank r on worker
+// r mod workers for its whole life; a thread per rank otherwise.
+TEST(RankFibers, RanksStayOnTheirWorkers) {
+  for (const Mode& mode : kModes) {
+    SCOPED_TRACE(mode.name);
+    const int n = 6;
+    std::vector<std::vector<std::thread::id>> seen(n);
+    LocalWorld world(DeviceMesh(1, n, 1), options_for(mode));
+    world.run([&](RankComms& comms) {
+      Communicator& c = comms.group({MeshDim::kDpShard});
+      auto& mine = seen[static_cast<size_t>(comms.rank())];
+      for (int i = 0; i < 4; ++i) {
+        mine.push_back(std::this_thread::get_id());
+        Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{1.0f});
+        c.all_reduce(t, ReduceOp::kSum);
+      }
+    });
+    const int threads = mode.workers > 0 ? mode.workers : n;
+    std::set<std::thread::id> distinct;
+    for (int r = 0; r < n; ++r) {
+      const auto& ids = seen[static_cast<size_t>(r)];
+      ASSERT_EQ(ids.size(), 4u);
+      for (const auto& id : ids) EXPECT_EQ(id, ids[0]) << "rank " << r << " changed threads";
+      distinct.insert(ids[0]);
+      if (mode.workers > 0 && r >= mode.workers) {
+        EXPECT_EQ(ids[0], seen[static_cast<size_t>(r - mode.workers)][0]) << "rank " << r;
+      }
+    }
+    EXPECT_EQ(static_cast<int>(distinct.size()), threads);
+  }
+}
+
+// Which way a world runs: a thread per rank when asked, for device ranks and for one rank; fibers
+// when asked (workers: the option, else the CPUs, never more than the ranks); auto: fibers only
+// when the host ranks outnumber the CPUs this process may use.
+TEST(RankFibers, ThreadingDecision) {
+  LocalWorldOptions o;
+  o.threading = RankThreading::kThreads;
+  EXPECT_EQ(local_fiber_workers(64, o), 0);
+  o.threading = RankThreading::kFibers;
+  EXPECT_EQ(local_fiber_workers(1, o), 0);
+  o.fiber_workers = 3;
+  EXPECT_EQ(local_fiber_workers(8, o), 3);
+  EXPECT_EQ(local_fiber_workers(2, o), 2);
+  o.device = kernels::Device::cuda(0);
+  EXPECT_EQ(local_fiber_workers(8, o), 0);
+  o = LocalWorldOptions{};
+  o.threading = RankThreading::kAuto;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cpus = CPU_COUNT(&set);
+  EXPECT_EQ(local_fiber_workers(cpus, o), 0);
+  EXPECT_EQ(local_fiber_workers(cpus + 1, o), cpus);
+  EXPECT_EQ(local_fiber_workers(4 * cpus, o), cpus);
+#endif
+}
+
+// MESHPROOF_VIRTUAL_RANKS: auto (or unset), threads, fibers; anything else is an input error
+// naming the variable.
+TEST(RankFibers, ThreadingFromEnvironment) {
+  const char* saved = std::getenv(kVirtualRanksEnv);
+  const std::string keep = saved ? saved : "";
+  unsetenv(kVirtualRanksEnv);
+  EXPECT_EQ(rank_threading_from_env(), RankThreading::kAuto);
+  for (RankThreading t : {RankThreading::kAuto, RankThreading::kThreads, RankThreading::kFibers}) {
+    setenv(kVirtualRanksEnv, rank_threading_name(t), 1);
+    EXPECT_EQ(rank_threading_from_env(), t);
+    EXPECT_EQ(LocalWorldOptions{}.threading, t);
+  }
+  for (const char* bad : {"fiber", "THREADS", "1"}) {
+    setenv(kVirtualRanksEnv, bad, 1);
+    try {
+      (void)rank_threading_from_env();
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const kernels::Error& e) {
+      EXPECT_EQ(e.kind(), kernels::ErrorKind::kInput);
+      EXPECT_NE(e.message().find(std::string("MESHPROOF_VIRTUAL_RANKS=") + bad +
+                                 ": expected auto, threads or fibers"),
+                std::string::npos)
+          << e.message();
+    }
+  }
+  if (saved) {
+    setenv(kVirtualRanksEnv, keep.c_str(), 1);
+  } else {
+    unsetenv(kVirtualRanksEnv);
+  }
+}
+
+// A fiber worker thread that cannot start: the running workers' ranks are aborted and joined,
+// and run() names the worker and its ranks (not the aborts it caused).
+TEST(RankFibers, WorkerStartFailureIsAnError) {
+  LocalWorldOptions o = options_for(kModes[2], std::chrono::seconds(300));
+  int started = 0;
+  o.start_thread = [&started](std::function<void()> body) {
+    if (started == 1) {
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                              "thread start refused by the test");
+    }
+    ++started;
+    return std::thread(std::move(body));
+  };
+  LocalWorld world(DeviceMesh(1, 4, 1), o);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     world.run([&](RankComms& comms) {
-      Communicator& pp = comms.group({MeshDim::kPp});
-      if (pp.rank() == 0) MP_FAIL("stage 0 failed");
-      Tensor t = Tensor::empty(Shape{1}, DType::kFloat32, kernels::Device::cpu());
-      pp.recv(t, 0);
+      Tensor t = Tensor::from_vector(Shape{1}, std::vector<float>{1.0f});
+      comms.group({MeshDim::kDpShard}).all_reduce(t, ReduceOp::kSum);
     });
-    FAIL() << "expected the stage's error";
+    FAIL() << "expected the worker-start error";
   } catch (const kernels::Error& e) {
-    EXPECT_NE(e.message().find("stage 0 failed"), std::string::npos) << e.message();
+    EXPECT_EQ(e.kind(), kernels::ErrorKind::kRuntime);
+    EXPECT_NE(e.message().find("could not start fiber worker thread 1 of 2 (ranks 1, 3, ...; 1 "
+                               "running): thread start refused by the test"),
+              std::string::npos)
+        << e.message();
   }
-  // Hang guard only: far below the 20 s timeout means the abort woke the receiver.
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+  // Not the 300 s timeout; generous for a loaded 2-core machine.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
 }
 
 }  // namespace

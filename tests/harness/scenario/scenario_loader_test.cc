@@ -27,6 +27,7 @@
 #include "harness/train_run.h"
 #include "harness/validate_verb.h"
 #include "kernels/error.h"
+#include "mesh/local_comm.h"
 #include "tests/harness/cli_run.h"
 #include "tests/harness/scenario/source_dir.h"
 
@@ -878,12 +879,34 @@ TEST(ScenarioRules, ResourceRulesUseTheMachineLimits) {
   engine::RunOptions o = options_of("mesh:\n  dp_shard: 8\n");
   o.config.training.batch = 8;
   engine::HostLimits tight{.memory_bytes = 1 << 20, .max_threads = 4};
+  // A thread per rank (MESHPROOF_VIRTUAL_RANKS=threads): 8 threads for 8 ranks.
+  const char* saved = std::getenv(mesh::kVirtualRanksEnv);
+  const std::string keep = saved ? saved : "";
+  setenv(mesh::kVirtualRanksEnv, "threads", 1);
   const std::vector<engine::ConfigIssue> issues = engine::check_run(o, tight);
+  // As fibers, one worker thread per CPU (at most 8): what the local world would start.
+  setenv(mesh::kVirtualRanksEnv, "fibers", 1);
+  const std::vector<engine::ConfigIssue> fiber_issues = engine::check_run(o, tight);
+  mesh::LocalWorldOptions fibers;
+  const int workers = mesh::local_fiber_workers(8, fibers);
+  if (saved) {
+    setenv(mesh::kVirtualRanksEnv, keep.c_str(), 1);
+  } else {
+    unsetenv(mesh::kVirtualRanksEnv);
+  }
+  ASSERT_GE(workers, 1);
+  ASSERT_EQ(fiber_issues.size(), workers > 4 ? 2u : 1u);
+  if (workers > 4) {
+    EXPECT_EQ(fiber_issues[0].message,
+              fmt::format("launcher local runs 8 ranks on {} threads (fibers on one worker per "
+                          "CPU), but this process may start at most 4 threads here",
+                          workers));
+  }
   ASSERT_EQ(issues.size(), 2u);
   EXPECT_EQ(issues[0].key_path, "mesh");
   EXPECT_EQ(issues[0].message,
-            "launcher local runs one thread per rank: 8 ranks, but this process may start at "
-            "most 4 threads here");
+            "launcher local runs 8 ranks on 8 threads (one per rank), but this process may start "
+            "at most 4 threads here");
   EXPECT_EQ(issues[1].key_path, "model");
   EXPECT_NE(issues[1].message.find("this machine has 0.00 GiB"), std::string::npos)
       << issues[1].message;
