@@ -624,15 +624,18 @@ MicroKernel select_kernel(bool swapped) {
   return swapped ? micro_kernel_portable<true> : micro_kernel_portable<false>;
 }
 
-// The A operand of gemm_packed: packed kMr-row panels (pack_panels), or an fp32 matrix stored
-// [R, K] read in place.
+// The A operand of gemm_packed: packed kMr-row panels (pack_panels), or an fp32 matrix read in
+// place, stored [R, K] (canonical) or [K, R] (k_major: the transposed weight of a dgrad).
 struct ASource {
   const float* data;
   bool panels;
+  bool k_major = false;
   ATile tile(int64_t ip, int64_t k0, int64_t R, int64_t K) const {
     if (panels) return {data + ip * K * kMr + k0 * kMr, 1, kMr, kMr};
     const int64_t i0 = ip * kMr;
-    return {data + i0 * K + k0, K, 1, static_cast<int>(std::min<int64_t>(kMr, R - i0))};
+    const int rows = static_cast<int>(std::min<int64_t>(kMr, R - i0));
+    if (k_major) return {data + k0 * R + i0, 1, R, rows};
+    return {data + i0 * K + k0, K, 1, rows};
   }
 };
 
@@ -682,13 +685,17 @@ void gemm_packed(const ASource& a, const float* bpack, float* c, int64_t R, int6
 // same bits (every element is the same k-ordered sum of the same A x B products):
 //  - plain: the kernel's A is the GEMM's A (read in place when it is a canonical fp32 matrix,
 //    packed otherwise) and its B panels are the GEMM's B, packed;
-//  - swapped: C^T = B · A^T; the kernel reads the GEMM's B in place (a canonical fp32 matrix
-//    only), packs the GEMM's A into B panels, and C^T is transposed into the output.
-// The cheaper one by elements moved (packing a matrix, transposing C^T) runs.
+//  - swapped: C^T = B · A^T; the kernel reads the GEMM's B in place (an fp32 matrix, stored
+//    canonical or transposed: a dgrad's weight), packs the GEMM's A into B panels, and C^T is
+//    transposed into the output.
+// The cheaper one by elements moved (packing a matrix, transposing C^T) runs. The plain plan
+// reads only a canonical A in place: a transposed A (a wgrad's output gradient) is packed, so that
+// the kernel's A reads stay contiguous where A is large.
 bool in_place(const StoredView& v) { return v.kind == StoredView::Kind::kF32 && v.canonical; }
+bool in_place_swapped(const StoredView& v) { return v.kind == StoredView::Kind::kF32; }
 
 bool swap_operands(const StoredView& a, const StoredView& b, int64_t R, int64_t S, int64_t K) {
-  if (!in_place(b)) return false;
+  if (!in_place_swapped(b)) return false;
   const int64_t plain = (in_place(a) ? 0 : R * K) + S * K;
   const int64_t swapped = R * K + R * S;
   return swapped < plain;
@@ -706,8 +713,9 @@ void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
   const int64_t xr = swap ? S : R, yr = swap ? R : S;
   float* row = row_buf.get(static_cast<size_t>(std::max({av.cols, bv.cols, int64_t{1}})));
   ASource asrc{static_cast<const float*>(x.data), true};
-  if (in_place(x)) {
+  if (swap || in_place(x)) {  // swapped: x is the GEMM's fp32 B (swap_operands)
     asrc.panels = false;
+    asrc.k_major = !x.canonical;
   } else {
     float* apack = a_buf.get(static_cast<size_t>((xr + kMr - 1) / kMr * kMr * K + 1));
     pack_panels(x, xr, K, kMr, apack, row);

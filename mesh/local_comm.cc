@@ -661,7 +661,15 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
     std::function<void()> body = [&, t] {
       if (!cpus.empty()) pin_to_cpu(cpus[static_cast<size_t>(t)]);
       if (fibers) {
-        fibers->work(t, run_rank);
+        // work() throws only before its first fiber runs (a failed getcontext): abort the world
+        // so the other workers' ranks stop waiting for this worker's.
+        try {
+          fibers->work(t, run_rank);
+        } catch (const std::exception& e) {
+          impl.fail(std::make_exception_ptr(
+              kernels::Error(kernels::ErrorKind::kRuntime, __FILE__, __LINE__, "",
+                             fmt::format("fiber worker {}: {}", t, e.what()))));
+        }
       } else {
         run_rank(t);
       }
