@@ -9,6 +9,7 @@
 #include "kernels/build_info.h"
 #include "kernels/device.h"
 #include "mesh/library_info.h"
+#include "mesh/rank_fibers.h"
 
 namespace meshproof::harness {
 
@@ -40,6 +41,8 @@ reports::EnvironmentRecord collect_environment() {
   env.mpi_version = comm.mpi_version;
   env.mpi_library = comm.mpi_library;
   env.mpi_launched = comm.mpi_launched;
+  env.cpus = mesh::usable_cpus();
+  env.virtual_ranks = mesh::rank_threading_name(mesh::rank_threading_from_env());
   for (const kernels::GpuInfo& g : cuda.gpus) {
     env.gpus.push_back(reports::GpuRecord{g.index, g.name,
                                           fmt::format("{}.{}", g.cc_major, g.cc_minor),
@@ -68,6 +71,16 @@ void print_environment(const reports::EnvironmentRecord& env, std::ostream& out)
     fmt::print(out, "NCCL              {}\n", env.nccl);
   }
   fmt::print(out, "HDF5              {}\n", env.hdf5);
+  // How the local launcher's host ranks run here (mesh/rank_fibers.h).
+  const std::string ranks = env.virtual_ranks == "threads" ? "a thread per rank"
+                            : env.virtual_ranks == "fibers"
+                                ? fmt::format("fibers on up to {} worker threads", env.cpus)
+                                : fmt::format(
+                                      "a thread per rank up to {} ranks, beyond that "
+                                      "fibers on {} worker threads",
+                                      env.cpus, env.cpus);
+  fmt::print(out, "CPUs              {} usable; virtual ranks {} ({}, {})\n", env.cpus,
+             env.virtual_ranks, ranks, "MESHPROOF_VIRTUAL_RANKS");
   if (env.mpi_compiled) {
     fmt::print(out, "MPI               {} (MPI {}){}\n", env.mpi_library, env.mpi_version,
                env.mpi_launched ? ", launched under mpirun" : "");

@@ -699,14 +699,7 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
 int local_fiber_workers(int ranks, const LocalWorldOptions& options) {
   if (!options.device.is_cpu() || ranks <= 1 || options.threading == RankThreading::kThreads)
     return 0;
-  int cpus = 1;
-#if defined(__linux__)
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) cpus = std::max(1, CPU_COUNT(&allowed));
-#else
-  cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-#endif
+  const int cpus = usable_cpus();
   if (options.threading == RankThreading::kAuto && (!fibers_supported() || ranks <= cpus)) return 0;
   MP_CHECK_INPUT(fibers_supported(), "{}=fibers: virtual ranks as fibers need Linux (use threads)",
                  kVirtualRanksEnv);

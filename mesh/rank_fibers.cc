@@ -10,6 +10,7 @@
 #if defined(__linux__)
 #include <cxxabi.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
@@ -62,6 +63,17 @@ bool fibers_supported() {
   return true;
 #else
   return false;
+#endif
+}
+
+int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) return std::max(1, CPU_COUNT(&allowed));
+  return 1;
+#else
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 #endif
 }
 

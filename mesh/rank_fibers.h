@@ -38,6 +38,8 @@ RankThreading rank_threading_from_env();
 const char* rank_threading_name(RankThreading t);
 // Whether this build and platform can run ranks as fibers (Linux: ucontext and futexes).
 bool fibers_supported();
+// The CPUs this process may use (its affinity mask on Linux; else the hardware's), at least 1.
+int usable_cpus();
 
 namespace detail {
 

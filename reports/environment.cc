@@ -35,6 +35,8 @@ nlohmann::json to_json(const EnvironmentRecord& env) {
         {"library", env.mpi_library},
         {"launched", env.mpi_launched}}},
       {"gpus", gpus},
+      {"cpus", env.cpus},
+      {"virtual_ranks", env.virtual_ranks},
   };
 }
 

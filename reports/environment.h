@@ -37,6 +37,8 @@ struct EnvironmentRecord {
   std::string mpi_library;
   bool mpi_launched = false;
   std::vector<GpuRecord> gpus;
+  int cpus = 0;               // CPUs this process may use (its affinity mask)
+  std::string virtual_ranks;  // MESHPROOF_VIRTUAL_RANKS: "auto", "threads" or "fibers"
 };
 
 nlohmann::json to_json(const EnvironmentRecord& env);

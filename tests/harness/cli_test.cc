@@ -12,6 +12,7 @@
 #include "harness/exit_codes.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
+#include "mesh/rank_fibers.h"
 #include "tests/harness/cli_run.h"
 
 namespace meshproof::harness {
@@ -67,6 +68,41 @@ TEST(CliTest, EnvJsonIsParseableAndConsistent) {
   EXPECT_EQ(j["cuda"]["compiled"].get<bool>(), kernels::cuda_status().compiled);
   EXPECT_EQ(j["gpus"].size(), kernels::cuda_status().gpus.size());
   EXPECT_FALSE(j["hdf5"].get<std::string>().empty());
+  // How virtual ranks run here: the process's CPUs and the MESHPROOF_VIRTUAL_RANKS setting.
+  EXPECT_EQ(j["cpus"].get<int>(), mesh::usable_cpus());
+  EXPECT_GE(j["cpus"].get<int>(), 1);
+  EXPECT_EQ(j["virtual_ranks"].get<std::string>(),
+            mesh::rank_threading_name(mesh::rank_threading_from_env()));
+}
+
+// `env` says how the local launcher runs host ranks, under each MESHPROOF_VIRTUAL_RANKS value.
+TEST(CliTest, EnvNamesHowVirtualRanksRun) {
+  const char* saved = std::getenv("MESHPROOF_VIRTUAL_RANKS");
+  const std::string keep = saved ? saved : "";
+  const std::string cpus = std::to_string(mesh::usable_cpus());
+  unsetenv("MESHPROOF_VIRTUAL_RANKS");
+  const CliResult a = run({"env"});
+  setenv("MESHPROOF_VIRTUAL_RANKS", "threads", 1);
+  const CliResult t = run({"env"});
+  setenv("MESHPROOF_VIRTUAL_RANKS", "fibers", 1);
+  const CliResult f = run({"env"});
+  if (saved) {
+    setenv("MESHPROOF_VIRTUAL_RANKS", keep.c_str(), 1);
+  } else {
+    unsetenv("MESHPROOF_VIRTUAL_RANKS");
+  }
+  ASSERT_EQ(a.code, kExitOk) << a.err;
+  EXPECT_NE(a.out.find("CPUs              " + cpus +
+                       " usable; virtual ranks auto (a thread per "
+                       "rank up to " +
+                       cpus + " ranks, beyond that fibers on " + cpus +
+                       " worker threads, MESHPROOF_VIRTUAL_RANKS)"),
+            std::string::npos)
+      << a.out;
+  EXPECT_NE(t.out.find("virtual ranks threads (a thread per rank,"), std::string::npos) << t.out;
+  EXPECT_NE(f.out.find("virtual ranks fibers (fibers on up to " + cpus + " worker threads,"),
+            std::string::npos)
+      << f.out;
 }
 
 TEST(CliTest, CudaBackendWithoutDeviceIsInputError) {

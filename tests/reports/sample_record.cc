@@ -107,6 +107,8 @@ RunRecord sample_record() {
   r.environment.build_type = "Release";
   r.environment.host = "gpu-node-07";
   r.environment.backends_compiled = {"cpu", "cuda"};
+  r.environment.cpus = 16;
+  r.environment.virtual_ranks = "threads";
   r.environment.active_backend = "cuda:0";
   r.environment.cuda_compiled = true;
   r.environment.cuda_usable = true;
