@@ -295,9 +295,13 @@ void FiberWorld::work(int index, const std::function<void(int)>& body) {
     if (ran || live == 0) continue;
     // Every fiber waits: sleep until a notify() or the earliest deadline (a Dekker pair with
     // notify(): either this load sees its epoch bump, or it sees `sleeping` and wakes us).
+    // (Every live fiber waits with a deadline here, so `earliest` is finite; the guard keeps the
+    // subtraction defined regardless.)
+    const Clock::duration sleep = earliest == Clock::time_point::max()
+                                      ? Clock::duration(std::chrono::seconds(1))
+                                      : earliest - Clock::now();
     w.sleeping.store(true, std::memory_order_seq_cst);
-    if (w.epoch.load(std::memory_order_seq_cst) == epoch)
-      futex_wait(w.epoch, epoch, earliest - Clock::now());
+    if (w.epoch.load(std::memory_order_seq_cst) == epoch) futex_wait(w.epoch, epoch, sleep);
     w.sleeping.store(false, std::memory_order_seq_cst);
   }
 }

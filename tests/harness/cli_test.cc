@@ -14,6 +14,7 @@
 #include "kernels/error.h"
 #include "mesh/rank_fibers.h"
 #include "tests/harness/cli_run.h"
+#include "tests/scoped_env.h"
 
 namespace meshproof::harness {
 namespace {
@@ -77,20 +78,13 @@ TEST(CliTest, EnvJsonIsParseableAndConsistent) {
 
 // `env` says how the local launcher runs host ranks, under each MESHPROOF_VIRTUAL_RANKS value.
 TEST(CliTest, EnvNamesHowVirtualRanksRun) {
-  const char* saved = std::getenv("MESHPROOF_VIRTUAL_RANKS");
-  const std::string keep = saved ? saved : "";
   const std::string cpus = std::to_string(mesh::usable_cpus());
-  unsetenv("MESHPROOF_VIRTUAL_RANKS");
+  test_env::ScopedEnv env("MESHPROOF_VIRTUAL_RANKS", nullptr);
   const CliResult a = run({"env"});
-  setenv("MESHPROOF_VIRTUAL_RANKS", "threads", 1);
+  env.set("threads");
   const CliResult t = run({"env"});
-  setenv("MESHPROOF_VIRTUAL_RANKS", "fibers", 1);
+  env.set("fibers");
   const CliResult f = run({"env"});
-  if (saved) {
-    setenv("MESHPROOF_VIRTUAL_RANKS", keep.c_str(), 1);
-  } else {
-    unsetenv("MESHPROOF_VIRTUAL_RANKS");
-  }
   ASSERT_EQ(a.code, kExitOk) << a.err;
   EXPECT_NE(a.out.find("CPUs              " + cpus +
                        " usable; virtual ranks auto (a thread per "
@@ -127,7 +121,7 @@ TEST(CliTest, OneOfSeveralMpiRanksRefusesTheLocalLauncher) {
   std::filesystem::remove_all(out);
   std::filesystem::remove_all(golden);
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
-    setenv(var, "4", 1);
+    const test_env::ScopedEnv env(var, "4");
     const CliResult r =
         run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
     EXPECT_EQ(r.code, kExitBadInput) << r.err;
@@ -142,7 +136,6 @@ TEST(CliTest, OneOfSeveralMpiRanksRefusesTheLocalLauncher) {
     EXPECT_EQ(g.code, kExitBadInput) << g.err;
     EXPECT_NE(g.err.find("MPI ranks"), std::string::npos) << g.err;
     EXPECT_FALSE(std::filesystem::exists(golden));
-    unsetenv(var);
   }
 }
 
@@ -180,10 +173,10 @@ TEST(CliTest, MalformedCollectiveTimeoutIsBadInput) {
   const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
   const std::string out = ::testing::TempDir() + "cli_bad_timeout";
   std::filesystem::remove_all(out);
-  setenv("MESHPROOF_COLLECTIVE_TIMEOUT", "5min", 1);
-  const CliResult r =
-      run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
-  unsetenv("MESHPROOF_COLLECTIVE_TIMEOUT");
+  const CliResult r = [&] {
+    const test_env::ScopedEnv env("MESHPROOF_COLLECTIVE_TIMEOUT", "5min");
+    return run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
+  }();
   EXPECT_EQ(r.code, kExitBadInput) << r.err;
   EXPECT_NE(r.err.find("MESHPROOF_COLLECTIVE_TIMEOUT=5min: expected a positive number of seconds"),
             std::string::npos)
@@ -196,10 +189,10 @@ TEST(CliTest, MalformedVirtualRanksIsBadInput) {
   const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
   const std::string out = ::testing::TempDir() + "cli_bad_virtual_ranks";
   std::filesystem::remove_all(out);
-  setenv("MESHPROOF_VIRTUAL_RANKS", "coroutines", 1);
-  const CliResult r =
-      run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
-  unsetenv("MESHPROOF_VIRTUAL_RANKS");
+  const CliResult r = [&] {
+    const test_env::ScopedEnv env("MESHPROOF_VIRTUAL_RANKS", "coroutines");
+    return run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
+  }();
   EXPECT_EQ(r.code, kExitBadInput) << r.err;
   EXPECT_NE(r.err.find("MESHPROOF_VIRTUAL_RANKS=coroutines: expected auto, threads or fibers"),
             std::string::npos)

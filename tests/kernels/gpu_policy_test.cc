@@ -10,6 +10,7 @@
 
 #include "kernels/device.h"
 #include "tests/gpu_test.h"
+#include "tests/scoped_env.h"
 
 namespace meshproof::gpu_test {
 namespace {
@@ -17,20 +18,10 @@ namespace {
 // Sets MESHPROOF_REQUIRE_GPU for its lifetime, then restores the previous value.
 class ScopedRequireGpu {
  public:
-  explicit ScopedRequireGpu(const char* value) {
-    if (const char* old = std::getenv("MESHPROOF_REQUIRE_GPU")) old_ = old;
-    ::setenv("MESHPROOF_REQUIRE_GPU", value, 1);
-  }
-  ~ScopedRequireGpu() {
-    if (old_) {
-      ::setenv("MESHPROOF_REQUIRE_GPU", old_->c_str(), 1);
-    } else {
-      ::unsetenv("MESHPROOF_REQUIRE_GPU");
-    }
-  }
+  explicit ScopedRequireGpu(const char* value) : env_("MESHPROOF_REQUIRE_GPU", value) {}
 
  private:
-  std::optional<std::string> old_;
+  test_env::ScopedEnv env_;
 };
 
 TEST(GpuPolicy, DecisionForEveryCase) {

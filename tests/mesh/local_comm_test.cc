@@ -29,6 +29,7 @@
 #include "kernels/cast.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
+#include "tests/scoped_env.h"
 
 namespace meshproof::mesh {
 namespace {
@@ -457,15 +458,13 @@ TEST(LocalCommTest, MissingRankTimesOutWithClearError) {
 // The watchdog's limit comes from MESHPROOF_COLLECTIVE_TIMEOUT (seconds) for both launchers;
 // anything but a positive number is an input error naming the variable.
 TEST(LocalCommTest, CollectiveTimeoutFromEnvironment) {
-  const char* saved = std::getenv("MESHPROOF_COLLECTIVE_TIMEOUT");
-  const std::string keep = saved ? saved : "";
-  unsetenv("MESHPROOF_COLLECTIVE_TIMEOUT");
+  test_env::ScopedEnv env("MESHPROOF_COLLECTIVE_TIMEOUT", nullptr);
   EXPECT_EQ(collective_timeout(), std::chrono::milliseconds(300000));
-  setenv("MESHPROOF_COLLECTIVE_TIMEOUT", "0.25", 1);
+  env.set("0.25");
   EXPECT_EQ(collective_timeout(), std::chrono::milliseconds(250));
   EXPECT_EQ(LocalWorldOptions{}.timeout, std::chrono::milliseconds(250));
   for (const char* bad : {"0", "-1", "5s", "abc", "nan"}) {
-    setenv("MESHPROOF_COLLECTIVE_TIMEOUT", bad, 1);
+    env.set(bad);
     try {
       (void)collective_timeout();
       ADD_FAILURE() << "accepted MESHPROOF_COLLECTIVE_TIMEOUT=" << bad;
@@ -475,11 +474,6 @@ TEST(LocalCommTest, CollectiveTimeoutFromEnvironment) {
                 std::string::npos)
           << e.message();
     }
-  }
-  if (saved) {
-    setenv("MESHPROOF_COLLECTIVE_TIMEOUT", keep.c_str(), 1);
-  } else {
-    unsetenv("MESHPROOF_COLLECTIVE_TIMEOUT");
   }
 }
 
@@ -940,17 +934,15 @@ TEST(RankFibers, ThreadingDecision) {
 // MESHPROOF_VIRTUAL_RANKS: auto (or unset), threads, fibers; anything else is an input error
 // naming the variable.
 TEST(RankFibers, ThreadingFromEnvironment) {
-  const char* saved = std::getenv(kVirtualRanksEnv);
-  const std::string keep = saved ? saved : "";
-  unsetenv(kVirtualRanksEnv);
+  test_env::ScopedEnv env(kVirtualRanksEnv, nullptr);
   EXPECT_EQ(rank_threading_from_env(), RankThreading::kAuto);
   for (RankThreading t : {RankThreading::kAuto, RankThreading::kThreads, RankThreading::kFibers}) {
-    setenv(kVirtualRanksEnv, rank_threading_name(t), 1);
+    env.set(rank_threading_name(t));
     EXPECT_EQ(rank_threading_from_env(), t);
     EXPECT_EQ(LocalWorldOptions{}.threading, t);
   }
   for (const char* bad : {"fiber", "THREADS", "1"}) {
-    setenv(kVirtualRanksEnv, bad, 1);
+    env.set(bad);
     try {
       (void)rank_threading_from_env();
       ADD_FAILURE() << "accepted " << bad;
@@ -961,11 +953,6 @@ TEST(RankFibers, ThreadingFromEnvironment) {
                 std::string::npos)
           << e.message();
     }
-  }
-  if (saved) {
-    setenv(kVirtualRanksEnv, keep.c_str(), 1);
-  } else {
-    unsetenv(kVirtualRanksEnv);
   }
 }
 

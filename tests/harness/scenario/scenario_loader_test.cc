@@ -30,6 +30,7 @@
 #include "mesh/local_comm.h"
 #include "tests/harness/cli_run.h"
 #include "tests/harness/scenario/source_dir.h"
+#include "tests/scoped_env.h"
 
 namespace meshproof::harness {
 namespace {
@@ -880,20 +881,12 @@ TEST(ScenarioRules, ResourceRulesUseTheMachineLimits) {
   o.config.training.batch = 8;
   engine::HostLimits tight{.memory_bytes = 1 << 20, .max_threads = 4};
   // A thread per rank (MESHPROOF_VIRTUAL_RANKS=threads): 8 threads for 8 ranks.
-  const char* saved = std::getenv(mesh::kVirtualRanksEnv);
-  const std::string keep = saved ? saved : "";
-  setenv(mesh::kVirtualRanksEnv, "threads", 1);
+  test_env::ScopedEnv env(mesh::kVirtualRanksEnv, "threads");
   const std::vector<engine::ConfigIssue> issues = engine::check_run(o, tight);
   // As fibers, one worker thread per CPU (at most 8): what the local world would start.
-  setenv(mesh::kVirtualRanksEnv, "fibers", 1);
+  env.set("fibers");
   const std::vector<engine::ConfigIssue> fiber_issues = engine::check_run(o, tight);
-  mesh::LocalWorldOptions fibers;
-  const int workers = mesh::local_fiber_workers(8, fibers);
-  if (saved) {
-    setenv(mesh::kVirtualRanksEnv, keep.c_str(), 1);
-  } else {
-    unsetenv(mesh::kVirtualRanksEnv);
-  }
+  const int workers = mesh::local_fiber_workers(8, mesh::LocalWorldOptions{});
   ASSERT_GE(workers, 1);
   ASSERT_EQ(fiber_issues.size(), workers > 4 ? 2u : 1u);
   if (workers > 4) {
