@@ -688,16 +688,23 @@ void gemm_packed(const ASource& a, const float* bpack, float* c, int64_t R, int6
 //  - swapped: C^T = B · A^T; the kernel reads the GEMM's B in place (an fp32 matrix, stored
 //    canonical or transposed: a dgrad's weight), packs the GEMM's A into B panels, and C^T is
 //    transposed into the output.
-// The cheaper one by elements moved (packing a matrix, transposing C^T) runs. The plain plan
-// reads only a canonical A in place: a transposed A (a wgrad's output gradient) is packed, so that
-// the kernel's A reads stay contiguous where A is large.
+// The cheaper one by elements moved runs: packing a matrix, transposing C^T, and streaming B
+// again for every kNr rows of A beyond the first in the swapped plan (its kernel walks the whole
+// of B, read in place, once per packed panel of A; the plain plan streams its packed B once per
+// kMc rows of A). Without that last term the swapped plan also ran at 32-128
+// rows, where the whole 8-rank run took 2-5% more CPU than with the plain plan (`perf stat`
+// task-clock, dp_shard 8 at hidden 128 and 256, two interleaved repetitions each, 2026-11-25; at
+// hidden 64 the two were within noise); with it, it runs at 16 rows or fewer. The plain plan reads
+// only a canonical A in place: a transposed A (a wgrad's output gradient) is packed, so that the
+// kernel's A reads stay contiguous where A is large.
 bool in_place(const StoredView& v) { return v.kind == StoredView::Kind::kF32 && v.canonical; }
 bool in_place_swapped(const StoredView& v) { return v.kind == StoredView::Kind::kF32; }
 
 bool swap_operands(const StoredView& a, const StoredView& b, int64_t R, int64_t S, int64_t K) {
   if (!in_place_swapped(b)) return false;
   const int64_t plain = (in_place(a) ? 0 : R * K) + S * K;
-  const int64_t swapped = R * K + R * S;
+  const int64_t restreams = (R + kNr - 1) / kNr - 1;
+  const int64_t swapped = R * K + R * S + restreams * S * K;
   return swapped < plain;
 }
 
