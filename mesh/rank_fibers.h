@@ -11,7 +11,11 @@
 // cannot see another rank's exceptions. Thread-local scratch buffers (GEMM packing, attention,
 // the host block cache) stay per worker thread: fibers never migrate between workers and never
 // switch inside a kernel, only in the waits of this file. AddressSanitizer is told of every
-// switch (its fiber API), so the sanitizer build checks the fibers' stacks too.
+// switch (its fiber API), so the sanitizer build checks the fibers' stacks too. One rule for rank
+// code follows: never hold a lock across a collective or a receive (a fiber that waits holding
+// one blocks its whole worker once a neighbour on that worker wants the lock); the engine's locks
+// (HDF5, the data-table cache, the launcher's result) are all taken and released between
+// collectives.
 //
 // The choice is MESHPROOF_VIRTUAL_RANKS: `auto` (the default: fibers when the host ranks outnumber
 // the CPUs this process may use, on Linux), `fibers` or `threads` (one thread per rank, e.g. to
