@@ -168,36 +168,31 @@ TEST(CliTest, GoldenUpdatePlatformComesFromTheDevice) {
   EXPECT_FALSE(std::filesystem::exists(golden));
 }
 
-// The watchdog's limit is checked with everything else, before anything runs or is written.
-TEST(CliTest, MalformedCollectiveTimeoutIsBadInput) {
+// `meshproof run` of the quickstart with `var`=`value`: exit 2 with `message`, nothing written.
+void expect_run_refuses_env(const char* var, const char* value, const std::string& message) {
   const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
-  const std::string out = ::testing::TempDir() + "cli_bad_timeout";
+  const std::string out = ::testing::TempDir() + "cli_bad_env_" + var;
   std::filesystem::remove_all(out);
   const CliResult r = [&] {
-    const test_env::ScopedEnv env("MESHPROOF_COLLECTIVE_TIMEOUT", "5min");
+    const test_env::ScopedEnv env(var, value);
     return run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
   }();
   EXPECT_EQ(r.code, kExitBadInput) << r.err;
-  EXPECT_NE(r.err.find("MESHPROOF_COLLECTIVE_TIMEOUT=5min: expected a positive number of seconds"),
-            std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// The watchdog's limit is checked with everything else, before anything runs or is written.
+TEST(CliTest, MalformedCollectiveTimeoutIsBadInput) {
+  expect_run_refuses_env(
+      "MESHPROOF_COLLECTIVE_TIMEOUT", "5min",
+      "MESHPROOF_COLLECTIVE_TIMEOUT=5min: expected a positive number of seconds");
 }
 
 // So is the way virtual ranks run (MESHPROOF_VIRTUAL_RANKS, mesh/rank_fibers.h).
 TEST(CliTest, MalformedVirtualRanksIsBadInput) {
-  const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
-  const std::string out = ::testing::TempDir() + "cli_bad_virtual_ranks";
-  std::filesystem::remove_all(out);
-  const CliResult r = [&] {
-    const test_env::ScopedEnv env("MESHPROOF_VIRTUAL_RANKS", "coroutines");
-    return run({"run", scenario.c_str(), "--backend", "cpu", "--out", out.c_str(), "--quiet"});
-  }();
-  EXPECT_EQ(r.code, kExitBadInput) << r.err;
-  EXPECT_NE(r.err.find("MESHPROOF_VIRTUAL_RANKS=coroutines: expected auto, threads or fibers"),
-            std::string::npos)
-      << r.err;
-  EXPECT_FALSE(std::filesystem::exists(out));
+  expect_run_refuses_env("MESHPROOF_VIRTUAL_RANKS", "coroutines",
+                         "MESHPROOF_VIRTUAL_RANKS=coroutines: expected auto, threads or fibers");
 }
 
 }  // namespace

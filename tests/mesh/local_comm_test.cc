@@ -13,7 +13,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -77,6 +79,20 @@ LocalWorldOptions options_for(const Mode& m,
   o.threading = m.threading;
   o.fiber_workers = m.workers;
   return o;
+}
+
+// A thread starter that starts `allowed` threads, then throws as std::thread does on a machine
+// out of threads.
+std::function<std::thread(std::function<void()>)> refuse_thread_start(int allowed) {
+  auto started = std::make_shared<int>(0);
+  return [started, allowed](std::function<void()> body) {
+    if (*started == allowed) {
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                              "thread start refused by the test");
+    }
+    ++*started;
+    return std::thread(std::move(body));
+  };
 }
 
 // (ranks, index into kModes)
@@ -505,15 +521,7 @@ TEST(LocalCommTest, ThreadStartFailureIsAnErrorNotTerminate) {
   // (waiting in a collective for the missing ones) are aborted and joined, and run() throws.
   // Default 300 s timeout: the abort must wake them, not their timeout.
   LocalWorldOptions o = options_for(kThreads, std::chrono::seconds(300));
-  int started = 0;
-  o.start_thread = [&started](std::function<void()> body) {
-    if (started == 2) {
-      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
-                              "thread start refused by the test");
-    }
-    ++started;
-    return std::thread(std::move(body));
-  };
+  o.start_thread = refuse_thread_start(2);
   LocalWorld world(DeviceMesh(1, 4, 1), o);
   std::atomic<int> ran{0};
   const auto t0 = std::chrono::steady_clock::now();
@@ -960,15 +968,7 @@ TEST(RankFibers, ThreadingFromEnvironment) {
 // and run() names the worker and its ranks (not the aborts it caused).
 TEST(RankFibers, WorkerStartFailureIsAnError) {
   LocalWorldOptions o = options_for(kModes[2], std::chrono::seconds(300));
-  int started = 0;
-  o.start_thread = [&started](std::function<void()> body) {
-    if (started == 1) {
-      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
-                              "thread start refused by the test");
-    }
-    ++started;
-    return std::thread(std::move(body));
-  };
+  o.start_thread = refuse_thread_start(1);
   LocalWorld world(DeviceMesh(1, 4, 1), o);
   const auto t0 = std::chrono::steady_clock::now();
   try {
