@@ -623,7 +623,12 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
 
   // One rank's life: its context, its communicators, its errors (recorded, then the world is
   // aborted so that the others stop waiting for it). Never throws: it may run on a fiber.
-  auto run_rank = [this, &impl, &fn, &streams](int r) {
+  // A failure that is not a kernels::Error, as a runtime error of the run.
+  const auto fail_runtime = [&impl](std::string message) {
+    impl.fail(std::make_exception_ptr(
+        kernels::Error(kernels::ErrorKind::kRuntime, __FILE__, __LINE__, "", std::move(message))));
+  };
+  auto run_rank = [this, &impl, &fn, &streams, &fail_runtime](int r) {
     try {
       kernels::ScopedRankContext ctx(kernels::RankContext{
           r, options_.device, streams[static_cast<size_t>(r)],
@@ -636,13 +641,9 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
           std::make_exception_ptr(kernels::Error(e.kind(), e.file(), e.line(), e.expression(),
                                                  fmt::format("rank {}: {}", r, e.message()))));
     } catch (const std::exception& e) {
-      impl.fail(
-          std::make_exception_ptr(kernels::Error(kernels::ErrorKind::kRuntime, __FILE__, __LINE__,
-                                                 "", fmt::format("rank {}: {}", r, e.what()))));
+      fail_runtime(fmt::format("rank {}: {}", r, e.what()));
     } catch (...) {
-      impl.fail(std::make_exception_ptr(
-          kernels::Error(kernels::ErrorKind::kRuntime, __FILE__, __LINE__, "",
-                         fmt::format("rank {}: unknown exception", r))));
+      fail_runtime(fmt::format("rank {}: unknown exception", r));
     }
   };
 
@@ -666,9 +667,7 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
         try {
           fibers->work(t, run_rank);
         } catch (const std::exception& e) {
-          impl.fail(std::make_exception_ptr(
-              kernels::Error(kernels::ErrorKind::kRuntime, __FILE__, __LINE__, "",
-                             fmt::format("fiber worker {}: {}", t, e.what()))));
+          fail_runtime(fmt::format("fiber worker {}: {}", t, e.what()));
         }
       } else {
         run_rank(t);

@@ -40,6 +40,17 @@ fs::path fresh_dir(const std::string& name) {
   return p;
 }
 
+// Key `key`'s global tensor in checkpoint `two` (index b) is the one in `one` (index a), bit for
+// bit.
+void expect_same_global(const fs::path& one, const CheckpointIndex& a, const fs::path& two,
+                        const CheckpointIndex& b, const std::string& key) {
+  const Tensor ta = read_global(one, a, a.keys.at(key));
+  const Tensor tb = read_global(two, b, b.keys.at(key));
+  ASSERT_EQ(ta.nbytes().value, tb.nbytes().value) << key;
+  EXPECT_EQ(std::memcmp(ta.raw_data(), tb.raw_data(), static_cast<size_t>(ta.nbytes().value)), 0)
+      << key;
+}
+
 // fp32, 4 layers (pp 1, 2 and 4 all split them), 2 micro-batches, 4 steps, AdamW with decay and
 // a warmup-cosine LR (the optimizer step and LR position are resumed state too).
 constexpr int64_t kSteps = 4;
@@ -204,11 +215,7 @@ TEST(PipelineCheckpoint, TiedEmbeddingsResumeBitwiseOnAnyStageCount) {
     const KeyRecord& k = b.keys.at(key);
     ASSERT_FALSE(k.chunks.empty()) << key;
     for (const ChunkRecord& c : k.chunks) EXPECT_LT(c.file, "rank_00002.h5") << key;
-    const Tensor ta = read_global(one, a, a.keys.at(key));
-    const Tensor tb = read_global(two, b, k);
-    ASSERT_EQ(ta.nbytes().value, tb.nbytes().value) << key;
-    EXPECT_EQ(std::memcmp(ta.raw_data(), tb.raw_data(), static_cast<size_t>(ta.nbytes().value)), 0)
-        << key;
+    expect_same_global(one, a, two, b, key);
   }
   EXPECT_EQ(b.keys.count(keys::model("lm_head.weight")), 0U);
   EXPECT_TRUE(verify_checkpoint(two).ok());
@@ -258,11 +265,7 @@ TEST(PipelineCheckpoint, DelayedScalingStateResumesBitwise) {
   for (const auto& [name, k] : b.keys) {
     if (!name.starts_with("fp8/")) continue;
     ++scaling;
-    const Tensor ta = read_global(one, a, a.keys.at(name));
-    const Tensor tb = read_global(two, b, k);
-    ASSERT_EQ(ta.nbytes().value, tb.nbytes().value) << name;
-    EXPECT_EQ(std::memcmp(ta.raw_data(), tb.raw_data(), static_cast<size_t>(ta.nbytes().value)), 0)
-        << name;
+    expect_same_global(one, a, two, b, name);
   }
   EXPECT_EQ(scaling, 96);  // 4 layers x 4 linears x 3 roles x (scale, amax_history)
   fs::remove_all(root);
@@ -292,11 +295,7 @@ TEST(PipelineCheckpoint, IndexHoldsEveryKeyOnceWrittenByItsStage) {
         name.find("layers.2.") != std::string::npos || name.find("layers.3.") != std::string::npos;
     ASSERT_FALSE(k.chunks.empty()) << name;
     for (const ChunkRecord& c : k.chunks) EXPECT_EQ(stage_of_file(c.file), last ? 1 : 0) << name;
-    const Tensor ta = read_global(one, a, a.keys.at(name));
-    const Tensor tb = read_global(two, b, k);
-    ASSERT_EQ(ta.nbytes().value, tb.nbytes().value) << name;
-    EXPECT_EQ(std::memcmp(ta.raw_data(), tb.raw_data(), static_cast<size_t>(ta.nbytes().value)), 0)
-        << name;
+    expect_same_global(one, a, two, b, name);
   }
   EXPECT_TRUE(kb.count(keys::model("lm_head.weight")) && kb.count(keys::model("embed.tok")));
   EXPECT_TRUE(verify_checkpoint(two).ok());
