@@ -456,21 +456,68 @@ const float* stored_row(const StoredView& v, int64_t r, float* row) {
   return row;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// dst[j * ldd + i] = src[i][k + j] for i, j < 8: an 8 x 8 block of fp32 transposed in registers
+// (pure data movement: the same bits as the scalar loop).
+__attribute__((target("avx2"))) void transpose_8x8(const float* const* src, int64_t k, float* dst,
+                                                   int64_t ldd) {
+  const __m256 r0 = _mm256_loadu_ps(src[0] + k), r1 = _mm256_loadu_ps(src[1] + k);
+  const __m256 r2 = _mm256_loadu_ps(src[2] + k), r3 = _mm256_loadu_ps(src[3] + k);
+  const __m256 r4 = _mm256_loadu_ps(src[4] + k), r5 = _mm256_loadu_ps(src[5] + k);
+  const __m256 r6 = _mm256_loadu_ps(src[6] + k), r7 = _mm256_loadu_ps(src[7] + k);
+  // Pairs of rows interleaved, then pairs of pairs: lane l of 128-bit half h of u_c holds row
+  // 4 h' + l's column ... (the standard unpack / shuffle / permute2f128 transpose).
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst + 0 * ldd, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + 1 * ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#endif
+
 // Packs the canonical matrix [n, K] of `v` into panels of `w` rows (rows >= n zero): panel p
-// starts at dst + p * K * w and holds element (p * w + i, k) at [k * w + i].
-void pack_panels(const StoredView& v, int64_t n, int64_t K, int w, float* dst, float* row) {
+// starts at dst + p * K * w and holds element (p * w + i, k) at [k * w + i]. `avx2`: full panels
+// of a multiple of 8 rows are transposed in 8 x 8 register blocks (the AVX2 GEMM kernel's packing;
+// the portable kernel's is the scalar loop, so forcing it tests that loop).
+void pack_panels(const StoredView& v, int64_t n, int64_t K, int w, float* dst, float* row,
+                 bool avx2) {
   const int64_t panels = (n + w - 1) / w;
-  if (v.canonical) {  // stored [n, K]: row by row, scattered into the panel's lane i
+  if (v.canonical) {  // stored [n, K]: a transpose, the panel written in order
+    // `row` holds w decoded rows ([w, K]); an fp32 row is read in place. Reading the panel's w
+    // rows column by column (w read streams) writes the panel contiguously; a row at a time wrote
+    // one float per cache line across the whole panel (K * w * 4 bytes: 64 KiB at K = 1024), which
+    // made this pack most of the driver's time when a virtual rank multiplies few rows by a whole
+    // weight.
+    const float* src[kNr > kMr ? kNr : kMr];
+    MP_CHECK(w > 0 && w <= static_cast<int>(std::size(src)), "gemm: panels of {} rows (at most {})",
+             w, std::size(src));
     for (int64_t p = 0; p < panels; ++p) {
       float* panel = dst + p * K * w;
-      for (int i = 0; i < w; ++i) {
-        const int64_t r = p * w + i;
-        if (r < n) {
-          const float* src = stored_row(v, r, row);
-          for (int64_t k = 0; k < K; ++k) panel[k * w + i] = src[k];
-        } else {
-          for (int64_t k = 0; k < K; ++k) panel[k * w + i] = 0.0f;
-        }
+      const int live = static_cast<int>(std::min<int64_t>(w, n - p * w));
+      for (int i = 0; i < live; ++i) src[i] = stored_row(v, p * w + i, row + i * K);
+      int64_t k = 0;
+#if defined(__x86_64__) || defined(__i386__)
+      if (avx2 && live == w && w % 8 == 0)
+        for (; k + 8 <= K; k += 8)
+          for (int h = 0; h < w; h += 8) transpose_8x8(src + h, k, panel + k * w + h, w);
+#else
+      (void)avx2;
+#endif
+      for (; k < K; ++k) {
+        float* dk = panel + k * w;
+        for (int i = 0; i < live; ++i) dk[i] = src[i][k];
+        for (int i = live; i < w; ++i) dk[i] = 0.0f;
       }
     }
     return;
@@ -714,22 +761,24 @@ void gemm_cpu(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
   const StoredView av = stored_view(p.a);
   const StoredView bv = stored_view(p.b);
   const bool swap = swap_operands(av, bv, R, S, K);
+  const bool avx2 = detail::cpu_gemm_kernel() == detail::CpuGemmKernel::kAvx2;
   // The kernel's operands: x (its A, xr rows) and y (its B panels, yr rows).
   const StoredView& x = swap ? bv : av;
   const StoredView& y = swap ? av : bv;
   const int64_t xr = swap ? S : R, yr = swap ? R : S;
-  float* row = row_buf.get(static_cast<size_t>(std::max({av.cols, bv.cols, int64_t{1}})));
+  // Room for kNr decoded rows (pack_panels of a canonical operand decodes a panel's rows at once).
+  float* row = row_buf.get(static_cast<size_t>(kNr * std::max({av.cols, bv.cols, int64_t{1}})));
   ASource asrc{static_cast<const float*>(x.data), true};
   if (swap || in_place(x)) {  // swapped: x is the GEMM's fp32 B (swap_operands)
     asrc.panels = false;
     asrc.k_major = !x.canonical;
   } else {
     float* apack = a_buf.get(static_cast<size_t>((xr + kMr - 1) / kMr * kMr * K + 1));
-    pack_panels(x, xr, K, kMr, apack, row);
+    pack_panels(x, xr, K, kMr, apack, row, avx2);
     asrc.data = apack;
   }
   float* bpack = b_buf.get(static_cast<size_t>((yr + kNr - 1) / kNr * kNr * K + 1));
-  pack_panels(y, yr, K, kNr, bpack, row);
+  pack_panels(y, yr, K, kNr, bpack, row, avx2);
   const size_t n = static_cast<size_t>(R * S);
   const bool direct = !swap && out.dtype() == DType::kFloat32 && !options.accumulate;
   float* c = direct ? out.data<float>() : c_buf.get(n);  // [R, S], or C^T [S, R] when swapped
