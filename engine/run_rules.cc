@@ -306,9 +306,8 @@ std::vector<ConfigIssue> check_run(const RunOptions& o, const HostLimits& limits
     // One thread per rank, or one fiber worker per CPU when the host ranks outnumber the CPUs
     // (mesh/rank_fibers.h): the same decision the local world takes.
     const int64_t world = int64_t{ms.pp} * dp * tp;
-    mesh::LocalWorldOptions local;
-    local.device = o.backend;
-    const int64_t workers = mesh::local_fiber_workers(static_cast<int>(world), local);
+    const int64_t workers = mesh::local_fiber_workers(static_cast<int>(world), o.backend,
+                                                      mesh::rank_threading_from_env());
     const int64_t threads = workers > 0 ? workers : world;
     need("mesh", threads <= limits.max_threads,
          fmt::format("launcher local runs {} ranks on {} threads ({}), but this process may "

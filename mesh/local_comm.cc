@@ -695,17 +695,21 @@ void LocalWorld::run(const std::function<void(RankComms&)>& fn) {
   if (impl.first_error) std::rethrow_exception(impl.first_error);
 }
 
-int local_fiber_workers(int ranks, const LocalWorldOptions& options) {
-  if (!options.device.is_cpu() || ranks <= 1 || options.threading == RankThreading::kThreads)
-    return 0;
+int local_fiber_workers(int ranks, kernels::Device device, RankThreading threading,
+                        int fiber_workers) {
+  if (!device.is_cpu() || ranks <= 1 || threading == RankThreading::kThreads) return 0;
   const int cpus = usable_cpus();
-  if (options.threading == RankThreading::kAuto && (!fibers_supported() || ranks <= cpus)) return 0;
+  if (threading == RankThreading::kAuto && (!fibers_supported() || ranks <= cpus)) return 0;
   MP_CHECK_INPUT(fibers_supported(), "{}=fibers: virtual ranks as fibers need Linux (use threads)",
                  kVirtualRanksEnv);
-  MP_CHECK_INPUT(options.fiber_workers >= 0, "local world: fiber_workers must be >= 0, got {}",
-                 options.fiber_workers);
-  const int workers = options.fiber_workers > 0 ? options.fiber_workers : cpus;
+  MP_CHECK_INPUT(fiber_workers >= 0, "local world: fiber_workers must be >= 0, got {}",
+                 fiber_workers);
+  const int workers = fiber_workers > 0 ? fiber_workers : cpus;
   return std::min(workers, ranks);
+}
+
+int local_fiber_workers(int ranks, const LocalWorldOptions& options) {
+  return local_fiber_workers(ranks, options.device, options.threading, options.fiber_workers);
 }
 
 // ---- point-to-point ----------------------------------------------------------------------------

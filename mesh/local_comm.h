@@ -43,8 +43,11 @@ struct LocalWorldOptions {
   std::function<std::thread(std::function<void()>)> start_thread = nullptr;
 };
 
-// How a local world of `ranks` ranks runs them: the number of fiber worker threads, or 0 for one
-// thread per rank (also what the run rules count as the threads a run starts).
+// How a local world of `ranks` ranks on `device` runs them: the number of fiber worker threads,
+// or 0 for one thread per rank (also what the run rules count as the threads a run starts).
+// `fiber_workers` as LocalWorldOptions::fiber_workers.
+int local_fiber_workers(int ranks, kernels::Device device, RankThreading threading,
+                        int fiber_workers = 0);
 int local_fiber_workers(int ranks, const LocalWorldOptions& options);
 
 class LocalWorld {
