@@ -79,6 +79,12 @@ int usable_cpus() {
 
 namespace detail {
 
+std::chrono::nanoseconds next_fiber_spin(std::chrono::nanoseconds spin,
+                                         std::chrono::nanoseconds waited) {
+  if (waited > kFiberSpinMax) return spin / 2;
+  return std::clamp(spin * 2, kFiberSpinMin, kFiberSpinMax);
+}
+
 void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds timeout) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
                 std::atomic<uint32_t>::is_always_lock_free);
@@ -143,16 +149,12 @@ struct Fiber {
   void* asan_fake_stack = nullptr;
 };
 
-// How long a worker whose fibers all wait spins before it sleeps, at most. Most waits of a
-// multi-worker world are a collective's barrier whose last member runs on the other worker and
-// arrives within microseconds; a futex sleep and wake-up costs both workers more than that (the
-// small 8-rank dp_shard run, 2 workers on the 2-core machine: 2,480 context switches and 487 ms
-// CPU without spinning, 95 and 456 ms with a 30 us spin, 68 and 456 ms with 100 us). The budget
-// adapts per worker (see Worker::spin), so a machine where the other worker is descheduled (more
-// runnable threads than CPUs) soon stops paying for spins that do not pay off.
-constexpr Clock::duration kSpinMax = std::chrono::microseconds(40);
-constexpr Clock::duration kSpinMin = std::chrono::microseconds(2);
-
+// Spinning before a sleep: most waits of a multi-worker world are a collective's barrier whose
+// last member runs on the other worker and arrives within microseconds, while a futex sleep and
+// wake-up costs both workers more than that (the small 8-rank dp_shard run, 2 workers on the
+// 2-core machine: 2,480 context switches and 487 ms CPU without spinning, 95 and 456 ms with a
+// 30 us spin, 68 and 456 ms with 100 us). The budget adapts per worker (next_fiber_spin), so a
+// machine where the other worker is descheduled soon stops paying for spins that do not pay off.
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -165,9 +167,8 @@ struct Worker {
   // The wake-up word: bumped by every notify(); the worker sleeps on it while all its fibers wait.
   alignas(64) std::atomic<uint32_t> epoch{0};
   std::atomic<bool> sleeping{false};
-  // The current spin budget: doubled (up to kSpinMax) after a wait that a spin of kSpinMax would
-  // have covered, halved after a longer one; below kSpinMin the worker sleeps at once.
-  Clock::duration spin = kSpinMax;
+  // The current spin budget (next_fiber_spin).
+  std::chrono::nanoseconds spin = kFiberSpinMax;
   std::vector<Fiber*> fibers;
   ucontext_t home{};  // the worker thread's own context, resumed when a fiber waits or returns
   const void* home_stack_bottom = nullptr;
@@ -240,7 +241,7 @@ void resume(Worker& w, Fiber& f) {
 
 // Spins until `w`'s epoch moves from `epoch` (a notify()) or `budget` has passed; true if it moved.
 bool spin_until_moved(const Worker& w, uint32_t epoch, Clock::duration budget) {
-  if (budget < kSpinMin) return false;
+  if (budget < kFiberSpinMin) return false;
   const Clock::time_point until = Clock::now() + budget;
   do {
     for (int i = 0; i < 64; ++i) {
@@ -338,16 +339,14 @@ void FiberWorld::work(int index, const std::function<void(int)>& body) {
                                       ? Clock::duration(std::chrono::seconds(1))
                                       : earliest - Clock::now();
     const Clock::time_point idle = Clock::now();
-    if (spins && spin_until_moved(w, epoch, std::min(w.spin, earliest - idle))) {
-      w.spin = std::min(kSpinMax, std::max(kSpinMin, w.spin * 2));
+    if (spins && spin_until_moved(w, epoch, std::min<Clock::duration>(w.spin, earliest - idle))) {
+      w.spin = next_fiber_spin(w.spin, Clock::now() - idle);
       continue;
     }
     w.sleeping.store(true, std::memory_order_seq_cst);
     if (w.epoch.load(std::memory_order_seq_cst) == epoch) futex_wait(w.epoch, epoch, sleep);
     w.sleeping.store(false, std::memory_order_seq_cst);
-    if (spins)
-      w.spin = Clock::now() - idle <= kSpinMax ? std::min(kSpinMax, std::max(kSpinMin, w.spin * 2))
-                                               : w.spin / 2;
+    if (spins) w.spin = next_fiber_spin(w.spin, Clock::now() - idle);
   }
 }
 

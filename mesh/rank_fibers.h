@@ -53,6 +53,18 @@ void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nan
 // Wakes every thread sleeping on `word` (Linux; elsewhere the sleepers re-check on their own).
 void futex_wake_all(std::atomic<uint32_t>& word);
 
+// A fiber worker's spin before it sleeps (all of its fibers waiting, more than one worker): at
+// most kFiberSpinMax, adapted per worker by next_fiber_spin; below kFiberSpinMin the worker sleeps
+// at once. See docs/design.md section 36, "Fourth round".
+inline constexpr std::chrono::nanoseconds kFiberSpinMax = std::chrono::microseconds(40);
+inline constexpr std::chrono::nanoseconds kFiberSpinMin = std::chrono::microseconds(2);
+// The budget after a wait that lasted `waited` (spun, or spun and slept) under budget `spin`:
+// doubled (at least kFiberSpinMin, at most kFiberSpinMax) when a spin of kFiberSpinMax would have
+// covered the wait, halved when it would not (the other worker is descheduled, or the wait is
+// long).
+std::chrono::nanoseconds next_fiber_spin(std::chrono::nanoseconds spin,
+                                         std::chrono::nanoseconds waited);
+
 // The fibers of one local-world run: `ranks` fibers on `workers` worker threads. Made on the
 // calling thread (every fiber's stack is mapped here, so a failure happens before any rank runs);
 // each worker thread then calls work(w), which runs its fibers until every one has returned.

@@ -939,6 +939,34 @@ TEST(RankFibers, ThreadingDecision) {
 #endif
 }
 
+// The same decision through the narrow overload the run rules use (device, threading).
+TEST(RankFibers, ThreadingDecisionWithoutOptions) {
+  EXPECT_EQ(local_fiber_workers(64, kernels::Device::cpu(), RankThreading::kThreads), 0);
+  EXPECT_EQ(local_fiber_workers(8, kernels::Device::cpu(), RankThreading::kFibers, 3), 3);
+  EXPECT_EQ(local_fiber_workers(8, kernels::Device::cuda(0), RankThreading::kFibers), 0);
+  EXPECT_EQ(local_fiber_workers(64, kernels::Device::cpu(), RankThreading::kFibers),
+            std::min(64, mesh::usable_cpus()));
+}
+
+// The spin budget of a fiber worker: grows while the waits are short enough for a full spin to
+// cover them, shrinks (towards sleeping at once) while they are not, never beyond its bounds.
+TEST(RankFibers, SpinBudgetAdaptsToTheWaits) {
+  using mesh::detail::kFiberSpinMax;
+  using mesh::detail::kFiberSpinMin;
+  using mesh::detail::next_fiber_spin;
+  using std::chrono::microseconds;
+  EXPECT_EQ(next_fiber_spin(microseconds(5), microseconds(3)), microseconds(10));
+  EXPECT_EQ(next_fiber_spin(kFiberSpinMax, microseconds(1)), kFiberSpinMax);
+  EXPECT_EQ(next_fiber_spin(kFiberSpinMax, kFiberSpinMax), kFiberSpinMax);
+  // A wait a full spin would have covered, after the budget fell to nothing: spinning again.
+  EXPECT_EQ(next_fiber_spin(microseconds(0), microseconds(20)), kFiberSpinMin);
+  EXPECT_EQ(next_fiber_spin(kFiberSpinMax, kFiberSpinMax + microseconds(1)), kFiberSpinMax / 2);
+  // Long waits in a row (the other worker descheduled): below kFiberSpinMin within 5 waits.
+  std::chrono::nanoseconds spin = kFiberSpinMax;
+  for (int i = 0; i < 5; ++i) spin = next_fiber_spin(spin, std::chrono::milliseconds(3));
+  EXPECT_LT(spin, kFiberSpinMin);
+}
+
 // MESHPROOF_VIRTUAL_RANKS: auto (or unset), threads, fibers; anything else is an input error
 // naming the variable.
 TEST(RankFibers, ThreadingFromEnvironment) {
