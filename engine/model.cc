@@ -181,9 +181,11 @@ struct GptModel::MlpGrads {
 
 // Saved activations of one MLP over its rows (M, or an expert's padded block).
 struct GptModel::MlpActs {
-  Tensor fc1_out;  // [rows, F] (gate for SwiGLU)
-  Tensor up_out;   // [rows, F] SwiGLU only
-  Tensor act_out;  // [rows, F]
+  Tensor fc1_out;    // [rows, F] (gate for SwiGLU)
+  Tensor up_out;     // [rows, F] SwiGLU only
+  Tensor act_out;    // [rows, F]
+  Tensor gelu_tanh;  // [rows, F] float64, GELU on the CPU only: the forward's tanh(u), which the
+                     // backward reads instead of computing it again (kernels/activation.h)
 };
 
 // Weights of one layer as handed in (norm biases absent for RMSNorm; fc1_up only for SwiGLU,
@@ -532,6 +534,8 @@ GptModel::MlpActs GptModel::mlp_acts(int64_t rows, int64_t f, DType dt) const {
   a.fc1_out = new_tensor({rows, f}, dt);
   a.act_out = new_tensor({rows, f}, dt);
   if (config_.model.activation == Activation::kSwiGlu) a.up_out = new_tensor({rows, f}, dt);
+  if (config_.model.activation == Activation::kGelu && kernels::current_context().device.is_cpu())
+    a.gelu_tanh = new_tensor({rows, f}, DType::kFloat64);
   return a;
 }
 
@@ -545,7 +549,7 @@ void GptModel::mlp_forward(const MlpWeights& w, const std::string& q, const Tens
                  a.fc1_out);
   switch (act) {
     case Activation::kGelu:
-      kernels::gelu_forward(a.fc1_out, a.act_out);
+      kernels::gelu_forward(a.fc1_out, a.act_out, a.gelu_tanh.defined() ? &a.gelu_tanh : nullptr);
       break;
     case Activation::kRelu:
       kernels::relu_forward(a.fc1_out, a.act_out);
@@ -569,7 +573,8 @@ void GptModel::mlp_backward(const MlpWeights& w, MlpGrads& g, const std::string&
   Tensor d_fc1 = new_tensor({rows, f}, dt);
   switch (config_.model.activation) {
     case Activation::kGelu:
-      kernels::gelu_backward(d_act, a.fc1_out, d_fc1);
+      kernels::gelu_backward(d_act, a.fc1_out, d_fc1,
+                             a.gelu_tanh.defined() ? &a.gelu_tanh : nullptr);
       linear.backward_pass(q + "fc1", d_fc1, x, *w.fc1_w, *g.fc1_w, g.fc1_b, dx, true);
       break;
     case Activation::kRelu:
@@ -596,6 +601,7 @@ Acts slice_acts(const Acts& a, int64_t begin, int64_t end) {
   s.fc1_out = a.fc1_out.slice_rows(begin, end);
   s.act_out = a.act_out.slice_rows(begin, end);
   if (a.up_out.defined()) s.up_out = a.up_out.slice_rows(begin, end);
+  if (a.gelu_tanh.defined()) s.gelu_tanh = a.gelu_tanh.slice_rows(begin, end);
   return s;
 }
 }  // namespace

@@ -21,11 +21,21 @@ int64_t check_elementwise(std::string_view op, const Tensor& first, const Ts&...
   return n;
 }
 
+// Checks the saved tanh(u) of a GELU, if any: CPU, float64, n elements (after on_cuda() has ruled
+// out a device operand, so the message names the real problem).
+void check_saved_tanh(std::string_view op, const Tensor* tanh_u, int64_t n) {
+  if (tanh_u == nullptr) return;
+  detail::check_operand(*tanh_u, op, "tanh_u", n);
+  MP_CHECK(tanh_u->device().is_cpu() && tanh_u->dtype() == DType::kFloat64,
+           "{}: the saved tanh(u) must be a CPU float64 tensor, got {}", op, tanh_u->describe());
+}
+
 }  // namespace
 
-void gelu_forward(const Tensor& x, Tensor& y) {
+void gelu_forward(const Tensor& x, Tensor& y, Tensor* tanh_u) {
   const int64_t n = check_elementwise("gelu_forward", x, y);
   if (detail::on_cuda("gelu_forward", {&x, &y})) {
+    MP_CHECK(tanh_u == nullptr, "gelu_forward: the saved tanh(u) is a CPU-only buffer");
     MP_OP_CUDA("gelu_forward",
                launch_gelu_forward(x.raw_data(), y.raw_data(), x.dtype() == DType::kBFloat16, n,
                                    detail::cuda_stream()));
@@ -35,17 +45,21 @@ void gelu_forward(const Tensor& x, Tensor& y) {
     using T = decltype(t);
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
+    check_saved_tanh("gelu_forward", tanh_u, n);
+    double* saved = tanh_u != nullptr ? tanh_u->data<double>() : nullptr;
     for (int64_t i = 0; i < n; ++i) {
       const double v = xp[i];
-      yp[i] =
-          static_cast<T>(0.5 * v * (1.0 + std::tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))));
+      const double th = std::tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
+      if (saved != nullptr) saved[i] = th;
+      yp[i] = static_cast<T>(0.5 * v * (1.0 + th));
     }
   });
 }
 
-void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, const Tensor* tanh_u) {
   const int64_t n = check_elementwise("gelu_backward", x, dy, dx);
   if (detail::on_cuda("gelu_backward", {&x, &dy, &dx})) {
+    MP_CHECK(tanh_u == nullptr, "gelu_backward: the saved tanh(u) is a CPU-only buffer");
     MP_OP_CUDA("gelu_backward",
                launch_gelu_backward(dy.raw_data(), x.raw_data(), dx.raw_data(),
                                     x.dtype() == DType::kBFloat16, n, detail::cuda_stream()));
@@ -56,10 +70,12 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
     const T* xp = x.data<T>();
     const T* dyp = dy.data<T>();
     T* dxp = dx.data<T>();
+    check_saved_tanh("gelu_backward", tanh_u, n);
+    const double* saved = tanh_u != nullptr ? tanh_u->data<double>() : nullptr;
     for (int64_t i = 0; i < n; ++i) {
       const double v = xp[i];
-      const double u = kSqrt2OverPi * (v + kGeluCoeff * v * v * v);
-      const double th = std::tanh(u);
+      const double th =
+          saved != nullptr ? saved[i] : std::tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
       const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCoeff * v * v);
       const double grad = 0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * du;
       dxp[i] = static_cast<T>(dyp[i] * grad);

@@ -10,8 +10,13 @@
 
 namespace meshproof::kernels {
 
-void gelu_forward(const Tensor& x, Tensor& y);
-void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+// `tanh_u` (CPU only, optional): a float64 tensor of x's element count that the forward fills
+// with each element's tanh(u), u = sqrt(2/pi) (x + 0.044715 x^3), and the backward reads instead
+// of computing tanh(u) again: the same double, so the same bits, at half the tanh calls per step
+// (tanh was about a third of a small GELU model's CPU step, docs/design.md section 36). Given to
+// the backward, it must hold the forward's values for this x.
+void gelu_forward(const Tensor& x, Tensor& y, Tensor* tanh_u = nullptr);
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, const Tensor* tanh_u = nullptr);
 void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y);

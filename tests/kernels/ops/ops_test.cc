@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
@@ -125,7 +126,57 @@ void check_unary(void (*fwd)(const Tensor&, Tensor&),
   expect_fd(loss, x, dx, what);
 }
 
-TEST(Activation, GeluFiniteDifferences) { check_unary(gelu_forward, gelu_backward, "gelu"); }
+TEST(Activation, GeluFiniteDifferences) {
+  check_unary([](const Tensor& x, Tensor& y) { gelu_forward(x, y); },
+              [](const Tensor& dy, const Tensor& x, Tensor& dx) { gelu_backward(dy, x, dx); },
+              "gelu");
+}
+
+// The backward that reads the forward's saved tanh(u) writes the same bits as the one that
+// computes it again, for every float dtype, over normal values, values where tanh saturates,
+// subnormals, zeros, infinities and NaNs; the saved values are tanh(u) itself.
+TEST(Activation, GeluSavedTanhIsBitwiseTheRecomputedOne) {
+  std::mt19937 rng(5);
+  std::normal_distribution<double> nd(0.0, 3.0);
+  std::vector<double> values = {0.0,      -0.0,      1e-40, -1e-40, 30.0, -30.0, 1e30, -1e30,
+                                INFINITY, -INFINITY, NAN,   -NAN,   4.0,  -4.0,  0.5};
+  while (values.size() < 4096) values.push_back(nd(rng));
+  const auto n = static_cast<int64_t>(values.size());
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = cast_to(Tensor::from_vector<double>({n}, values), dt);
+    std::vector<double> dys(values.size());
+    for (double& d : dys) d = nd(rng);
+    const Tensor dy = cast_to(Tensor::from_vector<double>({n}, dys), dt);
+    Tensor y0 = Tensor::empty({n}, dt), y1 = Tensor::empty({n}, dt);
+    Tensor th = Tensor::empty({n}, DType::kFloat64);
+    gelu_forward(x, y0);
+    gelu_forward(x, y1, &th);
+    EXPECT_EQ(std::memcmp(y0.raw_data(), y1.raw_data(), y0.nbytes().value), 0);
+    const Tensor xd = cast_to(x, DType::kFloat64);
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = xd.data<double>()[i];
+      const double want = std::tanh(0.79788456080286535588 * (v + 0.044715 * v * v * v));
+      const double got = th.data<double>()[i];
+      EXPECT_TRUE(std::memcmp(&want, &got, 8) == 0 || (std::isnan(want) && std::isnan(got)))
+          << "x = " << v;
+    }
+    Tensor dx0 = Tensor::empty({n}, dt), dx1 = Tensor::empty({n}, dt);
+    gelu_backward(dy, x, dx0);
+    gelu_backward(dy, x, dx1, &th);
+    EXPECT_EQ(std::memcmp(dx0.raw_data(), dx1.raw_data(), dx0.nbytes().value), 0);
+  }
+}
+
+TEST(Activation, GeluSavedTanhMustBeFloat64OfTheInputsSize) {
+  const Tensor x = Tensor::zeros({8}, DType::kFloat32);
+  Tensor y = Tensor::empty({8}, DType::kFloat32);
+  Tensor wrong_dtype = Tensor::empty({8}, DType::kFloat32);
+  Tensor wrong_size = Tensor::empty({7}, DType::kFloat64);
+  EXPECT_THROW(gelu_forward(x, y, &wrong_dtype), Error);
+  EXPECT_THROW(gelu_forward(x, y, &wrong_size), Error);
+  EXPECT_THROW(gelu_backward(x, x, y, &wrong_dtype), Error);
+}
 TEST(Activation, ReluFiniteDifferences) { check_unary(relu_forward, relu_backward, "relu"); }
 
 TEST(Activation, GeluTanhValues) {
