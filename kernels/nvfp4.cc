@@ -141,6 +141,16 @@ QuantizedTensor quantize_nvfp4(const Tensor& x, const Nvfp4Options& o, Usage usa
   j.sr = sr;
   j.s_enc_row = nv::global_encode_scale(global_amax.data<float>()[0]);
   j.s_enc_col = nv::global_encode_scale(global_amax.data<float>()[1]);
+  // Each tile's amax once, not once per block of each copy (32 reads of every tile).
+  std::vector<uint32_t> tiles;
+  if (j.tile) {
+    tiles.resize(static_cast<size_t>((M / nv::kBlock) * (K / nv::kBlock)));
+    for (int64_t tm = 0; tm < M / nv::kBlock; ++tm)
+      for (int64_t tk = 0; tk < K / nv::kBlock; ++tk)
+        tiles[static_cast<size_t>(tm * (K / nv::kBlock) + tk)] =
+            nv::compute_tile_amax_bits(j, tm * nv::kBlock, tk * nv::kBlock);
+    j.tile_amax = tiles.data();
+  }
   if (row) {
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t b = 0; b < K / nv::kBlock; ++b) nv::row_block(j, m, b, row, row_s);

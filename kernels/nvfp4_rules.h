@@ -116,13 +116,8 @@ MP_HOST_DEVICE inline int rht_sign(int i) {
   return ((0xD7E8u >> i) & 1u) ? -1 : 1;
 }
 MP_HOST_DEVICE inline int hadamard16(int i, int j) {
-  int p = i & j;
-  int parity = 0;
-  while (p) {
-    parity ^= p & 1;
-    p >>= 1;
-  }
-  return parity ? -1 : 1;
+  // 0x6996 holds the parity of every 4-bit value: bit p is popcount(p) & 1.
+  return ((0x6996u >> ((i & j) & 0xF)) & 1u) ? -1 : 1;
 }
 
 // One 16-group: y_j = fp32(0.25 * sum_i d_i H16[i][j] g_i), the sum in float64 in index order
@@ -195,18 +190,26 @@ struct Job {
   SrKey sr;
   float s_enc_row = 1.0f;  // global_encode_scale of the rowwise / columnwise global amax
   float s_enc_col = 1.0f;
+  // With `tile`: the abs_bits max of every 16x16 tile, [M/16, K/16], computed once before the
+  // blocks (the CPU driver); null: each block computes its tile's (a CUDA thread per block).
+  const uint32_t* tile_amax = nullptr;
 };
 
-// abs_bits max over the 16x16 tile holding element (m, k).
-MP_HOST_DEVICE inline uint32_t tile_amax_bits(const Job& j, int64_t m, int64_t k) {
-  const int64_t m0 = m / kBlock * kBlock;
-  const int64_t k0 = k / kBlock * kBlock;
+// abs_bits max over the 16x16 tile at rows m0.., columns k0.. (multiples of 16) of j.x.
+MP_HOST_DEVICE inline uint32_t compute_tile_amax_bits(const Job& j, int64_t m0, int64_t k0) {
   uint32_t a = 0;
   for (int64_t r = m0; r < m0 + kBlock; ++r) {
     const uint32_t b = block_amax_bits(j.x, j.bf16, r * j.K + k0, 1, kBlock);
     a = b > a ? b : a;
   }
   return a;
+}
+
+// abs_bits max over the 16x16 tile holding element (m, k).
+MP_HOST_DEVICE inline uint32_t tile_amax_bits(const Job& j, int64_t m, int64_t k) {
+  if (j.tile_amax != nullptr) return j.tile_amax[(m / kBlock) * (j.K / kBlock) + k / kBlock];
+  const int64_t m0 = m / kBlock * kBlock;
+  return compute_tile_amax_bits(j, m0, k / kBlock * kBlock);
 }
 
 MP_HOST_DEVICE inline int64_t sr_index(const SrKey& sr, int64_t m, int64_t k, int copy) {
