@@ -12,6 +12,7 @@ namespace meshproof::engine {
 
 using kernels::Shape;
 using kernels::Tensor;
+using mesh::Box;
 
 namespace {
 
@@ -203,34 +204,59 @@ void TensorMap::zero_all() {
   for (const auto& n : names_) at(n).zero_();
 }
 
-Tensor init_param_rows(const ParamSpec& spec, uint64_t seed, int64_t row_begin, int64_t row_end) {
-  const int64_t rows = spec.shape[0];
-  MP_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= rows,
-           "init_param_rows: rows [{}, {}) outside {} of {}", row_begin, row_end, spec.shape.str(),
-           spec.name);
-  const int64_t row_elems = spec.shape.numel().value / std::max<int64_t>(rows, 1);
-  std::vector<int64_t> dims = spec.shape.dims();
-  dims[0] = row_end - row_begin;
-  Tensor t = Tensor::empty(Shape(dims), kernels::DType::kFloat32, kernels::Device::cpu());
+Tensor init_param_box(const ParamSpec& spec, uint64_t seed, const mesh::Box& box) {
+  const kernels::Shape& g = spec.shape;
+  MP_CHECK(box.rank() == g.rank() && Box::whole(g).contains(box),
+           "init_param_box: box {} outside {} of {}", box.str(), g.str(), spec.name);
+  Tensor t = Tensor::empty(box.shape(), kernels::DType::kFloat32, kernels::Device::cpu());
+  if (box.empty()) return t;
   float* p = t.data<float>();
-  const int64_t n = t.numel().value;
+  const int rank = g.rank();
+  // A rank-0 parameter is one element; otherwise the box is walked as runs along its last dim,
+  // each run's global flat indices consecutive.
+  const int64_t run = rank == 0 ? 1 : box.extent[static_cast<size_t>(rank - 1)].value;
+  const int64_t runs = box.numel().value / run;
   const uint64_t stream =
       kernels::philox_stream(spec.init_stream.empty() ? spec.name : spec.init_stream);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t global = static_cast<uint64_t>(row_begin * row_elems + i);
+  std::vector<int64_t> at(static_cast<size_t>(std::max(rank - 1, 0)), 0);  // run's outer index
+  for (int64_t r = 0; r < runs; ++r, p += run) {
+    int64_t base = 0;  // the run's first global flat index
+    for (int d = 0; d < rank; ++d) {
+      const int64_t i = box.offset[static_cast<size_t>(d)].value +
+                        (d + 1 < rank ? at[static_cast<size_t>(d)] : 0);
+      base = base * g[d] + i;
+    }
     switch (spec.init) {
       case InitKind::kNormal:
-        p[i] = static_cast<float>(spec.std * kernels::philox_normal(seed, stream, global));
+        for (int64_t i = 0; i < run; ++i)
+          p[i] = static_cast<float>(
+              spec.std * kernels::philox_normal(seed, stream, static_cast<uint64_t>(base + i)));
         break;
       case InitKind::kOnes:
-        p[i] = 1.0f;
+        std::fill(p, p + run, 1.0f);
         break;
       case InitKind::kZeros:
-        p[i] = 0.0f;
+        std::fill(p, p + run, 0.0f);
         break;
+    }
+    // Next run: the odometer over the outer dims, innermost fastest.
+    for (int d = rank - 2; d >= 0; --d) {
+      if (++at[static_cast<size_t>(d)] < box.extent[static_cast<size_t>(d)].value) break;
+      at[static_cast<size_t>(d)] = 0;
     }
   }
   return t;
+}
+
+Tensor init_param_rows(const ParamSpec& spec, uint64_t seed, int64_t row_begin, int64_t row_end) {
+  MP_CHECK(
+      spec.shape.rank() > 0 && 0 <= row_begin && row_begin <= row_end && row_end <= spec.shape[0],
+      "init_param_rows: rows [{}, {}) outside {} of {}", row_begin, row_end, spec.shape.str(),
+      spec.name);
+  Box rows = Box::whole(spec.shape);
+  rows.offset[0] = kernels::Elements(row_begin);
+  rows.extent[0] = kernels::Elements(row_end - row_begin);
+  return init_param_box(spec, seed, rows);
 }
 
 TensorMap init_params(const ModelConfig& model, uint64_t seed) {

@@ -15,6 +15,7 @@
 
 #include "engine/config.h"
 #include "kernels/tensor.h"
+#include "mesh/layout.h"
 
 namespace meshproof::engine {
 
@@ -128,9 +129,12 @@ class TensorMap {
   std::map<std::string, kernels::Tensor> tensors_;
 };
 
-// Rows [row_begin, row_end) of parameter `spec` as float32: element with global flat index g gets
-// std * philox_normal(seed, philox_stream(name), g) for normal init. Any shard can be materialised
-// alone and equals the same rows of the full tensor.
+// The box `box` of parameter `spec` as float32 (shape box.shape()): the element with global flat
+// index g gets std * philox_normal(seed, philox_stream(name), g) for normal init. Any shard can be
+// materialised alone, generating only its own elements, and equals the same box of the whole
+// tensor (a column shard of a row-parallel weight draws its columns, not whole rows).
+kernels::Tensor init_param_box(const ParamSpec& spec, uint64_t seed, const mesh::Box& box);
+// Rows [row_begin, row_end) of parameter `spec`: init_param_box over those rows, all columns.
 kernels::Tensor init_param_rows(const ParamSpec& spec, uint64_t seed, int64_t row_begin,
                                 int64_t row_end);
 // Every parameter, whole, in float32 on the CPU.

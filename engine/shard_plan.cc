@@ -53,15 +53,8 @@ ShardPlan::ShardPlan(const Config& config, const mesh::DeviceMesh& mesh, int ran
     if (!stage_holds(s, stage_)) continue;
     Layout layout(mesh, s.shape, placements(s, mesh));
     const Box& b = layout.box(rank);
-    Tensor master = Tensor::empty(b.shape(), DType::kFloat32, host);
-    if (!b.empty()) {
-      const int64_t r0 = b.offset[0].value, r1 = r0 + b.extent[0].value;
-      const Tensor rows = init_param_rows(s, config.seed, r0, r1);
-      Box rows_box = Box::whole(s.shape);
-      rows_box.offset[0] = b.offset[0];
-      rows_box.extent[0] = b.extent[0];
-      mesh::copy_region(rows, rows_box, master, b, b);
-    }
+    // Only this rank's box is drawn (a tp column shard draws its columns, not whole rows).
+    Tensor master = init_param_box(s, config.seed, b);
     Layout described = faults.state_layout(s, layout, rank);
     units_[s.unit].push_back(params_.size());
     if (s.quantized()) linear_kinds_.emplace(s.linear, s.linear_kind);

@@ -101,19 +101,26 @@ HostBlockCacheStats host_block_cache_stats() {
 }
 }  // namespace detail
 
+Shape Shape::with_dim(int d, int64_t extent) const {
+  MP_CHECK(0 <= d && d < rank(), "dimension {} of a rank-{} shape", d, rank());
+  Shape s = *this;
+  s.dims_[static_cast<size_t>(d)] = extent;
+  return s;
+}
+
 Elements Shape::numel() const {
   int64_t n = 1;
-  for (int64_t d : dims_) n *= d;
+  for (int64_t d : dims()) n *= d;
   return Elements(n);
 }
 
 int64_t Shape::leading() const {
   int64_t n = 1;
-  for (size_t i = 0; i + 1 < dims_.size(); ++i) n *= dims_[i];
+  for (int i = 0; i + 1 < rank(); ++i) n *= dims_[static_cast<size_t>(i)];
   return n;
 }
 
-std::string Shape::str() const { return fmt::format("[{}]", fmt::join(dims_, ", ")); }
+std::string Shape::str() const { return fmt::format("[{}]", fmt::join(dims(), ", ")); }
 
 #if MESHPROOF_HAVE_CUDA
 // Makes `index` the calling thread's current CUDA device for the guard's lifetime (a no-op when
@@ -265,9 +272,7 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   const int64_t row_elems = shape_[0] == 0 ? 0 : numel().value / shape_[0];
   MP_CHECK((row_elems * dtype_bits(dtype_)) % 8 == 0, "slice_rows of {} splits a byte", describe());
   Tensor t = *this;
-  std::vector<int64_t> dims = shape_.dims();
-  dims[0] = end - begin;
-  t.shape_ = Shape(dims);
+  t.shape_ = shape_.with_dim(0, end - begin);
   t.byte_offset_ += storage_bytes(dtype_, Elements(begin * row_elems)).value;
   return t;
 }

@@ -2,9 +2,12 @@
 // accounted to the allocating rank's MemoryTracker. Views share storage.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,22 +21,42 @@ namespace meshproof::kernels {
 // Row-major shape, outermost dimension first.
 class Shape {
  public:
-  Shape() = default;
-  Shape(std::initializer_list<int64_t> dims) : dims_(dims) {}
-  explicit Shape(std::vector<int64_t> dims) : dims_(std::move(dims)) {}
+  // The most dimensions a shape has (held inline: copying a shape never allocates).
+  static constexpr int kMaxRank = 8;
 
-  int rank() const { return static_cast<int>(dims_.size()); }
-  int64_t operator[](int i) const { return dims_.at(static_cast<size_t>(i < 0 ? i + rank() : i)); }
-  const std::vector<int64_t>& dims() const { return dims_; }
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims) { assign(dims.begin(), dims.size()); }
+  explicit Shape(const std::vector<int64_t>& dims) { assign(dims.data(), dims.size()); }
+  explicit Shape(std::span<const int64_t> dims) { assign(dims.data(), dims.size()); }
+
+  int rank() const { return rank_; }
+  int64_t operator[](int i) const {
+    const int at = i < 0 ? i + rank() : i;
+    MP_CHECK(0 <= at && at < rank(), "dimension {} of a rank-{} shape", i, rank());
+    return dims_[static_cast<size_t>(at)];
+  }
+  std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
+  std::vector<int64_t> dim_vector() const { return {dims().begin(), dims().end()}; }
+  // This shape with dimension `d` set to `extent`.
+  Shape with_dim(int d, int64_t extent) const;
   Elements numel() const;
   // Product of all but the last dimension ("M" of a 2-D view), and the last dimension ("K").
   int64_t leading() const;
-  int64_t last() const { return dims_.empty() ? 1 : dims_.back(); }
-  bool operator==(const Shape&) const = default;
+  int64_t last() const { return rank_ == 0 ? 1 : dims_[static_cast<size_t>(rank_ - 1)]; }
+  bool operator==(const Shape& o) const {
+    return rank_ == o.rank_ && std::equal(dims().begin(), dims().end(), o.dims().begin());
+  }
   std::string str() const;  // "[4, 128]"
 
  private:
-  std::vector<int64_t> dims_;
+  void assign(const int64_t* d, size_t n) {
+    MP_CHECK_INPUT(n <= static_cast<size_t>(kMaxRank),
+                   "a tensor shape has at most {} dimensions, got {}", kMaxRank, n);
+    std::copy(d, d + n, dims_.begin());
+    rank_ = static_cast<int8_t>(n);
+  }
+  std::array<int64_t, kMaxRank> dims_{};
+  int8_t rank_ = 0;
 };
 
 class Storage;

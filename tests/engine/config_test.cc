@@ -12,6 +12,8 @@
 #include "engine/params.h"
 #include "engine/trainer.h"
 #include "kernels/error.h"
+#include "kernels/philox.h"
+#include "mesh/layout.h"
 
 namespace meshproof::engine {
 namespace {
@@ -118,6 +120,47 @@ TEST(Init, ShardsEqualRowsOfTheWholeTensor) {
     const auto w = whole.slice_rows(mid, end).to_vector<float>();
     EXPECT_EQ(part.to_vector<float>(), w) << s.name;
   }
+}
+
+// A box that is a proper part of every dim (columns too: a tp shard of a row-parallel weight)
+// draws exactly the whole tensor's elements there, for 1-, 2- and 3-D parameters, and an element's
+// value is the design's formula at its global flat index.
+TEST(Init, BoxesEqualTheSameBoxOfTheWholeTensor) {
+  ModelConfig m;
+  std::vector<ParamSpec> specs = param_specs(m);
+  ParamSpec cube;
+  cube.name = "test.cube";
+  cube.shape = kernels::Shape{5, 7, 9};
+  cube.init = InitKind::kNormal;
+  cube.std = 0.5;
+  specs.push_back(cube);
+  for (const ParamSpec& s : specs) {
+    const mesh::Box whole_box = mesh::Box::whole(s.shape);
+    const kernels::Tensor whole = init_param_box(s, 99, whole_box);
+    mesh::Box part_box = whole_box;
+    for (int d = 0; d < s.shape.rank(); ++d) {
+      part_box.offset[static_cast<size_t>(d)] = kernels::Elements(s.shape[d] / 3);
+      part_box.extent[static_cast<size_t>(d)] =
+          kernels::Elements(std::max<int64_t>(1, s.shape[d] / 3));
+    }
+    const kernels::Tensor part = init_param_box(s, 99, part_box);
+    ASSERT_EQ(part.shape(), part_box.shape()) << s.name;
+    kernels::Tensor expect =
+        kernels::Tensor::zeros(part_box.shape(), kernels::DType::kFloat32, kernels::Device::cpu());
+    mesh::copy_region(whole, whole_box, expect, part_box, part_box);
+    EXPECT_EQ(part.to_vector<float>(), expect.to_vector<float>()) << s.name;
+  }
+  // The cube's box [1:2, 2:4, 3:6]: its last element is global (1 * 7 + 3) * 9 + 5.
+  mesh::Box b = mesh::Box::whole(cube.shape);
+  b.offset = {kernels::Elements(1), kernels::Elements(2), kernels::Elements(3)};
+  b.extent = {kernels::Elements(1), kernels::Elements(2), kernels::Elements(3)};
+  const std::vector<float> v = init_param_box(cube, 7, b).to_vector<float>();
+  ASSERT_EQ(v.size(), 6u);
+  const uint64_t stream = kernels::philox_stream("test.cube");
+  EXPECT_EQ(v[5], static_cast<float>(0.5 * kernels::philox_normal(7, stream, (1 * 7 + 3) * 9 + 5)));
+  EXPECT_EQ(v[0], static_cast<float>(0.5 * kernels::philox_normal(7, stream, (1 * 7 + 2) * 9 + 3)));
+  b.extent[2] = kernels::Elements(7);  // columns 3..10 of 9
+  EXPECT_THROW((void)init_param_box(cube, 7, b), kernels::Error);
 }
 
 TEST(Init, FollowsTheDesignTable) {

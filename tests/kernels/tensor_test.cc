@@ -19,6 +19,35 @@ TEST(TensorTest, ShapeQueries) {
   EXPECT_EQ(s.str(), "[4, 3, 32]");
 }
 
+// Shapes hold their dimensions inline (copies never allocate): up to kMaxRank of them, more is an
+// input error (a checkpoint or tensor file can name any rank); equality is rank and extents, not
+// the unused slots.
+TEST(TensorTest, ShapeHoldsUpToMaxRankDimensions) {
+  const std::vector<int64_t> eight = {1, 2, 3, 4, 5, 6, 7, 8};
+  const Shape s(eight);
+  EXPECT_EQ(s.rank(), Shape::kMaxRank);
+  EXPECT_EQ(s.numel().value, 40320);
+  EXPECT_EQ(s.dim_vector(), eight);
+  std::vector<int64_t> nine = eight;
+  nine.push_back(9);
+  try {
+    const Shape too_many(nine);
+    ADD_FAILURE() << "a rank-9 shape was accepted: " << too_many.str();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("at most 8 dimensions, got 9"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((void)s[8], Error);
+  EXPECT_THROW((void)s[-9], Error);
+  const Shape a{4, 3}, b = Shape{4, 3, 5}.with_dim(2, 7);
+  EXPECT_EQ(b, (Shape{4, 3, 7}));
+  EXPECT_NE(a, (Shape{4, 3, 0}));  // a zero extent is not an absent dimension
+  EXPECT_EQ(Shape{}, Shape(std::vector<int64_t>{}));
+  EXPECT_EQ(Shape{}.numel().value, 1);
+  EXPECT_THROW((void)a.with_dim(2, 1), Error);
+}
+
 TEST(TensorTest, FromVectorAndSliceRowsShareStorage) {
   Tensor t = Tensor::from_vector<float>(Shape{3, 2}, {0, 1, 2, 3, 4, 5});
   Tensor rows = t.slice_rows(1, 3);
