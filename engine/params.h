@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/config.h"
@@ -112,7 +113,10 @@ struct ParamSpec {
 // (weight, bias each), then moe.shared.* with model.moe.shared_expert.
 std::vector<ParamSpec> param_specs(const ModelConfig& model);
 
-// Tensors keyed by parameter name, iterated in canonical (insertion) order.
+// Tensors keyed by parameter name, iterated in canonical (insertion) order. Looked up by hash:
+// the model and the FSDP executor look every weight and gradient up by name on every call, and an
+// ordered map's compares of the long shared prefixes ("layers.3.mlp.") were about 4% of an 8-rank
+// small-model run (docs/design.md section 36, fourth round).
 class TensorMap {
  public:
   void insert(const std::string& name, kernels::Tensor t);
@@ -126,7 +130,7 @@ class TensorMap {
 
  private:
   std::vector<std::string> names_;
-  std::map<std::string, kernels::Tensor> tensors_;
+  std::unordered_map<std::string, kernels::Tensor> tensors_;
 };
 
 // The box `box` of parameter `spec` as float32 (shape box.shape()): the element with global flat

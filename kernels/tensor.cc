@@ -36,8 +36,8 @@ namespace {
 // unchanged. Off under AddressSanitizer, which must see every free to catch a use after it.
 class HostBlockCache {
  public:
-  static constexpr size_t kMaxBlock = size_t{8} << 20;    // 8 MiB
-  static constexpr size_t kMaxCached = size_t{32} << 20;  // 32 MiB per thread
+  static constexpr size_t kMaxBlock = size_t{64} << 20;    // 64 MiB
+  static constexpr size_t kMaxCached = size_t{256} << 20;  // 256 MiB per thread
 
   ~HostBlockCache() {
     alive_ = false;
