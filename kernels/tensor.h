@@ -36,7 +36,6 @@ class Shape {
     return dims_[static_cast<size_t>(at)];
   }
   std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
-  std::vector<int64_t> dim_vector() const { return {dims().begin(), dims().end()}; }
   // This shape with dimension `d` set to `extent`.
   Shape with_dim(int d, int64_t extent) const;
   Elements numel() const;

@@ -27,7 +27,7 @@ TEST(TensorTest, ShapeHoldsUpToMaxRankDimensions) {
   const Shape s(eight);
   EXPECT_EQ(s.rank(), Shape::kMaxRank);
   EXPECT_EQ(s.numel().value, 40320);
-  EXPECT_EQ(s.dim_vector(), eight);
+  EXPECT_EQ(std::vector<int64_t>(s.dims().begin(), s.dims().end()), eight);
   std::vector<int64_t> nine = eight;
   nine.push_back(9);
   try {
