@@ -9,25 +9,6 @@
 # targets: edge counters everywhere (cheap: one byte increment per edge), and the full
 # -fsanitize=fuzzer-no-link (comparison tracing too, which costs a call per comparison and would
 # slow the numeric tests) only on the fuzzed sources, see meshproof_fuzz_instrument().
-# Tests of the current directory that start ranks under mpirun (those whose ENVIRONMENT lets
-# Open MPI run as root): in a sanitizer build their leak stacks are unwound in full
-# (fast_unwind_on_malloc=0). Open MPI allocates through libc's vasprintf, which has no frame
-# pointers, so the fast unwinder stops there and tests/sanitize/lsan.supp cannot see the Open MPI
-# frame above it. Only these tests pay for the slow unwinder (the whole suite with it took more
-# than three times as long). A no-op in other builds; call it after the directory's add_test()s.
-function(meshproof_mpi_tests_unwind_fully)
-  if(NOT MESHPROOF_SANITIZE)
-    return()
-  endif()
-  get_property(tests DIRECTORY PROPERTY TESTS)
-  foreach(t ${tests})
-    get_test_property(${t} ENVIRONMENT env)
-    if(env MATCHES "OMPI_ALLOW_RUN_AS_ROOT")
-      set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT_MODIFICATION
-                   "ASAN_OPTIONS=string_append::fast_unwind_on_malloc=0")
-    endif()
-  endforeach()
-endfunction()
 
 if(NOT (MESHPROOF_SANITIZE OR MESHPROOF_FUZZ))
   return()

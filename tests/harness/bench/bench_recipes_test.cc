@@ -171,6 +171,35 @@ TEST(BenchRecipes, DerivesEveryGemmOfTheModel) {
   EXPECT_EQ(engine::gemm_dims(small[11]), (GemmShape{256, 1024, 16}));
 }
 
+// The bench inputs: unit variance and mean 0 within sampling error, bounded, deterministic per
+// seed, distinct across seeds. Bounds for 2^20 samples: the sample mean's standard error is
+// 2^-10 ~ 1e-3 (5 sigma: 5e-3); the sample variance's is sqrt((mu4 - 1) / n) with the Irwin-Hall
+// (n=4) fourth moment mu4 = 2.7, ~1.3e-3 (5 sigma: 6.4e-3, rounded up to 7e-3); a scale off by
+// one bit of the four-uniform sum's range (variance x4) or an uncentred sum fails.
+TEST(BenchRecipes, BenchValuesAreUnitVarianceBoundedAndPerSeed) {
+  const int64_t n = int64_t{1} << 20;
+  const std::vector<float> a = engine::bench_values(n, 5);
+  ASSERT_EQ(a.size(), static_cast<size_t>(n));
+  double sum = 0, sq = 0;
+  float lo = 0, hi = 0;
+  for (float x : a) {
+    sum += x;
+    sq += static_cast<double>(x) * x;
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+  }
+  const double mean = sum / static_cast<double>(n);
+  EXPECT_NEAR(mean, 0.0, 5e-3);
+  EXPECT_NEAR(sq / static_cast<double>(n) - mean * mean, 1.0, 7e-3);
+  EXPECT_GE(lo, -2 * std::sqrt(3.0f));
+  EXPECT_LE(hi, 2 * std::sqrt(3.0f));
+  EXPECT_LT(lo, -3.0f);  // the tails are reached: a bell, not a narrow band
+  EXPECT_GT(hi, 3.0f);
+  EXPECT_EQ(engine::bench_values(1000, 5), std::vector<float>(a.begin(), a.begin() + 1000));
+  const std::vector<float> b = engine::bench_values(1000, 6);
+  EXPECT_NE(b, std::vector<float>(a.begin(), a.begin() + 1000));
+}
+
 TEST(BenchRecipes, SpeedupArithmetic) {
   // bf16 2 ms, GEMM 0.5 ms, quantization 0.5 ms: autocast 2 / 1 = 2, pre-quantized 2 / 0.5 = 4.
   const engine::Speedup s = engine::gemm_speedup(2e-3, 0.5e-3, 0.5e-3);
