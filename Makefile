@@ -51,7 +51,7 @@ $(ASAN_DIR)/build.ninja: | deps
 	  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
 	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
 	  -DMESHPROOF_CUDA=OFF -DMESHPROOF_SANITIZE=ON -DMESHPROOF_FUZZ=ON -DMESHPROOF_WERROR=OFF \
-	  $(CMAKE_FLAGS)
+	  -DCMAKE_UNITY_BUILD=ON $(CMAKE_FLAGS)
 
 # gtest_discover_tests runs each test binary at build time, so the build needs the options too.
 sanitize-build: deps $(ASAN_DIR)/build.ninja

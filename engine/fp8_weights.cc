@@ -34,10 +34,6 @@ kernels::QuantizedTensor quantized_on(kernels::QuantizedTensor q, kernels::Devic
   return q;
 }
 
-Tensor on_device(const Tensor& t, kernels::Device device) {
-  return t.device() == device ? t : t.to(device);
-}
-
 int64_t fp8_bytes(const Fp8Shard& f) {
   int64_t n = 0;
   for (const Tensor* t :
@@ -197,7 +193,7 @@ int64_t Fp8WeightStore::gather(size_t i, int64_t step) {
   // The amax of the shard's high-precision values (recorded by delayed scaling).
   const Tensor amax = kernels::compute_amax(hp);
   recipe_.set_prequantized_weight(p.spec.linear, quantized_on(std::move(g.weight), device_),
-                                  on_device(amax, device_));
+                                  amax.on(device_));
   return bytes;
 }
 

@@ -18,14 +18,6 @@ using mesh::DimSet;
 using mesh::Layout;
 using mesh::MeshDim;
 
-namespace {
-
-Tensor on_device(const Tensor& t, kernels::Device device) {
-  return t.device() == device ? t : t.to(device);
-}
-
-}  // namespace
-
 FsdpUnitExecutor::FsdpUnitExecutor(const RunOptions& options, ShardPlan& plan, Fp8WeightStore& fp8,
                                    mesh::RankComms& comms, Fp8Recipe& recipe,
                                    const FaultHooks& faults, kernels::Device device)
@@ -152,7 +144,7 @@ void FsdpUnitExecutor::gather_weight(size_t i) {
     if (options_.config.recipe.kind != RecipeKind::kFp32 && !p.spec.fp32_compute)
       full = kernels::cast_to(full, DType::kBFloat16);
     bytes = full.nbytes().value;
-    weights_.insert(p.spec.name, on_device(full, device_));
+    weights_.insert(p.spec.name, full.on(device_));
   }
   gathered_bytes_[p.spec.name] = bytes;
   gathered_now_ += bytes;
@@ -289,7 +281,7 @@ void FsdpUnitExecutor::reduce_param(size_t i) {
       g.shape()[0] == p.compute.extent[0].value ? g : g.slice_rows(0, p.compute.extent[0].value);
   // On the gradient shard's device (the rank's compute device when the state is resident).
   Tensor reduced = mesh::reduce_scatter_box(
-      shard, p.layout, on_device(real, p.grad.device()), p.compute, mesh::ReduceOp::kAvg,
+      shard, p.layout, real.on(p.grad.device()), p.compute, mesh::ReduceOp::kAvg,
       runs(mesh::CollectiveKind::kReduceScatter, groups::kDpShard));
   if (replicate.size() > 1 && over_replicas && reduced.numel().value > 0 &&
       runs(mesh::CollectiveKind::kAllReduce, groups::kDpReplicate))

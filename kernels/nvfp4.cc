@@ -7,6 +7,7 @@
 #include "kernels/error.h"
 #include "kernels/nvfp4_cuda.h"
 #include "kernels/nvfp4_rules.h"
+#include "kernels/op_util.h"
 #include "kernels/runtime.h"
 
 namespace meshproof::kernels {
@@ -14,25 +15,11 @@ namespace {
 
 namespace nv = rules::nvfp4;
 
-[[maybe_unused]] void* stream_of_context() { return current_context().stream; }
-
 #if MESHPROOF_HAVE_CUDA
 #define MP_NVFP4_CUDA(call) cuda::call
 #else
-[[noreturn]] void no_cuda() {
-  MP_FAIL("tensor is on a CUDA device but meshproof was built without the CUDA backend");
-}
-#define MP_NVFP4_CUDA(call) no_cuda()
+#define MP_NVFP4_CUDA(call) detail::no_cuda_backend("nvfp4")
 #endif
-
-bool check_input(const Tensor& x, std::string_view what) {
-  MP_CHECK_INPUT(x.defined(), "{}: input tensor is undefined", what);
-  MP_CHECK_INPUT(x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16,
-                 "{}: input {} must be float32 or bfloat16", what, x.describe());
-  MP_CHECK_INPUT(x.shape().rank() >= 1 && x.numel().value > 0, "{}: input {} must be non-empty",
-                 what, x.describe());
-  return x.dtype() == DType::kBFloat16;
-}
 
 }  // namespace
 
@@ -47,14 +34,14 @@ void check_nvfp4_shape(int64_t M, int64_t K, const Nvfp4Options& o, std::string_
 }
 
 Tensor nvfp4_global_amax(const Tensor& x, bool rht, std::string_view what) {
-  const bool bf16 = check_input(x, what);
+  const bool bf16 = detail::check_quantizer_input(x, what);
   const int64_t M = x.shape().leading();
   const int64_t K = x.shape().last();
   check_nvfp4_shape(M, K, Nvfp4Options{}, what);
   Tensor out = Tensor::empty({2}, DType::kFloat32, x.device());
   if (x.device().is_cuda()) {
     MP_NVFP4_CUDA(launch_nvfp4_global_amax(x.raw_data(), bf16, M, K, rht, out.data<float>(),
-                                           stream_of_context()));
+                                           detail::cuda_stream()));
     return out;
   }
   const uint32_t row = rules::block_amax_bits(x.raw_data(), bf16, 0, 1, M * K);
@@ -75,7 +62,7 @@ Tensor nvfp4_global_amax(const Tensor& x, bool rht, std::string_view what) {
 
 QuantizedTensor quantize_nvfp4(const Tensor& x, const Nvfp4Options& o, Usage usage,
                                const Tensor& global_amax, std::string_view what) {
-  const bool bf16 = check_input(x, what);
+  const bool bf16 = detail::check_quantizer_input(x, what);
   const int64_t M = x.shape().leading();
   const int64_t K = x.shape().last();
   check_nvfp4_shape(M, K, o, what);
@@ -127,7 +114,7 @@ QuantizedTensor quantize_nvfp4(const Tensor& x, const Nvfp4Options& o, Usage usa
     MP_NVFP4_CUDA(launch_quantize_nvfp4(x.raw_data(), bf16, M, K, o.tile16x16, o.rht,
                                         o.pow2_block_scales, sr.on, sr.seed, sr.stream, sr.row0,
                                         sr.col0, sr.ld, global_amax.data<float>(), row, row_s, col,
-                                        col_s, stream_of_context()));
+                                        col_s, detail::cuda_stream()));
     return q;
   }
   nv::Job j;
@@ -185,7 +172,7 @@ Tensor dequantize_nvfp4(const QuantizedTensor& q, bool rowwise) {
   const auto* s = static_cast<const uint8_t*>(scale.raw_data());
   if (data.device().is_cuda()) {
     MP_NVFP4_CUDA(launch_dequantize_nvfp4(d, s, amax.data<float>(), R, C, out.data<float>(),
-                                          stream_of_context()));
+                                          detail::cuda_stream()));
     return out;
   }
   const float gds = nv::global_decode_scale(nv::global_encode_scale(amax.data<float>()[0]));
@@ -201,7 +188,7 @@ Tensor dequantize_nvfp4(const QuantizedTensor& q, bool rowwise) {
 }
 
 Tensor nvfp4_rht_transpose(const Tensor& x) {
-  const bool bf16 = check_input(x, "nvfp4_rht_transpose");
+  const bool bf16 = detail::check_quantizer_input(x, "nvfp4_rht_transpose");
   MP_CHECK_INPUT(x.device().is_cpu(), "nvfp4_rht_transpose: {} must be on the CPU", x.describe());
   const int64_t M = x.shape().leading();
   const int64_t K = x.shape().last();
@@ -275,7 +262,7 @@ QuantizedTensor nvfp4_tiled_from_rowwise(const Tensor& rowwise_data, const Tenso
   auto* cd = static_cast<uint8_t*>(q.columnwise_data.raw_data());
   if (dev.is_cuda()) {
     MP_NVFP4_CUDA(
-        launch_nvfp4_tiled_from_rowwise(rd, tiles, M, K, row_s, cd, col_s, stream_of_context()));
+        launch_nvfp4_tiled_from_rowwise(rd, tiles, M, K, row_s, cd, col_s, detail::cuda_stream()));
     return q;
   }
   for (int64_t m = 0; m < M; ++m) {

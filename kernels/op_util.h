@@ -58,6 +58,17 @@ inline void* cuda_stream() { return current_context().stream; }
   MP_FAIL("{}: CUDA tensor but meshproof was built without the CUDA backend", op);
 }
 
+// Checks the input of a quantizer (per-tensor, MXFP8, block, NVFP4): defined, float32 or bfloat16,
+// not empty. Returns whether it is bfloat16.
+inline bool check_quantizer_input(const Tensor& x, std::string_view what) {
+  MP_CHECK_INPUT(x.defined(), "{}: input tensor is undefined", what);
+  MP_CHECK_INPUT(x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16,
+                 "{}: input {} must be float32 or bfloat16", what, x.describe());
+  MP_CHECK_INPUT(x.shape().rank() >= 1 && x.numel().value > 0, "{}: input {} must be non-empty",
+                 what, x.describe());
+  return x.dtype() == DType::kBFloat16;
+}
+
 // Calls the launcher `cuda::call` and checks its cudaError_t (only reached when on_cuda() is true,
 // so the non-CUDA build never gets here).
 #if MESHPROOF_HAVE_CUDA

@@ -22,6 +22,7 @@
 #endif
 
 #include "kernels/nvfp4.h"
+#include "kernels/op_util.h"
 #include "kernels/quantize_cuda.h"
 #include "kernels/quantize_internal.h"
 #include "kernels/quantize_rules.h"
@@ -52,22 +53,10 @@ namespace {
 
 using rules::QLayout;
 
-[[maybe_unused]] void* stream_of_context() { return current_context().stream; }
-
 bool is_e5m2(DType format) {
   MP_CHECK_INPUT(format == DType::kE4M3 || format == DType::kE5M2,
                  "quantization format must be e4m3 or e5m2, got {}", dtype_name(format));
   return format == DType::kE5M2;
-}
-
-// Checks the input of a quantizer and returns whether it is bf16.
-bool check_input(const Tensor& x, std::string_view what) {
-  MP_CHECK_INPUT(x.defined(), "{}: input tensor is undefined", what);
-  MP_CHECK_INPUT(x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16,
-                 "{}: input {} must be float32 or bfloat16", what, x.describe());
-  MP_CHECK_INPUT(x.shape().rank() >= 1 && x.numel().value > 0, "{}: input {} must be non-empty",
-                 what, x.describe());
-  return x.dtype() == DType::kBFloat16;
 }
 
 void check_scalar(const Tensor& t, const Tensor& x, std::string_view what) {
@@ -82,10 +71,7 @@ void check_scalar(const Tensor& t, const Tensor& x, std::string_view what) {
 #if MESHPROOF_HAVE_CUDA
 #define MP_CUDA_DISPATCH(call) cuda::call
 #else
-[[noreturn]] void no_cuda() {
-  MP_FAIL("tensor is on a CUDA device but meshproof was built without the CUDA backend");
-}
-#define MP_CUDA_DISPATCH(call) no_cuda()
+#define MP_CUDA_DISPATCH(call) detail::no_cuda_backend("quantize")
 #endif
 
 // ---- vectorisable CPU building blocks (bitwise equal to the rules:: element loops) ----------
@@ -423,11 +409,11 @@ uint8_t* scratch_bytes(size_t n) {
 float fp8_max(DType format) { return rules::fp8_max(is_e5m2(format)); }
 
 Tensor compute_amax(const Tensor& x) {
-  const bool bf16 = check_input(x, "compute_amax");
+  const bool bf16 = detail::check_quantizer_input(x, "compute_amax");
   Tensor out = Tensor::empty({1}, DType::kFloat32, x.device());
   if (x.device().is_cuda()) {
     MP_CUDA_DISPATCH(
-        launch_amax(x.raw_data(), bf16, x.numel().value, out.data<float>(), stream_of_context()));
+        launch_amax(x.raw_data(), bf16, x.numel().value, out.data<float>(), detail::cuda_stream()));
     return out;
   }
   const uint32_t a = amax_contiguous(x.raw_data(), bf16, 0, x.numel().value);
@@ -442,7 +428,7 @@ Tensor compute_current_scale(const Tensor& amax, DType format, float eps, bool p
   Tensor out = Tensor::empty({1}, DType::kFloat32, amax.device());
   if (amax.device().is_cuda()) {
     MP_CUDA_DISPATCH(launch_current_scale(amax.data<float>(), out.data<float>(), max, eps, pow2,
-                                          stream_of_context()));
+                                          detail::cuda_stream()));
     return out;
   }
   out.data<float>()[0] = rules::current_scale(amax.data<float>()[0], max, eps, pow2);
@@ -462,7 +448,7 @@ void record_amax(DelayedScalingState& state, const Tensor& amax) {
   check_scalar(amax, state.amax_history, "record_amax: amax");
   float* hist = state.amax_history.data<float>();
   if (amax.device().is_cuda()) {
-    MP_CUDA_DISPATCH(launch_record_amax(hist, amax.data<float>(), stream_of_context()));
+    MP_CUDA_DISPATCH(launch_record_amax(hist, amax.data<float>(), detail::cuda_stream()));
     return;
   }
   const uint32_t a = rules::abs_bits(hist[0]);
@@ -484,7 +470,7 @@ void update_delayed_scaling(DelayedScalingState& state, AmaxAlgo algo, int margi
   if (state.scale.device().is_cuda()) {
     MP_CUDA_DISPATCH(launch_delayed_update(state.amax_history.data<float>(), len,
                                            state.scale.data<float>(), algo == AmaxAlgo::kMax,
-                                           fp8_max_value, two_pow_margin, stream_of_context()));
+                                           fp8_max_value, two_pow_margin, detail::cuda_stream()));
     return;
   }
   rules::delayed_update(state.amax_history.data<float>(), len, state.scale.data<float>(),
@@ -493,7 +479,7 @@ void update_delayed_scaling(DelayedScalingState& state, AmaxAlgo algo, int margi
 
 QuantizedTensor quantize_per_tensor(const Tensor& x, const Tensor& scale, DType format, Usage usage,
                                     ScalingMode mode, const Tensor& amax) {
-  const bool bf16 = check_input(x, "quantize_per_tensor");
+  const bool bf16 = detail::check_quantizer_input(x, "quantize_per_tensor");
   const bool e5m2 = is_e5m2(format);
   check_scalar(scale, x, "quantize_per_tensor: scale");
   MP_CHECK_INPUT(mode == ScalingMode::kDelayedTensor || mode == ScalingMode::kCurrentTensor,
@@ -516,7 +502,7 @@ QuantizedTensor quantize_per_tensor(const Tensor& x, const Tensor& scale, DType 
   if (dev.is_cuda()) {
     MP_CUDA_DISPATCH(launch_quantize_per_tensor(x.raw_data(), bf16, M, K, scale.data<float>(), e5m2,
                                                 row, col, scale_inv.data<float>(),
-                                                stream_of_context()));
+                                                detail::cuda_stream()));
   } else {
     const float s = scale.data<float>()[0];
     scale_inv.data<float>()[0] = rules::reciprocal(s);
@@ -545,7 +531,7 @@ QuantizedTensor quantize_current(const Tensor& x, DType format, Usage usage, flo
 }
 
 QuantizedTensor quantize_mxfp8(const Tensor& x, DType format, Usage usage) {
-  const bool bf16 = check_input(x, "quantize_mxfp8");
+  const bool bf16 = detail::check_quantizer_input(x, "quantize_mxfp8");
   const bool e5m2 = is_e5m2(format);
   MP_CHECK_INPUT(usage.rowwise || usage.columnwise, "quantize_mxfp8: no copy requested");
   const int64_t M = x.shape().leading();
@@ -578,7 +564,7 @@ QuantizedTensor quantize_mxfp8(const Tensor& x, DType format, Usage usage) {
   const void* xp = x.raw_data();
   if (dev.is_cuda()) {
     MP_CUDA_DISPATCH(
-        launch_quantize_mxfp8(xp, bf16, M, K, e5m2, row, row_s, col, col_s, stream_of_context()));
+        launch_quantize_mxfp8(xp, bf16, M, K, e5m2, row, row_s, col, col_s, detail::cuda_stream()));
     return q;
   }
   if (row) {
@@ -618,7 +604,7 @@ QuantizedTensor quantize_mxfp8(const Tensor& x, DType format, Usage usage) {
 
 QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, Usage usage,
                                bool pow2, float eps) {
-  const bool bf16 = check_input(x, "quantize_block");
+  const bool bf16 = detail::check_quantizer_input(x, "quantize_block");
   const bool e5m2 = is_e5m2(format);
   MP_CHECK_INPUT(std::isfinite(eps) && eps >= 0.0f, "quantize_block: eps must be >= 0, got {}",
                  eps);
@@ -656,7 +642,7 @@ QuantizedTensor quantize_block(const Tensor& x, ScalingMode mode, DType format, 
   const void* xp = x.raw_data();
   if (dev.is_cuda()) {
     MP_CUDA_DISPATCH(launch_quantize_block(xp, bf16, M, K, tile, e5m2, eps, pow2, row, row_s, col,
-                                           col_s, stream_of_context()));
+                                           col_s, detail::cuda_stream()));
     return q;
   }
   if (tile) {
@@ -761,7 +747,7 @@ Tensor dequantize(const QuantizedTensor& q, QuantizedCopy which) {
   const auto* d = static_cast<const uint8_t*>(data.raw_data());
   if (data.device().is_cuda()) {
     MP_CUDA_DISPATCH(launch_dequantize(static_cast<int>(layout), e5m2, d, scale.raw_data(), M, K,
-                                       out.data<float>(), stream_of_context()));
+                                       out.data<float>(), detail::cuda_stream()));
     return out;
   }
   float* o = out.data<float>();
@@ -784,7 +770,7 @@ Tensor transpose_2d(const Tensor& t) {
   Tensor out = Tensor::empty({C, R}, t.dtype(), t.device());
   if (t.device().is_cuda()) {
     MP_CUDA_DISPATCH(
-        launch_transpose(t.raw_data(), out.raw_data(), R, C, bits / 8, stream_of_context()));
+        launch_transpose(t.raw_data(), out.raw_data(), R, C, bits / 8, detail::cuda_stream()));
     return out;
   }
   const auto* in = static_cast<const uint8_t*>(t.raw_data());

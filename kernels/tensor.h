@@ -105,6 +105,8 @@ class Tensor {
   // Deep copy onto `device` (synchronous for device->host so the result is readable).
   Tensor to(Device device) const;
   Tensor clone() const { return to(device()); }
+  // This tensor (shared storage) when it is on `device` already, else a copy there.
+  Tensor on(Device device) const { return this->device() == device ? *this : to(device); }
   // Copies `src` (same dtype and element count) into this tensor's memory.
   void copy_from(const Tensor& src);
   // Sets every byte to zero.

@@ -15,10 +15,6 @@
 namespace meshproof::reports {
 namespace {
 
-[[noreturn]] void input_error(const std::string& m) {
-  throw ReportError(ReportError::Kind::kInput, m);
-}
-
 // A number at `key` of object `o` (path for messages); null -> nullopt; wrong type -> error.
 std::optional<double> number(const nlohmann::json& o, const char* key, const std::string& path) {
   if (!o.is_object() || !o.contains(key))

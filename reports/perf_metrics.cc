@@ -11,10 +11,6 @@
 namespace meshproof::reports {
 namespace {
 
-[[noreturn]] void input_error(std::string message) {
-  throw ReportError(ReportError::Kind::kInput, message);
-}
-
 std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -21,4 +21,9 @@ class ReportError : public std::runtime_error {
   Kind kind_;
 };
 
+// Throws a kInput ReportError: the reports layer's one way to reject bad input.
+[[noreturn]] inline void input_error(const std::string& message) {
+  throw ReportError(ReportError::Kind::kInput, message);
+}
+
 }  // namespace meshproof::reports

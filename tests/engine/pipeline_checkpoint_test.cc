@@ -53,7 +53,7 @@ void expect_same_global(const fs::path& one, const CheckpointIndex& a, const fs:
 
 // fp32, 4 layers (pp 1, 2 and 4 all split them), 2 micro-batches, 4 steps, AdamW with decay and
 // a warmup-cosine LR (the optimizer step and LR position are resumed state too).
-constexpr int64_t kSteps = 4;
+constexpr int64_t kRunSteps = 4;
 constexpr int64_t kSaveAt = 2;
 
 RunOptions options(int pp, std::vector<int64_t> split = {},
@@ -62,7 +62,7 @@ RunOptions options(int pp, std::vector<int64_t> split = {},
   tm.layers = 4;
   Config c = testing::make_config(tm);
   c.training.micro_batches = 2;
-  c.training.steps = kSteps;
+  c.training.steps = kRunSteps;
   c.training.schedule = LrSchedule::kWarmupCosine;
   c.training.warmup_steps = 1;
   c.training.pp_schedule = schedule;
@@ -70,7 +70,7 @@ RunOptions options(int pp, std::vector<int64_t> split = {},
   MeshSpec m;
   m.dp_shard = 2;  // FSDP inside every stage
   m.pp = pp;
-  return testing::run_options(c, m, kSteps);
+  return testing::run_options(c, m, kRunSteps);
 }
 
 std::string describe(const RunOptions& o) {
@@ -104,7 +104,7 @@ fs::path train_and_save(const RunOptions& o, const fs::path& root) {
   return dir;
 }
 
-// A fresh session on `o` loads `dir` and trains to kSteps: the metrics of those steps and the
+// A fresh session on `o` loads `dir` and trains to kRunSteps: the metrics of those steps and the
 // final parameters, as a RunResult. `skip_replicas` (a negative control) loads the state without
 // its replicas (StateEntry::replica: the last stage's copy of a tied embed.tok and its moments),
 // which keep their initial values.
@@ -122,7 +122,7 @@ RunResult resume(const RunOptions& o, const fs::path& dir, bool skip_replicas = 
         s.state().scalars = loaded.scalars;
         s.load_scalars();
         std::vector<StepMetrics> m;
-        while (s.steps_done() < kSteps) m.push_back(s.step());
+        while (s.steps_done() < kRunSteps) m.push_back(s.step());
         std::map<std::string, Tensor> p = s.gather_params();
         if (comms.rank() == 0) {
           r.metrics = m;
@@ -136,7 +136,7 @@ RunResult resume(const RunOptions& o, const fs::path& dir, bool skip_replicas = 
   return r;
 }
 
-// The uninterrupted run's last kSteps - kSaveAt steps and its final parameters.
+// The uninterrupted run's last kRunSteps - kSaveAt steps and its final parameters.
 RunResult straight_tail(const RunOptions& o) {
   RunResult r = run_training(o);
   r.metrics.erase(r.metrics.begin(), r.metrics.begin() + kSaveAt);

@@ -57,6 +57,18 @@ TEST(TensorTest, FromVectorAndSliceRowsShareStorage) {
   EXPECT_EQ(t.data<float>()[2], 42.0f);
 }
 
+// on(device): the tensor itself (shared storage, no copy) when it is there already; the device
+// case (a copy) runs in the gpu suites, whose ops move tensors with it.
+TEST(TensorTest, OnItsOwnDeviceSharesStorage) {
+  Tensor t = Tensor::from_vector<float>(Shape{2, 2}, {1, 2, 3, 4});
+  Tensor same = t.on(Device::cpu());
+  EXPECT_EQ(same.raw_data(), t.raw_data());
+  EXPECT_EQ(same.shape(), t.shape());
+  Tensor copy = t.to(Device::cpu());
+  EXPECT_NE(copy.raw_data(), t.raw_data());
+  EXPECT_EQ(copy.to_vector<float>(), t.to_vector<float>());
+}
+
 TEST(TensorTest, TypedAccessChecksDType) {
   Tensor t = Tensor::zeros(Shape{2}, DType::kBFloat16, Device::cpu());
   EXPECT_THROW(t.data<float>(), Error);

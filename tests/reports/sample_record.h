@@ -3,6 +3,8 @@
 // fault-injection scenario caught by the all-gather parity check).
 #pragma once
 
+#include <string>
+
 #include "reports/run_record.h"
 
 namespace meshproof::reports::testing {
@@ -18,5 +20,12 @@ RunRecord hostile_record();
 // allgather_parity check passes and a determinism check (not in caught_by) fails with evidence.
 // Its verdict must be fail everywhere (reports and the `meshproof run` exit code).
 RunRecord wrong_check_record();
+
+// How often `needle` occurs in `hay`, overlapping occurrences included.
+inline size_t occurrences(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
 
 }  // namespace meshproof::reports::testing

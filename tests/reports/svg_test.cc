@@ -9,15 +9,12 @@
 #include <string>
 
 #include "reports/xml_text.h"
+#include "sample_record.h"
 
 namespace meshproof::reports {
 namespace {
 
-size_t count(const std::string& hay, const std::string& needle) {
-  size_t n = 0;
-  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
-  return n;
-}
+using testing::occurrences;
 
 TEST(SvgTest, NiceTicksUseOneTwoFiveSteps) {
   const svg::Ticks t = svg::nice_ticks(0.0, 9.3, 6);
@@ -68,14 +65,14 @@ TEST(SvgTest, LinePlotHasAxesTicksLegendAndBrokenLines) {
   p.bands.push_back({"band", {1, 2, 3, 4}, {-1, -1, -1, -1}, {4, 4, 4, 4}, "#00ff00"});
   const std::string s = svg::render_line_plot(p);
   EXPECT_EQ(s.rfind("<svg ", 0), 0u);
-  EXPECT_EQ(count(s, "<svg"), 1u);
-  EXPECT_EQ(count(s, "</svg>"), 1u);
+  EXPECT_EQ(occurrences(s, "<svg"), 1u);
+  EXPECT_EQ(occurrences(s, "</svg>"), 1u);
   EXPECT_NE(s.find("Loss &lt;A&amp;B&gt;"), std::string::npos);  // title escaped
   // The NaN at step 3 splits "run" into two polylines; "golden" is one.
-  EXPECT_EQ(count(s, "stroke=\"#123456\" stroke-width=\"2\""), 2u + 1u);  // 2 lines + legend
-  EXPECT_EQ(count(s, "<polyline"), 3u);
-  EXPECT_EQ(count(s, "<circle"), 3u);  // markers on the 3 finite points
-  EXPECT_EQ(count(s, "<polygon"), 1u);
+  EXPECT_EQ(occurrences(s, "stroke=\"#123456\" stroke-width=\"2\""), 2u + 1u);  // 2 lines + legend
+  EXPECT_EQ(occurrences(s, "<polyline"), 3u);
+  EXPECT_EQ(occurrences(s, "<circle"), 3u);  // markers on the 3 finite points
+  EXPECT_EQ(occurrences(s, "<polygon"), 1u);
   EXPECT_NE(s.find("stroke-dasharray"), std::string::npos);
   EXPECT_NE(s.find(">step</text>"), std::string::npos);
   EXPECT_NE(s.find(">loss</text>"), std::string::npos);
@@ -93,7 +90,7 @@ TEST(SvgTest, LinePlotWithoutDataSaysSo) {
   p.series.push_back({"s", {1}, {std::nan("")}, "#000", false, false});
   const std::string s = svg::render_line_plot(p);
   EXPECT_NE(s.find("no data"), std::string::npos);
-  EXPECT_EQ(count(s, "<polyline"), 0u);
+  EXPECT_EQ(occurrences(s, "<polyline"), 0u);
 }
 
 TEST(SvgTest, StackedBarsStackSegmentsAndDrawMarkers) {
@@ -106,9 +103,9 @@ TEST(SvgTest, StackedBarsStackSegmentsAndDrawMarkers) {
   b.markers = {5, std::nan("")};
   b.marker_label = "peak";
   const std::string s = svg::render_stacked_bars(b);
-  EXPECT_EQ(count(s, "fill=\"#aa0000\"><title>"), 2u);
-  EXPECT_EQ(count(s, "fill=\"#00aa00\"><title>"), 1u);
-  EXPECT_EQ(count(s, "stroke-width=\"3\"><title>"), 1u);  // one marker
+  EXPECT_EQ(occurrences(s, "fill=\"#aa0000\"><title>"), 2u);
+  EXPECT_EQ(occurrences(s, "fill=\"#00aa00\"><title>"), 1u);
+  EXPECT_EQ(occurrences(s, "stroke-width=\"3\"><title>"), 1u);  // one marker
   EXPECT_NE(s.find(">peak</text>"), std::string::npos);
   // Axis max covers the marker (5): ticks 0..5.
   EXPECT_NE(s.find(">5</text>"), std::string::npos);

@@ -17,11 +17,7 @@
 namespace meshproof::reports {
 namespace {
 
-size_t count(const std::string& hay, const std::string& needle) {
-  size_t n = 0;
-  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
-  return n;
-}
+using testing::occurrences;
 
 std::string slurp(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -128,12 +124,12 @@ TEST(WritersTest, MarkdownSummaryRowsMatchTheRecord) {
 
 TEST(WritersTest, JunitCountsFollowTheRecord) {
   const std::string x = render_junit(testing::sample_record());
-  EXPECT_EQ(count(x, "<testsuite "), 3u);
+  EXPECT_EQ(occurrences(x, "<testsuite "), 3u);
   // 3 + 3 + (1 check + 1 expectation testcase) = 8 testcases; 1 failure (the golden check); the
   // caught fault is not a failure; one skipped.
-  EXPECT_EQ(count(x, "<testcase "), 8u);
-  EXPECT_EQ(count(x, "<failure "), 1u);
-  EXPECT_EQ(count(x, "<skipped "), 1u);
+  EXPECT_EQ(occurrences(x, "<testcase "), 8u);
+  EXPECT_EQ(occurrences(x, "<failure "), 1u);
+  EXPECT_EQ(occurrences(x, "<skipped "), 1u);
   EXPECT_NE(x.find("<!-- meshproof: 8 tests, 1 failures, 0 errors, 1 skipped in 9.400 s -->"),
             std::string::npos);
   // The Ant schema allows no attributes on <testsuites>.
@@ -153,8 +149,8 @@ TEST(WritersTest, UncaughtFaultAndScenarioErrorAreReported) {
                    "(allgather_parity, reference) failed\" type=\"expectation\"/>"),
             std::string::npos)
       << x;
-  EXPECT_EQ(count(x, "<failure "), 2u);
-  EXPECT_EQ(count(x, "<error "), 1u);
+  EXPECT_EQ(occurrences(x, "<failure "), 2u);
+  EXPECT_EQ(occurrences(x, "<error "), 1u);
   EXPECT_NE(x.find("CUDA error: out of memory"), std::string::npos);
 }
 
@@ -199,7 +195,7 @@ TEST(WritersTest, FaultCaughtByTheWrongCheckFailsInAllFourFormats) {
                    "determinism: rerun differs"),
             std::string::npos);
   // The golden failure of scenario 1 and the expectation testcase of scenario 2.
-  EXPECT_EQ(count(x, "<failure "), 2u);
+  EXPECT_EQ(occurrences(x, "<failure "), 2u);
 
   const std::string h = render_html(r);
   EXPECT_NE(h.find("<h2>fault_amax_not_reduced: fail</h2>"), std::string::npos);
@@ -239,23 +235,24 @@ TEST(WritersTest, EntropyFloorInJsonMarkdownAndHtml) {
   EXPECT_EQ(j["scenarios"][0]["entropy_floor"], 2 * std::log(2.0));
   EXPECT_TRUE(j["scenarios"][2]["entropy_floor"].is_null());
   const std::string md = render_markdown(r);
-  EXPECT_EQ(count(md,
-                  "- data entropy floor: 1.386294 nats/token (the loss no model can beat); "
-                  "final loss "),
+  EXPECT_EQ(occurrences(md,
+                        "- data entropy floor: 1.386294 nats/token (the loss no model can beat); "
+                        "final loss "),
             2u)
       << md;
   const std::string h = render_html(r);
-  EXPECT_EQ(count(h, "<tr><th>data entropy floor</th><td>1.386294 nats/token</td></tr>"), 2u);
+  EXPECT_EQ(occurrences(h, "<tr><th>data entropy floor</th><td>1.386294 nats/token</td></tr>"), 2u);
   // #17.19: the sample's losses run from ~10 down to ~2.1 (axis from 2), the floor 1.386 lies
   // below: no line squashing the curves, the title says where it is.
-  EXPECT_EQ(count(h, ">entropy floor"), 0u);
-  EXPECT_EQ(count(h, " (entropy floor 1.386, below the range)</text>"), 2u) << h.substr(0, 4000);
+  EXPECT_EQ(occurrences(h, ">entropy floor"), 0u);
+  EXPECT_EQ(occurrences(h, " (entropy floor 1.386, below the range)</text>"), 2u)
+      << h.substr(0, 4000);
   // A floor inside the curves' axis range is a labelled dashed line (legend "entropy floor V").
   RunRecord in_range = r;
   in_range.scenarios[0].entropy_floor = 2.2;
   const std::string h2 = render_html(in_range);
-  EXPECT_EQ(count(h2, ">entropy floor 2.2</text>"), 1u);
-  EXPECT_EQ(count(h2, "below the range)</text>"), 1u);  // scenario 1 keeps its 1.386
+  EXPECT_EQ(occurrences(h2, ">entropy floor 2.2</text>"), 1u);
+  EXPECT_EQ(occurrences(h2, "below the range)</text>"), 1u);  // scenario 1 keeps its 1.386
 }
 
 // The loss plot's y axis fits the curves: its lowest tick is at most one tick step below the
@@ -277,20 +274,20 @@ TEST(WritersTest, PipelineStagesInEveryFormatOnlyWithStages) {
   EXPECT_EQ(p.at(1).at("peak_bytes").size(), 4u);
 
   const std::string md = render_markdown(r);
-  EXPECT_EQ(count(md, "| stage | ranks | layers | forward (ms) |"), 1u);
+  EXPECT_EQ(occurrences(md, "| stage | ranks | layers | forward (ms) |"), 1u);
   // Stage 1: ranks 4-7, layers 6-11, 40/80/25/12/20/200 ms, bubble 0.125, predicted 0.200.
   EXPECT_NE(md.find("| 1 | 4, 5, 6, 7 | 6-11 | 40.000 | 80.000 | 25.000 | 12.000 | 20.000 | "
                     "200.000 | 0.125 | 0.200 | "),
             std::string::npos)
       << md;
   const std::string html = render_html(r);
-  EXPECT_EQ(count(html, "<h3>Pipeline stages</h3>"), 1u);
+  EXPECT_EQ(occurrences(html, "<h3>Pipeline stages</h3>"), 1u);
   EXPECT_NE(html.find("<td>4, 5, 6, 7</td><td>6-11</td>"), std::string::npos);
   const std::string x = render_junit(r);
   EXPECT_NE(x.find(R"(<property name="pp_stage1_bubble" value="0.125"/>)"), std::string::npos);
   EXPECT_NE(x.find(R"(<property name="pp_stage0_predicted_bubble" value="0.200"/>)"),
             std::string::npos);
-  EXPECT_EQ(count(x, "pp_stage0_step_ms"), 1u);  // the one scenario with stages
+  EXPECT_EQ(occurrences(x, "pp_stage0_step_ms"), 1u);  // the one scenario with stages
 
   // A stage whose ranks and peak figures disagree is refused before anything is written.
   RunRecord bad = r;
@@ -303,7 +300,7 @@ TEST(WritersTest, LossPlotAxisFitsTheCurves) {
   r.scenarios.resize(1);
   r.scenarios[0].entropy_floor = 0.01;  // far below the curves (~2.1 .. 10)
   const std::string h = render_html(r);
-  EXPECT_EQ(count(h, ">entropy floor"), 0u);
+  EXPECT_EQ(occurrences(h, ">entropy floor"), 0u);
   EXPECT_NE(h.find(" (entropy floor 0.01, below the range)"), std::string::npos);
 }
 
@@ -311,21 +308,21 @@ TEST(WritersTest, LossPlotAxisFitsTheCurves) {
 TEST(WritersTest, GradNormPlotAgainstGolden) {
   const RunRecord r = testing::sample_record();
   const std::string h = render_html(r);
-  EXPECT_EQ(count(h, "class=\"title\">Grad norm vs golden: "),
-            2u);                                           // scenarios 0 and 1 have a golden
-  EXPECT_EQ(count(h, "class=\"title\">Grad norm: "), 1u);  // scenario 2 has none
+  EXPECT_EQ(occurrences(h, "class=\"title\">Grad norm vs golden: "),
+            2u);                                                 // scenarios 0 and 1 have a golden
+  EXPECT_EQ(occurrences(h, "class=\"title\">Grad norm: "), 1u);  // scenario 2 has none
 }
 
 TEST(WritersTest, HtmlIsSelfContainedWithOneSvgPerPlot) {
   const std::string h = render_html(testing::sample_record());
   // Plots: scenarios 0 and 1 have loss, relative difference, grad norm, step time and memory (5
   // each); scenario 2 has no golden: loss, grad norm, step time and memory (4).
-  EXPECT_EQ(count(h, "<svg "), 14u);
-  EXPECT_EQ(count(h, "</svg>"), 14u);
-  EXPECT_EQ(count(h, "<script"), 0u);
-  EXPECT_EQ(count(h, " src="), 0u);
-  EXPECT_EQ(count(h, "href=\"http"), 0u);
-  EXPECT_EQ(count(h, "<section "), 3u);
+  EXPECT_EQ(occurrences(h, "<svg "), 14u);
+  EXPECT_EQ(occurrences(h, "</svg>"), 14u);
+  EXPECT_EQ(occurrences(h, "<script"), 0u);
+  EXPECT_EQ(occurrences(h, " src="), 0u);
+  EXPECT_EQ(occurrences(h, "href=\"http"), 0u);
+  EXPECT_EQ(occurrences(h, "<section "), 3u);
   EXPECT_NE(h.find("Relative difference of loss vs golden: gpt_tiny_hsdp2x2_tp2_delayed"),
             std::string::npos);
 }

@@ -36,6 +36,7 @@ namespace {
 namespace fs = std::filesystem;
 using kernels::Tensor;
 using mesh::DeviceMesh;
+using testing::detach;
 using testing::flip_byte;
 using testing::make_state;
 using testing::synthetic_global;
@@ -87,14 +88,6 @@ fs::path save_on(const DeviceMesh& m, const fs::path& root, int64_t step, uint64
     dir = d;
   });
   return dir;
-}
-
-// Tensors allocated on a virtual rank are accounted to that LocalWorld's memory trackers, which
-// die with the world: states that outlive the world are re-allocated on this thread first.
-void detach(std::vector<ShardedState>& states) {
-  for (ShardedState& s : states) {
-    for (StateEntry& e : s.entries) e.local = e.local.clone();
-  }
 }
 
 struct LoadOutcome {

@@ -26,6 +26,14 @@ struct SyntheticKey {
   std::string role;
 };
 
+// Tensors allocated on a virtual rank are accounted to that LocalWorld's memory trackers, which
+// die with the world: states that outlive the world are re-allocated on this thread first.
+inline void detach(std::vector<ShardedState>& states) {
+  for (ShardedState& s : states) {
+    for (StateEntry& e : s.entries) e.local = e.local.clone();
+  }
+}
+
 const std::vector<SyntheticKey>& synthetic_keys();
 mesh::Layout synthetic_layout(const SyntheticKey& k, const mesh::DeviceMesh& m);
 // The global tensor of key `k` for `seed` (host, dense).

@@ -17,6 +17,7 @@
 #include "engine/checkpoint.h"
 #include "engine/session.h"
 #include "mesh/local_comm.h"
+#include "tests/engine/checkpoint/ckpt_test_state.h"
 #include "tests/engine/test_config.h"
 
 namespace meshproof::engine {
@@ -24,6 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using kernels::Tensor;
+using testing::detach;
 
 // hidden 32 / ffn 64 / 64 tokens per step: every linear layer is MXFP8-quantizable (K % 32 == 0,
 // M % 32 == 0) on one rank and on dp_shard 2.
@@ -40,12 +42,6 @@ struct Capture {
   std::vector<StepMetrics> metrics;  // rank 0, every step run
   std::vector<ShardedState> states;  // per rank, at the end
 };
-
-void detach(std::vector<ShardedState>& states) {
-  for (ShardedState& s : states) {
-    for (StateEntry& e : s.entries) e.local = e.local.clone();
-  }
-}
 
 void run_steps(TrainingSession& s, int64_t n, int rank, Capture& c) {
   for (int64_t i = 0; i < n; ++i) {

@@ -126,10 +126,7 @@ TEST(AmaxGroups, OverridesReplaceSingleEntries) {
 
 // ---- runs
 
-Config fp8_model(RecipeKind kind) {
-  return testing::make_config(
-      {.vocab = 64, .hidden = 64, .heads = 4, .ffn = 128, .batch = 16, .recipe = kind});
-}
+using testing::fp8_model;
 
 AmaxGroupOverrides every_entry(DimSet g) {
   AmaxGroupOverrides o;

@@ -12,6 +12,7 @@
 #include "engine/model.h"
 #include "engine/params.h"
 #include "engine/session.h"
+#include "tests/engine/test_config.h"
 
 namespace meshproof::engine {
 namespace {
@@ -145,9 +146,7 @@ double padded_vocab_loss(const Config& c, int64_t pad) {
   return sum / static_cast<double>(c.training.batch * c.training.seq_len);
 }
 
-// fp32 on a sharded mesh reorders only reductions: docs/design.md section 8 bound rel 1e-5 per step
-// (the sharded-vs-single-rank tests measure ~1e-7).
-constexpr double kFp32Rel = 1e-5;
+using testing::kFp32Rel;
 
 TEST(UnevenShardPaddingLeak, PaddedVocabularyRowsBecomeZeroLogitClasses) {
   for (bool tied : {false, true}) {

@@ -59,10 +59,7 @@ std::string mesh_name(const MeshSpec& m) {
   return m.device_mesh().str() + (m.sequence_parallel ? ",sp" : "");
 }
 
-// fp32 on any mesh reorders only reductions (gradient averaging over ranks, the loss and norm
-// sums): docs/design.md section 8 allows rel 1e-5 per step. Measured: the largest loss deviation
-// over the meshes below is ~1e-7 relative (fp32 rounding of reordered sums).
-constexpr double kFp32Rel = 1e-5;
+using testing::kFp32Rel;
 
 void expect_matches_single_rank(const Config& c, const MeshSpec& m) {
   constexpr int kSteps = 10;
@@ -453,16 +450,7 @@ TEST(ShardedInput, BadMeshAndBatchAreInputErrors) {
 namespace meshproof::engine {
 namespace {
 
-Config fp8_model(RecipeKind kind) {
-  Config c = tiny();
-  c.model.hidden = 64;
-  c.model.heads = 4;
-  c.model.ffn = 128;
-  c.model.vocab = 64;
-  c.training.batch = 16;
-  c.recipe.kind = kind;
-  return c;
-}
+using testing::fp8_model;
 
 struct RecipeCase {
   RecipeKind kind;
