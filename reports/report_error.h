@@ -21,7 +21,7 @@ class ReportError : public std::runtime_error {
   Kind kind_;
 };
 
-// Throws a kInput ReportError: the reports layer's one way to reject bad input.
+// Throws a kInput ReportError (bad input; the message names the file or field and what is wrong).
 [[noreturn]] inline void input_error(const std::string& message) {
   throw ReportError(ReportError::Kind::kInput, message);
 }
