@@ -106,7 +106,7 @@ class BenchValues {
 Tensor random_tensor(int64_t rows, int64_t cols, DType dtype, Device device, uint32_t seed) {
   Tensor t = Tensor::from_vector<float>({rows, cols}, bench_values(rows * cols, seed));
   if (dtype != DType::kFloat32) t = kernels::cast_to(t, dtype);
-  return device.is_cpu() ? t : t.to(device);
+  return t.on(device);
 }
 
 int64_t quantized_bytes(const QuantizedTensor& q) {
@@ -297,7 +297,7 @@ Tensor random_blocks(const GroupedSplit& g, int64_t cols, DType dtype, Device de
   }
   Tensor t = Tensor::from_vector<float>({g.padded_rows(), cols}, v);
   if (dtype != DType::kFloat32) t = kernels::cast_to(t, dtype);
-  return device.is_cpu() ? t : t.to(device);
+  return t.on(device);
 }
 
 // First row of each expert's block.

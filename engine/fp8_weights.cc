@@ -30,7 +30,7 @@ namespace {
 kernels::QuantizedTensor quantized_on(kernels::QuantizedTensor q, kernels::Device device) {
   for (Tensor* t : {&q.rowwise_data, &q.rowwise_scale_inv, &q.columnwise_data,
                     &q.columnwise_scale_inv, &q.amax, &q.scale, &q.columnwise_amax})
-    if (t->defined() && t->device() != device) *t = t->to(device);
+    if (t->defined()) *t = t->on(device);
   return q;
 }
 

@@ -15,13 +15,6 @@ namespace meshproof::engine::moe {
 using kernels::DType;
 using kernels::Tensor;
 
-namespace {
-
-// A host tensor's values onto `dev` (one upload when dev is a device).
-Tensor on_device(Tensor host, kernels::Device dev) { return dev.is_cpu() ? host : host.to(dev); }
-
-}  // namespace
-
 Routing route(const Tensor& logits, int64_t top_k, MoeRouter router) {
   MP_CHECK(logits.defined() && logits.shape().rank() == 2,
            "moe::route: logits must be float32 (or float64) [T, E], got {}",
@@ -64,7 +57,7 @@ Tensor route_backward(const Routing& r, const Tensor& d_weight,
   const Tensor aux =
       aux_d_prob.empty()
           ? Tensor()
-          : on_device(Tensor::from_vector<double>({r.experts}, aux_d_prob), r.probs.device());
+          : Tensor::from_vector<double>({r.experts}, aux_d_prob).on(r.probs.device());
   return kernels::moe_route_backward(r.probs, r.expert, r.weight, d_weight, aux,
                                      router == MoeRouter::kSigmoid, dtype);
 }

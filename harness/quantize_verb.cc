@@ -183,7 +183,7 @@ void run_nvfp4(const QuantizeVerbOptions& o, std::ostream& out) {
   opts.rht = o.rht;
   const std::string what = fmt::format("dataset {} in '{}'", spec.dataset, spec.file);
   kernels::check_nvfp4_shape(M, K, opts, what);
-  const Tensor x = device.is_cpu() ? x_host : x_host.to(device);
+  const Tensor x = x_host.on(device);
   const kernels::QuantizedTensor q = kernels::quantize_nvfp4(x, opts, {true, true}, what);
   write_atomically(o.out, [&](OutputFile& f) {
     f.write("/rowwise/data", packed_bytes(q.rowwise_data));
@@ -240,7 +240,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   const Tensor x_host = read_input(spec);
   const int64_t M = x_host.shape()[0];
   const int64_t K = x_host.shape()[1];
-  const Tensor x = device.is_cpu() ? x_host : x_host.to(device);
+  const Tensor x = x_host.on(device);
   const kernels::Usage both{true, true};
 
   kernels::QuantizedTensor q;

@@ -28,12 +28,12 @@ Tensor filled(int64_t n, int global_rank, int64_t offset, kernels::Device device
   std::vector<float> v(static_cast<size_t>(n));
   for (int64_t k = 0; k < n; ++k) v[static_cast<size_t>(k)] = bench_value(global_rank, offset + k);
   Tensor host = Tensor::from_vector(Shape{n}, v);
-  return device.is_cpu() ? host : host.to(device);
+  return host.on(device);
 }
 
 Tensor on_device(const std::vector<float>& v, kernels::Device device) {
   Tensor host = Tensor::from_vector(Shape{static_cast<int64_t>(v.size())}, v);
-  return device.is_cpu() ? host : host.to(device);
+  return host.on(device);
 }
 
 struct Case {
