@@ -34,60 +34,19 @@
 #include "kernels/formats.h"
 #include "kernels/hdf5_check.h"
 #include "kernels/runtime.h"
+#include "mesh/agreement.h"
 
 namespace meshproof::engine {
 using namespace ckpt_detail;  // NOLINT(google-build-using-namespace): the module's helpers
 
 namespace {
 
-// Agreement step of a collective save/load: every rank reports whether its phase failed; when
-// any did, every rank throws (the failing rank its own error, the others the message of the lowest
-// rank among those with the gravest kind, broadcast to them), so no rank moves on alone and every
-// process can tell the user the cause. Kinds travel as 1 = input, 2 = integrity, 3 = runtime,
-// packed with the rank into one MAX-reduced value: kind * (n + 1) + (n - rank), exact in a float
-// for n <= kMaxWorld.
+// Agreement step of a collective save/load phase over every rank (mesh/agreement.h): when any
+// rank's phase failed, every rank throws, so no rank moves on alone and every process can tell the
+// user the cause ("checkpoint save (commit) failed on rank 3: ...").
 void agree(mesh::RankComms& comms, std::exception_ptr error, std::string_view phase) {
-  int code = 0;
-  std::string message;
-  if (error) {
-    code = 3;
-    try {
-      std::rethrow_exception(error);
-    } catch (const kernels::Error& e) {
-      if (e.kind() == ErrorKind::kInput) code = 1;
-      if (e.kind() == ErrorKind::kIntegrity) code = 2;
-      message = e.message();
-    } catch (const std::exception& e) {
-      message = e.what();
-    } catch (...) {
-      message = "unknown error";
-    }
-  }
-  mesh::Communicator& world = comms.group(groups::all_ranks(comms.mesh()));
-  const kernels::Device device = kernels::current_context().device;
-  const int n = world.size();
-  const float mine = error ? static_cast<float>(code * (n + 1) + (n - world.rank())) : 0.0f;
-  Tensor flags = Tensor::from_vector<float>(Shape{1}, {mine});
-  if (!device.is_cpu()) flags = flags.to(device);
-  world.all_reduce(flags, mesh::ReduceOp::kMax);
-  const auto got = static_cast<int>(flags.to_vector<float>()[0]);
-  if (got == 0) return;
-  const int kind = got / (n + 1);
-  const int root = n - got % (n + 1);
-  constexpr int64_t kMaxMessage = 2048;
-  Tensor text = Tensor::zeros(Shape{kMaxMessage}, DType::kUInt8, kernels::Device::cpu());
-  if (world.rank() == root) {
-    std::memcpy(text.raw_data(), message.data(), std::min<size_t>(message.size(), kMaxMessage - 1));
-  }
-  if (!device.is_cpu()) text = text.to(device);
-  world.broadcast(text, root);
-  if (error) std::rethrow_exception(error);
-  const std::vector<uint8_t> bytes = text.to_vector<uint8_t>();
-  const std::string root_message(reinterpret_cast<const char*>(bytes.data()));
-  const int who = world.ranks()[static_cast<size_t>(root)];
-  if (kind == 1) MP_FAIL_INPUT("checkpoint {} failed on rank {}: {}", phase, who, root_message);
-  MP_CHECK_INTEGRITY(kind != 2, "checkpoint {} failed on rank {}: {}", phase, who, root_message);
-  MP_FAIL("checkpoint {} failed on rank {}: {}", phase, who, root_message);
+  mesh::agree_on_outcome(comms.group(groups::all_ranks(comms.mesh())), std::move(error),
+                         fmt::format("checkpoint {}", phase));
 }
 
 // A random checkpoint id from rank 0, the same on every rank.
@@ -106,16 +65,6 @@ uint64_t agree_checkpoint_id(mesh::RankComms& comms) {
   const std::vector<uint8_t> bytes = buf.to_vector<uint8_t>();
   std::memcpy(&id, bytes.data(), 8);
   return id;
-}
-
-template <typename Fn>
-std::exception_ptr capture(Fn&& fn) {
-  try {
-    fn();
-  } catch (...) {
-    return std::current_exception();
-  }
-  return nullptr;
 }
 
 void check_live_state(const ShardedState& state, const mesh::RankComms& comms) {
@@ -196,7 +145,7 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
   const FaultHooks faults = make_fault_hooks(options.faults);
 
   // Phase 1 (rank 0): prepare the partial directory; stale partial directories are removed.
-  agree(comms, capture([&] {
+  agree(comms, mesh::capture_error([&] {
           MP_CHECK_INPUT(step >= 0, "checkpoint step {} is negative", step);
           MP_CHECK_INPUT(world <= kMaxWorld, "checkpoint: a mesh of {} ranks (at most {})", world,
                          kMaxWorld);
@@ -250,7 +199,7 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
   // with their records for rank 0.
   remove_partial_on_failure([&] {
     agree(
-        comms, capture([&] {
+        comms, mesh::capture_error([&] {
           const std::string file_name = rank_file_name(rank);
           const fs::path file_path = partial / file_name;
           // Layouts place tensors over the stage dims: their chunk owners are ranks of stage 0,
@@ -393,7 +342,7 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const ShardedState&
 
   // Phase 3 (rank 0): assemble and write the index last, then commit by renaming.
   remove_partial_on_failure([&] {
-    agree(comms, capture([&] {
+    agree(comms, mesh::capture_error([&] {
             if (rank != 0) return;
             CheckpointIndex index;
             index.checkpoint_id = checkpoint_id;
@@ -498,7 +447,7 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
   const bool staged_pp = comms.mesh().size(mesh::MeshDim::kPp) > 1;
 
   // Stage everything: read, verify and assemble into buffers; the live state is untouched.
-  std::exception_ptr error = capture([&] {
+  std::exception_ptr error = mesh::capture_error([&] {
     check_live_state(state, comms);
     {
       std::lock_guard<std::mutex> lock(hdf5_mutex());
@@ -592,7 +541,7 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
     if (!device.is_cpu()) held = held.to(device);
     comms.group(groups::kPp).all_reduce(held, mesh::ReduceOp::kSum);
     const std::vector<float> stages = held.to_vector<float>();
-    agree(comms, capture([&] {
+    agree(comms, mesh::capture_error([&] {
             for (size_t i = 0; i < names.size(); ++i) {
               MP_CHECK_INPUT(stages[i] != 0.0f,
                              "checkpoint {}: key '{}' has no tensor in the live state of any "

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <exception>
 #include <string_view>
 
@@ -16,6 +15,7 @@
 #include "harness/golden.h"
 #include "kernels/error.h"
 #include "kernels/runtime.h"
+#include "mesh/agreement.h"
 #include "reports/perf_metrics.h"
 
 namespace meshproof::harness {
@@ -67,50 +67,16 @@ reports::StepMetrics step_row(const engine::StepMetrics& m, int64_t tokens) {
 }
 
 // Runs `fn` on rank 0 alone (paths every rank shares: creating a folder, pruning checkpoints), then
-// every rank agrees on the outcome with one MAX all-reduce over the whole mesh of [error kind,
-// value]. A failure on rank 0 makes every rank throw at once with rank 0's message (broadcast),
-// instead of some ranks failing while the others block forever in the next collective (issue #18).
-// On success every rank returns fn's value (in [0, 2^24): exact in fp32).
+// every rank of every stage agrees on the outcome (mesh/agreement.h): a failure on rank 0 makes
+// every rank throw at once, instead of some ranks failing while the others block forever in the
+// next collective (issue #18). On success every rank returns fn's value (in [0, 2^24)).
 int64_t on_rank0_agreed(mesh::RankComms& comms, const std::function<int64_t()>& fn,
                         std::string_view what) {
-  std::exception_ptr error;
-  float code = 0.0f;  // 1: input error, 2: runtime error
   int64_t value = 0;
-  std::string message;
-  if (comms.rank() == 0) {
-    try {
-      value = fn();
-      MP_CHECK(value >= 0 && value < (int64_t{1} << 24), "{}: value {} out of range", what, value);
-    } catch (const kernels::Error& e) {
-      error = std::current_exception();
-      code = e.kind() == kernels::ErrorKind::kInput ? 1.0f : 2.0f;
-      message = e.message();
-    } catch (const std::exception& e) {
-      error = std::current_exception();
-      code = 2.0f;
-      message = e.what();
-    }
-  }
-  // Every rank of every pipeline stage (engine/mesh_groups.h).
-  mesh::Communicator& world = comms.group(engine::groups::all_ranks(comms.mesh()));
-  const kernels::Device device = kernels::current_context().device;
-  kernels::Tensor flags =
-      kernels::Tensor::from_vector<float>(kernels::Shape{2}, {code, static_cast<float>(value)});
-  if (!device.is_cpu()) flags = flags.to(device);
-  world.all_reduce(flags, mesh::ReduceOp::kMax);
-  const std::vector<float> got = flags.to_vector<float>();
-  if (got[0] == 0.0f) return static_cast<int64_t>(got[1]);
-  constexpr int64_t kMaxMessage = 2048;
-  kernels::Tensor text = kernels::Tensor::zeros(kernels::Shape{kMaxMessage}, kernels::DType::kUInt8,
-                                                kernels::Device::cpu());
-  std::memcpy(text.raw_data(), message.data(), std::min<size_t>(message.size(), kMaxMessage - 1));
-  if (!device.is_cpu()) text = text.to(device);
-  world.broadcast(text, 0);
-  if (error) std::rethrow_exception(error);
-  const std::vector<uint8_t> bytes = text.to_vector<uint8_t>();
-  const std::string root_message(reinterpret_cast<const char*>(bytes.data()));
-  if (got[0] == 1.0f) MP_FAIL_INPUT("{}", root_message);
-  MP_FAIL("{} (on rank 0): {}", what, root_message);
+  std::exception_ptr error;
+  if (comms.rank() == 0) error = mesh::capture_error([&] { value = fn(); });
+  return mesh::agree_on_outcome(comms.group(engine::groups::all_ranks(comms.mesh())),
+                                std::move(error), value, what);
 }
 
 engine::CheckpointOptions checkpoint_options(const Scenario& s, const std::string& hash,
