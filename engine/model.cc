@@ -161,22 +161,14 @@ double vocab_parallel_loss(mesh::Communicator& comm, const Tensor& logits, const
 
 // One MLP's weights (the dense MLP, an expert, the shared expert): fc1 is the gate under SwiGLU,
 // up_w only for SwiGLU; biases nullptr with model.bias = false.
-struct GptModel::MlpWeights {
-  const Tensor* fc1_w = nullptr;  // [F, H]
-  const Tensor* fc1_b = nullptr;  // [F]
-  const Tensor* up_w = nullptr;   // [F, H]
-  const Tensor* up_b = nullptr;
-  const Tensor* fc2_w = nullptr;  // [H, F]
-  const Tensor* fc2_b = nullptr;  // [H]
-};
-
-struct GptModel::MlpGrads {
-  Tensor* fc1_w = nullptr;
-  Tensor* fc1_b = nullptr;
-  Tensor* up_w = nullptr;
-  Tensor* up_b = nullptr;
-  Tensor* fc2_w = nullptr;
-  Tensor* fc2_b = nullptr;
+template <class T>
+struct GptModel::MlpParams {
+  T* fc1_w = nullptr;  // [F, H] (fc1, or fc1_gate for SwiGLU)
+  T* fc1_b = nullptr;  // [F]
+  T* up_w = nullptr;   // [F, H] fc1_up (SwiGLU) or nullptr
+  T* up_b = nullptr;
+  T* fc2_w = nullptr;  // [H, F]
+  T* fc2_b = nullptr;  // [H]
 };
 
 // Saved activations of one MLP over its rows (M, or an expert's padded block).
@@ -188,47 +180,23 @@ struct GptModel::MlpActs {
                      // backward reads instead of computing it again (kernels/activation.h)
 };
 
-// Weights of one layer as handed in (norm biases absent for RMSNorm; fc1_up only for SwiGLU,
-// where fc1 is the gate). An MoE layer (docs/design.md section 27) has no dense MLP weights
-// (fc1_w .. fc2_b nullptr) and instead the router, the experts and the shared expert.
-struct GptModel::LayerWeights {
-  const Tensor* ln1_w;
-  const Tensor* ln1_b;   // [H] or nullptr (RMSNorm)
-  const Tensor* qkv_w;   // [(A + 2KV)d, H], rows grouped by KV head (kernels/attention.h)
-  const Tensor* qkv_b;   // [(A + 2KV)d] or nullptr (model.bias = false; every linear bias alike)
-  const Tensor* proj_w;  // [H, H]
-  const Tensor* proj_b;  // [H]
-  const Tensor* ln2_w;
-  const Tensor* ln2_b;
-  const Tensor* fc1_w;  // [F, H] (fc1, or fc1_gate for SwiGLU)
-  const Tensor* fc1_b;  // [F]
-  const Tensor* up_w;   // [F, H] fc1_up (SwiGLU) or nullptr
-  const Tensor* up_b;
-  const Tensor* fc2_w;               // [H, F]
-  const Tensor* fc2_b;               // [H]
-  const Tensor* router_w = nullptr;  // MoE: float32 [E, H]
-  std::vector<MlpWeights> experts;   // MoE: E experts
-  std::vector<MlpWeights> shared;    // MoE with shared_expert: one
-};
-
-struct GptModel::LayerGrads {
-  Tensor* ln1_w;
-  Tensor* ln1_b;
-  Tensor* qkv_w;
-  Tensor* qkv_b;
-  Tensor* proj_w;
-  Tensor* proj_b;
-  Tensor* ln2_w;
-  Tensor* ln2_b;
-  Tensor* fc1_w;
-  Tensor* fc1_b;
-  Tensor* up_w;
-  Tensor* up_b;
-  Tensor* fc2_w;
-  Tensor* fc2_b;
-  Tensor* router_w = nullptr;
-  std::vector<MlpGrads> experts;
-  std::vector<MlpGrads> shared;
+// Parameters of one layer (norm biases absent for RMSNorm; fc1_up only for SwiGLU, where fc1 is
+// the gate). An MoE layer (docs/design.md section 27) has no dense MLP (`mlp`'s pointers nullptr)
+// and instead the router, the experts and the shared expert.
+template <class T>
+struct GptModel::LayerParams {
+  T* ln1_w = nullptr;
+  T* ln1_b = nullptr;   // [H] or nullptr (RMSNorm)
+  T* qkv_w = nullptr;   // [(A + 2KV)d, H], rows grouped by KV head (kernels/attention.h)
+  T* qkv_b = nullptr;   // [(A + 2KV)d] or nullptr (model.bias = false; every linear bias alike)
+  T* proj_w = nullptr;  // [H, H]
+  T* proj_b = nullptr;  // [H]
+  T* ln2_w = nullptr;
+  T* ln2_b = nullptr;
+  MlpParams<T> mlp;                   // the dense MLP
+  T* router_w = nullptr;              // MoE: float32 [E, H]
+  std::vector<MlpParams<T>> experts;  // MoE: E experts
+  std::vector<MlpParams<T>> shared;   // MoE with shared_expert: one
 };
 
 // Saved activations of one layer (M = B*S rows).
@@ -408,12 +376,11 @@ GptModel::GptModel(const Config& config) : config_(config) { validate(config_); 
 // The MLP parameters under prefix q ("layers.0.mlp.", "layers.0.moe.experts.1.") looked up by
 // `at`: fc1 (or fc1_gate + fc1_up under SwiGLU) and fc2, biases only with model.bias.
 template <class T, class At>
-auto GptModel::mlp_params(const std::string& q, At at) const {
+GptModel::MlpParams<T> GptModel::mlp_params(const std::string& q, At at) const {
   const bool glu = config_.model.activation == Activation::kSwiGlu;
   const bool bias = config_.model.bias;
   const std::string fc1 = q + (glu ? "fc1_gate" : "fc1");
-  using Out = std::conditional_t<std::is_const_v<T>, MlpWeights, MlpGrads>;
-  Out o;
+  MlpParams<T> o;
   o.fc1_w = at(fc1 + ".weight");
   o.fc1_b = bias ? at(fc1 + ".bias") : nullptr;
   o.up_w = glu ? at(q + "fc1_up.weight") : nullptr;
@@ -423,88 +390,39 @@ auto GptModel::mlp_params(const std::string& q, At at) const {
   return o;
 }
 
-GptModel::LayerWeights GptModel::layer_weights(const TensorMap& w, int64_t i) const {
+// Layer i's parameters looked up by `at` (name -> T*).
+template <class T, class At>
+GptModel::LayerParams<T> GptModel::layer_params(int64_t i, At at) const {
   const std::string p = fmt::format("layers.{}.", i);
   const bool ln = config_.model.norm == NormKind::kLayerNorm;
   const bool bias = config_.model.bias;
-  LayerWeights lw{&w.at(p + "ln1.weight"),
-                  ln ? &w.at(p + "ln1.bias") : nullptr,
-                  &w.at(p + "attn.qkv.weight"),
-                  bias ? &w.at(p + "attn.qkv.bias") : nullptr,
-                  &w.at(p + "attn.proj.weight"),
-                  bias ? &w.at(p + "attn.proj.bias") : nullptr,
-                  &w.at(p + "ln2.weight"),
-                  ln ? &w.at(p + "ln2.bias") : nullptr,
-                  nullptr,
-                  nullptr,
-                  nullptr,
-                  nullptr,
-                  nullptr,
-                  nullptr,
-                  nullptr,
-                  {},
-                  {}};
-  auto mlp = [&](const std::string& q) {  // q: "layers.0.mlp.", "layers.0.moe.experts.1.", ...
-    return mlp_params<const Tensor>(q, [&w](const std::string& n) { return &w.at(n); });
-  };
+  LayerParams<T> l;
+  l.ln1_w = at(p + "ln1.weight");
+  l.ln1_b = ln ? at(p + "ln1.bias") : nullptr;
+  l.qkv_w = at(p + "attn.qkv.weight");
+  l.qkv_b = bias ? at(p + "attn.qkv.bias") : nullptr;
+  l.proj_w = at(p + "attn.proj.weight");
+  l.proj_b = bias ? at(p + "attn.proj.bias") : nullptr;
+  l.ln2_w = at(p + "ln2.weight");
+  l.ln2_b = ln ? at(p + "ln2.bias") : nullptr;
   if (!is_moe_layer(config_.model, i)) {
-    const MlpWeights d = mlp(p + "mlp.");
-    lw.fc1_w = d.fc1_w;
-    lw.fc1_b = d.fc1_b;
-    lw.up_w = d.up_w;
-    lw.up_b = d.up_b;
-    lw.fc2_w = d.fc2_w;
-    lw.fc2_b = d.fc2_b;
-    return lw;
+    l.mlp = mlp_params<T>(p + "mlp.", at);
+    return l;
   }
   const MoeConfig& mc = config_.model.moe;
-  lw.router_w = &w.at(p + "moe.router.weight");
+  l.router_w = at(p + "moe.router.weight");
   for (int64_t e = 0; e < mc.experts; ++e)
-    lw.experts.push_back(mlp(fmt::format("{}moe.experts.{}.", p, e)));
-  if (mc.shared_expert) lw.shared.push_back(mlp(p + "moe.shared."));
-  return lw;
+    l.experts.push_back(mlp_params<T>(fmt::format("{}moe.experts.{}.", p, e), at));
+  if (mc.shared_expert) l.shared.push_back(mlp_params<T>(p + "moe.shared.", at));
+  return l;
+}
+
+GptModel::LayerWeights GptModel::layer_weights(const TensorMap& w, int64_t i) const {
+  return layer_params<const Tensor>(i, [&w](const std::string& n) { return &w.at(n); });
 }
 
 GptModel::LayerGrads GptModel::layer_grads(TensorMap& g, int64_t i) const {
-  const std::string p = fmt::format("layers.{}.", i);
-  const bool ln = config_.model.norm == NormKind::kLayerNorm;
-  const bool bias = config_.model.bias;
-  LayerGrads lg{&g.at(p + "ln1.weight"),
-                ln ? &g.at(p + "ln1.bias") : nullptr,
-                &g.at(p + "attn.qkv.weight"),
-                bias ? &g.at(p + "attn.qkv.bias") : nullptr,
-                &g.at(p + "attn.proj.weight"),
-                bias ? &g.at(p + "attn.proj.bias") : nullptr,
-                &g.at(p + "ln2.weight"),
-                ln ? &g.at(p + "ln2.bias") : nullptr,
-                nullptr,
-                nullptr,
-                nullptr,
-                nullptr,
-                nullptr,
-                nullptr,
-                nullptr,
-                {},
-                {}};
-  auto mlp = [&](const std::string& q) {
-    return mlp_params<Tensor>(q, [&g](const std::string& n) { return &g.at(n); });
-  };
-  if (!is_moe_layer(config_.model, i)) {
-    const MlpGrads d = mlp(p + "mlp.");
-    lg.fc1_w = d.fc1_w;
-    lg.fc1_b = d.fc1_b;
-    lg.up_w = d.up_w;
-    lg.up_b = d.up_b;
-    lg.fc2_w = d.fc2_w;
-    lg.fc2_b = d.fc2_b;
-    return lg;
-  }
-  const MoeConfig& mc = config_.model.moe;
-  lg.router_w = &g.at(p + "moe.router.weight");
-  for (int64_t e = 0; e < mc.experts; ++e)
-    lg.experts.push_back(mlp(fmt::format("{}moe.experts.{}.", p, e)));
-  if (mc.shared_expert) lg.shared.push_back(mlp(p + "moe.shared."));
-  return lg;
+  return layer_params<Tensor>(i, [&g](const std::string& n) { return &g.at(n); });
 }
 
 void GptModel::norm_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y,
@@ -523,10 +441,6 @@ void GptModel::norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
   } else {
     kernels::rmsnorm_backward(dy, x, w, rstd, dx, dw);
   }
-}
-
-GptModel::MlpWeights GptModel::dense_mlp(const LayerWeights& w) {
-  return {w.fc1_w, w.fc1_b, w.up_w, w.up_b, w.fc2_w, w.fc2_b};
 }
 
 GptModel::MlpActs GptModel::mlp_acts(int64_t rows, int64_t f, DType dt) const {
@@ -924,8 +838,8 @@ void GptModel::layer_forward(const LayerWeights& w, int64_t layer, const BatchCo
   if (w.router_w != nullptr) {
     moe_forward(w, layer, linear, a, fc2_out);
   } else {
-    a.mlp = mlp_acts(rows, w.fc1_w->shape()[0], dt);
-    mlp_forward(dense_mlp(w), p + "mlp.", a.ln2_out, linear, a.mlp, fc2_out);
+    a.mlp = mlp_acts(rows, w.mlp.fc1_w->shape()[0], dt);
+    mlp_forward(w.mlp, p + "mlp.", a.ln2_out, linear, a.mlp, fc2_out);
   }
   a.x_out = new_tensor({rl, h}, dt);
   kernels::dropout_forward(fc2_out, m.dropout,
@@ -953,8 +867,7 @@ void GptModel::layer_backward(const LayerWeights& w, LayerGrads& g, int64_t laye
   if (w.router_w != nullptr) {
     moe_backward(w, g, layer, linear, a, d_fc2, d_ln2);
   } else {
-    MlpGrads dg{g.fc1_w, g.fc1_b, g.up_w, g.up_b, g.fc2_w, g.fc2_b};
-    mlp_backward(dense_mlp(w), dg, p + "mlp.", d_fc2, a.ln2_out, a.mlp, linear, d_ln2);
+    mlp_backward(w.mlp, g.mlp, p + "mlp.", d_fc2, a.ln2_out, a.mlp, linear, d_ln2);
   }
   Tensor d_mid = new_tensor({rl, h}, dt);
   norm_backward(d_ln2, a.x_mid, *w.ln2_w, a.ln2_mean, a.ln2_rstd, d_mid, *g.ln2_w, g.ln2_b);

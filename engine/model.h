@@ -197,10 +197,16 @@ class GptModel {
 
  private:
   struct LayerActs;
-  struct LayerWeights;
-  struct LayerGrads;
-  struct MlpWeights;
-  struct MlpGrads;
+  // One MLP's and one layer's parameters as pointers into the weights (T = const Tensor) or into
+  // the gradients (T = Tensor): one description, looked up one way, for both.
+  template <class T>
+  struct MlpParams;
+  template <class T>
+  struct LayerParams;
+  using MlpWeights = MlpParams<const kernels::Tensor>;
+  using MlpGrads = MlpParams<kernels::Tensor>;
+  using LayerWeights = LayerParams<const kernels::Tensor>;
+  using LayerGrads = LayerParams<kernels::Tensor>;
   struct MlpActs;
 
   struct Linear;
@@ -210,8 +216,9 @@ class GptModel {
   LayerWeights layer_weights(const TensorMap& w, int64_t i) const;
   LayerGrads layer_grads(TensorMap& g, int64_t i) const;
   template <class T, class At>
-  auto mlp_params(const std::string& q, At at) const;
-  static MlpWeights dense_mlp(const LayerWeights& w);
+  LayerParams<T> layer_params(int64_t i, At at) const;
+  template <class T, class At>
+  MlpParams<T> mlp_params(const std::string& q, At at) const;
   MlpActs mlp_acts(int64_t rows, int64_t f, kernels::DType dt) const;
   void mlp_forward(const MlpWeights& w, const std::string& q, const kernels::Tensor& x,
                    Linear& linear, MlpActs& a, kernels::Tensor& out) const;
