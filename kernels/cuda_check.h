@@ -22,6 +22,10 @@
 // Checks the last kernel launch (configuration errors surface here, execution errors later).
 #define MP_CUDA_CHECK_LAUNCH() MP_CUDA_CHECK(cudaGetLastError())
 
+// Checks a launcher's status handed back as an int (launchers declared in headers that host code
+// includes, so without CUDA types), reporting the caller's file:line.
+#define MP_CUDA_CHECK_STATUS(status) MP_CUDA_CHECK(static_cast<cudaError_t>(status))
+
 #define MP_CUBLAS_CHECK(expr)                                                     \
   do {                                                                            \
     const cublasStatus_t mp_status_ = (expr);                                     \

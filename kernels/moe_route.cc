@@ -24,10 +24,6 @@ void check_on(const char* op, const char* name, const Tensor& t, DType dtype, co
            dev.str(), t.defined() ? t.describe() : "undefined");
 }
 
-#if MESHPROOF_HAVE_CUDA
-void check_launch(int status) { MP_CUDA_CHECK(static_cast<cudaError_t>(status)); }
-#endif
-
 }  // namespace
 
 MoeRouteOut moe_route(const Tensor& logits, int64_t top_k, bool sigmoid) {
@@ -46,9 +42,9 @@ MoeRouteOut moe_route(const Tensor& logits, int64_t top_k, bool sigmoid) {
   if (device_op(op, dev)) {
 #if MESHPROOF_HAVE_CUDA
     MP_CHECK(!f64, "{}: float64 logits are CPU-only, got {}", op, logits.describe());
-    check_launch(cuda::launch_moe_route(logits.data<float>(), t_n, e_n, top_k, sigmoid,
-                                        r.probs.data<double>(), r.expert.data<int32_t>(),
-                                        r.weight.data<double>(), current_context().stream));
+    MP_CUDA_CHECK_STATUS(cuda::launch_moe_route(logits.data<float>(), t_n, e_n, top_k, sigmoid,
+                                                r.probs.data<double>(), r.expert.data<int32_t>(),
+                                                r.weight.data<double>(), current_context().stream));
 #endif
     return r;
   }
@@ -77,8 +73,8 @@ Tensor moe_expert_counts(const Tensor& expert, int64_t experts) {
   if (device_op(op, dev)) {
     Tensor counts = Tensor::empty({experts}, DType::kInt64, dev);
 #if MESHPROOF_HAVE_CUDA
-    check_launch(cuda::launch_moe_expert_counts(expert.data<int32_t>(), pairs, experts,
-                                                counts.data<int64_t>(), current_context().stream));
+    MP_CUDA_CHECK_STATUS(cuda::launch_moe_expert_counts(
+        expert.data<int32_t>(), pairs, experts, counts.data<int64_t>(), current_context().stream));
 #endif
     return counts;
   }
@@ -103,8 +99,8 @@ Tensor moe_prob_sums(const Tensor& probs) {
   Tensor sums = Tensor::empty({e_n}, DType::kFloat64, dev);
   if (device_op(op, dev)) {
 #if MESHPROOF_HAVE_CUDA
-    check_launch(cuda::launch_moe_prob_sums(probs.data<double>(), t_n, e_n, sums.data<double>(),
-                                            current_context().stream));
+    MP_CUDA_CHECK_STATUS(cuda::launch_moe_prob_sums(probs.data<double>(), t_n, e_n,
+                                                    sums.data<double>(), current_context().stream));
 #endif
     return sums;
   }
@@ -139,7 +135,7 @@ Tensor moe_route_backward(const Tensor& probs, const Tensor& expert, const Tenso
     Tensor scratch = Tensor::empty({t_n, e_n}, DType::kFloat64, dev);
     Tensor out = Tensor::empty({t_n, e_n}, dtype, dev);
 #if MESHPROOF_HAVE_CUDA
-    check_launch(cuda::launch_moe_route_backward(
+    MP_CUDA_CHECK_STATUS(cuda::launch_moe_route_backward(
         probs.data<double>(), expert.data<int32_t>(), weight.data<double>(),
         d_weight.data<double>(), a, t_n, e_n, k, sigmoid, scratch.data<double>(), out.raw_data(),
         dtype == DType::kBFloat16, current_context().stream));

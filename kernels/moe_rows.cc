@@ -29,7 +29,6 @@ int device_type(const char* op, const Tensor& t) {
   return t.dtype() == DType::kBFloat16 ? 1 : 0;
 }
 
-void check_launch(int status) { MP_CUDA_CHECK(static_cast<cudaError_t>(status)); }
 #endif
 
 // Host float64 copy of a float tensor's elements (exact for float32 / bfloat16).
@@ -61,7 +60,7 @@ MoeDispatchOut moe_dispatch(const Tensor& expert, const Tensor& counts, int64_t 
                    Tensor::empty({t_n, k}, DType::kInt64, dev)};
   if (device_op(op, dev)) {
 #if MESHPROOF_HAVE_CUDA
-    check_launch(cuda::launch_moe_dispatch(
+    MP_CUDA_CHECK_STATUS(cuda::launch_moe_dispatch(
         expert.data<int32_t>(), t_n * k, k, e_n, counts.data<int64_t>(), align, keep_empty, padded,
         d.token.data<int64_t>(), d.slot.data<int64_t>(), current_context().stream));
 #endif
@@ -106,8 +105,8 @@ Tensor moe_permute(const Tensor& x, const Tensor& token) {
   if (device_op(op, dev)) {
     Tensor out = Tensor::empty({p_n, x.shape()[1]}, x.dtype(), dev);
 #if MESHPROOF_HAVE_CUDA
-    check_launch(cuda::launch_moe_permute(x.raw_data(), row_bytes, token.data<int64_t>(), p_n,
-                                          out.raw_data(), current_context().stream));
+    MP_CUDA_CHECK_STATUS(cuda::launch_moe_permute(x.raw_data(), row_bytes, token.data<int64_t>(),
+                                                  p_n, out.raw_data(), current_context().stream));
 #endif
     return out;
   }
@@ -142,9 +141,9 @@ void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weight, Tens
   const double* w = weight.defined() ? weight.data<double>() : nullptr;
   if (device_op(op, dev)) {
 #if MESHPROOF_HAVE_CUDA
-    check_launch(cuda::launch_moe_combine(y.raw_data(), device_type(op, y), slot.data<int64_t>(), w,
-                                          t_n, k, h, out.raw_data(), device_type(op, out),
-                                          current_context().stream));
+    MP_CUDA_CHECK_STATUS(cuda::launch_moe_combine(
+        y.raw_data(), device_type(op, y), slot.data<int64_t>(), w, t_n, k, h, out.raw_data(),
+        device_type(op, out), current_context().stream));
 #endif
     return;
   }
@@ -188,7 +187,7 @@ Tensor moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& s
   Tensor d_weight = Tensor::empty(slot.shape(), DType::kFloat64, dev);
   if (device_op(op, dev)) {
 #if MESHPROOF_HAVE_CUDA
-    check_launch(cuda::launch_moe_combine_backward(
+    MP_CUDA_CHECK_STATUS(cuda::launch_moe_combine_backward(
         dout.raw_data(), device_type(op, dout), y.raw_data(), device_type(op, y),
         slot.data<int64_t>(), weight.data<double>(), t_n, k, h, p_n, dy.raw_data(),
         device_type(op, dy), d_weight.data<double>(), current_context().stream));

@@ -269,8 +269,7 @@ void reduce_rank_order_device(float* out, const float* const* inputs, int n, int
   const auto kop = op == ReduceOp::kSum   ? detail::ReduceKernelOp::kSum
                    : op == ReduceOp::kAvg ? detail::ReduceKernelOp::kAvg
                                           : detail::ReduceKernelOp::kMax;
-  MP_CUDA_CHECK(static_cast<cudaError_t>(
-      detail::launch_reduce_rank_order(out, inputs, n, count, kop, stream)));
+  MP_CUDA_CHECK_STATUS(detail::launch_reduce_rank_order(out, inputs, n, count, kop, stream));
 }
 #endif
 
