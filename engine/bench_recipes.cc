@@ -479,7 +479,7 @@ LayerFigure measure_layer(RecipeKind r, const RecipeBenchOptions& o) {
     for (const std::string& n : params.names()) {
       Tensor w =
           r == RecipeKind::kFp32 ? params.at(n) : kernels::cast_to(params.at(n), DType::kBFloat16);
-      weights.insert(n, o.device.is_cpu() ? w : w.to(o.device));
+      weights.insert(n, w.on(o.device));
       grads.insert(n, Tensor::zeros(params.at(n).shape(), DType::kFloat32, o.device));
     }
     Fp8Recipe recipe(c.recipe, kSingleRank);

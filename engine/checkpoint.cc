@@ -60,7 +60,7 @@ uint64_t agree_checkpoint_id(mesh::RankComms& comms) {
   Tensor buf = Tensor::zeros(Shape{8}, DType::kUInt8, kernels::Device::cpu());
   std::memcpy(buf.raw_data(), &id, 8);
   const kernels::Device device = kernels::current_context().device;
-  if (!device.is_cpu()) buf = buf.to(device);
+  buf = buf.on(device);
   world.broadcast(buf, 0);
   const std::vector<uint8_t> bytes = buf.to_vector<uint8_t>();
   std::memcpy(&id, bytes.data(), 8);
@@ -538,7 +538,7 @@ LoadStats load_checkpoint(const fs::path& dir, ShardedState& state, mesh::RankCo
     for (size_t i = 0; i < names.size(); ++i) mine[i] = live_keys.count(names[i]) ? 1.0f : 0.0f;
     Tensor held = Tensor::from_vector<float>(Shape{static_cast<int64_t>(mine.size())}, mine);
     const kernels::Device device = kernels::current_context().device;
-    if (!device.is_cpu()) held = held.to(device);
+    held = held.on(device);
     comms.group(groups::kPp).all_reduce(held, mesh::ReduceOp::kSum);
     const std::vector<float> stages = held.to_vector<float>();
     agree(comms, mesh::capture_error([&] {

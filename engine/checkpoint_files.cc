@@ -81,8 +81,6 @@ H5::DataSpace dataspace_for(const Shape& shape) {
   return H5::DataSpace(static_cast<int>(dims.size()), dims.data());
 }
 
-Tensor to_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(kernels::Device::cpu()); }
-
 // errno's text for a message, or "" when errno is 0. Called inside MP_HDF5's catch block (its
 // message arguments are evaluated there), right after the failing call set errno.
 std::string errno_note() {
@@ -250,7 +248,7 @@ using namespace ckpt_detail;  // NOLINT(google-build-using-namespace): the modul
 
 uint64_t chunk_xxh64(uint64_t checkpoint_id, std::string_view key, DType dtype,
                      const mesh::Box& box, const Tensor& data) {
-  const Tensor host = to_host(data);
+  const Tensor host = data.on(kernels::Device::cpu());
   static_assert(std::endian::native == std::endian::little, "headers are hashed little-endian");
   std::string header;
   auto put = [&header](const void* p, size_t n) { header.append(static_cast<const char*>(p), n); };

@@ -58,7 +58,6 @@ int64_t element_bytes(DType t, std::string_view key);
 // unsigned integers of their width (the `dtype` attribute says how to read them).
 const H5::PredType& storage_type(DType t, std::string_view key);
 H5::DataSpace dataspace_for(const Shape& shape);
-Tensor to_host(const Tensor& t);
 // errno's text for a message, or "" when errno is 0.
 std::string errno_note();
 void fsync_path(const fs::path& p);

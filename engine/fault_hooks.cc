@@ -290,7 +290,7 @@ Tensor round_through(const Tensor& host, const std::string& dtype) {
 // live on a GPU).
 template <typename F>
 void edit_fp32(Tensor& t, F change) {
-  Tensor h = t.device().is_cpu() ? t : t.to(kernels::Device::cpu());
+  Tensor h = t.on(kernels::Device::cpu());
   float* p = h.data<float>();
   for (int64_t i = 0; i < h.numel().value; ++i) p[i] = change(p[i]);
   if (!t.device().is_cpu()) t.copy_from(h);
@@ -349,7 +349,7 @@ Tensor scale_inv_through_bf16(const Tensor& s) {
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel().value; ++i)
     p[i] = kernels::fmt8::bf16_to_float(kernels::fmt8::float_to_bf16(p[i]));
-  return s.device().is_cpu() ? t : t.to(s.device());
+  return t.on(s.device());
 }
 
 // vocab_uneven_resume_rows: the checkpoint keys of the vocabulary-row parameters (their masters

@@ -86,9 +86,6 @@ std::vector<RowPiece> row_pieces(mesh::Communicator& gather, const mesh::Layout&
   return pieces;
 }
 
-// A tensor's bytes readable on the host (allgather_parity's comparisons read device buffers too).
-Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(kernels::Device::cpu()); }
-
 // Compares two buffers byte by byte; a size difference counts every byte of the larger one.
 void compare_bytes(const Tensor& got_any, const Tensor& want_any, AllGatherParity& p) {
   const int64_t ng = got_any.defined() ? got_any.nbytes().value : 0;
@@ -98,8 +95,8 @@ void compare_bytes(const Tensor& got_any, const Tensor& want_any, AllGatherParit
     p.mismatched_bytes += std::max(ng, nw);
     return;
   }
-  const Tensor got = ng > 0 ? on_host(got_any) : got_any;
-  const Tensor want = nw > 0 ? on_host(want_any) : want_any;
+  const Tensor got = ng > 0 ? got_any.on(kernels::Device::cpu()) : got_any;
+  const Tensor want = nw > 0 ? want_any.on(kernels::Device::cpu()) : want_any;
   const auto* a = static_cast<const unsigned char*>(ng > 0 ? got.raw_data() : nullptr);
   const auto* b = static_cast<const unsigned char*>(nw > 0 ? want.raw_data() : nullptr);
   p.bytes += ng;
@@ -136,7 +133,7 @@ double max_abs_error(const kernels::QuantizedTensor& got, const kernels::Quantiz
 // The first element of a scale_inv buffer as a number (float32 per-tensor, e8m0 per block).
 double first_scale_inv(const Tensor& any) {
   if (!any.defined() || any.numel().value == 0) return std::nan("");
-  const Tensor s = on_host(any);
+  const Tensor s = any.on(kernels::Device::cpu());
   if (s.dtype() == DType::kFloat32) return s.data<float>()[0];
   if (s.dtype() == DType::kE8M0)
     return kernels::fmt8::e8m0_to_float(static_cast<const uint8_t*>(s.raw_data())[0]);

@@ -159,7 +159,7 @@ double vocab_parallel_loss(mesh::Communicator& comm, const Tensor& logits, const
 
 }  // namespace
 
-// One MLP's weights (the dense MLP, an expert, the shared expert): fc1 is the gate under SwiGLU,
+// One MLP's parameters (the dense MLP, an expert, the shared expert): fc1 is the gate under SwiGLU,
 // up_w only for SwiGLU; biases nullptr with model.bias = false.
 template <class T>
 struct GptModel::MlpParams {
@@ -750,7 +750,7 @@ void GptModel::moe_backward(const LayerWeights& w, LayerGrads& g, int64_t layer,
         double* p = v.data<double>();
         for (int64_t i = 0; i < v.numel().value; ++i) p[i] *= linear.tp.expert_grad_factor;
         Tensor add = kernels::cast_to(v, dst->dtype());
-        kernels::add_(*dst, dst->device().is_cpu() ? add : add.to(dst->device()));
+        kernels::add_(*dst, add.on(dst->device()));
       }
     }
   }

@@ -145,7 +145,7 @@ BalanceStats sum_balance_stats(mesh::Communicator& comm, const BalanceStats& loc
   const auto m = static_cast<int64_t>(v.size());
   const kernels::Device dev = kernels::current_context().device;
   Tensor mine = Tensor::from_vector<double>({m}, v);
-  if (!dev.is_cpu()) mine = mine.to(dev);
+  mine = mine.on(dev);
   Tensor all = Tensor::empty({n * m}, DType::kFloat64, dev);
   comm.all_gather(mine, all);
   const std::vector<double> every = all.to_vector<double>();

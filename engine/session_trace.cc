@@ -28,7 +28,7 @@ namespace {
 // each code stands for (not dequantized by a scale), so two runs' FP8 bytes compare element by
 // element.
 Tensor host_fp32(const Tensor& t) {
-  const Tensor h = t.device().is_cpu() ? t : t.to(kernels::Device::cpu());
+  const Tensor h = t.on(kernels::Device::cpu());
   if (h.dtype() == DType::kFloat32) return h;
   Tensor out = Tensor::empty(h.shape(), DType::kFloat32, kernels::Device::cpu());
   float* o = out.data<float>();
@@ -50,10 +50,6 @@ Tensor host_fp32(const Tensor& t) {
   }
   return out;
 }
-
-// Gathered on the shards' device (one collective), then copied to the host for the digests
-// and exports that read it.
-Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t : t.to(kernels::Device::cpu()); }
 
 // The whole global tensor of a sharded entry, on every member of the world (collective).
 Tensor gather_whole(mesh::RankComms& comms, const mesh::Layout& layout, const Tensor& local) {
@@ -155,8 +151,11 @@ TensorDigest digest(const std::string& name, const Tensor& t) {
 std::map<std::string, Tensor> gather_global(const ShardPlan& plan, mesh::RankComms& comms,
                                             bool grad) {
   std::map<std::string, Tensor> out;
+  // Gathered on the shards' device (one collective), then copied to the host for the digests
+  // and exports that read it.
   for (const ShardedParam& p : plan.params())
-    out[p.spec.name] = host_copy(gather_whole(comms, p.layout, grad ? p.grad : p.master));
+    out[p.spec.name] =
+        gather_whole(comms, p.layout, grad ? p.grad : p.master).on(kernels::Device::cpu());
   return out;
 }
 

@@ -96,7 +96,7 @@ class OutputFile {
   }
 
   void write(const std::string& name, const Tensor& t) {
-    const Tensor h = t.device().is_cpu() ? t : t.to(kernels::Device::cpu());
+    const Tensor h = t.on(kernels::Device::cpu());
     std::vector<hsize_t> dims;
     for (int64_t d : h.shape().dims()) dims.push_back(static_cast<hsize_t>(d));
     const bool f32 = h.dtype() == DType::kFloat32;

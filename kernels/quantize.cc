@@ -793,7 +793,7 @@ Tensor mxfp8_pad_scales(const Tensor& compact, QuantizedCopy which) {
                      (compact.dtype() == DType::kE8M0 || compact.dtype() == DType::kUInt8),
                  "mxfp8_pad_scales: scales must be e8m0 2-D, got {}",
                  compact.defined() ? compact.describe() : "undefined");
-  const Tensor host = compact.device().is_cpu() ? compact : compact.to(Device::cpu());
+  const Tensor host = compact.on(Device::cpu());
   const int64_t R = host.shape()[0];
   const int64_t C = host.shape()[1];
   const bool rowwise = which == QuantizedCopy::kRowwise;
@@ -803,7 +803,7 @@ Tensor mxfp8_pad_scales(const Tensor& compact, QuantizedCopy which) {
   const auto* in = static_cast<const uint8_t*>(host.raw_data());
   auto* o = static_cast<uint8_t*>(out.raw_data());
   for (int64_t r = 0; r < R; ++r) std::memcpy(o + r * PC, in + r * C, static_cast<size_t>(C));
-  return compact.device().is_cpu() ? out : out.to(compact.device());
+  return out.on(compact.device());
 }
 
 int64_t mxfp8_swizzle_offset(int64_t r, int64_t c, int64_t cols) {
@@ -817,7 +817,7 @@ Tensor mxfp8_swizzle_scales(const Tensor& padded, QuantizedCopy which) {
                  "mxfp8_swizzle_scales: scales must be e8m0 2-D, got {}",
                  padded.defined() ? padded.describe() : "undefined");
   const bool rowwise = which == QuantizedCopy::kRowwise;
-  const Tensor host = padded.device().is_cpu() ? padded : padded.to(Device::cpu());
+  const Tensor host = padded.on(Device::cpu());
   // (r, c) in the formula's orientation: r along the 128-padded dim, c along the 4-padded one.
   const int64_t R = rowwise ? host.shape()[0] : host.shape()[1];
   const int64_t C = rowwise ? host.shape()[1] : host.shape()[0];
@@ -833,7 +833,7 @@ Tensor mxfp8_swizzle_scales(const Tensor& padded, QuantizedCopy which) {
       o[mxfp8_swizzle_offset(r, c, C)] = in[src];
     }
   }
-  return padded.device().is_cpu() ? out : out.to(padded.device());
+  return out.on(padded.device());
 }
 
 namespace detail {
