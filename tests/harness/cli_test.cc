@@ -15,6 +15,7 @@
 #include "mesh/rank_fibers.h"
 #include "tests/harness/cli_run.h"
 #include "tests/scoped_env.h"
+#include "tests/source_dir.h"
 
 namespace meshproof::harness {
 namespace {
@@ -115,7 +116,7 @@ TEST(CliTest, CudaBackendWithoutDeviceIsInputError) {
 // several ranks refuses local-launcher scenarios (exit 2, nothing written) for run and golden
 // update. (runner.mpirun_without_launcher_mpi_exits_2 does it under a real mpirun.)
 TEST(CliTest, OneOfSeveralMpiRanksRefusesTheLocalLauncher) {
-  const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
+  const std::string scenario = (test_support::source_dir() / "scenarios/quickstart.yaml").string();
   const std::string out = ::testing::TempDir() + "cli_mpi_refused";
   const std::string golden = ::testing::TempDir() + "cli_mpi_refused_golden";
   std::filesystem::remove_all(out);
@@ -143,7 +144,7 @@ TEST(CliTest, OneOfSeveralMpiRanksRefusesTheLocalLauncher) {
 // --force-platform a validated file name. Both refusals come before any training (exit 2, no
 // golden folder).
 TEST(CliTest, GoldenUpdatePlatformComesFromTheDevice) {
-  const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
+  const std::string scenario = (test_support::source_dir() / "scenarios/quickstart.yaml").string();
   const std::string golden = ::testing::TempDir() + "cli_platform_golden";
   std::filesystem::remove_all(golden);
   CliResult r = run({"golden", "update", scenario.c_str(), "--backend", "cpu", "--platform", "h100",
@@ -170,7 +171,7 @@ TEST(CliTest, GoldenUpdatePlatformComesFromTheDevice) {
 
 // `meshproof run` of the quickstart with `var`=`value`: exit 2 with `message`, nothing written.
 void expect_run_refuses_env(const char* var, const char* value, const std::string& message) {
-  const std::string scenario = std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/quickstart.yaml";
+  const std::string scenario = (test_support::source_dir() / "scenarios/quickstart.yaml").string();
   const std::string out = ::testing::TempDir() + "cli_bad_env_" + var;
   std::filesystem::remove_all(out);
   const CliResult r = [&] {

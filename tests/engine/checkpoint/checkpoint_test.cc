@@ -29,6 +29,7 @@
 #include "kernels/error.h"
 #include "kernels/formats.h"
 #include "mesh/local_comm.h"
+#include "tests/source_dir.h"
 
 namespace meshproof::engine {
 namespace {
@@ -677,8 +678,7 @@ TEST(CheckpointTest, RestoreFaultsSkipCursorAndOptimizerState) {
 TEST(CheckpointTest, H5pyReadsRankFilesAndReassemblesTheSameBytes) {
   const std::string python = MESHPROOF_TEST_PYTHON;
   if (python.empty() || !fs::exists(python)) GTEST_SKIP() << "no python3 with h5py configured";
-  const char* src_env = std::getenv("MESHPROOF_SOURCE_DIR");
-  const fs::path src = src_env ? fs::path(src_env) : fs::path(MESHPROOF_TEST_SOURCE_DIR);
+  const fs::path src = test_support::source_dir();
   TempDir tmp("h5py");
   const fs::path dir = save_on(DeviceMesh(2, 2, 2), tmp.path(), 3, 1);
   const fs::path out = tmp.path() / "py";

@@ -24,6 +24,7 @@
 #include "mesh/local_comm.h"
 #include "tests/engine/test_config.h"
 #include "tests/gpu_test.h"
+#include "tests/source_dir.h"
 
 namespace meshproof::engine {
 namespace {
@@ -42,8 +43,8 @@ class DeviceStateGpu : public ::testing::Test {
 // The scenario's matrix entries (recipes current and mxfp8) as run options on cuda:0.
 std::vector<RunOptions> scenario_runs() {
   std::vector<RunOptions> out;
-  for (const harness::Scenario& s : harness::load_scenario_file(std::string(MESHPROOF_SOURCE_DIR) +
-                                                                "/scenarios/gpu_hsdp_tp.yaml")) {
+  for (const harness::Scenario& s : harness::load_scenario_file(
+           (test_support::source_dir() / "scenarios/gpu_hsdp_tp.yaml").string())) {
     RunOptions o = harness::engine_run_options(s);
     o.backend = kernels::Device::cuda(0);
     o.launcher = "local";
@@ -189,8 +190,8 @@ TEST_F(DeviceStateGpu, StepsMoveOnlyScalars) {
 // allgather_parity check (a check, which downloads what it compares).
 TEST_F(DeviceStateGpu, Nvfp4AllGatherStepsMoveOnlyScalars) {
   int runs = 0;
-  for (const harness::Scenario& s : harness::load_scenario_file(std::string(MESHPROOF_SOURCE_DIR) +
-                                                                "/scenarios/fp8_all_gather.yaml")) {
+  for (const harness::Scenario& s : harness::load_scenario_file(
+           (test_support::source_dir() / "scenarios/fp8_all_gather.yaml").string())) {
     RunOptions o = harness::engine_run_options(s);
     if (o.config.recipe.kind != RecipeKind::kNvfp4) continue;
     o.backend = kernels::Device::cuda(0);
@@ -218,8 +219,8 @@ TEST_F(DeviceStateGpu, Nvfp4AllGatherStepsMoveOnlyScalars) {
 // the reports are the same in both): the two extra steps must add no bulk copy and only scalars.
 TEST_F(DeviceStateGpu, PipelineStepsMoveOnlyScalars) {
   int runs = 0;
-  for (const harness::Scenario& s :
-       harness::load_scenario_file(std::string(MESHPROOF_SOURCE_DIR) + "/scenarios/pp_fsdp.yaml")) {
+  for (const harness::Scenario& s : harness::load_scenario_file(
+           (test_support::source_dir() / "scenarios/pp_fsdp.yaml").string())) {
     RunOptions o = harness::engine_run_options(s);
     ASSERT_EQ(o.mesh.pp, 2);
     o.backend = kernels::Device::cuda(0);
@@ -254,8 +255,8 @@ TEST_F(DeviceStateGpu, PipelineStepsMoveOnlyScalars) {
 // of every rank ((2E + 1) doubles per rank), never a token row block (rows x hidden).
 TEST_F(DeviceStateGpu, MoeStepsMoveOnlyScalarsAndExpertCounts) {
   int runs = 0;
-  for (const harness::Scenario& s : harness::load_scenario_file(std::string(MESHPROOF_SOURCE_DIR) +
-                                                                "/scenarios/moe_fsdp.yaml")) {
+  for (const harness::Scenario& s : harness::load_scenario_file(
+           (test_support::source_dir() / "scenarios/moe_fsdp.yaml").string())) {
     for (const auto& [shard, ep] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}})
       for (double aux : {0.0, 0.01}) {
         RunOptions o = harness::engine_run_options(s);

@@ -21,6 +21,7 @@
 #include "harness/scenario_faults.h"
 #include "harness/scenario_loader.h"
 #include "kernels/error.h"
+#include "tests/source_dir.h"
 
 namespace meshproof::harness {
 namespace {
@@ -44,7 +45,7 @@ class FaultTableRow : public ::testing::TestWithParam<std::string> {
   // a built-in one has every parameter at its default there or a valid value).
   FaultSpec library_spec() const {
     const fs::path path =
-        fs::path(MESHPROOF_TEST_SOURCE_DIR) / "scenarios" / "faults" / (GetParam() + ".yaml");
+        test_support::source_dir() / "scenarios" / "faults" / (GetParam() + ".yaml");
     const std::vector<Scenario> v = load_scenario_file(path.string());
     EXPECT_EQ(v.size(), 1u);
     EXPECT_EQ(v.at(0).faults.size(), 1u);
@@ -109,8 +110,8 @@ TEST_P(FaultTableRow, SwitchesOnOneEngineFaultOfItsOwn) {
   for (const FaultDescriptor& other : fault_table()) {
     if (other.name == GetParam()) continue;
     engine::FaultInjection theirs;
-    const fs::path path = fs::path(MESHPROOF_TEST_SOURCE_DIR) / "scenarios" / "faults" /
-                          (std::string(other.name) + ".yaml");
+    const fs::path path =
+        test_support::source_dir() / "scenarios" / "faults" / (std::string(other.name) + ".yaml");
     other.inject(load_scenario_file(path.string()).at(0).faults.at(0), theirs);
     EXPECT_NE(switched_on(theirs), flags) << other.name;
   }
@@ -197,7 +198,7 @@ TEST_P(FaultTableRow, ListedByMeshproofFaultsJson) {
 // row and enables a check the row claims.
 TEST_P(FaultTableRow, LibraryScenarioMeetsTheRow) {
   const fs::path path =
-      fs::path(MESHPROOF_TEST_SOURCE_DIR) / "scenarios" / "faults" / (GetParam() + ".yaml");
+      test_support::source_dir() / "scenarios" / "faults" / (GetParam() + ".yaml");
   ASSERT_TRUE(fs::exists(path)) << path;
   for (const Scenario& s : load_scenario_file(path.string())) {
     for (const FaultRequirement& r : row().needs) EXPECT_TRUE(r.met(s)) << s.name << ": " << r.what;

@@ -21,6 +21,7 @@
 #include "harness/exit_codes.h"
 #include "harness/golden.h"
 #include "tests/harness/cli_run.h"
+#include "tests/source_dir.h"
 
 namespace meshproof::harness {
 namespace {
@@ -28,9 +29,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const std::string kQuickstart =
-    std::string(MESHPROOF_TEST_SOURCE_DIR) + "/scenarios/quickstart.yaml";
-const std::string kGoldenDir = std::string(MESHPROOF_TEST_SOURCE_DIR) + "/golden";
+const std::string kQuickstart = (test_support::source_dir() / "scenarios/quickstart.yaml").string();
+const std::string kGoldenDir = (test_support::source_dir() / "golden").string();
 
 using harness::testing::CliResult;
 constexpr auto& cli = harness::testing::run_meshproof;

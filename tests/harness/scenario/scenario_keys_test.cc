@@ -20,7 +20,7 @@
 
 #include "harness/scenario_loader.h"
 #include "kernels/error.h"
-#include "tests/harness/scenario/source_dir.h"
+#include "tests/source_dir.h"
 
 namespace meshproof::harness {
 namespace {

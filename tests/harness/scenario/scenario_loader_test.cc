@@ -29,8 +29,8 @@
 #include "kernels/error.h"
 #include "mesh/local_comm.h"
 #include "tests/harness/cli_run.h"
-#include "tests/harness/scenario/source_dir.h"
 #include "tests/scoped_env.h"
+#include "tests/source_dir.h"
 
 namespace meshproof::harness {
 namespace {
