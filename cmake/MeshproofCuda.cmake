@@ -21,6 +21,10 @@ if(NOT MESHPROOF_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
+    # Line tables for device code (no change to the generated code): compute-sanitizer's reports
+    # and a kernel fault's location then name the .cu file and line (tools/device-check runs
+    # compute-sanitizer on the GPU test binaries; docs/design.md section 39).
+    add_compile_options($<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
     set(MESHPROOF_HAVE_CUDA ON)
   elseif(MESHPROOF_CUDA STREQUAL "ON")
     message(FATAL_ERROR "MESHPROOF_CUDA=ON but no CUDA compiler was found (set CMAKE_CUDA_COMPILER)")
