@@ -59,11 +59,12 @@ check(p.returncode == 2 and "not built" in p.stderr, "pack without a build: exit
 # 2. the rehearsal: every step it can run passes, the outputs fit.
 out = work / "out"
 p = run("run", "--bundle", bundle, "--out", out, "--work", work / "work", "--rehearse",
-        "--scenarios", "quickstart", "--steps", "gtest,scenarios,bench", "--budget", "300")
+        "--scenarios", "quickstart", "--steps", "gtest,scenarios,bench,model", "--budget", "300")
 check(p.returncode == 0, "rehearsal exits 0")
 summary = json.loads((out / "summary.json").read_text())
 steps = summary["steps"]
-check(list(steps) == ["env", "gtest", "scenarios", "bench"], "env runs first, then the steps asked")
+check(list(steps) == ["env", "gtest", "scenarios", "bench", "model"],
+      "env runs first, then the steps asked")
 check(all(steps[s]["status"] == "pass" for s in steps), "every rehearsed step passes")
 check([b["binary"] for b in steps["gtest"]["binaries"]] ==
       ["kernels_formats_gpu_test", "kernels_gpu_policy_test"], "both bundled binaries ran")
@@ -76,6 +77,11 @@ ratios = steps["bench"]["vs_torch"]
 check(len(ratios) == 2 and all(r["meshproof_ms"] for r in ratios),
       "bench recipes' times found for the torch comparison")
 check((out / "rehearsal-cpu.json").is_file(), "the bench results file comes back")
+model = steps["model"]
+check(set(model["meshproof_1rank"]) == {"bf16", "current"} and
+      set(model["meshproof_8ranks"]) == {"bf16"}, "the model ran on 1 rank (2 recipes), 8 ranks")
+check(model["bf16_over_current"] is not None and model["8ranks_over_1rank"] is not None,
+      "the model's ratios computed")
 md = (out / "summary.md").read_text()
 check("| quickstart.yaml | quickstart |" in md, "summary.md tables the scenario")
 out_within_limits(out)
