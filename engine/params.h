@@ -137,7 +137,14 @@ class TensorMap {
 // index g gets std * philox_normal(seed, philox_stream(name), g) for normal init. Any shard can be
 // materialised alone, generating only its own elements, and equals the same box of the whole
 // tensor (a column shard of a row-parallel weight draws its columns, not whole rows).
+// Boxes of 2^23 elements and more are drawn by several threads (init_threads), bitwise the same.
 kernels::Tensor init_param_box(const ParamSpec& spec, uint64_t seed, const mesh::Box& box);
+// The same with `threads` (>= 1) drawing threads, each a contiguous share of the box's rows.
+kernels::Tensor init_param_box(const ParamSpec& spec, uint64_t seed, const mesh::Box& box,
+                               int threads);
+// How many threads draw a box of `elements` with `cpus` usable: one per 2^22 elements, at most
+// `cpus` (and 64), at least one.
+int init_threads(int64_t elements, int cpus);
 // Rows [row_begin, row_end) of parameter `spec`: init_param_box over those rows, all columns.
 kernels::Tensor init_param_rows(const ParamSpec& spec, uint64_t seed, int64_t row_begin,
                                 int64_t row_end);

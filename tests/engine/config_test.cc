@@ -163,6 +163,48 @@ TEST(Init, BoxesEqualTheSameBoxOfTheWholeTensor) {
   EXPECT_THROW((void)init_param_box(cube, 7, b), kernels::Error);
 }
 
+// Several drawing threads (a real-size model's boxes) give the bits of one: every share count
+// from 1 to 8 and more shares than rows, on a 3-D box cut in every dim (each share's first run
+// starts mid-odometer) and on a 2-D one; every element equals the design's formula.
+TEST(Init, ThreadedDrawsEqualOneThread) {
+  ParamSpec cube;
+  cube.name = "test.cube";
+  cube.shape = kernels::Shape{6, 11, 13};
+  cube.init = InitKind::kNormal;
+  cube.std = 0.25;
+  mesh::Box b = mesh::Box::whole(cube.shape);
+  b.offset = {kernels::Elements(1), kernels::Elements(2), kernels::Elements(3)};
+  b.extent = {kernels::Elements(4), kernels::Elements(7), kernels::Elements(9)};
+  const std::vector<float> one = init_param_box(cube, 3, b, 1).to_vector<float>();
+  const uint64_t stream = kernels::philox_stream("test.cube");
+  for (int64_t i = 0, k = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 7; ++j)
+      for (int64_t c = 0; c < 9; ++c, ++k)
+        ASSERT_EQ(one[static_cast<size_t>(k)],
+                  static_cast<float>(0.25 * kernels::philox_normal(
+                                                3, stream, ((1 + i) * 11 + 2 + j) * 13 + 3 + c)))
+            << i << "," << j << "," << c;
+  for (int threads : {2, 3, 5, 8, 28, 40})
+    EXPECT_EQ(init_param_box(cube, 3, b, threads).to_vector<float>(), one) << threads;
+  ModelConfig m;
+  for (const ParamSpec& s : param_specs(m)) {
+    const mesh::Box whole = mesh::Box::whole(s.shape);
+    EXPECT_EQ(init_param_box(s, 99, whole, 3).to_vector<float>(),
+              init_param_box(s, 99, whole, 1).to_vector<float>())
+        << s.name;
+  }
+  EXPECT_THROW((void)init_param_box(cube, 3, b, 0), kernels::Error);
+}
+
+TEST(Init, ThreadsPerBoxSize) {
+  EXPECT_EQ(init_threads(1, 16), 1);
+  EXPECT_EQ(init_threads((int64_t{1} << 23) - 1, 16), 1);  // the test models: one thread
+  EXPECT_EQ(init_threads(int64_t{1} << 23, 16), 2);
+  EXPECT_EQ(init_threads(int64_t{4096} * 14336, 16), 14);  // issue 16's fc1 weight
+  EXPECT_EQ(init_threads(int64_t{4096} * 14336, 1), 1);    // a rank pinned to one CPU
+  EXPECT_EQ(init_threads(int64_t{1} << 40, 512), 64);
+}
+
 TEST(Init, FollowsTheDesignTable) {
   ModelConfig m;
   m.layers = 4;

@@ -166,5 +166,15 @@ check(rows[0]["meshproof_ms"] == 2.0 and abs(rows[0]["ratio"] - 0.95) < 1e-12,
 check(rows[1]["meshproof_ms"] == 1.0 and rows[1]["ratio"] is None,
       "no torch time, no ratio")
 
+# The device run's model scenarios at issue 16's sizes validate (the rules a run applies first).
+files = [dc.write_model_scenario(work / "model16", "model_1rank", dc.MODEL_SIZES, {"dp_shard": 1},
+                                 ["bf16", "current"]),
+         dc.write_model_scenario(work / "model16", "model_8ranks", dc.MODEL_SIZES,
+                                 {"dp_shard": 4, "tp": 2}, ["bf16"])]
+p = subprocess.run([str(build / "harness" / "meshproof"), "validate", *map(str, files)],
+                   capture_output=True, text=True)
+check(p.returncode == 0 and "3 scenario(s) from 2 file(s) valid" in p.stdout + p.stderr,
+      "issue 16's model scenarios validate: " + (p.stdout + p.stderr).strip()[-300:])
+
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
