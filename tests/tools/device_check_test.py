@@ -10,7 +10,6 @@ failing is "not met", a golden miss alone is data, a fault must be caught), and 
 import importlib.machinery
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
