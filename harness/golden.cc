@@ -22,8 +22,10 @@ std::string golden_platform(const std::string& backend, const reports::Environme
   std::string name = env.gpus.empty() ? "gpu" : env.gpus.front().name;
   std::string lower;
   for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // First match wins: a family whose name holds another's comes first (gb200 before b200, h200
+  // before h20, l40s before l4).
   for (const char* family :
-       {"h100", "h200", "h800", "h20", "b200", "b100", "gb200", "a100", "l40s", "l4"}) {
+       {"h100", "h200", "h800", "h20", "gb200", "b200", "b100", "a100", "l40s", "l4"}) {
     if (lower.find(family) != std::string::npos) return family;
   }
   std::string out;

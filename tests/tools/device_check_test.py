@@ -148,6 +148,12 @@ check(r["met"], "a caught fault: met")
 r = report(error="CUDA error: an illegal memory access")
 check(not r["met"], "a scenario that errored: not met")
 
+# The platform the goldens are linked under is the one meshproof reads (harness/golden.cc).
+for names, want in [(["NVIDIA H200"], "h200"), (["NVIDIA H100 80GB HBM3"], "h100"),
+                    (["NVIDIA GB200"], "gb200"), (["NVIDIA L40S"], "l40s"),
+                    (["NVIDIA RTX 6000 Ada"], "nvidia_rtx_6000_ada"), ([], "gpu")]:
+    check(dc.Runner.golden_platform(names) == want, f"platform of {names}: {want}")
+
 bench = work / "bench.json"
 bench.write_text(json.dumps({"scenarios": [
     {"name": "recipes.bf16", "benchmarks": [

@@ -135,6 +135,18 @@ TEST(GoldenPlatform, CpuAndGpuFamilies) {
   EXPECT_EQ(golden_platform("cuda:0", env), "h100");
   env.gpus[0].name = "NVIDIA H200";
   EXPECT_EQ(golden_platform("cuda:0", env), "h200");
+  env.gpus[0].name = "NVIDIA H20";
+  EXPECT_EQ(golden_platform("cuda:0", env), "h20");
+  // A family whose name holds another's: GB200 is not a B200, an L40S not an L4.
+  env.gpus[0].name = "NVIDIA GB200";
+  EXPECT_EQ(golden_platform("cuda:0", env), "gb200");
+  env.gpus[0].name = "NVIDIA L40S";
+  EXPECT_EQ(golden_platform("cuda:0", env), "l40s");
+  env.gpus[0].name = "NVIDIA L4";
+  EXPECT_EQ(golden_platform("cuda:0", env), "l4");
+  // Any other device: its name, lower case, other characters as '_'.
+  env.gpus[0].name = "NVIDIA RTX 6000 Ada";
+  EXPECT_EQ(golden_platform("cuda:0", env), "nvidia_rtx_6000_ada");
 }
 
 // Issue #17.13: a platform is a file name, never a path.
