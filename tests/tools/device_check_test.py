@@ -95,7 +95,8 @@ if not env.get("cuda", {}).get("usable"):
     s2 = json.loads((out2 / "summary.json").read_text())["steps"]
     check(s2["env"]["status"] == "fail" and "no usable GPU" in s2["env"]["detail"],
           "env names the missing GPU")
-    check(all(s2[k]["status"] == "not run" for k in s2 if k != "env"), "nothing else ran")
+    check(all(s2[k]["status"] == "not run" and "no usable GPU" in s2[k]["detail"]
+              for k in s2 if k != "env"), "nothing else ran, each saying why")
     out_within_limits(out2)
 else:
     print("skip 3: this machine has a usable GPU (the real run is device-check's job there)")
