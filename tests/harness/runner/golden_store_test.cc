@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "harness/golden.h"
 #include "kernels/error.h"
@@ -131,22 +132,21 @@ TEST(GoldenStore, ErrorsNameTheFileNotTheSourceCode) {
 TEST(GoldenPlatform, CpuAndGpuFamilies) {
   reports::EnvironmentRecord env;
   EXPECT_EQ(golden_platform("cpu", env), "cpu");
-  env.gpus.push_back({0, "NVIDIA H100 80GB HBM3", "9.0", 0, 132});
-  EXPECT_EQ(golden_platform("cuda:0", env), "h100");
-  env.gpus[0].name = "NVIDIA H200";
-  EXPECT_EQ(golden_platform("cuda:0", env), "h200");
-  env.gpus[0].name = "NVIDIA H20";
-  EXPECT_EQ(golden_platform("cuda:0", env), "h20");
-  // A family whose name holds another's: GB200 is not a B200, an L40S not an L4.
-  env.gpus[0].name = "NVIDIA GB200";
-  EXPECT_EQ(golden_platform("cuda:0", env), "gb200");
-  env.gpus[0].name = "NVIDIA L40S";
-  EXPECT_EQ(golden_platform("cuda:0", env), "l40s");
-  env.gpus[0].name = "NVIDIA L4";
-  EXPECT_EQ(golden_platform("cuda:0", env), "l4");
-  // Any other device: its name, lower case, other characters as '_'.
-  env.gpus[0].name = "NVIDIA RTX 6000 Ada";
-  EXPECT_EQ(golden_platform("cuda:0", env), "nvidia_rtx_6000_ada");
+  env.gpus.push_back({0, "", "9.0", 0, 132});
+  // A family whose name holds another's comes first: GB200 is not a B200, an H200 not an H20,
+  // an L40S not an L4. Any other device: its name, lower case, other characters as '_'.
+  const std::pair<const char*, const char*> cases[] = {
+      {"NVIDIA H100 80GB HBM3", "h100"},
+      {"NVIDIA H200", "h200"},
+      {"NVIDIA H20", "h20"},
+      {"NVIDIA GB200", "gb200"},
+      {"NVIDIA L40S", "l40s"},
+      {"NVIDIA L4", "l4"},
+      {"NVIDIA RTX 6000 Ada", "nvidia_rtx_6000_ada"}};
+  for (const auto& [name, platform] : cases) {
+    env.gpus[0].name = name;
+    EXPECT_EQ(golden_platform("cuda:0", env), platform) << name;
+  }
 }
 
 // Issue #17.13: a platform is a file name, never a path.
