@@ -163,9 +163,10 @@ TEST(Init, BoxesEqualTheSameBoxOfTheWholeTensor) {
   EXPECT_THROW((void)init_param_box(cube, 7, b), kernels::Error);
 }
 
-// Several drawing threads (a real-size model's boxes) give the bits of one: every share count
-// from 1 to 8 and more shares than rows, on a 3-D box cut in every dim (each share's first run
-// starts mid-odometer) and on a 2-D one; every element equals the design's formula.
+// Several drawing threads (a real-size model's boxes) give the bits of one: 2 to 8 shares and
+// more shares than runs (28 of them), on a 3-D box cut in every dim (each share's first run
+// starts mid-odometer) and on every parameter of the default model; every element of the one-
+// thread draw equals the design's formula.
 TEST(Init, ThreadedDrawsEqualOneThread) {
   ParamSpec cube;
   cube.name = "test.cube";
