@@ -10,6 +10,24 @@ if(NOT MESHPROOF_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # The cuBLASLt paths use the block-scaling modes of CUDA 12.9 (VEC128_32F, BLK128x128_32F) and
+    # sm_100 needs nvcc >= 12.8: an older toolkit is refused here with the reason, not by a compile
+    # error deep in kernels/gemm_cublaslt.cc. Under AUTO it is skipped (the CPU backend builds).
+    execute_process(COMMAND ${CMAKE_CUDA_COMPILER} --version OUTPUT_VARIABLE _mp_nvcc_out
+                    ERROR_QUIET)
+    string(REGEX MATCH "release ([0-9]+\\.[0-9]+)" _mp_nvcc_match "${_mp_nvcc_out}")
+    set(_mp_nvcc_version "${CMAKE_MATCH_1}")
+    if(_mp_nvcc_version AND _mp_nvcc_version VERSION_LESS 12.9)
+      set(_mp_why "nvcc ${_mp_nvcc_version} (${CMAKE_CUDA_COMPILER}) is older than CUDA 12.9, which the CUDA backend needs (cuBLASLt block-scaling modes)")
+      if(MESHPROOF_CUDA STREQUAL "ON")
+        message(FATAL_ERROR "MESHPROOF_CUDA=ON but ${_mp_why}")
+      endif()
+      message(WARNING "meshproof: CUDA backend skipped: ${_mp_why}")
+      unset(CMAKE_CUDA_COMPILER)
+      unset(CMAKE_CUDA_COMPILER CACHE)
+    endif()
+  endif()
+  if(CMAKE_CUDA_COMPILER)
     # Hopper (sm_90) and Blackwell (sm_100) by default; override with -DCMAKE_CUDA_ARCHITECTURES.
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 90 100)

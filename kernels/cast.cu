@@ -1,16 +1,24 @@
 // CUDA cast between float32 and bfloat16 (kernels/cast.h): bf16 -> float is exact, float -> bf16
 // is RNE through the formats.h code the CPU uses, so the result is bitwise the CPU's.
+#include <type_traits>
+
 #include "kernels/ops_cuda.h"
 #include "kernels/ops_cuda_util.cuh"
 
 namespace meshproof::kernels::cuda {
 namespace {
 
+// A same-type "cast" copies the stored bits, as the CPU does: through fp32, float_to_bf16 would
+// quiet a signalling bf16 NaN.
 template <typename S, typename D>
 __global__ void cast_kernel(const S* src, D* dst, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    detail::store(dst, i, detail::load(src, i));
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if constexpr (std::is_same_v<S, D>)
+      dst[i] = src[i];
+    else
+      detail::store(dst, i, detail::load(src, i));
+  }
 }
 
 template <typename S, typename D>

@@ -22,12 +22,14 @@ __global__ void embedding_forward_kernel(const int32_t* ids, const T* tok, const
     const int64_t flat = i / h, c = i % h, s = flat % seq;
     const int64_t row = ids[flat] - vocab_begin;
     const bool held = row >= 0 && row < rows;  // another shard's id: a zero row
+    // The pass-through cases copy the stored bits, as the CPU does (through fp32 a signalling
+    // bf16 NaN would come out quieted); T{} is +0 in both storage types.
     if (pos == nullptr) {
-      detail::store(x, i, held ? detail::load(tok, row * h + c) : 0.0f);
+      x[i] = held ? tok[row * h + c] : T{};
     } else if (held) {
       detail::store(x, i, __fadd_rn(detail::load(tok, row * h + c), detail::load(pos, s * h + c)));
     } else {
-      detail::store(x, i, detail::load(pos, s * h + c));
+      x[i] = pos[s * h + c];
     }
   }
 }

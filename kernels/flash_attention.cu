@@ -260,12 +260,19 @@ __global__ void __launch_bounds__(kRows* kWarp)
   store_row(dst + dm.v_col(g * r), d, lane, dv);
 }
 
+// The dynamic shared memory a kernel may take without opting in (cudaFuncSetAttribute): the
+// backward dK/dV kernel's two [tile][d] float tiles and two [tile] vectors must fit, so a tile of
+// 32 keys allows head_dim <= 191 (kFlashKeyTile picks 16 above 128).
+constexpr int64_t kDefaultSharedBytes = 48 * 1024;
+
 bool bad_shape(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t kv_heads,
                int64_t key_tile) {
   return batch <= 0 || seq <= 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 ||
          head_dim <= 0 || head_dim > kMaxPerLane * kWarp || key_tile <= 0 ||
          key_tile > kMaxKeyTile || heads > 65535 || batch > 65535 ||
-         (seq + kRows - 1) / kRows > 0x7fffffff;
+         (seq + kRows - 1) / kRows > 0x7fffffff ||
+         (2 * key_tile * head_dim + 2 * key_tile) * static_cast<int64_t>(sizeof(float)) >
+             kDefaultSharedBytes;
 }
 
 template <typename T>

@@ -40,6 +40,7 @@
 #include "kernels/gemm_cuda_kernels.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/nvfp4.h"
+#include "kernels/ops_cuda.h"
 
 namespace meshproof::kernels {
 namespace {
@@ -216,6 +217,18 @@ void lt_matmul(const GemmProblem& p, const LtOperand& a, const LtOperand& b, Ten
   const int device = out.device().index;
   DeviceScope scope(device);
   auto stream = static_cast<cudaStream_t>(current_context().stream);
+  if (a.dtype == DType::kFloat32 && out.dtype() == DType::kBFloat16) {
+    // cuBLASLt pairs float32 A and B with a float32 C/D only (its table of supported types), so a
+    // bf16 result of float32 operands (the float32 emulation of NVFP4, block-scaled or mixed
+    // operands, whose outputs are bf16 activations) is computed into float32 scratch and rounded
+    // once to bf16 (RNE, the CPU reference's fp32 sum and one rounding). A bf16 output never
+    // accumulates (gemm rejects it), so the scratch needs no initial value.
+    Tensor wide = Tensor::empty(out.shape(), DType::kFloat32, out.device());
+    lt_matmul(p, a, b, wide, options, fast_accum, alpha_beta);
+    MP_CUDA_CHECK(
+        cuda::launch_cast(wide.raw_data(), false, out.raw_data(), true, out.numel().value, stream));
+    return;  // `wide` is freed on this stream, after the cast
+  }
   const lt::StreamResources ctx = lt_context(device, stream);
   auto handle = static_cast<cublasLtHandle_t>(ctx.handle);
   const uint64_t m = static_cast<uint64_t>(p.s), n = static_cast<uint64_t>(p.r),
@@ -232,17 +245,24 @@ void lt_matmul(const GemmProblem& p, const LtOperand& a, const LtOperand& b, Ten
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
   const cublasLtMatmulMatrixScale_t mode_a = lt_scale_mode(b.scale_mode);
   const cublasLtMatmulMatrixScale_t mode_b = lt_scale_mode(a.scale_mode);
+  // The scale mode is set only when it is not the default per-tensor scalar: a cuBLASLt older than
+  // 12.8 (the attribute's release) then still runs per-tensor FP8, and choose_gemm_path keeps the
+  // other modes from such a library.
   if (b.scale != nullptr) {
     MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                    &b.scale, sizeof(b.scale)));
-    MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a,
-                                                   sizeof(mode_a)));
+    if (b.scale_mode != lt::ScaleMode::kScalar32F) {
+      MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                     &mode_a, sizeof(mode_a)));
+    }
   }
   if (a.scale != nullptr) {
     MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                    &a.scale, sizeof(a.scale)));
-    MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
-                                                   sizeof(mode_b)));
+    if (a.scale_mode != lt::ScaleMode::kScalar32F) {
+      MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                     &mode_b, sizeof(mode_b)));
+    }
   }
   const int8_t fast = fast_accum ? 1 : 0;
   if (is_fp8(a.dtype)) {
@@ -593,6 +613,14 @@ lt::PathDecision gemm_cuda_path(const GemmProblem& p, int device) {
 void gemm_cuda(const GemmProblem& p, Tensor& out, const GemmOptions& options) {
   const int device = out.device().index;
   DeviceScope scope(device);
+  if (p.k == 0) {
+    // An empty sum (a weight gradient over an expert that received no tokens): cuBLASLt takes no
+    // K = 0 problem. The result is +0 as on the CPU, or the output unchanged when accumulating.
+    if (!options.accumulate) {
+      MP_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes().value, stream_now()));
+    }
+    return;
+  }
   const lt::PathDecision d = gemm_cuda_path(p, device);
   const QuantizedTensor* qa = as_quantized(p.a);
   const QuantizedTensor* qb = as_quantized(p.b);

@@ -121,7 +121,10 @@ MP_HOST_DEVICE inline int hadamard16(int i, int j) {
 }
 
 // One 16-group: y_j = fp32(0.25 * sum_i d_i H16[i][j] g_i), the sum in float64 in index order
-// (each term is exact in float64), rounded once. g[i] = x[base + i * stride].
+// (each term is exact in float64), rounded once. g[i] = x[base + i * stride]. A NaN y_j (a NaN
+// input, or inf - inf) is stored as 0x7FC00000: x86 keeps an operand's NaN (payload and sign) or
+// makes its default -NaN, a GPU makes its canonical NaN 0x7FFFFFFF, and the columnwise amax, a
+// max of these bits, must be the same on both.
 MP_HOST_DEVICE inline void rht16(const void* x, bool bf16, int64_t base, int64_t stride, float* y) {
   double g[kBlock];
   for (int i = 0; i < kBlock; ++i)
@@ -132,7 +135,8 @@ MP_HOST_DEVICE inline void rht16(const void* x, bool bf16, int64_t base, int64_t
       const double t = g[i];
       s = (rht_sign(i) * hadamard16(i, j) > 0) ? s + t : s - t;
     }
-    y[j] = static_cast<float>(0.25 * s);
+    const float v = static_cast<float>(0.25 * s);
+    y[j] = is_nan(v) ? fmt8::bits_float(0x7FC00000u) : v;
   }
 }
 

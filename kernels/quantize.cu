@@ -57,7 +57,7 @@ __global__ void delayed_update_kernel(float* history, int64_t len, float* scale,
 
 // Per-tensor: one 32x32 tile per block (32x8 threads). Rowwise bytes are written coalesced as
 // they are produced; the tile goes through shared memory so the transposed copy is also written
-// coalesced. The element rule is cast_block's: fp8(x * scale).
+// coalesced. The element rule is cast_block's: rules::cast_element(x, scale).
 __global__ void per_tensor_kernel(const void* x, bool bf16, int64_t M, int64_t K,
                                   const float* scale, bool e5m2, uint8_t* row, uint8_t* col,
                                   float* scale_inv_out) {
@@ -74,7 +74,7 @@ __global__ void per_tensor_kernel(const void* x, bool bf16, int64_t M, int64_t K
       const int64_t m = m0 + threadIdx.y + j;
       const int64_t k = k0 + threadIdx.x;
       if (m < M && k < K) {
-        const uint8_t v = rules::cast_fp8(rules::load_input(x, bf16, m * K + k) * s, e5m2);
+        const uint8_t v = rules::cast_element(rules::load_input(x, bf16, m * K + k), s, e5m2);
         if (row) row[m * K + k] = v;
         tile[threadIdx.y + j][threadIdx.x] = v;
       }

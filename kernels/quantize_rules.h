@@ -97,12 +97,23 @@ MP_HOST_DEVICE inline uint32_t block_amax_bits(const void* x, bool bf16, int64_t
   return a;
 }
 
-// out[obase + i*ostride] = fp8(x[base + i*stride] * mult) for i in [0, n).
+// One element: fp8(v * mult), except that a NaN input gives the format's NaN with the input's
+// sign whatever the multiplier. The rule is explicit because the hardware's is not portable: x86
+// returns the NaN operand of v * mult (its sign kept), a GPU returns its canonical NaN 0x7FFFFFFF
+// for any NaN result, so -NaN would encode as 0xFF on one and 0x7F on the other. The CPU's cast
+// loops (quantize.cc) apply the same rule. A finite v times a NaN multiplier (an MXFP8 NaN block)
+// encodes as +NaN (0x7F) on both; inf x 0 cannot arise, since no scale rule gives a zero scale.
+MP_HOST_DEVICE inline uint8_t cast_element(float v, float mult, bool e5m2) {
+  if (is_nan(v)) return static_cast<uint8_t>(((fmt8::float_bits(v) >> 24) & 0x80u) | 0x7Fu);
+  return cast_fp8(v * mult, e5m2);
+}
+
+// out[obase + i*ostride] = cast_element(x[base + i*stride], mult) for i in [0, n).
 MP_HOST_DEVICE inline void cast_block(const void* x, bool bf16, int64_t base, int64_t stride,
                                       int64_t n, float mult, bool e5m2, uint8_t* out, int64_t obase,
                                       int64_t ostride) {
   for (int64_t i = 0; i < n; ++i) {
-    out[obase + i * ostride] = cast_fp8(load_input(x, bf16, base + i * stride) * mult, e5m2);
+    out[obase + i * ostride] = cast_element(load_input(x, bf16, base + i * stride), mult, e5m2);
   }
 }
 
@@ -140,8 +151,19 @@ enum class QLayout : int {
   kBlock2dCol,    // data [K, M], scale fp32 [ceil(K/128), ceil(M/128)]
 };
 
-// Decoded value of logical element (m, k): decode(q) * scale_inv. Exact for mxfp8 and
-// power-of-2 block scales; one correctly rounded fp32 multiply for per-tensor scales and
+// decode * scale with x86's NaN rule made explicit: a NaN code's value (decode keeps the code's
+// sign), else a NaN scale (an MXFP8 NaN block), else the correctly rounded product. A GPU would
+// return its canonical NaN 0x7FFFFFFF for either, and a compiler may order the two operands of a
+// multiply either way, so without the rule the NaN bits of a dequantized tensor would depend on
+// the backend and the build.
+MP_HOST_DEVICE inline float scaled_value(float decoded, float scale) {
+  if (is_nan(decoded)) return decoded;
+  if (is_nan(scale)) return scale;
+  return decoded * scale;
+}
+
+// Decoded value of logical element (m, k): decode(q) * scale_inv (scaled_value). Exact for mxfp8
+// and power-of-2 block scales; one correctly rounded fp32 multiply for per-tensor scales and
 // non-power-of-2 block scales.
 MP_HOST_DEVICE inline float dequant_at(QLayout layout, bool e5m2, const uint8_t* data,
                                        const void* scale, int64_t M, int64_t K, int64_t m,
@@ -152,21 +174,23 @@ MP_HOST_DEVICE inline float dequant_at(QLayout layout, bool e5m2, const uint8_t*
   const int64_t mb = (M + 127) / 128;
   switch (layout) {
     case QLayout::kPerTensorRow:
-      return decode_fp8(data[m * K + k], e5m2) * sf[0];
+      return scaled_value(decode_fp8(data[m * K + k], e5m2), sf[0]);
     case QLayout::kPerTensorCol:
-      return decode_fp8(data[k * M + m], e5m2) * sf[0];
+      return scaled_value(decode_fp8(data[k * M + m], e5m2), sf[0]);
     case QLayout::kMxfp8Row:
-      return decode_fp8(data[m * K + k], e5m2) * fmt8::e8m0_to_float(s8[m * (K / 32) + k / 32]);
+      return scaled_value(decode_fp8(data[m * K + k], e5m2),
+                          fmt8::e8m0_to_float(s8[m * (K / 32) + k / 32]));
     case QLayout::kMxfp8Col:
-      return decode_fp8(data[m * K + k], e5m2) * fmt8::e8m0_to_float(s8[(m / 32) * K + k]);
+      return scaled_value(decode_fp8(data[m * K + k], e5m2),
+                          fmt8::e8m0_to_float(s8[(m / 32) * K + k]));
     case QLayout::kBlock1dRow:
-      return decode_fp8(data[m * K + k], e5m2) * sf[m * kb + k / 128];
+      return scaled_value(decode_fp8(data[m * K + k], e5m2), sf[m * kb + k / 128]);
     case QLayout::kBlock1dCol:
-      return decode_fp8(data[k * M + m], e5m2) * sf[k * mb + m / 128];
+      return scaled_value(decode_fp8(data[k * M + m], e5m2), sf[k * mb + m / 128]);
     case QLayout::kBlock2dRow:
-      return decode_fp8(data[m * K + k], e5m2) * sf[(m / 128) * kb + k / 128];
+      return scaled_value(decode_fp8(data[m * K + k], e5m2), sf[(m / 128) * kb + k / 128]);
     case QLayout::kBlock2dCol:
-      return decode_fp8(data[k * M + m], e5m2) * sf[(k / 128) * mb + m / 128];
+      return scaled_value(decode_fp8(data[k * M + m], e5m2), sf[(k / 128) * mb + m / 128]);
   }
   return 0.0f;
 }

@@ -159,6 +159,22 @@ void keep_pool_memory(int index) {
   MP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
   uint64_t threshold = UINT64_MAX;
   MP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  // Pool memory is not opened to other GPUs by cudaDeviceEnablePeerAccess. NCCL between GPUs of
+  // one process (run_nccl_single_process) reads and writes peers' user buffers directly, so every
+  // GPU that can reach this one gets read/write access to its pool.
+  int count = 0;
+  MP_CUDA_CHECK(cudaGetDeviceCount(&count));
+  for (int peer = 0; peer < count; ++peer) {
+    int can = 0;
+    if (peer == index) continue;
+    MP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, peer, index));
+    if (can == 0) continue;
+    cudaMemAccessDesc access{};
+    access.location.type = cudaMemLocationTypeDevice;
+    access.location.id = peer;
+    access.flags = cudaMemAccessFlagsProtReadWrite;
+    MP_CUDA_CHECK(cudaMemPoolSetAccess(pool, &access, 1));
+  }
   done[index] = true;
 }
 #endif

@@ -420,10 +420,18 @@ NcclRankComms NcclRankComms::bootstrap_mpi(const DeviceMesh& mesh) {
   MPI_Comm node = MPI_COMM_NULL;
   MP_MPI_CHECK(
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-  int local_rank = 0;
+  int local_rank = 0, local_size = 0;
   MP_MPI_CHECK(MPI_Comm_rank(node, &local_rank));
+  MP_MPI_CHECK(MPI_Comm_size(node, &local_size));
   MPI_Comm_free(&node);
-  const int device = local_rank % static_cast<int>(cuda.gpus.size());
+  // NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected") only inside
+  // ncclCommInitRank; every rank of the node sees the same counts, so all of them stop here with
+  // the reason instead.
+  MP_CHECK_INPUT(local_size <= static_cast<int>(cuda.gpus.size()),
+                 "launcher mpi: {} ranks on this node but {} GPU(s) visible; NCCL needs one GPU "
+                 "per rank (use the local launcher for virtual ranks on one GPU)",
+                 local_size, cuda.gpus.size());
+  const int device = local_rank;
 
   NcclRankComms self(mesh, rank);
   self.state_->device = device;

@@ -294,6 +294,30 @@ TEST(Nvfp4Rht, WgradProductIsUnchanged) {
   }
 }
 
+// A NaN transform output (a NaN input, or +inf and -inf in one group) is stored as 0x7FC00000
+// whatever the inputs' NaN payloads and signs: x86 and a GPU make different NaN bits, and the
+// columnwise amax is a max over these bits (kernels/nvfp4_rules.h, rht16).
+TEST(Nvfp4Rht, NanOutputsHaveOneBitPattern) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> g(16, 0.5f);
+  g[3] = inf;
+  g[9] = -inf;
+  float y[16];
+  rules::nvfp4::rht16(g.data(), false, 0, 1, y);
+  int nans = 0;
+  for (float v : y) {
+    if (std::isnan(v)) {
+      ++nans;
+      EXPECT_EQ(fmt8::float_bits(v), 0x7FC00000u);
+    }
+  }
+  EXPECT_GT(nans, 0);   // inf - inf in the outputs where d_3 H[3][j] and d_9 H[9][j] agree
+  EXPECT_LT(nans, 16);  // and +-inf where they differ
+  g[9] = fmt8::bits_float(0xFFC00123u);  // a NaN with sign and payload: every output NaN
+  rules::nvfp4::rht16(g.data(), false, 0, 1, y);
+  for (float v : y) EXPECT_EQ(fmt8::float_bits(v), 0x7FC00000u);
+}
+
 TEST(Nvfp4Rht, ColumnwiseAmaxIsTakenAfterTheTransform) {
   std::vector<float> v(32 * 16, 0.0f);
   v[0] = 4.0f;  // one spike: its group's transform is +-1 everywhere

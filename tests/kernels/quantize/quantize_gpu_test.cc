@@ -18,7 +18,8 @@ namespace {
 
 using testing::bytes_of;
 
-// Random normal data with zeros, huge, subnormal-range blocks, an outlier per 32 and a NaN/inf.
+// Random normal data with zeros, huge, subnormal-range blocks, an outlier per 32, a NaN, a -NaN
+// and a -inf.
 Tensor make_input(int64_t M, int64_t K, bool bf16, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> n(0.0f, 2.0f);
@@ -35,6 +36,7 @@ Tensor make_input(int64_t M, int64_t K, bool bf16, uint32_t seed) {
   }
   if (M * K > 300) {
     v[123] = std::nanf("");
+    v[200] = -std::nanf("");  // keeps its sign in the codes (rules::cast_element)
     v[static_cast<size_t>(M * K - 7)] = -std::numeric_limits<float>::infinity();
   }
   if (!bf16) return Tensor::from_vector<float>({M, K}, v);
@@ -107,8 +109,9 @@ TEST(QuantizeGpuTest, AllQuantizersMatchCpuBytes) {
 TEST(QuantizeGpuTest, AwkwardShapesForPerTensorAndBlock) {
   MP_SKIP_WITHOUT_GPU();
   const Device gpu = Device::cuda(0);
-  for (const ShapeCase s : {ShapeCase{1, 1}, ShapeCase{3, 5}, ShapeCase{33, 70},
-                            ShapeCase{129, 257}, ShapeCase{300, 1}, ShapeCase{1, 300}}) {
+  for (const ShapeCase s :
+       {ShapeCase{1, 1}, ShapeCase{3, 5}, ShapeCase{33, 70}, ShapeCase{129, 257}, ShapeCase{300, 1},
+        ShapeCase{1, 300}, ShapeCase{0, 64}, ShapeCase{64, 0}}) {
     const Tensor xc = make_input(s.M, s.K, false, 99);
     const Tensor xg = xc.to(gpu);
     const Usage both{true, true};

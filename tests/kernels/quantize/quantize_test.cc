@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/formats.h"
+#include "kernels/quantize_rules.h"
 #include "tests/kernels/quantize/fp64_reference.h"
 
 namespace meshproof::kernels {
@@ -231,6 +232,45 @@ TEST(QuantizeTest, PerTensorWithNonFiniteInputsAndGivenScale) {
                             DType::kE4M3, {true, true}, ScalingMode::kDelayedTensor);
     expect_per_tensor_matches_reference(q, x, M, K, scale, false);
     EXPECT_FALSE(q.amax.defined());
+  }
+}
+
+// The NaN rules shared with the CUDA kernels (kernels/quantize_rules.h): what a NaN encodes to and
+// dequantizes to is stated, not left to the hardware (x86 keeps the NaN operand of a multiply, a
+// GPU makes its canonical 0x7FFFFFFF), so both backends give the same bytes. An MXFP8 block with a
+// -NaN: the element keeps its sign (0xFF), its finite neighbours meet the block's NaN scale and
+// encode as +NaN; dequantized, the element is its code's NaN and the neighbours the scale's.
+TEST(QuantizeTest, NanRulesAreExplicitAndMatchTheCpuQuantizers) {
+  const float neg_nan = fmt8::bits_float(0xFFC00123u);  // sign and payload set
+  const float pos_nan = fmt8::bits_float(0x7FC00000u);
+  for (bool e5m2 : {false, true}) {
+    EXPECT_EQ(rules::cast_element(neg_nan, 2.0f, e5m2), 0xFF);
+    EXPECT_EQ(rules::cast_element(neg_nan, pos_nan, e5m2), 0xFF);
+    EXPECT_EQ(rules::cast_element(pos_nan, 0.5f, e5m2), 0x7F);
+    EXPECT_EQ(rules::cast_element(1.0f, pos_nan, e5m2), 0x7F);
+    EXPECT_EQ(rules::cast_element(-1.0f, 2.0f, e5m2), rules::cast_fp8(-2.0f, e5m2));
+  }
+  EXPECT_EQ(fmt8::float_bits(rules::scaled_value(fmt8::e4m3_to_float(0xFF), pos_nan)), 0xFFC00000u);
+  EXPECT_EQ(fmt8::float_bits(rules::scaled_value(2.0f, fmt8::e8m0_to_float(0xFF))), 0x7FC00000u);
+  EXPECT_EQ(rules::scaled_value(1.5f, 0.25f), 0.375f);
+
+  const int64_t M = 32, K = 64;
+  std::vector<float> x(static_cast<size_t>(M * K), 1.25f);
+  x[5] = neg_nan;  // block (0, 0) of the rowwise copy, block (0, 5) of the columnwise one
+  for (DType f : {DType::kE4M3, DType::kE5M2}) {
+    const QuantizedTensor q = quantize_mxfp8(to_tensor(M, K, x), f, {true, true});
+    const auto row = bytes_of(q.rowwise_data);
+    const auto col = bytes_of(q.columnwise_data);
+    EXPECT_EQ(row[5], 0xFF);
+    EXPECT_EQ(row[6], 0x7F);   // same rowwise block: NaN scale
+    EXPECT_NE(row[40], 0x7F);  // the next rowwise block is finite
+    EXPECT_EQ(col[5], 0xFF);
+    EXPECT_EQ(col[K + 5], 0x7F);  // same column block (rows 0..31 of column 5)
+    EXPECT_NE(col[6], 0x7F);
+    const auto d = dequantize(q, QuantizedCopy::kRowwise).to_vector<float>();
+    EXPECT_EQ(fmt8::float_bits(d[5]), 0xFFC00000u);
+    EXPECT_EQ(fmt8::float_bits(d[6]), 0x7FC00000u);
+    EXPECT_EQ(d[40], 1.25f);
   }
 }
 
