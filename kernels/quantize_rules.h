@@ -97,15 +97,15 @@ MP_HOST_DEVICE inline uint32_t block_amax_bits(const void* x, bool bf16, int64_t
   return a;
 }
 
-// One element: fp8(v * mult), except that a NaN input gives the format's NaN with the input's
-// sign whatever the multiplier. The rule is explicit because the hardware's is not portable: x86
-// returns the NaN operand of v * mult (its sign kept), a GPU returns its canonical NaN 0x7FFFFFFF
-// for any NaN result, so -NaN would encode as 0xFF on one and 0x7F on the other. The CPU's cast
-// loops (quantize.cc) apply the same rule. A finite v times a NaN multiplier (an MXFP8 NaN block)
-// encodes as +NaN (0x7F) on both; inf x 0 cannot arise, since no scale rule gives a zero scale.
+// One element: fp8(v * mult), except that a NaN input is cast unscaled, so it gives the format's
+// NaN with its own sign whatever the multiplier. The rule is explicit because the hardware's is
+// not portable: x86 returns the NaN operand of v * mult (its sign kept), a GPU returns its
+// canonical NaN 0x7FFFFFFF for any NaN result, so -NaN would encode as 0xFF on one and 0x7F on
+// the other. The CPU's cast loops (quantize.cc) apply the same rule. A finite v times a NaN
+// multiplier (an MXFP8 NaN block) encodes as +NaN (0x7F) on both; inf x 0 cannot arise, since no
+// scale rule gives a zero scale.
 MP_HOST_DEVICE inline uint8_t cast_element(float v, float mult, bool e5m2) {
-  if (is_nan(v)) return static_cast<uint8_t>(((fmt8::float_bits(v) >> 24) & 0x80u) | 0x7Fu);
-  return cast_fp8(v * mult, e5m2);
+  return cast_fp8(is_nan(v) ? v : v * mult, e5m2);
 }
 
 // out[obase + i*ostride] = cast_element(x[base + i*stride], mult) for i in [0, n).

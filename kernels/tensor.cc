@@ -165,8 +165,8 @@ void keep_pool_memory(int index) {
   int count = 0;
   MP_CUDA_CHECK(cudaGetDeviceCount(&count));
   for (int peer = 0; peer < count; ++peer) {
-    int can = 0;
     if (peer == index) continue;
+    int can = 0;
     MP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, peer, index));
     if (can == 0) continue;
     cudaMemAccessDesc access{};

@@ -109,9 +109,8 @@ TEST(QuantizeGpuTest, AllQuantizersMatchCpuBytes) {
 TEST(QuantizeGpuTest, AwkwardShapesForPerTensorAndBlock) {
   MP_SKIP_WITHOUT_GPU();
   const Device gpu = Device::cuda(0);
-  for (const ShapeCase s :
-       {ShapeCase{1, 1}, ShapeCase{3, 5}, ShapeCase{33, 70}, ShapeCase{129, 257}, ShapeCase{300, 1},
-        ShapeCase{1, 300}, ShapeCase{0, 64}, ShapeCase{64, 0}}) {
+  for (const ShapeCase s : {ShapeCase{1, 1}, ShapeCase{3, 5}, ShapeCase{33, 70},
+                            ShapeCase{129, 257}, ShapeCase{300, 1}, ShapeCase{1, 300}}) {
     const Tensor xc = make_input(s.M, s.K, false, 99);
     const Tensor xg = xc.to(gpu);
     const Usage both{true, true};
