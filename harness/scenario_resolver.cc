@@ -74,6 +74,9 @@ struct Resolver {
   std::string source;
   std::string root_where;
   Locations locs;
+  // Written in checks.reference (for no_effect_rules).
+  bool ref_sync_written_ = false;
+  bool ref_keep_last_written_ = false;
 
   std::string at(const std::string& path) const {
     // The nearest recorded location: the key itself or an enclosing mapping.
@@ -294,11 +297,12 @@ struct Resolver {
       bad("requires_gpu", "true contradicts backend: cpu");
     }
 
-    read_section(top, "checkpoint", sc);
+    const Section cks = read_section(top, "checkpoint", sc);
 
     read_checks(top.get("checks"), sc);
     read_faults(top.get("faults"), sc);
 
+    no_effect_rules(sc, ms, fs, ts, cks);
     engine_rules(sc);
     read_one(top, "expect", sc);
     if (sc.expect == Expect::kCaught && sc.faults.empty()) {
@@ -308,6 +312,59 @@ struct Resolver {
       bad("faults", "a scenario with injected faults must say expect: caught");
     }
     return sc;
+  }
+
+  // Keys written with a value that no run of the scenario (its own, or the runs its checks make)
+  // would act on: accepted, they would be parsed and ignored, and the scenario would claim a
+  // configuration it does not run (docs/scenarios.md, "Keys that only apply with others").
+  // Recipe options are the documented exception (one recipe mapping shared by a matrix over
+  // recipes). Defaults written out are never an error.
+  void no_effect_rules(const Scenario& sc, const Section& ms, const Section& fs, const Section& ts,
+                       const Section& cks) {
+    if (ms.has("rope_theta") && sc.model.position != engine::PositionKind::kRope) {
+      fail(ms.where("rope_theta"), ms.child("rope_theta"),
+           "only applies with model.position: rope (learned positions have no rotary frequency)");
+    }
+    const ChecksConfig& c = sc.checks;
+    if (ts.has("pp_schedule") && sc.train.pp_schedule != engine::PpSchedule::kGpipe) {
+      bool staged = sc.mesh.pp > 1;
+      for (const std::optional<engine::MeshSpec>* m :
+           {&c.resume.mesh, &c.state.mesh, &c.reference.mesh}) {
+        staged = staged || (m->has_value() && (*m)->pp > 1);
+      }
+      if (!staged) {
+        fail(ts.where("pp_schedule"), ts.child("pp_schedule"),
+             "only applies with mesh.pp > 1: every run of this scenario (and of its checks) has "
+             "one pipeline stage");
+      }
+    }
+    // The reference run inherits fsdp.sync_each_micro_batch unless its fsdp mapping sets it.
+    const int64_t ref_micro = c.reference.micro_batches.value_or(sc.train.micro_batches);
+    const bool ref_sync =
+        c.reference.fsdp ? c.reference.fsdp->sync_each_micro_batch : sc.fsdp.sync_each_micro_batch;
+    if (fs.has("sync_each_micro_batch") && sc.fsdp.sync_each_micro_batch &&
+        sc.train.micro_batches == 1 && !(c.reference.enabled && ref_sync && ref_micro > 1)) {
+      fail(fs.where("sync_each_micro_batch"), fs.child("sync_each_micro_batch"),
+           "only applies with train.micro_batches > 1 (with one micro-batch the gradients are "
+           "reduced once per step either way)");
+    }
+    if (c.reference.enabled && ref_sync_written_ && ref_sync && ref_micro == 1) {
+      bad("checks.reference.fsdp.sync_each_micro_batch",
+          "only applies with micro_batches > 1, and the reference run has 1 (set "
+          "checks.reference.train.micro_batches or train.micro_batches): the comparison would "
+          "prove nothing");
+    }
+    if (cks.has("keep_last") && sc.checkpoint.keep_last != Scenario().checkpoint.keep_last &&
+        sc.checkpoint.every == 0) {
+      fail(cks.where("keep_last"), cks.child("keep_last"),
+           "only applies with checkpoint.every > 0 (it prunes the run's periodic checkpoints; a "
+           "check's own checkpoint is never pruned)");
+    }
+    if (ref_keep_last_written_ && c.reference.checkpoint && c.reference.checkpoint->every == 0) {
+      bad("checks.reference.checkpoint.keep_last",
+          "only applies with checks.reference.checkpoint.every > 0 (it prunes periodic "
+          "checkpoints, and with every 0 the reference run writes none)");
+    }
   }
 
   // engine::check_run (engine/run_rules.h), the one set of model x mesh x recipe x FSDP rules
@@ -486,6 +543,7 @@ struct Resolver {
         // every and keep_last (the folder is the check's own); the others stay the scenario's.
         Section ck(kv, "checks.reference.checkpoint", kv->where, locs, {"every", "keep_last"});
         Scenario with = sc;
+        ref_keep_last_written_ = ck.has("keep_last");
         for (const char* name : {"every", "keep_last"}) {
           const Key<Scenario>& k = key_at(scenario_keys(), std::string("checkpoint.") + name);
           if (ck.has(name)) k.set(with, read_key(ck, k, with));
@@ -500,6 +558,7 @@ struct Resolver {
         for (const Key<Scenario>& k : scenario_keys()) {
           if (k.section() == "fsdp" && f.has(k.name())) k.set(with, read_key(f, k, with));
         }
+        ref_sync_written_ = f.has("sync_each_micro_batch");
         c.reference.fsdp = with.fsdp;
       }
       if (const Value* tv = r.get("train")) {

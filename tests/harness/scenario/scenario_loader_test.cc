@@ -126,6 +126,62 @@ TEST(ScenarioErrors, DocumentMustBeAMapping) {
   EXPECT_EQ(load_error(""), "x.yaml:1:1: scenario: expected a mapping of keys, got nothing (null)");
 }
 
+// A key written with a value that no run of the scenario would act on is refused at the key
+// (docs/scenarios.md, "Keys that only apply with others"): accepted, the scenario would claim a
+// configuration it does not run. Each case has a twin where the key does apply, which loads.
+TEST(ScenarioErrors, KeysThatNoRunActsOnAreRefused) {
+  EXPECT_EQ(load_error("model: {rope_theta: 5000}\n"),
+            "x.yaml:1:21: model.rope_theta: only applies with model.position: rope (learned "
+            "positions have no rotary frequency)");
+  EXPECT_EQ(load_one("model: {position: rope, rope_theta: 5000}\n").model.rope_theta, 5000.0);
+  // The preset's own theta is not written by the user: overriding the position alone loads.
+  EXPECT_EQ(load_one("model: {preset: llama3_debug, position: learned}\n").model.position,
+            engine::PositionKind::kLearned);
+
+  EXPECT_EQ(load_error("train: {pp_schedule: 1f1b}\n"),
+            "x.yaml:1:22: train.pp_schedule: only applies with mesh.pp > 1: every run of this "
+            "scenario (and of its checks) has one pipeline stage");
+  EXPECT_EQ(load_one("train: {pp_schedule: gpipe}\n").train.pp_schedule,
+            engine::PpSchedule::kGpipe);  // the default written out
+  // A check's run with stages is enough.
+  EXPECT_EQ(
+      load_one("train: {pp_schedule: 1f1b}\nchecks: {resume: {mesh: {pp: 2}}}\n").train.pp_schedule,
+      engine::PpSchedule::kOneFOneB);
+
+  EXPECT_EQ(load_error("fsdp: {sync_each_micro_batch: true}\n"),
+            "x.yaml:1:31: fsdp.sync_each_micro_batch: only applies with train.micro_batches > 1 "
+            "(with one micro-batch the gradients are reduced once per step either way)");
+  EXPECT_TRUE(load_one("fsdp: {sync_each_micro_batch: true}\ntrain: {micro_batches: 2}\n")
+                  .fsdp.sync_each_micro_batch);
+  // The reference run inherits it and has micro-batches.
+  EXPECT_TRUE(load_one("recipe: fp32\nfsdp: {sync_each_micro_batch: true}\n"
+                       "checks: {reference: {train: {micro_batches: 2}}}\n")
+                  .fsdp.sync_each_micro_batch);
+  EXPECT_EQ(
+      load_error("recipe: fp32\nchecks: {reference: {fsdp: {sync_each_micro_batch: true}}}\n"),
+      "x.yaml:2:52: checks.reference.fsdp.sync_each_micro_batch: only applies with "
+      "micro_batches > 1, and the reference run has 1 (set "
+      "checks.reference.train.micro_batches or train.micro_batches): the comparison would "
+      "prove nothing");
+  EXPECT_TRUE(load_one("recipe: fp32\ntrain: {micro_batches: 2}\n"
+                       "checks: {reference: {fsdp: {sync_each_micro_batch: true}}}\n")
+                  .checks.reference.fsdp->sync_each_micro_batch);
+
+  EXPECT_EQ(load_error("checkpoint: {keep_last: 5}\n"),
+            "x.yaml:1:25: checkpoint.keep_last: only applies with checkpoint.every > 0 (it prunes "
+            "the run's periodic checkpoints; a check's own checkpoint is never pruned)");
+  EXPECT_EQ(load_one("checkpoint: {keep_last: 2}\n").checkpoint.keep_last, 2);
+  EXPECT_EQ(load_one("checkpoint: {every: 2, keep_last: 5}\n").checkpoint.keep_last, 5);
+  // A reference whose only difference is a keep_last it never uses would pass vacuously.
+  EXPECT_EQ(load_error("checks: {reference: {checkpoint: {keep_last: 5}}}\n"),
+            "x.yaml:1:46: checks.reference.checkpoint.keep_last: only applies with "
+            "checks.reference.checkpoint.every > 0 (it prunes periodic checkpoints, and with every "
+            "0 the reference run writes none)");
+  EXPECT_EQ(load_one("checks: {reference: {checkpoint: {every: 2, keep_last: 5}}}\n")
+                .checks.reference.checkpoint->keep_last,
+            5);
+}
+
 TEST(ScenarioErrors, ConsistencyRules) {
   // MXFP8 under sequence parallelism: the GEMM inputs are quantized as sequence shards, so the
   // tokens per rank divided by tp must be whole 32-blocks too (engine::check_run counts the data
