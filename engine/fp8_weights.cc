@@ -20,7 +20,6 @@ using kernels::Shape;
 using kernels::Tensor;
 using mesh::DimSet;
 using mesh::Layout;
-using mesh::MeshDim;
 using mesh::Placement;
 
 namespace {

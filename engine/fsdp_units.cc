@@ -15,7 +15,6 @@ using kernels::DType;
 using kernels::Tensor;
 using mesh::Box;
 using mesh::DimSet;
-using mesh::Layout;
 using mesh::MeshDim;
 
 FsdpUnitExecutor::FsdpUnitExecutor(const RunOptions& options, ShardPlan& plan, Fp8WeightStore& fp8,

@@ -105,7 +105,7 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m) {
   auto add = [&](std::string n, Shape shape, InitKind k, double sd, int64_t unit) -> ParamSpec& {
     ParamSpec p;
     p.name = std::move(n);
-    p.shape = std::move(shape);
+    p.shape = shape;
     p.init = k;
     p.std = sd;
     p.unit = unit;

@@ -34,7 +34,6 @@
 
 namespace meshproof::engine {
 
-using kernels::Shape;
 using kernels::Tensor;
 using mesh::DimSet;
 using mesh::Layout;

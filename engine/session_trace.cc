@@ -20,7 +20,6 @@ using kernels::DType;
 using kernels::Tensor;
 using mesh::Box;
 using mesh::DimSet;
-using mesh::MeshDim;
 
 namespace {
 

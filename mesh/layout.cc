@@ -94,7 +94,7 @@ Box Box::whole(const Shape& shape) {
 }
 
 Layout::Layout(DeviceMesh mesh, Shape global_shape, std::vector<Placement> placements)
-    : mesh_(mesh), global_shape_(std::move(global_shape)), placements_(std::move(placements)) {
+    : mesh_(mesh), global_shape_(global_shape), placements_(std::move(placements)) {
   const int ndim = global_shape_.rank();
   MP_CHECK_INPUT(static_cast<int>(placements_.size()) == kNumMeshDims,
                  "layout of tensor {}: {} placements given, one per mesh dim ({}) expected",
