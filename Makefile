@@ -2,7 +2,7 @@
 #   make demo   set up everything (packages, configure, build) and run scenarios/quickstart.yaml
 #               (8 virtual ranks, HSDP x TP, MXFP8; golden + resume checks; reports in out/demo)
 #   make test   set up everything and run the full CTest suite
-#   make test-sanitize   the CPU suite (less `long` and `library`) under ASan+UBSan in build-asan (clang)
+#   make test-sanitize   the CPU suite (less `long`, `library`, `sweep`) under ASan+UBSan in build-asan (clang)
 #   make fuzz   the libFuzzer targets: regression replay, then FUZZ_SECONDS each from the seeds
 BUILD_DIR ?= build
 BUILD_TYPE ?= Release
@@ -63,7 +63,7 @@ sanitize-build: deps $(ASAN_DIR)/build.ninja
 	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j $(JOBS)
 
 test-sanitize: sanitize-build
-	$(SANITIZE_ENV) ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) -L cpu -LE 'long|library'
+	$(SANITIZE_ENV) ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) -L cpu -LE 'long|library|sweep'
 
 fuzz: deps $(ASAN_DIR)/build.ninja
 	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j $(JOBS) \
