@@ -39,6 +39,10 @@ if(NOT MESHPROOF_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
+    # Where cuBLASLt is opened from when the loader's search does not find it (it is not linked:
+    # kernels/cublaslt_api.h); cached so tools/gpu-bundle --with-cuda-libs can copy it from there.
+    set(MESHPROOF_CUDA_LIBRARY_DIR "${CUDAToolkit_LIBRARY_DIR}" CACHE INTERNAL
+      "the CUDA toolkit's library folder")
     # Line tables for device code (no change to the generated code): compute-sanitizer's reports
     # and a kernel fault's location then name the .cu file and line (tools/device-check runs
     # compute-sanitizer on the GPU test binaries; docs/design.md section 39).

@@ -459,7 +459,7 @@ int bench_recipes(const BenchRecipesOptions& options, std::ostream& out) {
   const std::string gpu_name = o.device.is_cpu() ? "" : rep.device_name;
 
   reports::RunRecord run = bench_recipes_record(rep, o, o.device.str(), gpu_name);
-  run.environment = collect_environment();
+  run.environment = collect_environment(kernels::cuda_status().usable);
   run.environment.active_backend = o.device.str();
   run.start_time = reports::format_utc(std::chrono::duration_cast<std::chrono::seconds>(
                                            std::chrono::system_clock::now().time_since_epoch())

@@ -32,7 +32,7 @@ void add_env_command(CLI::App& app, std::ostream& out, int& exit_code) {
   auto json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "Print the environment as JSON");
   cmd->callback([&out, &exit_code, json] {
-    const reports::EnvironmentRecord env = collect_environment();
+    const reports::EnvironmentRecord env = collect_environment(/*open_cublaslt=*/true);
     if (*json) {
       out << reports::to_json(env).dump(2) << "\n";
     } else {

@@ -13,7 +13,7 @@
 
 namespace meshproof::harness {
 
-reports::EnvironmentRecord collect_environment() {
+reports::EnvironmentRecord collect_environment(bool open_cublaslt) {
   const kernels::CudaStatus& cuda = kernels::cuda_status();
   const mesh::CommLibraries comm = mesh::comm_libraries();
   reports::EnvironmentRecord env;
@@ -32,7 +32,7 @@ reports::EnvironmentRecord collect_environment() {
   env.cuda_architectures = std::string(kernels::cuda_architectures());
   env.cuda_runtime = kernels::format_cuda_version(cuda.runtime_version);
   env.cuda_driver = kernels::format_cuda_version(cuda.driver_version);
-  env.cublaslt = kernels::format_cublaslt_version(cuda.cublaslt_version);
+  env.cublaslt = kernels::cublaslt_version_text(open_cublaslt);
   env.nccl = comm.nccl_version.empty() ? "none" : comm.nccl_version;
   unsigned h5_major = 0, h5_minor = 0, h5_release = 0;
   H5::H5Library::getLibVersion(h5_major, h5_minor, h5_release);

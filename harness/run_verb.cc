@@ -20,6 +20,7 @@
 #include "harness/golden.h"
 #include "harness/runner.h"
 #include "harness/scenario_faults.h"
+#include "kernels/device.h"
 #include "kernels/error.h"
 #include "mesh/communicator.h"
 #include "mesh/library_info.h"
@@ -157,7 +158,7 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
   (void)mesh::collective_timeout();  // a malformed MESHPROOF_COLLECTIVE_TIMEOUT is bad input now
 
   reports::RunRecord record;
-  record.environment = collect_environment();
+  record.environment = collect_environment(kernels::cuda_status().usable);
   record.command_line = o.command_line;
   record.start_time = reports::format_utc(unix_now());
   // An explicit cuda backend without a GPU fails here, before anything runs (runner.h).
@@ -263,7 +264,7 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
   check_launcher_rules(o.paths, o.sets, o.filter, opts.launcher);
   check_not_several_local_runs(scenarios, opts.launcher, "golden update");
   (void)mesh::collective_timeout();
-  const reports::EnvironmentRecord env = collect_environment();
+  const reports::EnvironmentRecord env = collect_environment(kernels::cuda_status().usable);
 
   // Plan every scenario before training any: the backend each runs on, the platform that
   // backend's device gives and so the golden it writes. Bad input (an explicit cuda backend

@@ -27,8 +27,9 @@ int64_t cublaslt_reserved_bytes(Device device);
 // in destructors); a CUDA failure while releasing is reported on stderr and the entry is dropped.
 void release_stream_resources(void* stream) noexcept;
 
-// cublasLtGetVersion() of the library loaded (major*10000 + minor*100 + patch), 0 in a build
-// without CUDA. Needs no device.
+// cublasLtGetVersion() of the library (major*10000 + minor*100 + patch), opening it if this
+// process has not yet (kernels/cublaslt_api.h); 0 in a build without CUDA or when it cannot be
+// opened. Needs no device.
 int cublaslt_runtime_version();
 
 // The algorithm cache's counters since process start (every GEMM that reached cuBLASLt counts one

@@ -8,6 +8,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cublaslt_api.h"
+
 #define MP_CUDA_CHECK(expr)                                                     \
   do {                                                                          \
     const cudaError_t mp_status_ = (expr);                                      \
@@ -26,14 +28,15 @@
 // includes, so without CUDA types), reporting the caller's file:line.
 #define MP_CUDA_CHECK_STATUS(status) MP_CUDA_CHECK(static_cast<cudaError_t>(status))
 
-#define MP_CUBLAS_CHECK(expr)                                                     \
-  do {                                                                            \
-    const cublasStatus_t mp_status_ = (expr);                                     \
-    if (mp_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                       \
-      ::meshproof::kernels::throw_error(                                          \
-          ::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, #expr,   \
-          ::fmt::format("cuBLAS error {}: {}", cublasLtGetStatusName(mp_status_), \
-                        cublasLtGetStatusString(mp_status_)));                    \
-    }                                                                             \
+#define MP_CUBLAS_CHECK(expr)                                                            \
+  do {                                                                                   \
+    const cublasStatus_t mp_status_ = (expr);                                            \
+    if (mp_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                              \
+      ::meshproof::kernels::throw_error(                                                 \
+          ::meshproof::kernels::ErrorKind::kRuntime, __FILE__, __LINE__, #expr,          \
+          ::fmt::format("cuBLAS error {}: {}",                                           \
+                        ::meshproof::kernels::lt::api().get_status_name(mp_status_),     \
+                        ::meshproof::kernels::lt::api().get_status_string(mp_status_))); \
+    }                                                                                    \
   } while (0)
 #endif

@@ -12,7 +12,6 @@ CudaStatus probe() {
   CudaStatus s;
 #if MESHPROOF_HAVE_CUDA
   s.compiled = true;
-  s.cublaslt_version = cublasLtGetVersion();
   cudaRuntimeGetVersion(&s.runtime_version);
   // cudaDriverGetVersion reports 0 when no driver library is installed; it never fails hard.
   if (cudaDriverGetVersion(&s.driver_version) != cudaSuccess) s.driver_version = 0;
@@ -53,6 +52,20 @@ const CudaStatus& cuda_status() {
 std::string format_cuda_version(int v) {
   if (v <= 0) return "none";
   return fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+}
+
+std::string cublaslt_version_text(bool open) {
+#if MESHPROOF_HAVE_CUDA
+  if (!open && !lt::api_loaded()) return "not loaded";
+  try {
+    return format_cublaslt_version(lt::api().get_version());
+  } catch (const Error& e) {
+    return fmt::format("none ({})", e.what());
+  }
+#else
+  (void)open;
+  return "none";
+#endif
 }
 
 std::string format_cublaslt_version(size_t v) {

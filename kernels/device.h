@@ -27,7 +27,6 @@ struct CudaStatus {
   std::string reason;       // why not usable (empty when usable)
   int runtime_version = 0;  // cudart, e.g. 13000
   int driver_version = 0;   // highest CUDA version the driver supports, 0 if no driver
-  size_t cublaslt_version = 0;
   std::vector<GpuInfo> gpus;
 };
 
@@ -37,6 +36,11 @@ const CudaStatus& cuda_status();
 // Formats CUDA's integer versions (13000 -> "13.0"; cuBLASLt 130100 -> "13.1.0").
 std::string format_cuda_version(int v);
 std::string format_cublaslt_version(size_t v);
+
+// cuBLASLt for the environment record. The library is opened on first use
+// (kernels/cublaslt_api.h): with `open` this opens it and gives its version, or "none (why)";
+// without, "not loaded" unless this process has already opened it. "none" in a build without CUDA.
+std::string cublaslt_version_text(bool open);
 
 // Resolves a backend choice "cpu", "cuda" or "auto" to a device. "cuda" without a usable device
 // is an input error naming the reason; "auto" picks CUDA when usable, else the CPU.

@@ -72,10 +72,10 @@ lt::StreamResources lt_context(int device, cudaStream_t stream) {
   if (const lt::StreamResources* e = resources().find(device, stream)) return *e;
   lt::StreamResources r{device, stream, nullptr, nullptr, static_cast<int64_t>(kWorkspaceBytes)};
   cublasLtHandle_t h = nullptr;
-  MP_CUBLAS_CHECK(cublasLtCreate(&h));
+  MP_CUBLAS_CHECK(lt::api().create(&h));
   const cudaError_t st = cudaMalloc(&r.workspace, kWorkspaceBytes);
   if (st != cudaSuccess) {
-    cublasLtDestroy(h);
+    lt::api().destroy(h);
     MP_CUDA_CHECK(st);
   }
   r.handle = h;
@@ -106,13 +106,13 @@ void release_stream_resources(void* stream) noexcept {
     if (cudaSetDevice(e.device) == cudaSuccess) {
       // The workspace may still be read by GEMMs queued on the stream: wait for them first.
       const cudaError_t sync = cudaStreamSynchronize(static_cast<cudaStream_t>(e.stream));
-      const cublasStatus_t destroy = cublasLtDestroy(static_cast<cublasLtHandle_t>(e.handle));
+      const cublasStatus_t destroy = lt::api().destroy(static_cast<cublasLtHandle_t>(e.handle));
       const cudaError_t freed = cudaFree(e.workspace);
       if (sync != cudaSuccess || destroy != CUBLAS_STATUS_SUCCESS || freed != cudaSuccess) {
         std::fprintf(stderr,
                      "meshproof: releasing the cuBLASLt resources of stream %p on cuda:%d: "
                      "synchronize %s, cublasLtDestroy %s, cudaFree %s\n",
-                     e.stream, e.device, cudaGetErrorName(sync), cublasLtGetStatusName(destroy),
+                     e.stream, e.device, cudaGetErrorName(sync), lt::api().get_status_name(destroy),
                      cudaGetErrorName(freed));
       }
     }
@@ -121,7 +121,14 @@ void release_stream_resources(void* stream) noexcept {
 }
 
 int cublaslt_runtime_version() {
-  static const int v = static_cast<int>(cublasLtGetVersion());
+  // 0 when the library cannot be opened: the GEMMs then fail with the reason (lt::api()).
+  static const int v = [] {
+    try {
+      return static_cast<int>(lt::api().get_version());
+    } catch (const Error&) {
+      return 0;
+    }
+  }();
   return v;
 }
 
@@ -156,11 +163,11 @@ struct LtDescs {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   ~LtDescs() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (pref) lt::api().matmul_preference_destroy(pref);
+    if (c) lt::api().matrix_layout_destroy(c);
+    if (b) lt::api().matrix_layout_destroy(b);
+    if (a) lt::api().matrix_layout_destroy(a);
+    if (op) lt::api().matmul_desc_destroy(op);
   }
 };
 
@@ -235,55 +242,55 @@ void lt_matmul(const GemmProblem& p, const LtOperand& a, const LtOperand& b, Ten
                  k = static_cast<uint64_t>(p.k);
   LtDescs d;
   const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  MP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+  MP_CUBLAS_CHECK(lt::api().matmul_desc_create(&d.op, compute, CUDA_R_32F));
   // Acb = our B, Bcb = our A (see the header comment).
   const cublasOperation_t opa = b.k_major ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = a.k_major ? CUBLAS_OP_N : CUBLAS_OP_T;
   MP_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+      lt::api().matmul_desc_set_attribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   MP_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+      lt::api().matmul_desc_set_attribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
   const cublasLtMatmulMatrixScale_t mode_a = lt_scale_mode(b.scale_mode);
   const cublasLtMatmulMatrixScale_t mode_b = lt_scale_mode(a.scale_mode);
   // The scale mode is set only when it is not the default per-tensor scalar: a cuBLASLt older than
   // 12.8 (the attribute's release) then still runs per-tensor FP8, and choose_gemm_path keeps the
   // other modes from such a library.
   if (b.scale != nullptr) {
-    MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                   &b.scale, sizeof(b.scale)));
+    MP_CUBLAS_CHECK(lt::api().matmul_desc_set_attribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                        &b.scale, sizeof(b.scale)));
     if (b.scale_mode != lt::ScaleMode::kScalar32F) {
-      MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                                                     &mode_a, sizeof(mode_a)));
+      MP_CUBLAS_CHECK(lt::api().matmul_desc_set_attribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                          &mode_a, sizeof(mode_a)));
     }
   }
   if (a.scale != nullptr) {
-    MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                   &a.scale, sizeof(a.scale)));
+    MP_CUBLAS_CHECK(lt::api().matmul_desc_set_attribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                        &a.scale, sizeof(a.scale)));
     if (a.scale_mode != lt::ScaleMode::kScalar32F) {
-      MP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                                                     &mode_b, sizeof(mode_b)));
+      MP_CUBLAS_CHECK(lt::api().matmul_desc_set_attribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                          &mode_b, sizeof(mode_b)));
     }
   }
   const int8_t fast = fast_accum ? 1 : 0;
   if (is_fp8(a.dtype)) {
-    MP_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    MP_CUBLAS_CHECK(lt::api().matmul_desc_set_attribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                        &fast, sizeof(fast)));
   }
   if (alpha_beta != nullptr) {
     const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
-    MP_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)));
+    MP_CUBLAS_CHECK(lt::api().matmul_desc_set_attribute(d.op, CUBLASLT_MATMUL_DESC_POINTER_MODE,
+                                                        &pm, sizeof(pm)));
   }
   // Layouts: Acb is (rows x cols, ld) column-major as stored (before op); sizes in elements (for
   // E2M1, two per byte).
   const int64_t lda = b.k_major ? static_cast<int64_t>(k) : static_cast<int64_t>(m);
   const int64_t ldb = a.k_major ? static_cast<int64_t>(k) : static_cast<int64_t>(n);
   const int64_t ldc = static_cast<int64_t>(m);
-  MP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, cuda_type(b.dtype), b.k_major ? k : m,
-                                             b.k_major ? m : k, lda));
-  MP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, cuda_type(a.dtype), a.k_major ? k : n,
-                                             a.k_major ? n : k, ldb));
-  MP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, cuda_type(out.dtype()), m, n, ldc));
+  MP_CUBLAS_CHECK(lt::api().matrix_layout_create(&d.a, cuda_type(b.dtype), b.k_major ? k : m,
+                                                 b.k_major ? m : k, lda));
+  MP_CUBLAS_CHECK(lt::api().matrix_layout_create(&d.b, cuda_type(a.dtype), a.k_major ? k : n,
+                                                 a.k_major ? n : k, ldb));
+  MP_CUBLAS_CHECK(lt::api().matrix_layout_create(&d.c, cuda_type(out.dtype()), m, n, ldc));
 
   // Alignment preferences from the real pointers: the heuristic then returns only algorithms
   // valid for them (C and D are the output buffer).
@@ -311,9 +318,9 @@ void lt_matmul(const GemmProblem& p, const LtOperand& a, const LtOperand& b, Ten
   if (const std::optional<lt::AlgoBlob> hit = algo_cache().find(key)) {
     std::copy(hit->begin(), hit->end(), algo.data);
   } else {
-    MP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
+    MP_CUBLAS_CHECK(lt::api().matmul_preference_create(&d.pref));
     const uint64_t ws = kWorkspaceBytes;
-    MP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    MP_CUBLAS_CHECK(lt::api().matmul_preference_set_attribute(
         d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_acb},
@@ -321,12 +328,13 @@ void lt_matmul(const GemmProblem& p, const LtOperand& a, const LtOperand& b, Ten
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out}};
     for (const auto& [attr, value] : aligns) {
-      MP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, attr, &value, sizeof(value)));
+      MP_CUBLAS_CHECK(
+          lt::api().matmul_preference_set_attribute(d.pref, attr, &value, sizeof(value)));
     }
     cublasLtMatmulHeuristicResult_t heur{};
     int found = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heur, &found);
+    const cublasStatus_t st = lt::api().matmul_algo_get_heuristic(handle, d.op, d.a, d.b, d.c, d.c,
+                                                                  d.pref, 1, &heur, &found);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       const CudaStatus& cs = cuda_status();
       int cc = 0;
@@ -345,7 +353,8 @@ void lt_matmul(const GemmProblem& p, const LtOperand& a, const LtOperand& b, Ten
       f.scale_b = b.scale != nullptr ? b.scale_mode : lt::ScaleMode::kNone;
       f.compute_capability = cc;
       f.cublaslt_version = cublaslt_runtime_version();
-      f.status = st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(st) : "no algorithm returned";
+      f.status =
+          st != CUBLAS_STATUS_SUCCESS ? lt::api().get_status_name(st) : "no algorithm returned";
       MP_FAIL("{}", lt::describe_lt_failure(f));
     }
     algo = heur.algo;
@@ -358,9 +367,9 @@ void lt_matmul(const GemmProblem& p, const LtOperand& a, const LtOperand& b, Ten
   const float beta_host = options.accumulate ? 1.0f : 0.0f;
   const void* alpha = alpha_beta != nullptr ? static_cast<const void*>(alpha_beta) : &alpha_host;
   const void* beta = alpha_beta != nullptr ? static_cast<const void*>(alpha_beta + 1) : &beta_host;
-  MP_CUBLAS_CHECK(cublasLtMatmul(handle, d.op, alpha, b.data, d.a, a.data, d.b, beta,
-                                 out.raw_data(), d.c, out.raw_data(), d.c, &algo, ctx.workspace,
-                                 kWorkspaceBytes, stream));
+  MP_CUBLAS_CHECK(lt::api().matmul(handle, d.op, alpha, b.data, d.a, a.data, d.b, beta,
+                                   out.raw_data(), d.c, out.raw_data(), d.c, &algo, ctx.workspace,
+                                   kWorkspaceBytes, stream));
 }
 
 cudaStream_t stream_now() { return static_cast<cudaStream_t>(current_context().stream); }

@@ -72,6 +72,13 @@ out=$("$bundle/bin/meshproof" --version) || fail "bin/meshproof --version exited
 out=$("$bundle/meshproof" --version) || fail "the bundle's meshproof link exited $?"
 "$bundle/bin/meshproof" env > "$work/env.txt" || fail "bin/meshproof env exited $?"
 grep -q '^active backend' "$work/env.txt" || fail "meshproof env printed no active backend"
+# cuBLASLt is opened with dlopen (kernels/cublaslt_api.h), not linked: in a CUDA build the bundled
+# binary must still find it (here through the loader's search or the build's toolkit folder).
+if grep -q '^backends compiled.*cuda' "$work/env.txt"; then
+  ldd "$bundle/bin/meshproof" | grep -q libcublasLt && fail "bin/meshproof links libcublasLt again"
+  grep -Eq '^cuBLASLt +[0-9]+\.[0-9]+' "$work/env.txt" ||
+    fail "the bundled meshproof env did not open cuBLASLt: $(grep '^cuBLASLt' "$work/env.txt")"
+fi
 "$bundle/bin/kernels_core_test" --gtest_brief=1 > "$work/core_test.txt" 2>&1 ||
   fail "bundled kernels_core_test failed: $(tail -5 "$work/core_test.txt")"
 
