@@ -354,8 +354,11 @@ struct Resolver {
           "checks.reference.train.micro_batches or train.micro_batches): the comparison would "
           "prove nothing");
     }
+    // A reference run with periodic checkpoints of its own inherits keep_last unless it sets it.
+    const bool ref_prunes = c.reference.enabled && c.reference.checkpoint &&
+                            c.reference.checkpoint->every > 0 && !ref_keep_last_written_;
     if (cks.has("keep_last") && sc.checkpoint.keep_last != Scenario().checkpoint.keep_last &&
-        sc.checkpoint.every == 0) {
+        sc.checkpoint.every == 0 && !ref_prunes) {
       fail(cks.where("keep_last"), cks.child("keep_last"),
            "only applies with checkpoint.every > 0 (it prunes the run's periodic checkpoints; a "
            "check's own checkpoint is never pruned)");

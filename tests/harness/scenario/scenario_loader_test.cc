@@ -172,6 +172,10 @@ TEST(ScenarioErrors, KeysThatNoRunActsOnAreRefused) {
             "the run's periodic checkpoints; a check's own checkpoint is never pruned)");
   EXPECT_EQ(load_one("checkpoint: {keep_last: 2}\n").checkpoint.keep_last, 2);
   EXPECT_EQ(load_one("checkpoint: {every: 2, keep_last: 5}\n").checkpoint.keep_last, 5);
+  // The reference run's periodic checkpoints inherit it.
+  EXPECT_EQ(load_one("checkpoint: {keep_last: 5}\nchecks: {reference: {checkpoint: {every: 2}}}\n")
+                .checks.reference.checkpoint->keep_last,
+            5);
   // A reference whose only difference is a keep_last it never uses would pass vacuously.
   EXPECT_EQ(load_error("checks: {reference: {checkpoint: {keep_last: 5}}}\n"),
             "x.yaml:1:46: checks.reference.checkpoint.keep_last: only applies with "
