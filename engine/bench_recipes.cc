@@ -655,7 +655,10 @@ std::string recipe_path_emulation(RecipeKind recipe, int compute_capability, int
 
 }  // namespace
 
-int label_cublaslt_version() {
+int label_cublaslt_version(int compute_capability) {
+  // The CPU's labels never read it, and opening cuBLASLt to ask costs a CPU run its static
+  // initialisers (about 0.15 s, section 31): a CPU run must not open it.
+  if (compute_capability == 0) return 0;
   const int v = kernels::cublaslt_runtime_version();
   return v != 0 ? v : kernels::lt::kLtVersionBlock;
 }
@@ -668,7 +671,7 @@ std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability, int lt_
 }
 
 std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability) {
-  return recipe_gemm_dtype(recipe, compute_capability, label_cublaslt_version());
+  return recipe_gemm_dtype(recipe, compute_capability, label_cublaslt_version(compute_capability));
 }
 
 std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version) {
@@ -677,7 +680,7 @@ std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_v
 }
 
 std::string recipe_emulation(RecipeKind recipe, int compute_capability) {
-  return recipe_emulation(recipe, compute_capability, label_cublaslt_version());
+  return recipe_emulation(recipe, compute_capability, label_cublaslt_version(compute_capability));
 }
 
 std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version,
@@ -775,7 +778,8 @@ RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
     for (int64_t rows : res.split.padded) {
       if (rows > 0) measured.push_back({rows, grouped_n, grouped_k});
     }
-    res.emulation = recipe_emulation(r, rep.compute_capability, label_cublaslt_version(), measured);
+    res.emulation = recipe_emulation(r, rep.compute_capability,
+                                     label_cublaslt_version(rep.compute_capability), measured);
     const bool quantized = is_fp8(r);
     for (size_t si = 0; si < shapes.size(); ++si) {
       // Named references, not a structured binding: the lambda below captures the shape, which

@@ -235,23 +235,24 @@ struct RecipeBenchReport {
 // fp32 GEMMs elsewhere; NVFP4 fp4 GEMMs on cc 10.x, fp32 elsewhere. The training runner and the
 // recipe bench pick MFU peaks by it.
 std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability, int lt_version);
-// With label_cublaslt_version().
+// With label_cublaslt_version(compute_capability).
 std::string recipe_gemm_dtype(RecipeKind recipe, int compute_capability);
 
 // Why a recipe's figures on this device are an emulation, "" when native: every CPU figure
 // ("CPU emulation") and the first emulated role's reason from kernels::lt::choose_gemm_path, the
 // decision the CUDA GEMM runs (so the label and the path cannot disagree).
 std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version);
-// With label_cublaslt_version().
+// With label_cublaslt_version(compute_capability).
 std::string recipe_emulation(RecipeKind recipe, int compute_capability);
 // At the linear shapes a run measures (every role of each): the first GEMM the decision emulates
 // gives the label. The overloads above assume shapes every native path takes (128x128x128).
 std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_version,
                              const std::vector<GemmShape>& shapes);
 
-// The cuBLASLt version the labels assume: the loaded library's; in a build without CUDA (whose
-// figures are all CPU figures, labelled by compute capability 0) the newest the decision knows.
-int label_cublaslt_version();
+// The cuBLASLt version the labels of a device of that compute capability assume: the loaded
+// library's; in a build without CUDA the newest the decision knows. 0 for the CPU (compute
+// capability 0), whose labels do not depend on it: a CPU run never opens cuBLASLt.
+int label_cublaslt_version(int compute_capability);
 
 // The token-count multiple a recipe's quantizers need (MXFP8: 32-row blocks; per-tensor FP8
 // GEMMs: 16; others 1).
