@@ -4,7 +4,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <span>
 
 #include "kernels/error.h"
 
@@ -45,9 +47,12 @@ int64_t Box::end(int d) const {
 }
 
 Shape Box::shape() const {
-  std::vector<int64_t> dims;
-  for (const Elements& e : extent) dims.push_back(e.value);
-  return Shape(dims);
+  // On a fixed array, not a vector: collectives ask for boxes' shapes at every call.
+  std::array<int64_t, Shape::kMaxRank> dims{};
+  MP_CHECK(extent.size() <= dims.size(), "box {} has more than {} dimensions", str(),
+           Shape::kMaxRank);
+  for (size_t d = 0; d < extent.size(); ++d) dims[d] = extent[d].value;
+  return Shape(std::span<const int64_t>(dims.data(), extent.size()));
 }
 
 Box Box::intersect(const Box& other) const {
