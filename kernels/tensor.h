@@ -28,6 +28,13 @@ class Shape {
   Shape(std::initializer_list<int64_t> dims) { assign(dims.begin(), dims.size()); }
   explicit Shape(const std::vector<int64_t>& dims) { assign(dims.data(), dims.size()); }
   explicit Shape(std::span<const int64_t> dims) { assign(dims.data(), dims.size()); }
+  // From per-dimension element counts (a mesh box's extent), without an intermediate vector:
+  // collectives ask for boxes' shapes at every call.
+  explicit Shape(std::span<const Elements> extents) {
+    set_rank(extents.size());
+    std::transform(extents.begin(), extents.end(), dims_.begin(),
+                   [](Elements e) { return e.value; });
+  }
 
   int rank() const { return rank_; }
   int64_t operator[](int i) const {
@@ -48,11 +55,14 @@ class Shape {
   std::string str() const;  // "[4, 128]"
 
  private:
-  void assign(const int64_t* d, size_t n) {
+  void set_rank(size_t n) {
     MP_CHECK_INPUT(n <= static_cast<size_t>(kMaxRank),
                    "a tensor shape has at most {} dimensions, got {}", kMaxRank, n);
-    std::copy(d, d + n, dims_.begin());
     rank_ = static_cast<int8_t>(n);
+  }
+  void assign(const int64_t* d, size_t n) {
+    set_rank(n);
+    std::copy(d, d + n, dims_.begin());
   }
   std::array<int64_t, kMaxRank> dims_{};
   int8_t rank_ = 0;

@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <span>
 
@@ -46,14 +45,7 @@ int64_t Box::end(int d) const {
   return e;
 }
 
-Shape Box::shape() const {
-  // On a fixed array, not a vector: collectives ask for boxes' shapes at every call.
-  std::array<int64_t, Shape::kMaxRank> dims{};
-  MP_CHECK(extent.size() <= dims.size(), "box {} has more than {} dimensions", str(),
-           Shape::kMaxRank);
-  for (size_t d = 0; d < extent.size(); ++d) dims[d] = extent[d].value;
-  return Shape(std::span<const int64_t>(dims.data(), extent.size()));
-}
+Shape Box::shape() const { return Shape(std::span<const kernels::Elements>(extent)); }
 
 Box Box::intersect(const Box& other) const {
   MP_CHECK(rank() == other.rank(), "intersect boxes of rank {} and {}", rank(), other.rank());
