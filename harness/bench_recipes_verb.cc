@@ -13,6 +13,7 @@
 
 #include "harness/env_verb.h"
 #include "harness/exit_codes.h"
+#include "harness/output_guard.h"
 #include "harness/scenario_loader.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
@@ -451,6 +452,23 @@ int bench_recipes(const BenchRecipesOptions& options, std::ostream& out) {
     results_md = p.string() + ".md";
   }
   o.device = kernels::resolve_backend(options.backend);
+  // Issue #46, before any benchmark: the report folder is created and writable, --results'
+  // files are writable and neither is another output (--results out/report would be --out
+  // out's report.json).
+  {
+    const std::filesystem::path out_dir(options.out_dir);
+    std::vector<NamedPath> outputs = {{"--out", out_dir, OutputKind::kSharedFolder}};
+    for (const std::string& name : reports::report_file_names())
+      outputs.push_back({fmt::format("--out's {}", name), out_dir / name, OutputKind::kFile});
+    if (!results_json.empty()) {
+      outputs.push_back({"--results' .json", results_json, OutputKind::kFile});
+      outputs.push_back({"--results' .md", results_md, OutputKind::kFile});
+      check_output_file("bench recipes", outputs[outputs.size() - 2]);
+      check_output_file("bench recipes", outputs.back());
+    }
+    check_outputs_apart("bench recipes", {}, outputs);
+    prepare_output_folder("bench recipes", outputs.front(), reports::report_file_names());
+  }
 
   kernels::RankContext ctx;
   ctx.device = o.device;

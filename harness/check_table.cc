@@ -269,7 +269,8 @@ reports::CheckResult run_state(CheckContext& c) {
   const std::string what =
       fmt::format("state after step {} saved on {}, loaded and saved again on {}", req.at_step,
                   describe_mesh(s.mesh), describe_mesh(other));
-  reports::CheckResult result = compare_checkpoint_state(o.after, o.before, o.params, what);
+  reports::CheckResult result =
+      compare_checkpoint_state(o.after, o.saved, o.before, o.params, what);
   // Its folder is removed on a pass and kept for `ckpt diff` on a failure (rank 0 alone), once
   // every process of an mpi launch has compared the two checkpoints (each reads their files:
   // removed under a slower process, its rank files went missing and its check errored).
@@ -421,8 +422,9 @@ std::vector<std::string> enabled_claims(const Scenario& s) {
 }
 
 std::string describe_claim(std::string_view claim) {
-  if (claim == "resume_cross_mesh") return "resume (with a mesh override)";
-  return std::string(claim);
+  // By the scenario key that enables it: what a user writes to turn it on.
+  if (claim == "resume_cross_mesh") return "checks.resume.mesh";
+  return fmt::format("checks.{}", claim);
 }
 
 const CheckDescriptor* check_of_claim(std::string_view claim) {

@@ -151,7 +151,12 @@ reports::CheckResult check_collectives(const std::vector<RankCollectives>& ranks
 // First, the model/ keys of `before` reassembled must equal `params`, the masters the saving
 // run's engine gathers (global fp32): a checkpoint whose layouts put shards at the wrong global
 // offsets fails there even when a load on the same mesh undoes it.
+// Before all that (issue #46), every key and scalar of `before` must be in `saved`, the
+// checkpoint under test (a save-side fault that drops one fails there, "not in the checkpoint",
+// with the key named); a value difference names the key, its first differing element and the
+// ULP distance there (evidence.ulp_distance).
 reports::CheckResult compare_checkpoint_state(const std::filesystem::path& after,
+                                              const std::filesystem::path& saved,
                                               const std::filesystem::path& before,
                                               const engine::TensorMap& params,
                                               const std::string& what);

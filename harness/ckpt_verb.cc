@@ -16,6 +16,7 @@
 
 #include "engine/checkpoint.h"
 #include "harness/exit_codes.h"
+#include "harness/tensor_elements.h"
 #include "kernels/error.h"
 #include "kernels/formats.h"
 
@@ -31,69 +32,6 @@ std::string placements_str(const std::vector<mesh::Placement>& ps) {
   return s + ")";
 }
 
-// Element i of a host tensor as a double and as an integer whose distance is the ULP distance
-// (sign-magnitude floats mapped onto a monotone integer line; integers as themselves).
-struct Element {
-  double value;
-  int64_t ordered;  // floats: sign-magnitude mapped onto a monotone line; integers: the value
-};
-
-int64_t sign_magnitude_order(uint64_t bits, int width) {
-  const uint64_t sign = uint64_t{1} << (width - 1);
-  const auto mag = static_cast<int64_t>(bits & (sign - 1));
-  return (bits & sign) ? -mag : mag;
-}
-
-Element element(const kernels::Tensor& t, int64_t i) {
-  namespace f8 = kernels::fmt8;
-  const auto* p = static_cast<const uint8_t*>(t.raw_data());
-  switch (t.dtype()) {
-    case DType::kFloat32: {
-      uint32_t b;
-      std::memcpy(&b, p + 4 * i, 4);
-      return {f8::bits_float(b), sign_magnitude_order(b, 32)};
-    }
-    case DType::kFloat64: {
-      uint64_t b;
-      double v;
-      std::memcpy(&b, p + 8 * i, 8);
-      std::memcpy(&v, &b, 8);
-      return {v, sign_magnitude_order(b, 64)};
-    }
-    case DType::kBFloat16: {
-      uint16_t b;
-      std::memcpy(&b, p + 2 * i, 2);
-      return {f8::bf16_to_float(b), sign_magnitude_order(b, 16)};
-    }
-    case DType::kFloat16: {
-      uint16_t b;
-      std::memcpy(&b, p + 2 * i, 2);
-      return {f8::fp16_to_float(b), sign_magnitude_order(b, 16)};
-    }
-    case DType::kE4M3:
-      return {f8::e4m3_to_float(p[i]), sign_magnitude_order(p[i], 8)};
-    case DType::kE5M2:
-      return {f8::e5m2_to_float(p[i]), sign_magnitude_order(p[i], 8)};
-    case DType::kE8M0:
-      return {f8::e8m0_to_float(p[i]), p[i]};
-    case DType::kUInt8:
-      return {static_cast<double>(p[i]), p[i]};
-    case DType::kInt32: {
-      int32_t v;
-      std::memcpy(&v, p + 4 * i, 4);
-      return {static_cast<double>(v), v};
-    }
-    case DType::kInt64: {
-      int64_t v;
-      std::memcpy(&v, p + 8 * i, 8);
-      return {static_cast<double>(v), v};
-    }
-    case DType::kE2M1:
-      break;
-  }
-  MP_FAIL_INPUT("ckpt diff: dtype {} is not supported", kernels::dtype_name(t.dtype()));
-}
-
 struct DiffStats {
   int64_t differing = 0;  // elements whose bytes differ
   int64_t outside = 0;    // of those, elements outside the tolerance
@@ -101,12 +39,6 @@ struct DiffStats {
   double max_rel = 0;
   uint64_t max_ulp = 0;  // unsigned: the distance between two int64s or float64s reaches 2^64-2
 };
-
-// |x - y| of two int64 values on the ordered line, exactly (the signed difference may overflow).
-uint64_t distance(int64_t x, int64_t y) {
-  return x >= y ? static_cast<uint64_t>(x) - static_cast<uint64_t>(y)
-                : static_cast<uint64_t>(y) - static_cast<uint64_t>(x);
-}
 
 // Element-wise comparison. Floating dtypes: an element is within tolerance when its bytes are
 // equal, or both values are finite and |a - b| <= atol + rtol * |b| (numpy.isclose with B as the

@@ -12,9 +12,12 @@
 
 #include "engine/trainer.h"
 #include "harness/exit_codes.h"
+#include "harness/output_guard.h"
 #include "harness/runner.h"
 #include "harness/train_run.h"
 #include "kernels/hdf5_check.h"
+#include "reports/atomic_file.h"
+#include "reports/report_error.h"
 
 namespace meshproof::harness {
 namespace {
@@ -58,12 +61,13 @@ TensorMap copy_of(const TensorMap& m) {
 
 }  // namespace
 
-void export_trace(const engine::Config& config, const std::string& out_path, std::ostream& log) {
+void export_trace(const engine::Config& config, const std::string& out_path, std::ostream& log,
+                  std::span<const NamedPath> inputs) {
   engine::validate(config);
-  const std::filesystem::path out(out_path);
-  const std::filesystem::path parent = out.parent_path().empty() ? "." : out.parent_path();
-  MP_CHECK_INPUT(std::filesystem::is_directory(parent), "--out {}: directory {} does not exist",
-                 out_path, parent.string());
+  // Issue #46, before any training: --out is a writable file path and not the scenario file.
+  const NamedPath out_named{"--out", out_path, OutputKind::kFile};
+  check_output_file("export", out_named);
+  check_outputs_apart("export", inputs, std::span(&out_named, 1));
   const engine::TrainingConfig& t = config.training;
 
   engine::Trainer trainer(config);
@@ -85,8 +89,9 @@ void export_trace(const engine::Config& config, const std::string& out_path, std
   }
   fmt::print(log, "entropy floor {:.6f} nats/token\n", trainer.data().entropy_rate());
 
-  const std::string partial = out_path + ".partial";
-  try {
+  // A fresh temporary beside --out, renamed over it when complete (reports/atomic_file.h).
+  auto write_trace = [&](const std::filesystem::path& tmp) {
+    const std::string partial = tmp.string();
     MP_HDF5(
         kRuntime,
         [&] {
@@ -114,13 +119,11 @@ void export_trace(const engine::Config& config, const std::string& out_path, std
           return 0;
         }(),
         "writing trace {}", partial);
-    std::error_code ec;
-    std::filesystem::rename(partial, out, ec);
-    MP_CHECK(!ec, "renaming {} to {}: {}", partial, out_path, ec.message());
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(partial, ignored);
-    throw;
+  };
+  try {
+    reports::write_path_atomically(out_path, write_trace);
+  } catch (const reports::ReportError& e) {
+    MP_FAIL("export: writing --out {}: {}", out_path, e.what());
   }
   fmt::print(log, "wrote {}\n", out_path);
 }
@@ -228,7 +231,9 @@ void add_export_command(CLI::App& app, std::ostream& out, int& exit_code) {
               o->scenario, name);
         }
       }
-      export_trace(scenario_export_config(o->scenario, o->filter, o->sets), o->out_path, out);
+      const NamedPath scenario[] = {{"scenario", o->scenario}};
+      export_trace(scenario_export_config(o->scenario, o->filter, o->sets), o->out_path, out,
+                   scenario);
       exit_code = kExitOk;
       return;
     }

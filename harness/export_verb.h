@@ -10,16 +10,19 @@
 //   /metrics/loss, /metrics/grad_norm, /metrics/lr   float64 [steps]
 //   /grads0/<param> float32 step-0 gradients (reduced, before clipping)
 //   /final/<param>  float32 parameters after the last step
-// The file is written as <out>.partial and renamed when complete, so a failure leaves no trace
-// file behind.
+// Before any training --out must be a writable file path that is not the scenario file (spelled
+// any way, harness/output_guard.h); the file is written to a fresh temporary beside it and
+// renamed when complete, so a failure or a kill leaves the old file or none.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/config.h"
+#include "harness/output_guard.h"
 
 namespace CLI {
 class App;
@@ -27,8 +30,10 @@ class App;
 
 namespace meshproof::harness {
 
-// Validates `config`, trains config.training.steps steps and writes the trace atomically.
-void export_trace(const engine::Config& config, const std::string& out_path, std::ostream& log);
+// Validates `config` and --out against `inputs` (the scenario file it came from, if any), trains
+// config.training.steps steps and writes the trace atomically.
+void export_trace(const engine::Config& config, const std::string& out_path, std::ostream& log,
+                  std::span<const NamedPath> inputs = {});
 
 // The engine configuration of the one 1-rank scenario `path` resolves to (after `sets` and
 // `filter`); kInput naming the file for a matrix, a mesh of more than one rank or faults.

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
@@ -15,11 +14,14 @@
 
 #include "engine/config.h"
 #include "harness/exit_codes.h"
+#include "harness/output_guard.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/hdf5_check.h"
 #include "kernels/nvfp4.h"
 #include "kernels/quantize.h"
+#include "reports/atomic_file.h"
+#include "reports/report_error.h"
 
 namespace meshproof::harness {
 namespace {
@@ -58,7 +60,13 @@ InputSpec parse_input_spec(const std::string& in) {
 
 // Reads a 2-D float32 dataset into a host tensor [M, K].
 Tensor read_input(const InputSpec& spec) {
-  MP_CHECK_INPUT(fs::is_regular_file(spec.file), "input file '{}' does not exist", spec.file);
+  std::error_code ec;
+  MP_CHECK_INPUT(!fs::is_directory(spec.file, ec),
+                 "--in '{}' is a folder; quantize reads a 2-D float32 dataset from an HDF5 file",
+                 spec.file);
+  MP_CHECK_INPUT(fs::is_regular_file(spec.file, ec), "input file '{}' does not exist", spec.file);
+  MP_CHECK_INPUT(fs::file_size(spec.file, ec) > 0, "--in '{}' is empty (0 bytes), not an HDF5 file",
+                 spec.file);
   H5::H5File file =
       MP_HDF5(kInput, H5::H5File(spec.file, H5F_ACC_RDONLY), "opening '{}' as HDF5", spec.file);
   MP_CHECK_INPUT(MP_HDF5(kInput, file.nameExists(spec.dataset), "looking up {} in '{}'",
@@ -138,25 +146,28 @@ Tensor packed_bytes(const Tensor& e2m1) {
   return b;
 }
 
-// Runs `write` on a temp file beside `out` and renames it over `out`, so a failure leaves nothing
-// half-written.
+// Runs `write` on a fresh temporary beside `out` and renames it over `out` when complete
+// (reports/atomic_file.h), so a failure or a kill leaves the old file or none.
 template <typename Write>
 void write_atomically(const std::string& out, Write&& write) {
-  const fs::path target(out);
-  const fs::path tmp =
-      target.parent_path() / fmt::format(".{}.tmp.{}", target.filename().string(), getpid());
   try {
-    OutputFile f(tmp.string());
-    write(f);
-    f.close();
-    std::error_code ec;
-    fs::rename(tmp, target, ec);
-    MP_CHECK(!ec, "renaming '{}' to '{}': {}", tmp.string(), target.string(), ec.message());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw;
+    reports::write_path_atomically(out, [&](const fs::path& tmp) {
+      OutputFile f(tmp.string());
+      write(f);
+      f.close();
+    });
+  } catch (const reports::ReportError& e) {
+    MP_FAIL("quantize: writing --out {}: {}", out, e.what());
   }
+}
+
+// Issue #46, before any work: --out is a writable file path that is not the input, spelled any
+// way (harness/output_guard.h).
+void check_paths(const QuantizeVerbOptions& o, const InputSpec& spec) {
+  const NamedPath out{"--out", o.out, OutputKind::kFile};
+  check_output_file("quantize", out);
+  const NamedPath in[] = {{"--in", spec.file}};
+  check_outputs_apart("quantize", in, std::span(&out, 1));
 }
 
 // `quantize --recipe nvfp4` (docs/design.md section 25): both copies in their stored layouts.
@@ -166,7 +177,7 @@ void run_nvfp4(const QuantizeVerbOptions& o, std::ostream& out) {
                  "e4m3 block scales",
                  o.format);
   MP_CHECK_INPUT(
-      !o.pow2_scales && !o.no_pow2_scales && o.eps == 0.0f && o.scale == 1.0f && o.block == "1x128",
+      !o.pow2_scales && !o.no_pow2_scales && o.eps == 0.0f && !o.scale && o.block.empty(),
       "--pow2-scales, --no-pow2-scales, --eps, --scale and --block do not apply to "
       "--recipe nvfp4");
   MP_CHECK_INPUT(!(o.two_d && o.rht),
@@ -175,6 +186,7 @@ void run_nvfp4(const QuantizeVerbOptions& o, std::ostream& out) {
   MP_CHECK_INPUT(!o.out.empty(), "--out is required");
   const kernels::Device device = kernels::resolve_backend(o.backend);
   const InputSpec spec = parse_input_spec(o.in);
+  check_paths(o, spec);
   const Tensor x_host = read_input(spec);
   const int64_t M = x_host.shape()[0];
   const int64_t K = x_host.shape()[1];
@@ -214,8 +226,15 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   const std::string format_name = o.format.empty() ? "e4m3" : o.format;
   MP_CHECK_INPUT(format_name == "e4m3" || format_name == "e5m2",
                  "--format '{}' is not e4m3 or e5m2", format_name);
-  MP_CHECK_INPUT(o.block == "1x128" || o.block == "128x128", "--block '{}' is not 1x128 or 128x128",
-                 o.block);
+  // An option of another recipe is refused, not ignored.
+  MP_CHECK_INPUT(o.block.empty() || o.recipe == "block",
+                 "--block {} applies to --recipe block, not {}", o.block, o.recipe);
+  MP_CHECK_INPUT(!o.scale || o.recipe == "delayed",
+                 "--scale {} applies to --recipe delayed, not {}", o.scale.value_or(1.0f),
+                 o.recipe);
+  const std::string block = o.block.empty() ? "1x128" : o.block;
+  MP_CHECK_INPUT(block == "1x128" || block == "128x128", "--block '{}' is not 1x128 or 128x128",
+                 block);
   MP_CHECK_INPUT(!o.out.empty(), "--out is required");
   // The one recipe-name table (engine/config.h); fp32 and bf16 do not quantize.
   const engine::RecipeKind kind = engine::parse_recipe(o.recipe, "--recipe");
@@ -237,6 +256,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   const DType format = format_name == "e5m2" ? DType::kE5M2 : DType::kE4M3;
   const kernels::Device device = kernels::resolve_backend(o.backend);
   const InputSpec spec = parse_input_spec(o.in);
+  check_paths(o, spec);
   const Tensor x_host = read_input(spec);
   const int64_t M = x_host.shape()[0];
   const int64_t K = x_host.shape()[1];
@@ -247,9 +267,9 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
   if (kind == engine::RecipeKind::kCurrent) {
     q = kernels::quantize_current(x, format, both, o.eps, pow2);
   } else if (kind == engine::RecipeKind::kDelayed) {
-    MP_CHECK_INPUT(std::isfinite(o.scale) && o.scale > 0, "--scale {} must be finite and > 0",
-                   o.scale);
-    const Tensor scale = Tensor::from_vector<float>({1}, {o.scale}).to(device);
+    const float s = o.scale.value_or(1.0f);
+    MP_CHECK_INPUT(std::isfinite(s) && s > 0, "--scale {} must be finite and > 0", s);
+    const Tensor scale = Tensor::from_vector<float>({1}, {s}).to(device);
     q = kernels::quantize_per_tensor(x, scale, format, both, ScalingMode::kDelayedTensor,
                                      kernels::compute_amax(x));
   } else if (kind == engine::RecipeKind::kMxfp8) {
@@ -260,8 +280,8 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
     q = kernels::quantize_mxfp8(x, format, both);
   } else {
     q = kernels::quantize_block(
-        x, o.block == "128x128" ? ScalingMode::kBlock128x128 : ScalingMode::kBlock1x128, format,
-        both, pow2, o.eps);
+        x, block == "128x128" ? ScalingMode::kBlock128x128 : ScalingMode::kBlock1x128, format, both,
+        pow2, o.eps);
   }
 
   // Columnwise copies in the input's element positions: per-tensor and block copies are stored
@@ -285,7 +305,7 @@ void run_quantize_verb(const QuantizeVerbOptions& o, std::ostream& out) {
     f.attribute("format", format_name);
     f.attribute("backend", device.is_cpu() ? "cpu" : "cuda");
     f.attribute("scaling_mode", std::string(kernels::scaling_mode_name(q.mode)));
-    if (kind == engine::RecipeKind::kBlock) f.attribute("block", o.block);
+    if (kind == engine::RecipeKind::kBlock) f.attribute("block", block);
     if (scaled) {
       f.attribute("pow2_scales", pow2 ? "1" : "0");
       f.attribute("eps", fmt::format("{}", o.eps));

@@ -3,6 +3,7 @@
 // of docs/design.md section 4 and for independent reference checks).
 #pragma once
 
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -15,16 +16,16 @@ namespace meshproof::harness {
 struct QuantizeVerbOptions {
   std::string recipe;            // current | delayed | mxfp8 | block | nvfp4
   std::string format;            // e4m3 (default) | e5m2; fp8 recipes only
-  float scale = 1.0f;            // delayed: the scale the state holds
+  std::optional<float> scale;    // delayed: the scale the state holds (default 1)
   bool pow2_scales = false;      // current, block: power-of-two scales (block's default)
   bool no_pow2_scales = false;   // current, block: fp32 scales (current's default)
   float eps = 0.0f;              // current, block: amax clamped below by eps, in [0, 1]
-  std::string block = "1x128";   // block: 1x128 | 128x128
+  std::string block;             // block: 1x128 (default) | 128x128
   bool two_d = false;            // nvfp4: 16x16 tiles (weights)
   bool rht = false;              // nvfp4: random Hadamard transform of the columnwise copy
   std::string backend = "auto";  // cpu | cuda | auto
   std::string in;                // FILE.h5[:/dataset], dataset defaults to /x
-  std::string out;               // output FILE.h5, written atomically (temp file + rename)
+  std::string out;  // output FILE.h5: never an input (harness/output_guard.h), written atomically
 };
 
 // Output layout (all in the input's element positions [M, K]):

@@ -18,6 +18,7 @@
 #include "harness/env_verb.h"
 #include "harness/exit_codes.h"
 #include "harness/golden.h"
+#include "harness/output_guard.h"
 #include "harness/runner.h"
 #include "harness/scenario_faults.h"
 #include "kernels/device.h"
@@ -62,9 +63,6 @@ std::string compact_timestamp(const std::string& iso) {
   return out;
 }
 
-// The name of the probe file the out-folder check creates (and of its orphan temporaries).
-constexpr const char* kWriteProbe = "meshproof-write-probe";
-
 // Issue #17.6: under mpirun/srun every process runs the verb. That is right for scenarios on the
 // mpi launcher (one rank each); a local-launcher scenario would run whole in every process, all
 // racing on one output folder. Refused before any work.
@@ -96,33 +94,37 @@ void check_launcher_rules(const std::vector<std::string>& paths, std::vector<std
   (void)load_scenarios(paths, sets, filter);
 }
 
-// Issues #17.5, #18.11: the output folder must be a folder this process can write, checked before
-// any training (a run that trains for an hour and then cannot write its reports lost the hour).
-// Creates it when missing; proves writability by creating, writing and removing a probe file
-// (access(2) says nothing about a read-only mount, a full disk of 0 bytes or root). Then removes
-// orphan temporaries that killed runs left (reports/atomic_file.h: only the project's own pattern,
-// only of processes that are gone).
-void prepare_out_dir(const fs::path& out_dir, bool clean_orphans) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(out_dir, ec);
-  MP_CHECK_INPUT(!fs::exists(st) || fs::is_directory(st),
-                 "--out {}: exists and is not a directory (the reports need a folder)",
-                 out_dir.string());
-  if (!fs::exists(st)) {
-    fs::create_directories(out_dir, ec);
-    MP_CHECK_INPUT(!ec, "--out {}: cannot create the folder: {}", out_dir.string(), ec.message());
+// Issues #17.5, #18.11, #46: before any training (a run that trains for an hour and then cannot
+// write its reports lost the hour), the paths the run writes are kept apart from what it reads:
+// --out and its four reports, each scenario's checkpoint folder (owned, so it must not hold an
+// input, when checkpoint.every prunes there; otherwise the checks only add fresh folders to it)
+// against the scenario files and --from-checkpoint (harness/output_guard.h).
+void check_run_outputs(std::string_view verb, const std::vector<std::string>& paths,
+                       const std::vector<Scenario>& scenarios, const fs::path& out_dir,
+                       const std::string& from_checkpoint) {
+  std::vector<NamedPath> inputs, outputs;
+  for (const std::string& p : paths) inputs.push_back({"scenario", p});
+  if (!from_checkpoint.empty()) inputs.push_back({"--from-checkpoint", from_checkpoint});
+  outputs.push_back({"--out", out_dir, OutputKind::kSharedFolder});
+  for (const std::string& name : reports::report_file_names())
+    outputs.push_back({fmt::format("--out's {}", name), out_dir / name, OutputKind::kFile});
+  for (const Scenario& s : scenarios) {
+    const fs::path root = checkpoint_root(s, out_dir);
+    const bool prunes = s.checkpoint.every > 0;
+    outputs.push_back({fmt::format("the checkpoint folder of scenario {}{}", s.name,
+                                   s.checkpoint.dir.empty() ? "" : " (checkpoint.dir)"),
+                       root, prunes ? OutputKind::kOwnedFolder : OutputKind::kSharedFolder});
   }
-  try {
-    reports::StagedFile probe = reports::create_temporary(out_dir / kWriteProbe);
-    reports::write_and_sync(probe, "meshproof checks that it can write here\n");
-    fs::remove(probe.path, ec);
-  } catch (const reports::ReportError& e) {
-    MP_FAIL_INPUT("--out {}: the folder is not writable: {}", out_dir.string(), e.what());
+  // Two scenarios of one run share a default folder name only when they share a name, and
+  // check_run_inputs already refuses two periodic savers in one folder: compare each output
+  // with the inputs, and the owned ones with each other.
+  std::vector<NamedPath> distinct;
+  for (const NamedPath& o : outputs) {
+    bool seen = false;
+    for (const NamedPath& d : distinct) seen = seen || d.path == o.path;
+    if (!seen) distinct.push_back(o);
   }
-  if (!clean_orphans) return;
-  std::vector<std::string> names = reports::report_file_names();
-  names.push_back(kWriteProbe);
-  (void)reports::remove_orphan_temporaries(out_dir, names);
+  check_outputs_apart(verb, inputs, distinct);
 }
 
 std::string check_summary(const reports::ScenarioRecord& r) {
@@ -173,8 +175,16 @@ int run_verb(const RunVerbOptions& o, std::ostream& out_given, std::ostream& err
   opts.from_checkpoint = o.from_checkpoint;
   // Every input check first (it only derives paths under out_dir), then the folder is created
   // and probed: bad input leaves nothing behind, not even an empty --out folder.
+  check_run_outputs("run", o.paths, scenarios, out_dir, o.from_checkpoint);
   check_run_inputs(scenarios, opts);
-  prepare_out_dir(out_dir, lead);
+  if (lead) {
+    prepare_output_folder("run", {"--out", out_dir, OutputKind::kSharedFolder},
+                          reports::report_file_names());
+  } else {
+    // The other processes of an mpi launch only wait for rank 0's folder (they write nothing
+    // there; orphans are rank 0's to remove).
+    prepare_output_folder("run", {"--out", out_dir, OutputKind::kSharedFolder}, {});
+  }
   bool any_error = false, any_missed = false;
   for (const Scenario& s : scenarios) {
     if (!o.quiet && !opts.progress) {
@@ -271,8 +281,10 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
   // without a GPU, --platform naming another platform) ends the verb here with nothing written.
   struct Plan {
     const Scenario* scenario;
-    std::string backend;   // "cpu" or "cuda:0"
-    std::string platform;  // the golden file's platform
+    std::string backend;               // "cpu" or "cuda:0"
+    std::string platform;              // the golden file's platform
+    fs::path path;                     // golden/<scenario>/<platform>.h5
+    std::optional<GoldenData> before;  // the golden it replaces, if any
   };
   std::vector<Plan> plans;
   for (const Scenario& s : scenarios) {
@@ -288,8 +300,24 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
                    "golden holds the numbers of the device that produced them (--force-platform "
                    "NAME overrides the file name, knowingly)",
                    o.platform, s.name, device_description(*backend, env), derived);
-    plans.push_back({&s, *backend, o.force_platform.empty() ? derived : o.force_platform});
+    const std::string platform = o.force_platform.empty() ? derived : o.force_platform;
+    const fs::path path = golden_path(o.golden_dir, s.name, platform);
+    plans.push_back({&s, *backend, platform, path, std::nullopt});
   }
+  // Issue #46: the goldens written are files of their own, apart from the scenario files (a
+  // scenario kept at golden/<name>/cpu.h5 would be replaced), and their folders writable.
+  std::vector<NamedPath> inputs, outputs;
+  for (const std::string& p : o.paths) inputs.push_back({"scenario", p});
+  for (const Plan& plan : plans) {
+    NamedPath golden{fmt::format("the golden of scenario {}", plan.scenario->name), plan.path,
+                     OutputKind::kFile};
+    check_output_file("golden update", golden, /*folders_created=*/true);
+    outputs.push_back(std::move(golden));
+  }
+  check_outputs_apart("golden update", inputs, outputs);
+  // The goldens they replace are read now, not after the training: a malformed one is bad input
+  // before any work.
+  for (Plan& plan : plans) plan.before = read_golden(plan.path);
 
   for (const Plan& plan : plans) {
     const Scenario& s = *plan.scenario;
@@ -322,10 +350,10 @@ int golden_update_verb(const GoldenUpdateOptions& o, std::ostream& out, std::ost
                     {"nccl", env.nccl},
                     {"date", reports::format_utc(unix_now())},
                     {"command", shell_join(o.command_line)}};
-    const fs::path path = golden_path(o.golden_dir, s.name, plan.platform);
+    const fs::path& path = plan.path;
     // Under mpirun every process trained the same run; rank 0 alone writes the golden.
     if (mesh::launched_rank() != 0) continue;
-    const std::optional<GoldenData> before = read_golden(path);
+    const std::optional<GoldenData>& before = plan.before;
     write_golden(path, g);
     fmt::print(out, "wrote {}  ({} steps)\n", path.string(), loss.size());
     for (const auto& [name, now] : g.metrics) {

@@ -401,7 +401,8 @@ const std::vector<FaultDescriptor>& rows() {
               "its fresh values for them), e.g. a state dict that forgets a buffer or an "
               "optimizer moment",
           .needs = {},
-          .caught_by = {"resume", "resume_cross_mesh"},
+          // state: the key is missing from the checkpoint under test (issue #46).
+          .caught_by = {"resume", "resume_cross_mesh", "state"},
           .params = {{.name = "key",
                       .type = FaultParam::Type::kString,
                       .doc = "glob over checkpoint keys, e.g. \"optim/*/exp_avg_sq\"",
@@ -420,7 +421,8 @@ const std::vector<FaultDescriptor>& rows() {
               "dtype (bf16 or fp16), e.g. a distributed checkpoint that casts to the template's "
               "dtype",
           .needs = {},
-          .caught_by = {"resume"},
+          // state: the restored values are not the live ones, bitwise (issue #46).
+          .caught_by = {"resume", "state"},
           .params = {{.name = "key",
                       .type = FaultParam::Type::kString,
                       .doc = "glob over fp32 checkpoint tensors, e.g. \"fp8/*/scale\"",
@@ -564,7 +566,7 @@ const std::vector<FaultDescriptor>& rows() {
               "is split back the wrong way; Megatron-LM PR 5714), so a resumed run computes "
               "with permuted MLP rows",
           .needs = {kSwiGluUnderTp},
-          .caught_by = {"resume"},
+          .caught_by = {"resume", "state"},
           .params = {},
           .inject =
               [](const FaultSpec&, engine::FaultInjection& f) {

@@ -6,55 +6,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
 #include "engine/checkpoint.h"
 #include "engine/state_keys.h"
 #include "harness/checks.h"
+#include "harness/tensor_elements.h"
 #include "kernels/error.h"
-#include "kernels/formats.h"
 
 namespace meshproof::harness {
 
 namespace {
-
-// Element i of a host tensor as a double (every dtype a checkpoint stores).
-double element_value(const kernels::Tensor& t, int64_t i) {
-  namespace f8 = kernels::fmt8;
-  using kernels::DType;
-  const auto* p = static_cast<const uint8_t*>(t.raw_data());
-  auto load = [&]<class T>(T) {
-    T v;
-    std::memcpy(&v, p + static_cast<size_t>(i) * sizeof(T), sizeof(T));
-    return v;
-  };
-  switch (t.dtype()) {
-    case DType::kFloat32:
-      return load(float{});
-    case DType::kFloat64:
-      return load(double{});
-    case DType::kBFloat16:
-      return f8::bf16_to_float(load(uint16_t{}));
-    case DType::kFloat16:
-      return f8::fp16_to_float(load(uint16_t{}));
-    case DType::kE4M3:
-      return f8::e4m3_to_float(p[i]);
-    case DType::kE5M2:
-      return f8::e5m2_to_float(p[i]);
-    case DType::kE8M0:
-      return f8::e8m0_to_float(p[i]);
-    case DType::kUInt8:
-      return p[i];
-    case DType::kInt32:
-      return load(int32_t{});
-    case DType::kInt64:
-      return static_cast<double>(load(int64_t{}));
-    case DType::kE2M1:
-      break;
-  }
-  MP_FAIL("state check: dtype {} is not compared", kernels::dtype_name(t.dtype()));
-}
 
 // "[r, c]" of flat element `flat` in a row-major tensor of `shape`.
 std::string global_index(const kernels::Shape& shape, int64_t flat) {
@@ -86,6 +50,7 @@ std::string state_groups(const engine::CheckpointIndex& index) {
 }  // namespace
 
 reports::CheckResult compare_checkpoint_state(const std::filesystem::path& after,
+                                              const std::filesystem::path& saved,
                                               const std::filesystem::path& before,
                                               const engine::TensorMap& params,
                                               const std::string& what) {
@@ -102,6 +67,29 @@ reports::CheckResult compare_checkpoint_state(const std::filesystem::path& after
     r.evidence = ev;
     return r;
   };
+  // Issue #46: every key and scalar of the live state is in the checkpoint under test. A save
+  // that left one out loads (the engine keeps its fresh value for it), so without this the
+  // failure would read as a value difference of a key the checkpoint never held.
+  if (saved != before) {
+    const engine::CheckpointIndex c = engine::read_checkpoint_index(saved);
+    for (const auto& [n, k] : b.keys) {
+      if (c.keys.count(n) == 0) {
+        return fail(n,
+                    fmt::format("not in the checkpoint {} (the run's live state holds it, {} {}; "
+                                "the load kept the fresh engine's value)",
+                                saved.string(), kernels::dtype_name(k.dtype), k.shape.str()),
+                    {});
+      }
+    }
+    for (const auto& [n, v] : b.scalars) {
+      if (c.scalars.count(n) == 0) {
+        return fail(n,
+                    fmt::format("scalar not in the checkpoint {} (the run's live state holds {})",
+                                saved.string(), v),
+                    {});
+      }
+    }
+  }
   // Scalars: the optimizer step, data cursor, RNG offset and LR schedule position.
   std::set<std::string> scalars;
   for (const auto& [n, v] : a.scalars) scalars.insert(n);
@@ -182,16 +170,20 @@ reports::CheckResult compare_checkpoint_state(const std::filesystem::path& after
       if (first < 0) first = i;
       ++differing;
     }
-    const double x = element_value(ta, first), y = element_value(tb, first);
+    const Element x = element(ta, first), y = element(tb, first);
+    const uint64_t ulp = distance(x.ordered, y.ordered);
     reports::Evidence ev;
-    ev.actual = x;
-    ev.expected = y;
-    ev.max_abs_err = std::fabs(x - y);
-    if (y != 0) ev.max_rel_err = std::fabs(x - y) / std::fabs(y);
+    ev.actual = x.value;
+    ev.expected = y.value;
+    ev.max_abs_err = std::fabs(x.value - y.value);
+    if (y.value != 0) ev.max_rel_err = std::fabs(x.value - y.value) / std::fabs(y.value);
+    ev.ulp_distance = static_cast<int64_t>(
+        std::min<uint64_t>(ulp, static_cast<uint64_t>(std::numeric_limits<int64_t>::max())));
     return fail(n,
-                fmt::format("element {} is {:.9g} after the load, {:.9g} when saved ({} of {} "
-                            "{} elements differ)",
-                            global_index(ka.shape, first), x, y, differing, n_el,
+                fmt::format("element {} is {:.9g} after the load, {:.9g} in the run's live state "
+                            "({} {} apart; {} of {} {} elements differ)",
+                            global_index(ka.shape, first), x.value, y.value, ulp,
+                            kernels::is_floating(ka.dtype) ? "ULP" : "units", differing, n_el,
                             kernels::dtype_name(ka.dtype)),
                 ev);
   }

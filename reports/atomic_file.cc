@@ -92,6 +92,30 @@ void write_file_atomically(const fs::path& target, std::string_view bytes) {
   publish(staged.path, target);
 }
 
+void write_path_atomically(const fs::path& target,
+                           const std::function<void(const fs::path&)>& write) {
+  (void)remove_orphan_temporaries(folder_of(target), {target.filename().string()});
+  StagedFile staged = create_temporary(target);
+  ::close(staged.fd);
+  staged.fd = -1;
+  try {
+    write(staged.path);
+    // The writer closed its handle; the bytes are durable once this descriptor's fsync returns.
+    const int fd = ::open(staged.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      io_error(fmt::format("cannot flush {}: {}", staged.path.string(), std::strerror(err)));
+    }
+    ::close(fd);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(staged.path, ec);
+    throw;
+  }
+  publish(staged.path, target);
+}
+
 bool is_temporary_of(std::string_view name, std::string_view target, long* pid) {
   const std::string prefix = fmt::format(".{}.tmp.", target);
   if (name.substr(0, prefix.size()) != prefix) return false;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,14 @@ void publish(const std::filesystem::path& temporary, const std::filesystem::path
 
 // create_temporary + write_and_sync + publish.
 void write_file_atomically(const std::filesystem::path& target, std::string_view bytes);
+
+// For writers that open a file by name (HDF5): removes the target's orphan temporaries, stages
+// a fresh temporary (create_temporary, closed again), hands its path to `write`, which fills it
+// (e.g. H5F_ACC_TRUNC), then fsyncs it and publishes it over `target`. Whatever `write` throws,
+// the temporary is removed and rethrown: the target keeps its old bytes or stays absent, and a
+// kill at any point leaves the old target (plus a temporary the next writer removes).
+void write_path_atomically(const std::filesystem::path& target,
+                           const std::function<void(const std::filesystem::path&)>& write);
 
 // Whether `file_name` is a temporary of this pattern for a target named `target_name`; sets
 // *pid to the writer's pid. Also accepts the pre-mkstemp pattern ".<target>.tmp.<pid>" that

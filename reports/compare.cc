@@ -204,6 +204,10 @@ std::string num(const std::optional<double>& v) {
 }  // namespace
 
 nlohmann::json load_report(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    input_error(fmt::format("{} is a folder, not a report.json", path.string()));
+  }
   std::ifstream in(path);
   if (!in) input_error(fmt::format("cannot open report {}", path.string()));
   std::stringstream ss;
@@ -212,7 +216,10 @@ nlohmann::json load_report(const std::filesystem::path& path) {
   try {
     j = nlohmann::json::parse(ss.str());
   } catch (const nlohmann::json::parse_error& e) {
-    input_error(fmt::format("{} is not valid JSON: {}", path.string(), e.what()));
+    // The position, not the parser's text: that quotes the bytes it last read, which for a
+    // binary file (an HDF5 checkpoint given by mistake) are not printable.
+    input_error(fmt::format("{} is not valid JSON: parse error at byte {} of {}", path.string(),
+                            e.byte, ss.str().size()));
   }
   if (!j.is_object() || j.value("schema", "") != "meshproof.report") {
     input_error(fmt::format("{} is not a meshproof report (no \"schema\": \"meshproof.report\")",

@@ -14,6 +14,7 @@ Modes:
   coverage MESHPROOF PAIR...   the claimed pairs (this text output) equal CLAIMS and the CTest
                                list (PAIR..., listed from `meshproof faults --json`)
   run MESHPROOF SCENARIOS GOLDEN OUT FAULT CHECK   one pair
+  together MESHPROOF SCENARIOS GOLDEN OUT FAULT    every pair of FAULT, the checks enabled at once
 """
 import json
 import os
@@ -95,6 +96,11 @@ CLAIMS = {
     # exactly; the state check loads on FSDP 3, where 256 vocabulary rows do not divide.
     ("scale_inv_gathered_bf16", "allgather_parity"): ("allgather_parity", "true"),
     ("vocab_uneven_resume_rows", "state"): ("state", "{at_step: 3, mesh: {dp_shard: 3}}"),
+    # Save-side faults (issue #46): the checkpoint under test lacks a key, or holds rounded or
+    # permuted values, against the saving run's live state; bitwise, no tolerance.
+    ("drop_checkpoint_key", "state"): ("state", "{at_step: 3}"),
+    ("checkpoint_key_dtype", "state"): ("state", "{at_step: 3}"),
+    ("swiglu_gate_up_swizzled_in_checkpoint", "state"): ("state", "{at_step: 3}"),
     ("block_scale_padding_reshard", "allgather_parity"): ("allgather_parity", "true"),
     # MoE (docs/design.md section 27).
     ("router_not_fp32", "golden"): ("golden", "{mode: exact}"),
@@ -149,6 +155,11 @@ STATE_KEYS = {
     "optimizer_step_advanced_before_load": r"optim/step",
     # The first vocabulary-row key in name order: the embedding's master.
     "vocab_uneven_resume_rows": r"model/embed\.tok",
+    # The first dropped key in name order ("not in the checkpoint").
+    "drop_checkpoint_key": r"optim/[a-z0-9_.]+/exp_avg_sq",
+    # The first scale that bf16 rounds (delayed scaling: fp8_max / amax).
+    "checkpoint_key_dtype": r"fp8/layers\.0\.[a-z_.]+/(input|weight|grad_output)/scale",
+    "swiglu_gate_up_swizzled_in_checkpoint": r"model/layers\.0\.mlp\.fc1_(gate|up)\.weight",
 }
 
 
@@ -163,7 +174,11 @@ COLLECTIVE_TENSORS = {
 
 
 def checks_mapping(key, value):
-    return "{" + ", ".join("%s: %s" % (c, value if c == key else "false") for c in ALL_CHECKS) + "}"
+    return checks_mapping_of({key: value})
+
+
+def checks_mapping_of(values):
+    return "{" + ", ".join("%s: %s" % (c, values.get(c, "false")) for c in ALL_CHECKS) + "}"
 
 
 def claimed(meshproof):
@@ -197,8 +212,7 @@ def coverage(meshproof, listed):
     return 1 if problems else 0
 
 
-def run(meshproof, scenarios, golden, out, fault, check):
-    checks = checks_mapping(*CLAIMS[(fault, check)])
+def run_scenario(meshproof, scenarios, golden, out, fault, checks):
     cmd = [meshproof, "run", os.path.join(scenarios, "faults", fault + ".yaml"), "--golden-dir",
            golden, "--backend", "cpu", "--out", out, "--quiet", "--set", "checks=" + checks]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -206,7 +220,56 @@ def run(meshproof, scenarios, golden, out, fault, check):
     with open(os.path.join(out, "report.json")) as f:
         report = json.load(f)
     (s,) = report["scenarios"]
-    kind = "resume" if check == "resume_cross_mesh" else check
+    return p, s
+
+
+def kind_of(check):
+    return "resume" if check == "resume_cross_mesh" else check
+
+
+def together(meshproof, scenarios, golden, out, fault):
+    """Every check the catalog claims for FAULT enabled in one run (as few runs as the checks'
+    keys allow: resume and resume_cross_mesh are one key), each of them failing and the verdict
+    listing them all: no claimed check is masked by another's run or its skip rules."""
+    claims = sorted(c for (f, c) in CLAIMS if f == fault)
+    runs = []
+    for c in claims:
+        key, value = CLAIMS[(fault, c)]
+        for r in runs:
+            if key not in r:
+                r[key] = (c, value)
+                break
+        else:
+            runs.append({key: (c, value)})
+    problems = []
+    for i, r in enumerate(runs):
+        p, s = run_scenario(meshproof, scenarios, golden, "%s_%d" % (out, i), fault,
+                            checks_mapping_of({k: v for k, (_, v) in r.items()}))
+        for key, (c, _) in sorted(r.items()):
+            failing = [x for x in s["checks"] if x["verdict"] == "fail" and x["kind"] == key]
+            if not failing:
+                problems.append("run %d: %s did not catch %s among %s: %s" %
+                                (i, c, fault, sorted(r), [(x["name"], x["verdict"], x["message"])
+                                                          for x in s["checks"]]))
+            elif c == "resume_cross_mesh" and "run resumed on" not in failing[0]["message"]:
+                problems.append("run %d: the failing resume was not cross-mesh" % i)
+        if s["verdict"] != "pass" or s["caught_by"] != sorted(r):
+            problems.append("run %d: verdict %s, caught_by %s (expected pass, %s)" %
+                            (i, s["verdict"], s["caught_by"], sorted(r)))
+        if p.returncode != 0:
+            problems.append("run %d: exit %d (expected 0: expect caught met)" % (i, p.returncode))
+    for m in problems:
+        print("FAIL: " + m)
+    if not problems:
+        print("caught: %s by each of %s together (%d runs)" % (fault, ", ".join(claims),
+                                                               len(runs)))
+    return 1 if problems else 0
+
+
+def run(meshproof, scenarios, golden, out, fault, check):
+    p, s = run_scenario(meshproof, scenarios, golden, out, fault,
+                        checks_mapping(*CLAIMS[(fault, check)]))
+    kind = kind_of(check)
     problems = []
     failing = [c for c in s["checks"] if c["verdict"] == "fail" and c["kind"] == kind]
     if not failing:
@@ -242,6 +305,8 @@ def main(argv):
         return coverage(argv[2], argv[3:])
     if len(argv) == 8 and argv[1] == "run":
         return run(*argv[2:])
+    if len(argv) == 7 and argv[1] == "together":
+        return together(*argv[2:])
     print(__doc__)
     return 2
 

@@ -60,6 +60,15 @@ foreach(i RANGE ${last})
                              TIMEOUT 300)
       endforeach()
     endif()
+    # With two or more claims: all of them enabled together, each catching the fault (issue
+    # #46: the catalog and the checks must agree in one run too, not only one check at a time).
+    if(n GREATER 1)
+      add_test(runner.fault_claims_together.${fault} "${PYTHON}"
+               "${RUNNER_DIR}/check_fault_claims.py" together "${MESHPROOF}" "${SCENARIOS}"
+               "${GOLDEN}" "${OUT}/out_together_${fault}" ${fault})
+      set_tests_properties(runner.fault_claims_together.${fault} PROPERTIES LABELS cpu
+                           TIMEOUT 300)
+    endif()
   endif()
 endforeach()
 

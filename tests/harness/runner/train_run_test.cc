@@ -77,7 +77,8 @@ TEST(StateRoundtrip, CleanIsBitwiseAndAnUnrestoredMomentIsNamed) {
   StateOutcome clean = state_roundtrip(s, req);
   EXPECT_EQ(clean.steps.size(), 2u);
   EXPECT_EQ(clean.before, clean.saved);  // no save-side fault: one checkpoint under test
-  reports::CheckResult r = compare_checkpoint_state(clean.after, clean.before, clean.params, "x");
+  reports::CheckResult r =
+      compare_checkpoint_state(clean.after, clean.saved, clean.before, clean.params, "x");
   EXPECT_EQ(r.verdict, Verdict::kPass) << r.message;
   EXPECT_NE(r.message.find("scalars data/cursor,lr/step,optim/step,rng/offset"), std::string::npos)
       << r.message;
@@ -86,7 +87,7 @@ TEST(StateRoundtrip, CleanIsBitwiseAndAnUnrestoredMomentIsNamed) {
   req.faults.optimizer_state_part = "exp_avg";
   StateOutcome bad = state_roundtrip(s, req);
   EXPECT_NE(bad.folder, clean.folder);  // a fresh folder: state_check_step2.2
-  r = compare_checkpoint_state(bad.after, bad.before, bad.params, "x");
+  r = compare_checkpoint_state(bad.after, bad.saved, bad.before, bad.params, "x");
   ASSERT_EQ(r.verdict, Verdict::kFail);
   ASSERT_TRUE(r.evidence.has_value());
   EXPECT_TRUE(r.evidence->tensor.starts_with("optim/") && r.evidence->tensor.ends_with("/exp_avg"))
@@ -101,10 +102,28 @@ TEST(StateRoundtrip, CleanIsBitwiseAndAnUnrestoredMomentIsNamed) {
   req.faults.drop_checkpoint_key = "optim/*/exp_avg_sq";
   StateOutcome dropped = state_roundtrip(s, req);
   EXPECT_NE(dropped.before, dropped.saved);
-  r = compare_checkpoint_state(dropped.after, dropped.before, dropped.params, "x");
+  r = compare_checkpoint_state(dropped.after, dropped.saved, dropped.before, dropped.params, "x");
   ASSERT_EQ(r.verdict, Verdict::kFail) << r.message;
   ASSERT_TRUE(r.evidence.has_value());
   EXPECT_TRUE(r.evidence->tensor.ends_with("/exp_avg_sq")) << r.message;
+  // Issue #46: named as missing from the checkpoint under test, not as a value difference.
+  EXPECT_NE(r.message.find("not in the checkpoint " + dropped.saved.string()), std::string::npos)
+      << r.message;
+
+  // A save that rounds the masters through bf16: the first rounded element is named with its ULP
+  // distance (the live fp32 value against the one the load restored).
+  req.faults = {};
+  req.faults.checkpoint_key_dtype = "model/*";
+  req.faults.checkpoint_dtype = "bf16";
+  StateOutcome rounded = state_roundtrip(s, req);
+  r = compare_checkpoint_state(rounded.after, rounded.saved, rounded.before, rounded.params, "x");
+  ASSERT_EQ(r.verdict, Verdict::kFail) << r.message;
+  ASSERT_TRUE(r.evidence.has_value() && r.evidence->ulp_distance.has_value()) << r.message;
+  EXPECT_TRUE(r.evidence->tensor.starts_with("model/")) << r.message;
+  // bf16 keeps 8 of float32's 24 significand bits: a rounded element moves by 1 to 2^15 ULP.
+  EXPECT_GE(*r.evidence->ulp_distance, 1) << r.message;
+  EXPECT_LE(*r.evidence->ulp_distance, 1 << 15) << r.message;
+  EXPECT_NE(r.message.find(" ULP apart"), std::string::npos) << r.message;
   fs::remove_all(root);
 }
 
