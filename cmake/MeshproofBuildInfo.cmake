@@ -12,5 +12,5 @@ else()
   set(MESHPROOF_HAVE_CUDA_BOOL false)
   set(MESHPROOF_CUDA_ARCHS_STR "")
 endif()
-configure_file(${CMAKE_CURRENT_SOURCE_DIR}/kernels/build_info.cc.in
+configure_file(${CMAKE_CURRENT_SOURCE_DIR}/kernels/core/build_info.cc.in
   ${CMAKE_CURRENT_BINARY_DIR}/generated/build_info.cc @ONLY)

@@ -1,6 +1,6 @@
 # CUDA is optional. AUTO enables it when nvcc is found; ON requires it; OFF skips it.
 # The CUDA code compiles and links without a GPU; at run time the program falls back to the
-# CPU backend when no driver or device is present (see kernels/device.h).
+# CPU backend when no driver or device is present (see kernels/core/device.h).
 include(CheckLanguage)
 
 set(MESHPROOF_HAVE_CUDA OFF)
@@ -12,7 +12,7 @@ if(NOT MESHPROOF_CUDA STREQUAL "OFF")
   if(CMAKE_CUDA_COMPILER)
     # The cuBLASLt paths use the block-scaling modes of CUDA 12.9 (VEC128_32F, BLK128x128_32F) and
     # sm_100 needs nvcc >= 12.8: an older toolkit is refused here with the reason, not by a compile
-    # error deep in kernels/gemm_cublaslt.cc. Under AUTO it is skipped (the CPU backend builds).
+    # error deep in kernels/gemm/gemm_cublaslt.cc. Under AUTO it is skipped (the CPU backend builds).
     execute_process(COMMAND ${CMAKE_CUDA_COMPILER} --version OUTPUT_VARIABLE _mp_nvcc_out
                     ERROR_QUIET)
     string(REGEX MATCH "release ([0-9]+\\.[0-9]+)" _mp_nvcc_match "${_mp_nvcc_out}")
@@ -40,7 +40,7 @@ if(NOT MESHPROOF_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
     # Where cuBLASLt is opened from when the loader's search does not find it (it is not linked:
-    # kernels/cublaslt_api.h); cached so tools/gpu-bundle --with-cuda-libs can copy it from there.
+    # kernels/gemm/cublaslt_api.h); cached so tools/gpu-bundle --with-cuda-libs can copy it from there.
     set(MESHPROOF_CUDA_LIBRARY_DIR "${CUDAToolkit_LIBRARY_DIR}" CACHE INTERNAL
       "the CUDA toolkit's library folder")
     # Line tables for device code (no change to the generated code): compute-sanitizer's reports

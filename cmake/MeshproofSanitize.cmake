@@ -27,7 +27,7 @@ if(MESHPROOF_FUZZ)
 endif()
 add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${MESHPROOF_SANITIZER_FLAGS}>")
 add_link_options(-fsanitize=address,undefined)
-# mesh/mpi_comm.cc keeps Open MPI's plugins loaded in this build (their leaks stay nameable).
+# mesh/mpi/mpi_comm.cc keeps Open MPI's plugins loaded in this build (their leaks stay nameable).
 add_compile_definitions(MESHPROOF_SANITIZE_BUILD=1)
 list(JOIN MESHPROOF_SANITIZER_FLAGS " " _flags)
 message(STATUS "meshproof: sanitizers on (${_flags})")

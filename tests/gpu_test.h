@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "kernels/device.h"
+#include "kernels/core/device.h"
 
 namespace meshproof::gpu_test {
 

@@ -6,7 +6,8 @@
 // copy into the live tensors. Manual time covers only the save_checkpoint / load_checkpoint calls.
 //   BM_Save/<mesh>/<MB>: save on mesh (0: 1 rank, 1: dp_shard 4, 2: dp_shard 2 x tp 2)
 //   BM_Load/<mesh>/<MB>: load a dp_shard 4 checkpoint onto that mesh (reshards for 0 and 2)
-//   BM_SessionSave / BM_SessionLoad: the real engine state (engine/session.h TrainingSession:
+//   BM_SessionSave / BM_SessionLoad: the real engine state (engine/session/session.h
+//   TrainingSession:
 //     fp32 masters, AdamW exp_avg/exp_avg_sq, delayed-scaling scales and amax histories,
 //     scalars) of a GPT with hidden 512, 8 heads, 4 layers, ffn 2048, vocab 256, after one
 //     delayed-scaling step: 12.9 M parameters, 155 MB of state. Saved from dp_shard 4, loaded
@@ -19,9 +20,9 @@
 #include <filesystem>
 #include <mutex>
 
-#include "engine/checkpoint.h"
-#include "engine/session.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/session/session.h"
+#include "mesh/local/local_comm.h"
 
 namespace meshproof::engine {
 namespace {

@@ -4,7 +4,7 @@
 // F=1024, S=128, B=8), where the GEMMs dominate.
 #include <benchmark/benchmark.h>
 
-#include "engine/trainer.h"
+#include "engine/model/trainer.h"
 
 namespace meshproof::engine {
 namespace {

@@ -12,9 +12,9 @@
 #include <random>
 #include <string>
 
-#include "kernels/device.h"
-#include "kernels/gemm.h"
-#include "kernels/gemm_internal.h"
+#include "kernels/core/device.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_internal.h"
 #include "tests/kernels/gemm/gemm_oracle.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/device.h"
-#include "kernels/quantize.h"
-#include "kernels/runtime.h"
+#include "kernels/core/device.h"
+#include "kernels/core/runtime.h"
+#include "kernels/quantize/quantize.h"
 #include "tests/kernels/quantize/quantize_oracle.h"
 
 namespace meshproof::kernels {

@@ -1,4 +1,4 @@
-#include "engine/config.h"
+#include "engine/config/config.h"
 
 #include <gtest/gtest.h>
 
@@ -8,12 +8,12 @@
 #include <thread>
 #include <vector>
 
-#include "engine/data.h"
-#include "engine/params.h"
-#include "engine/trainer.h"
-#include "kernels/error.h"
-#include "kernels/philox.h"
-#include "mesh/layout.h"
+#include "engine/model/data.h"
+#include "engine/model/params.h"
+#include "engine/model/trainer.h"
+#include "kernels/core/error.h"
+#include "kernels/random/philox.h"
+#include "mesh/core/layout.h"
 
 namespace meshproof::engine {
 namespace {

@@ -2,16 +2,16 @@
 // included, computes in double on the CPU: tight bounds) and in float32 (the training dtype).
 // For each parameter tensor T the analytic gradient g_T is checked along its own direction
 // u = g_T/|g_T|: (L(θ + h u) - L(θ - h u)) / 2h must equal |g_T|.
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "engine/data.h"
-#include "engine/params.h"
-#include "kernels/adamw.h"
+#include "engine/model/data.h"
+#include "engine/model/params.h"
+#include "kernels/ops/adamw.h"
 
 namespace meshproof::engine {
 namespace {

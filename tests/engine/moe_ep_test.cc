@@ -8,12 +8,12 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/moe.h"
-#include "engine/run_rules.h"
-#include "engine/session.h"
-#include "engine/trainer.h"
-#include "kernels/error.h"
-#include "mesh/local_comm.h"
+#include "engine/config/run_rules.h"
+#include "engine/model/trainer.h"
+#include "engine/moe/moe.h"
+#include "engine/session/session.h"
+#include "kernels/core/error.h"
+#include "mesh/local/local_comm.h"
 #include "test_config.h"
 
 namespace meshproof::engine {

@@ -3,7 +3,7 @@
 // against an unpadded per-expert loop (bitwise), E = 1 against the dense model (bitwise), the
 // model's MoE gradients by finite differences in float64, and every data-parallel mesh against
 // one rank (fp32, rel 1e-5; current / mxfp8 within measured bounds).
-#include "engine/moe.h"
+#include "engine/moe/moe.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -13,18 +13,18 @@
 #include <cstring>
 #include <set>
 
-#include "engine/data.h"
-#include "engine/model.h"
-#include "engine/params.h"
-#include "engine/run_rules.h"
-#include "engine/session.h"
-#include "engine/state_keys.h"
-#include "engine/trainer.h"
-#include "kernels/activation.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
-#include "kernels/philox.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/state_keys.h"
+#include "engine/config/run_rules.h"
+#include "engine/model/data.h"
+#include "engine/model/model.h"
+#include "engine/model/params.h"
+#include "engine/model/trainer.h"
+#include "engine/session/session.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/ops/activation.h"
+#include "kernels/ops/elementwise.h"
+#include "kernels/random/philox.h"
+#include "mesh/local/local_comm.h"
 #include "test_config.h"
 
 namespace meshproof::engine {

@@ -10,10 +10,10 @@
 #include <cmath>
 #include <map>
 
-#include "engine/params.h"
-#include "engine/run_rules.h"
-#include "engine/session.h"
-#include "engine/trainer.h"
+#include "engine/config/run_rules.h"
+#include "engine/model/params.h"
+#include "engine/model/trainer.h"
+#include "engine/session/session.h"
 #include "test_config.h"
 
 namespace meshproof::engine {

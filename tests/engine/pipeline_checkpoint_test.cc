@@ -16,11 +16,11 @@
 #include <fstream>
 #include <set>
 
-#include "engine/checkpoint.h"
-#include "engine/session.h"
-#include "engine/state_keys.h"
-#include "kernels/error.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/state_keys.h"
+#include "engine/session/session.h"
+#include "kernels/core/error.h"
+#include "mesh/local/local_comm.h"
 #include "test_config.h"
 
 namespace meshproof::engine {

@@ -9,10 +9,10 @@
 #include <map>
 #include <string>
 
-#include "engine/params.h"
-#include "engine/pipeline.h"
-#include "engine/run_rules.h"
-#include "engine/session.h"
+#include "engine/config/run_rules.h"
+#include "engine/model/params.h"
+#include "engine/pipeline/pipeline.h"
+#include "engine/session/session.h"
 #include "test_config.h"
 
 namespace meshproof::engine {

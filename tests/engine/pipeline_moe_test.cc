@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/collective_budget.h"
-#include "engine/moe.h"
-#include "engine/pipeline.h"
-#include "engine/session.h"
+#include "engine/moe/moe.h"
+#include "engine/parallel/collective_budget.h"
+#include "engine/pipeline/pipeline.h"
+#include "engine/session/session.h"
 #include "test_config.h"
 
 namespace meshproof::engine {
@@ -137,7 +137,7 @@ TEST(PipelineMoe, ExpertAndTensorParallelInsideStages) {
 // one-stage loss of every step and the router weights differ, so a pipelined run that dropped a
 // stage's aux contribution (to the loss or to its router's gradient) could not pass the tests
 // above. (Dropping it, or skipping the pre-pass under stages, was also checked by mutation of
-// engine/session.cc: docs/design.md section 33.)
+// engine/session/session.cc: docs/design.md section 33.)
 TEST(PipelineMoe, AuxLossMovesTheComparedBits) {
   MeshSpec one;
   one.dp_shard = 2;

@@ -1,10 +1,10 @@
-// Pipeline parallelism as data (engine/pipeline.h, docs/design.md, "Pipeline parallelism"): the
-// layer split over stages, each stage's pass order under GPipe and 1F1B, and the unit-time
-// simulation that checks a schedule's dependencies and measures its bubble and in-flight
+// Pipeline parallelism as data (engine/pipeline/pipeline.h, docs/design.md, "Pipeline
+// parallelism"): the layer split over stages, each stage's pass order under GPipe and 1F1B, and the
+// unit-time simulation that checks a schedule's dependencies and measures its bubble and in-flight
 // activations against the closed forms of the literature (Huang et al. 2019, GPipe; Narayanan et
 // al. 2021, 1F1B); and the stage executor over the local communicator's send/recv with a toy model
 // whose gradients are reduced over each stage's data-parallel group after the last backward.
-#include "engine/pipeline.h"
+#include "engine/pipeline/pipeline.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/error.h"
-#include "mesh/local_comm.h"
+#include "kernels/core/error.h"
+#include "mesh/local/local_comm.h"
 #include "test_config.h"
 
 namespace meshproof::engine {

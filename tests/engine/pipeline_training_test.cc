@@ -13,12 +13,12 @@
 #include <mutex>
 #include <set>
 
-#include "engine/collective_budget.h"
-#include "engine/pipeline.h"
-#include "engine/run_rules.h"
-#include "engine/session.h"
-#include "engine/shard_plan.h"
-#include "kernels/error.h"
+#include "engine/config/run_rules.h"
+#include "engine/parallel/collective_budget.h"
+#include "engine/parallel/shard_plan.h"
+#include "engine/pipeline/pipeline.h"
+#include "engine/session/session.h"
+#include "kernels/core/error.h"
 #include "test_config.h"
 
 namespace meshproof::engine {

@@ -1,7 +1,7 @@
 // FP8 recipes (docs/design.md section 4) applied to the qkv/proj/fc1/fc2 GEMMs: tracking the fp32
 // reference, training toward the entropy floor, determinism, recompute with delayed scaling, and
 // the amax hook.
-#include "engine/recipe.h"
+#include "engine/model/recipe.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,8 +16,8 @@
 #include <tuple>
 #include <vector>
 
-#include "engine/trainer.h"
-#include "kernels/formats.h"
+#include "engine/model/trainer.h"
+#include "kernels/core/formats.h"
 
 namespace meshproof::engine {
 namespace {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/session.h"
-#include "kernels/error.h"
+#include "engine/config/config.h"
+#include "engine/session/session.h"
+#include "kernels/core/error.h"
 
 namespace meshproof::engine::testing {
 

@@ -5,9 +5,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/optimizer.h"
-#include "engine/trainer.h"
-#include "kernels/error.h"
+#include "engine/model/trainer.h"
+#include "engine/optim/optimizer.h"
+#include "kernels/core/error.h"
 
 namespace meshproof::engine {
 namespace {

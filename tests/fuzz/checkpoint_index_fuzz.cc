@@ -33,10 +33,10 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "kernels/error.h"
-#include "mesh/device_mesh.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "kernels/core/error.h"
+#include "mesh/core/device_mesh.h"
+#include "mesh/local/local_comm.h"
 #include "tests/engine/checkpoint/ckpt_test_state.h"
 
 namespace fs = std::filesystem;

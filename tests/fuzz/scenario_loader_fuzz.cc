@@ -13,8 +13,8 @@
 #include <string_view>
 #include <vector>
 
-#include "harness/scenario_loader.h"
-#include "kernels/error.h"
+#include "harness/scenario/scenario_loader.h"
+#include "kernels/core/error.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/cli.h"
+#include "harness/verbs/cli.h"
 
 namespace meshproof::harness::testing {
 

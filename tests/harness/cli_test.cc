@@ -1,4 +1,4 @@
-#include "harness/cli.h"
+#include "harness/verbs/cli.h"
 
 #include <gtest/gtest.h>
 
@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/exit_codes.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "mesh/rank_fibers.h"
+#include "harness/verbs/exit_codes.h"
+#include "kernels/core/device.h"
+#include "kernels/core/error.h"
+#include "mesh/local/rank_fibers.h"
 #include "tests/harness/cli_run.h"
 #include "tests/scoped_env.h"
 #include "tests/source_dir.h"
@@ -190,7 +190,7 @@ TEST(CliTest, MalformedCollectiveTimeoutIsBadInput) {
       "MESHPROOF_COLLECTIVE_TIMEOUT=5min: expected a positive number of seconds");
 }
 
-// So is the way virtual ranks run (MESHPROOF_VIRTUAL_RANKS, mesh/rank_fibers.h).
+// So is the way virtual ranks run (MESHPROOF_VIRTUAL_RANKS, mesh/local/rank_fibers.h).
 TEST(CliTest, MalformedVirtualRanksIsBadInput) {
   expect_run_refuses_env("MESHPROOF_VIRTUAL_RANKS", "coroutines",
                          "MESHPROOF_VIRTUAL_RANKS=coroutines: expected auto, threads or fibers");

@@ -1,4 +1,4 @@
-// A CPU run never opens cuBLASLt (kernels/cublaslt_api.h opens it on first use; docs/design.md
+// A CPU run never opens cuBLASLt (kernels/gemm/cublaslt_api.h opens it on first use; docs/design.md
 // section 31): its static initialisers cost a process about 0.15 s and tens of MB of zeroed pages,
 // which every `meshproof run` of the CPU backend paid at its end while the performance inputs'
 // GEMM-dtype label asked for the library's version though the CPU's label never reads it.
@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/bench_recipes.h"
-#include "harness/exit_codes.h"
-#include "kernels/cublaslt_api.h"
+#include "engine/bench/bench_recipes.h"
+#include "harness/verbs/exit_codes.h"
+#include "kernels/gemm/cublaslt_api.h"
 #include "tests/harness/cli_run.h"
 #include "tests/source_dir.h"
 

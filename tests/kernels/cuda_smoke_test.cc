@@ -2,8 +2,8 @@
 // reason when CUDA is not usable (no driver, no device, or built without CUDA).
 #include <gtest/gtest.h>
 
-#include "kernels/device.h"
-#include "kernels/tensor.h"
+#include "kernels/core/device.h"
+#include "kernels/core/tensor.h"
 #include "tests/gpu_test.h"
 
 namespace meshproof::kernels {

@@ -1,12 +1,12 @@
-// The named device reserves (kernels/device_reserve.h): fixed entries per device, providers
+// The named device reserves (kernels/core/device_reserve.h): fixed entries per device, providers
 // asked at query time, the totals, and the errors. Host logic only; "cuda_pool" is 0 here
 // without a usable device and on the CPU.
-#include "kernels/device_reserve.h"
+#include "kernels/core/device_reserve.h"
 
 #include <gtest/gtest.h>
 
-#include "kernels/device.h"
-#include "kernels/error.h"
+#include "kernels/core/device.h"
+#include "kernels/core/error.h"
 
 namespace meshproof::kernels {
 namespace {

@@ -1,8 +1,8 @@
-#include "kernels/dtype.h"
+#include "kernels/core/dtype.h"
 
 #include <gtest/gtest.h>
 
-#include "kernels/error.h"
+#include "kernels/core/error.h"
 
 namespace meshproof::kernels {
 namespace {

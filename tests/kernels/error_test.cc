@@ -1,4 +1,4 @@
-#include "kernels/error.h"
+#include "kernels/core/error.h"
 
 #include <gtest/gtest.h>
 

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "kernels/device.h"
+#include "kernels/core/device.h"
 #include "tests/gpu_test.h"
 #include "tests/scoped_env.h"
 

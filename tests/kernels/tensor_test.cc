@@ -1,10 +1,10 @@
-#include "kernels/tensor.h"
+#include "kernels/core/tensor.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 
-#include "kernels/copy_plan.h"
+#include "kernels/core/copy_plan.h"
 
 namespace meshproof::kernels {
 namespace {
@@ -91,10 +91,11 @@ TEST(TensorTest, MemoryIsAccountedToTheRanksTracker) {
   EXPECT_EQ(tracker.peak(DeviceType::kCpu).value, 1536);
 }
 
-// The copy counter (kernels/runtime.h CopyCounter, counted in kernels::copy_bytes): a copy with
-// exactly one host side adds its bytes to its direction in the process's counter and the current
-// rank context's; host-host and device-device copies and empty copies add nothing. The counting
-// itself (detail::count_copy) is exercised with device descriptors, as a build without a GPU can.
+// The copy counter (kernels/core/runtime.h CopyCounter, counted in kernels::copy_bytes): a copy
+// with exactly one host side adds its bytes to its direction in the process's counter and the
+// current rank context's; host-host and device-device copies and empty copies add nothing. The
+// counting itself (detail::count_copy) is exercised with device descriptors, as a build without a
+// GPU can.
 TEST(CopyCounterTest, CountsHostDeviceBytesPerDirectionGloballyAndPerRank) {
   CopyCounter rank_counter;
   const CopyCounts global0 = global_copy_counter().counts();
@@ -170,9 +171,9 @@ TEST(CopyBytes2dTest, CopiesPitchedRowsAndRejectsShortPitches) {
       Error);
 }
 
-// The batched transfers' packing (kernels/copy_plan.h): every tensor, empty ones included, gets
-// its own span in list order, starting on a 256-byte boundary, not overlapping the next one, and
-// the buffer holds them all; a negative size is an error naming its position.
+// The batched transfers' packing (kernels/core/copy_plan.h): every tensor, empty ones included,
+// gets its own span in list order, starting on a 256-byte boundary, not overlapping the next one,
+// and the buffer holds them all; a negative size is an error naming its position.
 TEST(PackPlanTest, EveryTensorGetsItsOwnAlignedSpanInOrder) {
   const std::vector<int64_t> sizes = {0, 1, 255, 256, 257, 1000, 0, 4096};
   const PackPlan plan = pack_plan(sizes);

@@ -1,8 +1,8 @@
-// Outcome agreement (mesh/agreement.h) on the local communicator: with no failure every member
+// Outcome agreement (mesh/core/agreement.h) on the local communicator: with no failure every member
 // returns (and learns the largest value); with failures every member throws, the failing ones
 // their own error and the others the gravest kind with the lowest such member's message and
 // global rank, whatever the group, the mix of kinds and the way the ranks are scheduled.
-#include "mesh/agreement.h"
+#include "mesh/core/agreement.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/error.h"
-#include "mesh/local_comm.h"
+#include "kernels/core/error.h"
+#include "mesh/local/local_comm.h"
 
 namespace meshproof::mesh {
 namespace {

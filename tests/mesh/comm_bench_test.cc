@@ -1,11 +1,11 @@
 // The checks of `bench comm` are real: a communicator that corrupts one element of its result is
 // reported with #wrong > 0, and a correct one with #wrong == 0.
-#include "mesh/comm_bench.h"
+#include "mesh/bench/comm_bench.h"
 
 #include <gtest/gtest.h>
 
-#include "kernels/tensor.h"
-#include "mesh/local_comm.h"
+#include "kernels/core/tensor.h"
+#include "mesh/local/local_comm.h"
 
 namespace meshproof::mesh {
 namespace {

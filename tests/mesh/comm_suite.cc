@@ -20,12 +20,12 @@
 #include <iostream>
 #include <string>
 
-#include "kernels/cast.h"
-#include "kernels/error.h"
-#include "kernels/tensor.h"
-#include "mesh/local_comm.h"
-#include "mesh/mpi_comm.h"
-#include "mesh/nccl_check.h"
+#include "kernels/core/error.h"
+#include "kernels/core/tensor.h"
+#include "kernels/ops/cast.h"
+#include "mesh/core/nccl_check.h"
+#include "mesh/local/local_comm.h"
+#include "mesh/mpi/mpi_comm.h"
 #if MESHPROOF_HAVE_MPI
 #include <mpi.h>
 #endif

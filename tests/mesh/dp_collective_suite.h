@@ -1,4 +1,4 @@
-// The data-parallel collectives of an FSDP step (mesh/padded_gather.h: the weight gather
+// The data-parallel collectives of an FSDP step (mesh/core/padded_gather.h: the weight gather
 // gather_padded and the gradient reduce_scatter_box) over n = 1..8 members of dp_shard with
 // uneven torch.chunk row shards (and empty members), run on `device` with the local
 // communicator. The CPU test (padded_gather_test.cc) checks the host results against their
@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/tensor.h"
-#include "mesh/local_comm.h"
-#include "mesh/padded_gather.h"
+#include "kernels/core/tensor.h"
+#include "mesh/core/padded_gather.h"
+#include "mesh/local/local_comm.h"
 
 namespace meshproof::mesh::testing {
 
@@ -27,7 +27,7 @@ inline float dp_value(int member, int64_t k) {
 }
 
 // Rows of the global [rows, 5] tensor for n members: 2n + 1 (uneven chunks) and 2n (equal row
-// slabs: the padded collectives read and write the tensors themselves, mesh/padded_gather.cc
+// slabs: the padded collectives read and write the tensors themselves, mesh/core/padded_gather.cc
 // stacked_rows) for every n, and n - 1 for n >= 3 (torch.chunk leaves trailing members empty).
 inline std::vector<int64_t> dp_suite_rows(int n) {
   std::vector<int64_t> r{2 * n + 1, 2 * n};

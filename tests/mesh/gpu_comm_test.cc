@@ -6,14 +6,14 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cast.h"
-#include "kernels/device.h"
-#include "kernels/device_reserve.h"
-#include "kernels/runtime.h"
-#include "kernels/tensor.h"
-#include "mesh/local_comm.h"
-#include "mesh/nccl_comm.h"
-#include "mesh/padded_gather.h"
+#include "kernels/core/device.h"
+#include "kernels/core/device_reserve.h"
+#include "kernels/core/runtime.h"
+#include "kernels/core/tensor.h"
+#include "kernels/ops/cast.h"
+#include "mesh/core/padded_gather.h"
+#include "mesh/local/local_comm.h"
+#include "mesh/nccl/nccl_comm.h"
 #include "tests/gpu_test.h"
 #include "tests/mesh/dp_collective_suite.h"
 
@@ -298,7 +298,7 @@ TEST(GpuDpCollectivesTest, CopyRegionOnTheDeviceEqualsTheHost) {
   }
 }
 
-// Lifetime (mesh/nccl_comm.h): a mesh's communicators are made once per process and reused by
+// Lifetime (mesh/nccl/nccl_comm.h): a mesh's communicators are made once per process and reused by
 // later runs; their creation shows as the device reserve "nccl"; nccl_teardown destroys them
 // (every rank on its own thread) and a later run makes a fresh set.
 TEST(GpuNcclCommTest, CommunicatorsAreMadeOnceReusedAndTornDown) {

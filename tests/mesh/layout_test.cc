@@ -1,16 +1,16 @@
 // Device meshes and shard layouts: the DP=4 x TP=2 strided example of TE's FSDP2 PR (appendix of
 // /work/shared/seeds/002), uneven shapes, and property tests over random shapes, meshes and
 // placements: shard then unshard is the identity; reshard equals unshard + shard.
-#include "mesh/layout.h"
+#include "mesh/core/layout.h"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <random>
 
-#include "kernels/error.h"
-#include "kernels/tensor.h"
-#include "mesh/device_mesh.h"
+#include "kernels/core/error.h"
+#include "kernels/core/tensor.h"
+#include "mesh/core/device_mesh.h"
 
 namespace meshproof::mesh {
 namespace {

@@ -2,7 +2,7 @@
 // sums are exact in fp32 (so every expected value is exact: 0 ULP), mesh groups, raw-byte dtypes,
 // accounting, and failure handling (a missing rank times out with a clear error; an exception on
 // one rank aborts the others instead of deadlocking them).
-#include "mesh/local_comm.h"
+#include "mesh/local/local_comm.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -28,9 +28,9 @@
 #include <sched.h>
 #endif
 
-#include "kernels/cast.h"
-#include "kernels/error.h"
-#include "kernels/tensor.h"
+#include "kernels/core/error.h"
+#include "kernels/core/tensor.h"
+#include "kernels/ops/cast.h"
 #include "tests/scoped_env.h"
 
 namespace meshproof::mesh {
@@ -59,7 +59,7 @@ LocalWorldOptions short_timeout() {
   return o;
 }
 
-// How the ranks run (mesh/rank_fibers.h): a thread each, or fibers on one worker (every wait
+// How the ranks run (mesh/local/rank_fibers.h): a thread each, or fibers on one worker (every wait
 // must hand the worker to another rank) or on two (waits across workers). Explicit, so that every
 // machine tests all three whatever its CPU count would pick by default.
 struct Mode {
@@ -310,7 +310,7 @@ TEST(LocalCommTest, BlockedRankOrderReductionEqualsTheElementwiseLoop) {
   }
 }
 
-// Small collectives are staged (mesh/local_comm.cc): a member leaves without waiting for the
+// Small collectives are staged (mesh/local/local_comm.cc): a member leaves without waiting for the
 // others to read its input and may reuse that input at once, while slower members still read the
 // call before. Every member overwrites its input right after each call, one member per round is
 // late, and sizes alternate below and above the staging limit: every result stays exact.
@@ -816,7 +816,8 @@ TEST(LocalP2pTest, ExceptionOnOneStageAbortsAWaitingRecv) {
   }
 }
 
-// ---- virtual ranks as fibers (mesh/rank_fibers.h) ---------------------------------------------
+// ---- virtual ranks as fibers (mesh/local/rank_fibers.h)
+// ---------------------------------------------
 
 // Raises a barrier while the stack unwinds: the rank waits with an exception in flight.
 struct BarrierWhileUnwinding {

@@ -11,9 +11,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels/error.h"
-#include "kernels/tensor.h"
-#include "mesh/mpi_comm.h"
+#include "kernels/core/error.h"
+#include "kernels/core/tensor.h"
+#include "mesh/mpi/mpi_comm.h"
 
 int main(int argc, char** argv) {
   using namespace meshproof;

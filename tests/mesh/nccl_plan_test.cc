@@ -1,6 +1,6 @@
-// Host logic of the NCCL communicators (mesh/nccl_comm.h), on any machine: which mesh groups share
-// a communicator (dims of size 1 do not change a group's members), the splits every rank makes,
-// and the per-process cache that makes each set once and reuses it until teardown.
+// Host logic of the NCCL communicators (mesh/nccl/nccl_comm.h), on any machine: which mesh groups
+// share a communicator (dims of size 1 do not change a group's members), the splits every rank
+// makes, and the per-process cache that makes each set once and reuses it until teardown.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "mesh/nccl_comm.h"
+#include "mesh/nccl/nccl_comm.h"
 
 namespace meshproof::mesh {
 namespace {

@@ -1,15 +1,15 @@
-// mesh::gather_padded (mesh/padded_gather.h), on the local communicator: every member gets the
+// mesh::gather_padded (mesh/core/padded_gather.h), on the local communicator: every member gets the
 // global tensor (or a box of it) bitwise, for uneven torch.chunk shards, empty shards, strided
 // layouts, byte dtypes and one-member groups; Padding::kKeep returns the padded receive buffer.
-#include "mesh/padded_gather.h"
+#include "mesh/core/padded_gather.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "kernels/error.h"
-#include "kernels/tensor.h"
-#include "mesh/local_comm.h"
+#include "kernels/core/error.h"
+#include "kernels/core/tensor.h"
+#include "mesh/local/local_comm.h"
 #include "tests/mesh/dp_collective_suite.h"
 
 namespace meshproof::mesh {

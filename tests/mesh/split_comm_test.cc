@@ -2,12 +2,12 @@
 // NCCL). Without a GPU only the host side can be driven: two LocalWorld group communicators stand
 // in for the MPI and NCCL ones, and the test checks that host buffers go to the host side, that
 // results and accounting are those of a plain collective, and that mismatched groups are refused.
-#include "mesh/split_comm.h"
+#include "mesh/mpi/split_comm.h"
 
 #include <gtest/gtest.h>
 
-#include "kernels/error.h"
-#include "mesh/local_comm.h"
+#include "kernels/core/error.h"
+#include "mesh/local/local_comm.h"
 
 namespace meshproof::mesh {
 namespace {

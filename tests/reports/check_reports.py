@@ -43,7 +43,7 @@ def clean(s):
 
 
 def evidence_summary(e):
-    """Mirror of reports/report_text.cc evidence_summary (numbers as %.6g)."""
+    """Mirror of reports/writers/report_text.cc evidence_summary (numbers as %.6g)."""
     parts = []
     if e["first_diverging_step"] is not None:
         parts.append("first diverging step %d" % e["first_diverging_step"])

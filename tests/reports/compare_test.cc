@@ -1,5 +1,5 @@
 // `report compare` logic: ratios B/A per scenario and metric, unmatched scenarios, bad input.
-#include "reports/compare.h"
+#include "reports/record/compare.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,8 +9,8 @@
 #include <fstream>
 #include <map>
 
-#include "reports/report_error.h"
-#include "reports/report_writers.h"
+#include "reports/record/report_error.h"
+#include "reports/writers/report_writers.h"
 #include "sample_record.h"
 
 namespace meshproof::reports {
@@ -193,9 +193,9 @@ TEST(CompareTest, BenchmarkFiguresComparedByNameAndMetric) {
   const CompareTable few = compare_reports(to_json(sa), to_json(sb));
   EXPECT_EQ(find(few, s1, "layer step step_time_ms")->change, Change::kNone);
 
-  // The run-to-run floor (reports/compare.h): B 3% slower with both ranges tight and disjoint
-  // (the drift two reruns showed on the CPU VM) is within noise by default, flagged when the
-  // caller asks for changes of 1%.
+  // The run-to-run floor (reports/record/compare.h): B 3% slower with both ranges tight and
+  // disjoint (the drift two reruns showed on the CPU VM) is within noise by default, flagged when
+  // the caller asks for changes of 1%.
   RunRecord ta = a, tb = a;
   BenchmarkFigure& ra = ta.scenarios[0].benchmarks[1];
   ra.samples = {4.0, 4.0, 4.01, 4.0, 3.99};

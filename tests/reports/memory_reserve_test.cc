@@ -1,10 +1,10 @@
-// Device memory outside the tracker in the per-rank memory figures (kernels/device_reserve.h):
+// Device memory outside the tracker in the per-rank memory figures (kernels/core/device_reserve.h):
 // the arithmetic of RankMemory (reserves summed, added to the tracker's peak), the JSON keys
 // (present only when a rank has reserves, so CPU reports are unchanged) and the Markdown line.
 #include <gtest/gtest.h>
 
-#include "reports/report_writers.h"
-#include "reports/run_record.h"
+#include "reports/record/run_record.h"
+#include "reports/writers/report_writers.h"
 #include "sample_record.h"
 
 namespace meshproof::reports {

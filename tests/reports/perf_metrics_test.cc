@@ -1,11 +1,11 @@
 // Derived performance figures against hand-computed values (the arithmetic is in the comments).
-#include "reports/perf_metrics.h"
+#include "reports/record/perf_metrics.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "reports/report_error.h"
+#include "reports/record/report_error.h"
 
 namespace meshproof::reports {
 namespace {

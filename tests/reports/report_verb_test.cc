@@ -6,9 +6,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness/cli.h"
-#include "harness/exit_codes.h"
-#include "reports/report_writers.h"
+#include "harness/verbs/cli.h"
+#include "harness/verbs/exit_codes.h"
+#include "reports/writers/report_writers.h"
 #include "sample_record.h"
 #include "tests/harness/cli_run.h"
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "reports/perf_metrics.h"
+#include "reports/record/perf_metrics.h"
 
 namespace meshproof::reports::testing {
 namespace {

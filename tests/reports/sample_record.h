@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "reports/run_record.h"
+#include "reports/record/run_record.h"
 
 namespace meshproof::reports::testing {
 

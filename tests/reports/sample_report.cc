@@ -5,7 +5,7 @@
 #include <cstring>
 #include <exception>
 
-#include "reports/report_writers.h"
+#include "reports/writers/report_writers.h"
 #include "sample_record.h"
 
 int main(int argc, char** argv) {

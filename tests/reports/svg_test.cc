@@ -1,6 +1,6 @@
 // The SVG plotting helpers: tick selection, labels and the structure of rendered plots.
 // Well-formedness of whole pages is checked by check_reports.py with a real XML parser.
-#include "reports/svg.h"
+#include "reports/writers/svg.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <limits>
 #include <string>
 
-#include "reports/xml_text.h"
+#include "reports/writers/xml_text.h"
 #include "sample_record.h"
 
 namespace meshproof::reports {

@@ -8,10 +8,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "reports/atomic_file.h"
-#include "reports/report_error.h"
-#include "reports/report_text.h"
-#include "reports/report_writers.h"
+#include "reports/record/report_error.h"
+#include "reports/writers/atomic_file.h"
+#include "reports/writers/report_text.h"
+#include "reports/writers/report_writers.h"
 #include "sample_record.h"
 
 namespace meshproof::reports {

@@ -153,7 +153,7 @@ check(r["met"], "a caught fault: met")
 r = report(error="CUDA error: an illegal memory access")
 check(not r["met"], "a scenario that errored: not met")
 
-# The platform the goldens are linked under is the one meshproof reads (harness/golden.cc).
+# The platform the goldens are linked under is the one meshproof reads (harness/checks/golden.cc).
 for names, want in [(["NVIDIA H200"], "h200"), (["NVIDIA H100 80GB HBM3"], "h100"),
                     (["NVIDIA GB200"], "gb200"), (["NVIDIA L40S"], "l40s"),
                     (["NVIDIA RTX 6000 Ada"], "nvidia_rtx_6000_ada"), ([], "gpu")]:

@@ -72,7 +72,7 @@ out=$("$bundle/bin/meshproof" --version) || fail "bin/meshproof --version exited
 out=$("$bundle/meshproof" --version) || fail "the bundle's meshproof link exited $?"
 "$bundle/bin/meshproof" env > "$work/env.txt" || fail "bin/meshproof env exited $?"
 grep -q '^active backend' "$work/env.txt" || fail "meshproof env printed no active backend"
-# cuBLASLt is opened with dlopen (kernels/cublaslt_api.h), not linked: in a CUDA build the bundled
+# cuBLASLt is opened with dlopen (kernels/gemm/cublaslt_api.h), not linked: in a CUDA build the bundled
 # binary must still find it (here through the loader's search or the build's toolkit folder).
 if grep -q '^backends compiled.*cuda' "$work/env.txt"; then
   ldd "$bundle/bin/meshproof" | grep -q libcublasLt && fail "bin/meshproof links libcublasLt again"

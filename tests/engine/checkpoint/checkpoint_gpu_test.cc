@@ -8,9 +8,9 @@
 #include <filesystem>
 
 #include "ckpt_test_state.h"
-#include "engine/checkpoint.h"
-#include "kernels/device.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "kernels/core/device.h"
+#include "mesh/local/local_comm.h"
 #include "tests/gpu_test.h"
 
 namespace meshproof::engine {

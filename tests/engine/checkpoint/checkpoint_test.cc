@@ -2,7 +2,7 @@
 // tensors bitwise equal, each rank reads exactly the chunks that overlap its box), atomic commit
 // and crash safety, corruption/truncation/mismatch errors that leave the live state untouched,
 // the checkpoint-side faults, and h5py readability.
-#include "engine/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 #include <H5Cpp.h>
 #include <fcntl.h>
@@ -24,11 +24,11 @@
 
 #include "ckpt_test_files.h"
 #include "ckpt_test_state.h"
-#include "harness/cli.h"
-#include "harness/exit_codes.h"
-#include "kernels/error.h"
-#include "kernels/formats.h"
-#include "mesh/local_comm.h"
+#include "harness/verbs/cli.h"
+#include "harness/verbs/exit_codes.h"
+#include "kernels/core/error.h"
+#include "kernels/core/formats.h"
+#include "mesh/local/local_comm.h"
 #include "tests/source_dir.h"
 
 namespace meshproof::engine {

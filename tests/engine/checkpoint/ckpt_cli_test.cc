@@ -12,10 +12,10 @@
 #include <sstream>
 
 #include "ckpt_test_state.h"
-#include "engine/checkpoint.h"
-#include "harness/cli.h"
-#include "harness/exit_codes.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "harness/verbs/cli.h"
+#include "harness/verbs/exit_codes.h"
+#include "mesh/local/local_comm.h"
 #include "tests/harness/cli_run.h"
 
 namespace meshproof::harness {

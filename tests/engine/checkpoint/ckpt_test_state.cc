@@ -4,7 +4,7 @@
 #include <functional>
 #include <random>
 
-#include "engine/state_keys.h"
+#include "engine/checkpoint/state_keys.h"
 
 namespace meshproof::engine::testing {
 

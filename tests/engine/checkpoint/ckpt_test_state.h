@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/sharded_state.h"
-#include "kernels/tensor.h"
-#include "mesh/device_mesh.h"
-#include "mesh/layout.h"
+#include "engine/checkpoint/sharded_state.h"
+#include "kernels/core/tensor.h"
+#include "mesh/core/device_mesh.h"
+#include "mesh/core/layout.h"
 
 namespace meshproof::engine::testing {
 

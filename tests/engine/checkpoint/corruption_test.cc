@@ -22,11 +22,11 @@
 
 #include "ckpt_test_files.h"
 #include "ckpt_test_state.h"
-#include "engine/checkpoint.h"
-#include "harness/cli.h"
-#include "harness/exit_codes.h"
-#include "kernels/error.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "harness/verbs/cli.h"
+#include "harness/verbs/exit_codes.h"
+#include "kernels/core/error.h"
+#include "mesh/local/local_comm.h"
 
 namespace meshproof::engine {
 namespace {

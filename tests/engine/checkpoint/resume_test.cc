@@ -1,8 +1,9 @@
-// Resume parity with the real sharded engine (engine/session.h): 2k steps straight against k steps,
-// save, a fresh session, load, k more steps. Losses, grad norms, scalars and every state tensor
-// (fp32 masters, AdamW moments, delayed-scaling scales and amax histories) must be bitwise equal,
-// per recipe, with FP8 primary weights (fp8_params) and with dropout plus gradient accumulation.
-// The checkpoint-side faults must break that parity (so the resume check catches them).
+// Resume parity with the real sharded engine (engine/session/session.h): 2k steps straight against
+// k steps, save, a fresh session, load, k more steps. Losses, grad norms, scalars and every state
+// tensor (fp32 masters, AdamW moments, delayed-scaling scales and amax histories) must be bitwise
+// equal, per recipe, with FP8 primary weights (fp8_params) and with dropout plus gradient
+// accumulation. The checkpoint-side faults must break that parity (so the resume check catches
+// them).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,9 +15,9 @@
 #include <map>
 #include <set>
 
-#include "engine/checkpoint.h"
-#include "engine/session.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/session/session.h"
+#include "mesh/local/local_comm.h"
 #include "tests/engine/checkpoint/ckpt_test_state.h"
 #include "tests/engine/test_config.h"
 

@@ -11,17 +11,17 @@
 #include <filesystem>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "engine/fault_hooks.h"
-#include "engine/optimizer.h"
-#include "engine/session.h"
-#include "engine/shard_plan.h"
-#include "harness/scenario_loader.h"
-#include "harness/train_run.h"
-#include "kernels/cuda_check.h"
-#include "kernels/device.h"
-#include "kernels/runtime.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/faults/fault_hooks.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/shard_plan.h"
+#include "engine/session/session.h"
+#include "harness/run/train_run.h"
+#include "harness/scenario/scenario_loader.h"
+#include "kernels/core/cuda_check.h"
+#include "kernels/core/device.h"
+#include "kernels/core/runtime.h"
+#include "mesh/local/local_comm.h"
 #include "tests/engine/test_config.h"
 #include "tests/gpu_test.h"
 #include "tests/source_dir.h"
@@ -213,10 +213,11 @@ TEST_F(DeviceStateGpu, Nvfp4AllGatherStepsMoveOnlyScalars) {
 
 // Pipeline stages (pp = 2 x FSDP 2, both schedules and both recipes of scenarios/pp_fsdp.yaml)
 // on cuda:0: the activations and gradients between stages travel device to device
-// (mesh/local_comm.cc send/recv), so the steps move only scalars. A pipelined run takes no step
-// hooks (engine/run_rules.cc), so the steps' traffic is measured as the process's copies of a
-// 4-step run minus those of a 2-step run of the same options (construction, the end of the run and
-// the reports are the same in both): the two extra steps must add no bulk copy and only scalars.
+// (mesh/local/local_comm.cc send/recv), so the steps move only scalars. A pipelined run takes no
+// step hooks (engine/config/run_rules.cc), so the steps' traffic is measured as the process's
+// copies of a 4-step run minus those of a 2-step run of the same options (construction, the end of
+// the run and the reports are the same in both): the two extra steps must add no bulk copy and only
+// scalars.
 TEST_F(DeviceStateGpu, PipelineStepsMoveOnlyScalars) {
   int runs = 0;
   for (const harness::Scenario& s : harness::load_scenario_file(
@@ -320,7 +321,8 @@ TEST_F(DeviceStateGpu, CheckpointSaveIsOneBatchedDownload) {
   for (size_t r = 0; r < during_save.size(); ++r) {
     EXPECT_EQ(during_save[r].bulk_host_to_device, 0) << "rank " << r;
     EXPECT_GT(during_save[r].bulk_device_to_host, 0) << "rank " << r;
-    // One bulk copy; the save's other copies are the agreement's scalars (engine/checkpoint.cc).
+    // One bulk copy; the save's other copies are the agreement's scalars
+    // (engine/checkpoint/checkpoint.cc).
     EXPECT_EQ(during_save[r].bulk_copies, 1) << "rank " << r;
   }
   fs::remove_all(root);
@@ -329,7 +331,7 @@ TEST_F(DeviceStateGpu, CheckpointSaveIsOneBatchedDownload) {
 // The leak check: 30 runs in one process (streams, communicators, cuBLASLt handles and
 // workspaces created and destroyed per run) leave the device's free memory where the first run
 // left it. Tolerance 64 MiB: the stream-ordered pool keeps what the first run reserved (its
-// release threshold is raised, kernels/tensor.cc), so a flat process differs only by allocator
+// release threshold is raised, kernels/core/tensor.cc), so a flat process differs only by allocator
 // granularity (2 MiB pages); one leaked cuBLASLt workspace per virtual rank and run (8 x 4 MiB or
 // more) would exceed it within the first two runs of the 29 measured.
 TEST_F(DeviceStateGpu, ThirtyRunsKeepDeviceMemoryFlat) {

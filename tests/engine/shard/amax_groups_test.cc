@@ -1,8 +1,8 @@
-// Amax reduction groups as data (engine/amax_groups.h): the default table per linear kind and
-// role on several meshes, runs whose groups are widened to the whole mesh (bitwise the same:
+// Amax reduction groups as data (engine/parallel/amax_groups.h): the default table per linear kind
+// and role on several meshes, runs whose groups are widened to the whole mesh (bitwise the same:
 // MAX over extra copies changes nothing) and a run whose weight group misses the tp pieces (the
 // gathered weights are no longer the single-rank quantization).
-#include "engine/amax_groups.h"
+#include "engine/parallel/amax_groups.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -10,10 +10,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/fault_hooks.h"
-#include "engine/session.h"
-#include "engine/shard_plan.h"
-#include "kernels/error.h"
+#include "engine/faults/fault_hooks.h"
+#include "engine/parallel/shard_plan.h"
+#include "engine/session/session.h"
+#include "kernels/core/error.h"
 #include "tests/engine/test_config.h"
 
 namespace meshproof::engine {
@@ -29,9 +29,10 @@ std::string group(LinearKind k, Fp8Role r, const MeshSpec& m) {
   return default_amax_group({k, r}, m).str();
 }
 
-// The kind of every quantized linear is data on its parameter spec (engine/params.h), filled from
-// the block's linear table when the model is described, experts and the shared expert included;
-// the plan answers by name from those specs and refuses a name that is no quantized linear.
+// The kind of every quantized linear is data on its parameter spec (engine/model/params.h), filled
+// from the block's linear table when the model is described, experts and the shared expert
+// included; the plan answers by name from those specs and refuses a name that is no quantized
+// linear.
 TEST(AmaxGroups, LinearKindsAreOnTheParameterSpecs) {
   testing::TestModel tm;
   tm.layers = 2;

@@ -1,15 +1,15 @@
-// The fault hook points (engine/fault_hooks.h): neutral without faults, each fault acting at its
-// point only from its from_step on, a hook registered by hand (the way issue #20's user-defined
+// The fault hook points (engine/faults/fault_hooks.h): neutral without faults, each fault acting at
+// its point only from its from_step on, a hook registered by hand (the way issue #20's user-defined
 // faults will add theirs) folding with the built-in ones, and a bad fault parameter reported when
 // its point is asked. The end-to-end effect of every fault on a run is in session_checks_test.cc
 // and tests/engine/checkpoint.
-#include "engine/fault_hooks.h"
+#include "engine/faults/fault_hooks.h"
 
 #include <gtest/gtest.h>
 
-#include "engine/shard_plan.h"
-#include "engine/state_keys.h"
-#include "kernels/error.h"
+#include "engine/checkpoint/state_keys.h"
+#include "engine/parallel/shard_plan.h"
+#include "kernels/core/error.h"
 
 namespace meshproof::engine {
 namespace {

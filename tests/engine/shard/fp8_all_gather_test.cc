@@ -1,4 +1,4 @@
-#include "engine/fp8_all_gather.h"
+#include "engine/parallel/fp8_all_gather.h"
 
 #include <gtest/gtest.h>
 
@@ -6,10 +6,10 @@
 #include <cstring>
 #include <mutex>
 
-#include "engine/params.h"
-#include "kernels/nvfp4.h"
-#include "kernels/quantize.h"
-#include "mesh/local_comm.h"
+#include "engine/model/params.h"
+#include "kernels/quantize/nvfp4.h"
+#include "kernels/quantize/quantize.h"
+#include "mesh/local/local_comm.h"
 
 namespace meshproof::engine {
 namespace {

@@ -1,5 +1,5 @@
-// Per-layer FSDP execution (engine/model.h UnitHooks, engine/session.cc): weights are gathered
-// unit by unit as the model reaches them, freed after a layer's forward with
+// Per-layer FSDP execution (engine/model/model.h UnitHooks, engine/session/session.cc): weights are
+// gathered unit by unit as the model reaches them, freed after a layer's forward with
 // reshard_after_forward (and gathered again for its backward) or kept; gradients are reduced per
 // unit after its backward in the last micro-batch. FP8 primary weights (fsdp.fp8_params): the
 // GEMM weights live as FP8 shards re-quantized from the fp32 master after every optimizer step.
@@ -10,13 +10,13 @@
 #include <set>
 #include <string>
 
-#include "engine/session.h"
-#include "engine/state_keys.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "kernels/quantize.h"
-#include "mesh/layout.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/state_keys.h"
+#include "engine/session/session.h"
+#include "kernels/core/device.h"
+#include "kernels/core/error.h"
+#include "kernels/quantize/quantize.h"
+#include "mesh/core/layout.h"
+#include "mesh/local/local_comm.h"
 #include "tests/engine/test_config.h"
 
 namespace meshproof::engine {

@@ -8,10 +8,10 @@
 #include <map>
 #include <set>
 
-#include "engine/data.h"
-#include "engine/model.h"
-#include "engine/params.h"
-#include "engine/session.h"
+#include "engine/model/data.h"
+#include "engine/model/model.h"
+#include "engine/model/params.h"
+#include "engine/session/session.h"
 #include "tests/engine/test_config.h"
 
 namespace meshproof::engine {

@@ -7,8 +7,8 @@
 
 #include <cmath>
 
-#include "engine/session.h"
-#include "kernels/device.h"
+#include "engine/session/session.h"
+#include "kernels/core/device.h"
 #include "tests/engine/test_config.h"
 #include "tests/gpu_test.h"
 

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <string>
 
-#include "engine/session.h"
-#include "kernels/error.h"
-#include "mesh/device_mesh.h"
+#include "engine/session/session.h"
+#include "kernels/core/error.h"
+#include "mesh/core/device_mesh.h"
 
 int main(int argc, char** argv) {
   using namespace meshproof;

@@ -1,16 +1,17 @@
-// The declarative sharding plan (engine/params.h, engine/shard_plan.h): each parameter spec says
-// its FSDP unit, TP style, quantized linear and kind, and the placements follow from the style
-// and the mesh alone (the table at the top of engine/shard_plan.h). The expected values below are
-// written out by hand from docs/design.md section 5, not derived from the code under test.
-#include "engine/shard_plan.h"
+// The declarative sharding plan (engine/model/params.h, engine/parallel/shard_plan.h): each
+// parameter spec says its FSDP unit, TP style, quantized linear and kind, and the placements follow
+// from the style and the mesh alone (the table at the top of engine/parallel/shard_plan.h). The
+// expected values below are written out by hand from docs/design.md section 5, not derived from the
+// code under test.
+#include "engine/parallel/shard_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 
-#include "engine/amax_groups.h"
-#include "kernels/error.h"
+#include "engine/parallel/amax_groups.h"
+#include "kernels/core/error.h"
 #include "tests/engine/test_config.h"
 
 namespace meshproof::engine {

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <mutex>
 
-#include "engine/session.h"
-#include "engine/state_keys.h"
-#include "engine/trainer.h"
-#include "mesh/local_comm.h"
+#include "engine/checkpoint/state_keys.h"
+#include "engine/model/trainer.h"
+#include "engine/session/session.h"
+#include "mesh/local/local_comm.h"
 #include "tests/engine/test_config.h"
 
 namespace meshproof::engine {
@@ -459,11 +459,11 @@ struct RecipeCase {
 
 class RecipeMesh : public ::testing::TestWithParam<RecipeCase> {};
 
-// MXFP8 needs every GEMM operand in 32-element blocks along both dims (engine/config.cc for the
-// single-rank shapes, the session for the sharded ones). With fp8_model two meshes of the matrix
-// break that and are rejected as input errors before the first step: dp_shard 8 leaves
-// 16 / 8 rows x 8 positions = 16 tokens per rank, and tp 4 cuts qkv [192, 64] into [48, 64]
-// shards. Those cases assert the rejection instead of a loss.
+// MXFP8 needs every GEMM operand in 32-element blocks along both dims (engine/config/config.cc for
+// the single-rank shapes, the session for the sharded ones). With fp8_model two meshes of the
+// matrix break that and are rejected as input errors before the first step: dp_shard 8 leaves 16 /
+// 8 rows x 8 positions = 16 tokens per rank, and tp 4 cuts qkv [192, 64] into [48, 64] shards.
+// Those cases assert the rejection instead of a loss.
 bool mxfp8_rejects(const MeshSpec& m) { return m.dp_replicate * m.dp_shard == 8 || m.tp == 4; }
 
 // The Llama-style FP8 model (docs/design.md section 24): 8 heads over 4 KV groups (KV % tp holds

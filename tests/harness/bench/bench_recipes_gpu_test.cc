@@ -4,10 +4,10 @@
 // the device too, and the record uses the device's table peak when it has one.
 #include <gtest/gtest.h>
 
-#include "engine/bench_recipes.h"
-#include "harness/bench_recipes_verb.h"
-#include "harness/runner.h"
-#include "kernels/device.h"
+#include "engine/bench/bench_recipes.h"
+#include "harness/run/runner.h"
+#include "harness/verbs/bench_recipes_verb.h"
+#include "kernels/core/device.h"
 #include "tests/gpu_test.h"
 
 namespace meshproof::harness {

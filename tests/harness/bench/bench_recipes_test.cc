@@ -1,7 +1,7 @@
 // `bench recipes`: parsing, the GEMM shapes derived from a model (every role's M, N, K), the
 // speedup arithmetic, the emulation labels, the record built from measurements (ceilings, peak
 // sources, MFU only on a GPU, labels in every writer) and one real tiny CPU measurement.
-#include "engine/bench_recipes.h"
+#include "engine/bench/bench_recipes.h"
 
 #include <gtest/gtest.h>
 
@@ -10,10 +10,10 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "harness/bench_recipes_verb.h"
-#include "kernels/error.h"
-#include "reports/perf_metrics.h"
-#include "reports/report_writers.h"
+#include "harness/verbs/bench_recipes_verb.h"
+#include "kernels/core/error.h"
+#include "reports/record/perf_metrics.h"
+#include "reports/writers/report_writers.h"
 
 namespace meshproof::harness {
 namespace {

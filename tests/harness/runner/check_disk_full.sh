@@ -4,7 +4,7 @@
 #  1. A checkpoint save that fails (the resume check's checkpoint folder cannot be created:
 #     checkpoint.dir under /proc) while the reports can be written: the run ends with exit 3 and
 #     all four reports, the resume check's error in them with the reason. (A checkpoint save that
-#     hits the size limit itself crashes in the HDF5 rank-file writer, engine/checkpoint.cc: a
+#     hits the size limit itself crashes in the HDF5 rank-file writer, engine/checkpoint/checkpoint.cc: a
 #     failed H5File::close is closed again by the destructor -- reported to its owner; this case
 #     is the report side of the contract.)
 #  2. 2 KiB: not even the reports fit: exit 3, the summary still prints, the last line says the

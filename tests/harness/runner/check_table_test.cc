@@ -1,7 +1,7 @@
-// The check table (harness/check_table.h): the rows in run and report order, which checks a
+// The check table (harness/checks/check_table.h): the rows in run and report order, which checks a
 // scenario enables (every combination of the five switches), the names fault rows claim them by,
 // what a check asks of the main run, and when a check is skipped rather than run.
-#include "harness/check_table.h"
+#include "harness/checks/check_table.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "harness/runner.h"
+#include "harness/run/runner.h"
 
 namespace meshproof::harness {
 namespace {

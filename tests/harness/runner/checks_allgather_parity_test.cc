@@ -1,10 +1,10 @@
-// The allgather_parity check (harness/checks.h check_allgather_parity): nothing compared is not
-// a pass; a failure names the first step and tensor, its bytes, scales and error.
+// The allgather_parity check (harness/checks/checks.h check_allgather_parity): nothing compared is
+// not a pass; a failure names the first step and tensor, its bytes, scales and error.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "harness/checks.h"
+#include "harness/checks/checks.h"
 #include "runner_test_builders.h"
 
 namespace meshproof::harness {

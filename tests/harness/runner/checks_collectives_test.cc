@@ -1,11 +1,12 @@
-// The collectives check (harness/checks.h check_collectives): the recorded parameter collectives
-// of each rank and step equal the plan's as multisets; a failure names the first difference.
+// The collectives check (harness/checks/checks.h check_collectives): the recorded parameter
+// collectives of each rank and step equal the plan's as multisets; a failure names the first
+// difference.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "harness/checks.h"
+#include "harness/checks/checks.h"
 
 namespace meshproof::harness {
 namespace {

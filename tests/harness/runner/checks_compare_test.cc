@@ -1,14 +1,15 @@
-// The run comparisons (harness/checks.h): ULP distances, the bitwise comparison (determinism,
-// same-mesh resume), the tolerance comparison (reference, cross-mesh resume) and the first
-// diverging traced tensor, judged against rtol or against a fault-free control's noise floors.
+// The run comparisons (harness/checks/checks.h): ULP distances, the bitwise comparison
+// (determinism, same-mesh resume), the tolerance comparison (reference, cross-mesh resume) and the
+// first diverging traced tensor, judged against rtol or against a fault-free control's noise
+// floors.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <limits>
 
-#include "harness/checks.h"
-#include "kernels/tensor.h"
+#include "harness/checks/checks.h"
+#include "kernels/core/tensor.h"
 #include "runner_test_builders.h"
 
 namespace meshproof::harness {

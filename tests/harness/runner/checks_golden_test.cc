@@ -1,13 +1,13 @@
-// The golden check (harness/checks.h check_golden): exact and tolerance modes, allowed failing
-// steps, per-metric evidence in fp32 ULP, the missing and stale golden messages.
+// The golden check (harness/checks/checks.h check_golden): exact and tolerance modes, allowed
+// failing steps, per-metric evidence in fp32 ULP, the missing and stale golden messages.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <limits>
 
-#include "harness/checks.h"
-#include "harness/golden.h"
+#include "harness/checks/checks.h"
+#include "harness/checks/golden.h"
 #include "runner_test_builders.h"
 
 namespace meshproof::harness {

@@ -1,4 +1,4 @@
-// The fault table (harness/scenario_faults.h): every row injects its fault into
+// The fault table (harness/scenario/scenario_faults.h): every row injects its fault into
 // engine::FaultInjection from its first step, claims only checks of the check table, is listed by
 // `meshproof faults` with its requirements and parameters, and has a library scenario that meets
 // its requirements and enables a check that catches it. Parameterised over the rows, so a failure
@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/fault_hooks.h"
-#include "engine/session.h"
-#include "harness/check_table.h"
-#include "harness/run_verb.h"
-#include "harness/scenario_faults.h"
-#include "harness/scenario_loader.h"
-#include "kernels/error.h"
+#include "engine/faults/fault_hooks.h"
+#include "engine/session/session.h"
+#include "harness/checks/check_table.h"
+#include "harness/scenario/scenario_faults.h"
+#include "harness/scenario/scenario_loader.h"
+#include "harness/verbs/run_verb.h"
+#include "kernels/core/error.h"
 #include "tests/source_dir.h"
 
 namespace meshproof::harness {
@@ -66,7 +66,7 @@ TEST_P(FaultTableRow, InjectsItsFaultFromItsFirstStep) {
   EXPECT_TRUE(f.active(2));
 }
 
-// The engine faults a FaultInjection switches on (engine/faults.h), one flag each.
+// The engine faults a FaultInjection switches on (engine/faults/faults.h), one flag each.
 std::array<bool, 37> switched_on(const engine::FaultInjection& f) {
   return {f.amax_not_reduced, f.tp_fsdp_left_to_right, f.fp8_state_dropped_from_checkpoint,
           f.scale_inv_saved_bf16, f.stale_columnwise_copy, f.data_cursor_not_restored,

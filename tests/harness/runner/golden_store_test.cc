@@ -1,5 +1,5 @@
-// The golden store (harness/golden.h): atomic round trips with provenance, concurrent writers,
-// errors that name the file, the mean relative shift, platform names.
+// The golden store (harness/checks/golden.h): atomic round trips with provenance, concurrent
+// writers, errors that name the file, the mean relative shift, platform names.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "harness/golden.h"
-#include "kernels/error.h"
+#include "harness/checks/golden.h"
+#include "kernels/core/error.h"
 #include "runner_test_builders.h"
 
 namespace meshproof::harness {

@@ -17,9 +17,9 @@
 #include <regex>
 #include <sstream>
 
-#include "harness/cli.h"
-#include "harness/exit_codes.h"
-#include "harness/golden.h"
+#include "harness/checks/golden.h"
+#include "harness/verbs/cli.h"
+#include "harness/verbs/exit_codes.h"
 #include "tests/harness/cli_run.h"
 #include "tests/source_dir.h"
 

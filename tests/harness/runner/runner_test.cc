@@ -1,7 +1,7 @@
-// The runner (harness/runner.h): backend resolution, the golden update command, the intended
+// The runner (harness/run/runner.h): backend resolution, the golden update command, the intended
 // checks and the expectation of a scenario, performance inputs, and run_scenario's live progress
 // over the checks' own runs.
-#include "harness/runner.h"
+#include "harness/run/runner.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 #include <sstream>
 #include <string>
 
-#include "kernels/error.h"
-#include "reports/report_writers.h"
+#include "kernels/core/error.h"
+#include "reports/writers/report_writers.h"
 #include "runner_test_builders.h"
 #include "sample_record.h"
 

@@ -7,11 +7,11 @@
 #include <utility>
 #include <vector>
 
-#include "engine/session.h"
-#include "harness/checks.h"
-#include "harness/golden.h"
-#include "kernels/tensor.h"
-#include "reports/run_record.h"
+#include "engine/session/session.h"
+#include "harness/checks/checks.h"
+#include "harness/checks/golden.h"
+#include "kernels/core/tensor.h"
+#include "reports/record/run_record.h"
 
 namespace meshproof::harness::test {
 

@@ -1,12 +1,12 @@
-// The scenario -> engine mapping (harness/train_run.h to_engine_config).
-#include "harness/train_run.h"
+// The scenario -> engine mapping (harness/run/train_run.h to_engine_config).
+#include "harness/run/train_run.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "engine/config.h"
-#include "harness/checks.h"
+#include "engine/config/config.h"
+#include "harness/checks/checks.h"
 #include "runner_test_builders.h"
 
 namespace meshproof::harness {

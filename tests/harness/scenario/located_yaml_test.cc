@@ -1,14 +1,14 @@
-// The located-YAML layer (harness/located_yaml.h) on its own: every value keeps the FILE:LINE:COL
-// (or --set) that wrote it through parsing, merging and overrides; strict typed reads name the
-// path and say what is wrong; did-you-mean suggests only close names.
-#include "harness/located_yaml.h"
+// The located-YAML layer (harness/scenario/located_yaml.h) on its own: every value keeps the
+// FILE:LINE:COL (or --set) that wrote it through parsing, merging and overrides; strict typed reads
+// name the path and say what is wrong; did-you-mean suggests only close names.
+#include "harness/scenario/located_yaml.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "kernels/error.h"
+#include "kernels/core/error.h"
 
 namespace meshproof::harness {
 namespace {

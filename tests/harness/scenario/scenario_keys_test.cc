@@ -1,7 +1,7 @@
-// The scenario key table (harness/scenario_keys.h): docs/scenarios.md lists exactly its keys with
-// its defaults; Scenario() and the loader agree on every default; every ranged or enumerated key
-// is read by the table (its range and names in the message); one recipe-name table.
-#include "harness/scenario_keys.h"
+// The scenario key table (harness/scenario/scenario_keys.h): docs/scenarios.md lists exactly its
+// keys with its defaults; Scenario() and the loader agree on every default; every ranged or
+// enumerated key is read by the table (its range and names in the message); one recipe-name table.
+#include "harness/scenario/scenario_keys.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/scenario_loader.h"
-#include "kernels/error.h"
+#include "harness/scenario/scenario_loader.h"
+#include "kernels/core/error.h"
 #include "tests/source_dir.h"
 
 namespace meshproof::harness {

@@ -1,7 +1,7 @@
 // Scenario schema and strict loader: exact error messages for every error class, --set
 // overrides, matrix expansion (names, counts, order), defaults, the canonical hash, the fault
 // catalog, the starter library and the `validate` verb.
-#include "harness/scenario_loader.h"
+#include "harness/scenario/scenario_loader.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -17,17 +17,17 @@
 #include <string>
 #include <vector>
 
-#include "engine/run_rules.h"
-#include "harness/check_table.h"
-#include "harness/cli.h"
-#include "harness/exit_codes.h"
-#include "harness/golden.h"
-#include "harness/scenario.h"
-#include "harness/scenario_faults.h"
-#include "harness/train_run.h"
-#include "harness/validate_verb.h"
-#include "kernels/error.h"
-#include "mesh/local_comm.h"
+#include "engine/config/run_rules.h"
+#include "harness/checks/check_table.h"
+#include "harness/checks/golden.h"
+#include "harness/run/train_run.h"
+#include "harness/scenario/scenario.h"
+#include "harness/scenario/scenario_faults.h"
+#include "harness/verbs/cli.h"
+#include "harness/verbs/exit_codes.h"
+#include "harness/verbs/validate_verb.h"
+#include "kernels/core/error.h"
+#include "mesh/local/local_comm.h"
 #include "tests/harness/cli_run.h"
 #include "tests/scoped_env.h"
 #include "tests/source_dir.h"

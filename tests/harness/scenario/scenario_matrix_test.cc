@@ -1,6 +1,6 @@
-// Matrix expansion (harness/scenario_matrix.h) on located YAML: labels, order (last key
+// Matrix expansion (harness/scenario/scenario_matrix.h) on located YAML: labels, order (last key
 // fastest), names, the overrides that win over the matrix, and the problems of a bad matrix.
-#include "harness/scenario_matrix.h"
+#include "harness/scenario/scenario_matrix.h"
 
 #include <gtest/gtest.h>
 

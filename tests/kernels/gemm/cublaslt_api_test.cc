@@ -1,16 +1,16 @@
-// cuBLASLt opened on first use (kernels/cublaslt_api.h): a process that never needs a GPU GEMM
+// cuBLASLt opened on first use (kernels/gemm/cublaslt_api.h): a process that never needs a GPU GEMM
 // never maps the library (it cost every process about 0.15 s of start-up when it was linked), and
 // the table holds every entry point of the toolkit the build compiled against. Needs no device.
 // Each test runs in a process of its own (gtest_discover_tests), so "first use" is this test's.
-#include "kernels/cublaslt_api.h"
+#include "kernels/gemm/cublaslt_api.h"
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
 
-#include "kernels/cublaslt_resources.h"
-#include "kernels/device.h"
+#include "kernels/core/device.h"
+#include "kernels/gemm/cublaslt_resources.h"
 
 namespace meshproof::kernels {
 namespace {

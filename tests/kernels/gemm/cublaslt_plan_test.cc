@@ -1,8 +1,8 @@
-// Label cpu: the host logic of the CUDA GEMM path (kernels/cublaslt_plan.h, cublaslt_layout.h,
+// Label cpu: the host logic of the CUDA GEMM path (kernels/gemm/cublaslt_plan.h, cublaslt_layout.h,
 // cublaslt_resources.h), proven without a device: the path decision for every recipe operand pair,
 // the algorithm-cache key and cache, alignment from a pointer, the heuristic failure message, the
 // per-stream resource table, and the scale layouts against independent constructions.
-#include "kernels/cublaslt_plan.h"
+#include "kernels/gemm/cublaslt_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -12,10 +12,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kernels/cublaslt_layout.h"
-#include "kernels/cublaslt_resources.h"
-#include "kernels/error.h"
-#include "kernels/quantize.h"
+#include "kernels/core/error.h"
+#include "kernels/gemm/cublaslt_layout.h"
+#include "kernels/gemm/cublaslt_resources.h"
+#include "kernels/quantize/quantize.h"
 
 namespace meshproof::kernels::lt {
 namespace {
@@ -355,8 +355,8 @@ TEST(CublasLtLayout, Swizzle128x4MatchesTileConstruction) {
 }
 
 // The same index function against the quantizer's own CPU MXFP8 swizzle
-// (kernels/quantize.h mxfp8_pad_scales + mxfp8_swizzle_scales, written independently), for the
-// rowwise copy: S[r, c] = scale[r, c].
+// (kernels/quantize/quantize.h mxfp8_pad_scales + mxfp8_swizzle_scales, written independently), for
+// the rowwise copy: S[r, c] = scale[r, c].
 TEST(CublasLtLayout, Swizzle128x4MatchesQuantizerMxfp8Swizzle) {
   const int64_t m = 160, k = 192;  // partial 128-row tile, partial 4-column tile (k/32 = 6)
   std::mt19937_64 rng(7);

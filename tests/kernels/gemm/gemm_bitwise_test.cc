@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/error.h"
-#include "kernels/gemm_internal.h"
-#include "kernels/runtime.h"
+#include "kernels/core/error.h"
+#include "kernels/core/runtime.h"
+#include "kernels/gemm/gemm_internal.h"
 #include "tests/kernels/gemm/gemm_oracle.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
 

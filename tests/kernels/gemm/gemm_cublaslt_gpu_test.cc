@@ -12,15 +12,15 @@
 #include <cmath>
 #include <random>
 
-#include "kernels/cublaslt_plan.h"
-#include "kernels/cublaslt_resources.h"
-#include "kernels/device.h"
-#include "kernels/device_reserve.h"
-#include "kernels/gemm.h"
-#include "kernels/gemm_internal.h"
-#include "kernels/nvfp4.h"
-#include "kernels/quantize.h"
-#include "kernels/runtime.h"
+#include "kernels/core/device.h"
+#include "kernels/core/device_reserve.h"
+#include "kernels/core/runtime.h"
+#include "kernels/gemm/cublaslt_plan.h"
+#include "kernels/gemm/cublaslt_resources.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_internal.h"
+#include "kernels/quantize/nvfp4.h"
+#include "kernels/quantize/quantize.h"
 #include "tests/gpu_test.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
 #if MESHPROOF_HAVE_CUDA

@@ -5,11 +5,11 @@
 #include <cmath>
 #include <random>
 
-#include "kernels/device.h"
-#include "kernels/gemm.h"
-#include "kernels/quantize.h"
+#include "kernels/core/device.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/quantize/quantize.h"
 #if MESHPROOF_HAVE_CUDA
-#include "kernels/gemm_cuda_kernels.h"
+#include "kernels/gemm/gemm_cuda_kernels.h"
 #endif
 #include "tests/gpu_test.h"
 #include "tests/kernels/gemm/gemm_test_util.h"

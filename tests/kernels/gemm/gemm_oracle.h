@@ -1,8 +1,8 @@
-// The CPU GEMM as it was before the packed kernels (main 39e0ea6, kernels/gemm.cc), kept verbatim
-// as the oracle: the packed GEMM must be BITWISE equal to it (docs/design.md section 21), and the
-// benchmarks measure their speed against it in the same run. Decode every operand to fp32 with
-// the per-element formats.h decoders and std::ldexp, transpose as a separate copy, then sum each
-// c[i][j] = +0 + a[i][0] b[0][j] + ... in k order with tiles of 4 x 64 accumulators.
+// The CPU GEMM as it was before the packed kernels (main 39e0ea6, kernels/gemm/gemm.cc), kept
+// verbatim as the oracle: the packed GEMM must be BITWISE equal to it (docs/design.md section 21),
+// and the benchmarks measure their speed against it in the same run. Decode every operand to fp32
+// with the per-element formats.h decoders and std::ldexp, transpose as a separate copy, then sum
+// each c[i][j] = +0 + a[i][0] b[0][j] + ... in k order with tiles of 4 x 64 accumulators.
 #pragma once
 
 #include <algorithm>
@@ -11,8 +11,8 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/formats.h"
-#include "kernels/gemm_internal.h"
+#include "kernels/core/formats.h"
+#include "kernels/gemm/gemm_internal.h"
 
 namespace meshproof::kernels::gemm_oracle {
 

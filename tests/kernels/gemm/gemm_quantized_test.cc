@@ -1,15 +1,15 @@
-// Contract between the quantizers (kernels/quantize.h, written independently) and the GEMMs: for
-// operands produced by quantize_*, every role's CPU GEMM must equal the fp64 product of the values
-// the quantizer's own dequantize() gives for the copies the role reads (fprop X.row W.row, dgrad
-// dY.row W.col, wgrad dY.col X.col). A disagreement on any layout (transposed copies, scale
-// shapes, 32x1 blocks, 128x128 blocks) fails here.
+// Contract between the quantizers (kernels/quantize/quantize.h, written independently) and the
+// GEMMs: for operands produced by quantize_*, every role's CPU GEMM must equal the fp64 product of
+// the values the quantizer's own dequantize() gives for the copies the role reads (fprop X.row
+// W.row, dgrad dY.row W.col, wgrad dY.col X.col). A disagreement on any layout (transposed copies,
+// scale shapes, 32x1 blocks, 128x128 blocks) fails here.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "kernels/gemm.h"
-#include "kernels/quantize.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/quantize/quantize.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
 
 namespace meshproof::kernels {

@@ -1,13 +1,13 @@
 // CPU GEMM reference vs an fp64 reference computed from the decoded operand values, for every
 // recipe and role; accumulate; output dtypes; error cases.
-#include "kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "kernels/error.h"
+#include "kernels/core/error.h"
 #include "tests/kernels/gemm/gemm_test_util.h"
 
 namespace meshproof::kernels {

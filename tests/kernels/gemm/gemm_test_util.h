@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm.h"
-#include "kernels/quantized_tensor.h"
-#include "kernels/tensor.h"
+#include "kernels/core/tensor.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/quantize/quantized_tensor.h"
 
 namespace meshproof::kernels::gemm_test {
 

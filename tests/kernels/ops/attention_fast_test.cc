@@ -1,4 +1,4 @@
-// The tiled CPU attention (kernels/attention.cc, docs/design.md section 21) against the
+// The tiled CPU attention (kernels/attention/attention.cc, docs/design.md section 21) against the
 // element-wise loops it replaced (attention_oracle.h): out, probs and dqkv bit for bit, through
 // both tile kernels (the AVX2 compilation and the portable one, chosen with
 // detail::set_cpu_gemm_kernel), in fp32, bf16 and fp64, on odd shapes (S and d not multiples of the
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/cast.h"
-#include "kernels/gemm_internal.h"
+#include "kernels/attention/attention.h"
+#include "kernels/gemm/gemm_internal.h"
+#include "kernels/ops/cast.h"
 #include "tests/kernels/ops/attention_oracle.h"
 
 namespace meshproof::kernels {

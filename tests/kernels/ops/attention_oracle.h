@@ -1,8 +1,8 @@
-// The CPU attention as it was before the tiled kernels (main ccb165d, kernels/attention.cc), kept
-// verbatim as the oracle: the tiled attention must be BITWISE equal to it (docs/design.md section
-// 21). Every sum in double, each in a fixed order: a score sums q[c] k[c] over c, the softmax sums
-// over keys j, an output element sums p[j] v[j][c] over j, and the backward's dv and dk sum over
-// the group's heads, then query rows; dq over keys.
+// The CPU attention as it was before the tiled kernels (main ccb165d,
+// kernels/attention/attention.cc), kept verbatim as the oracle: the tiled attention must be BITWISE
+// equal to it (docs/design.md section 21). Every sum in double, each in a fixed order: a score sums
+// q[c] k[c] over c, the softmax sums over keys j, an output element sums p[j] v[j][c] over j, and
+// the backward's dv and dk sum over the group's heads, then query rows; dq over keys.
 #pragma once
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 
 namespace meshproof::kernels::attention_oracle {
 

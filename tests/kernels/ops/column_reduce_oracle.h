@@ -1,4 +1,4 @@
-// The CUDA per-column reductions' fixed order (kernels/column_reduce.h) on the host: what the
+// The CUDA per-column reductions' fixed order (kernels/ops/column_reduce.h) on the host: what the
 // device must produce bit for bit, and the bound against the CPU reference's serial sums. Used by
 // the CPU test (column_reduce_test.cc) and the gpu test (ops_cuda_test.cc).
 #pragma once
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cast.h"
-#include "kernels/column_reduce.h"
-#include "kernels/dtype.h"
-#include "kernels/tensor.h"
+#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
+#include "kernels/ops/cast.h"
+#include "kernels/ops/column_reduce.h"
 
 namespace meshproof::kernels::column_oracle {
 

@@ -1,14 +1,14 @@
-// The CUDA per-column reductions' order (kernels/column_reduce.h), proven on the host: every row
-// is summed exactly once for any m (chunk and lane edges included), and the fixed-order result of
-// bias_grad and of the LayerNorm/RMSNorm weight gradients stays within column_reduce_bound of the
-// CPU reference (whose serial row sums it replaces on the device). The device's bits against this
-// same host order are checked in tests/kernels/ops_cuda/ops_cuda_test.cc (label gpu).
+// The CUDA per-column reductions' order (kernels/ops/column_reduce.h), proven on the host: every
+// row is summed exactly once for any m (chunk and lane edges included), and the fixed-order result
+// of bias_grad and of the LayerNorm/RMSNorm weight gradients stays within column_reduce_bound of
+// the CPU reference (whose serial row sums it replaces on the device). The device's bits against
+// this same host order are checked in tests/kernels/ops_cuda/ops_cuda_test.cc (label gpu).
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "kernels/elementwise.h"
-#include "kernels/layernorm.h"
+#include "kernels/ops/elementwise.h"
+#include "kernels/ops/layernorm.h"
 #include "tests/kernels/ops/column_reduce_oracle.h"
 
 namespace meshproof::kernels {

@@ -1,8 +1,8 @@
-// The tolerance of the fused attention (kernels/flash_attention.h, float32 arithmetic) against the
-// double reference (kernels/attention.h), derived per element from the inputs. No device
-// measurement exists (no GPU was available when it was written): the bound is derived, then
-// checked against the CPU model of the algorithm (flash_attention_test.cc, label cpu) and the
-// device kernels (ops_cuda_test.cc, label gpu).
+// The tolerance of the fused attention (kernels/attention/flash_attention.h, float32 arithmetic)
+// against the double reference (kernels/attention/attention.h), derived per element from the
+// inputs. No device measurement exists (no GPU was available when it was written): the bound is
+// derived, then checked against the CPU model of the algorithm (flash_attention_test.cc, label cpu)
+// and the device kernels (ops_cuda_test.cc, label gpu).
 //
 // Notation: u = 2^-24 (float32 unit roundoff), u_T the storage dtype's (2^-24 float32, 2^-8
 // bfloat16); q, k, v, dO are exact in both kernels (stored values). Row i, keys j <= i, N_i the
@@ -35,9 +35,9 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/dtype.h"
-#include "kernels/flash_attention.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/flash_attention.h"
+#include "kernels/core/dtype.h"
 
 namespace meshproof::kernels::flash_bound {
 

@@ -1,9 +1,10 @@
-// The fused attention's algorithm (kernels/flash_attention.h) on the CPU: the same tiles, online
-// rescaling and float32 arithmetic as the CUDA kernels, against the exact double reference
-// (kernels/attention.h) within the bound derived in flash_attention_bound.h, on shapes with S not
-// a multiple of the key tile, grouped-query heads and both key tiles (d <= 128: 32, else 16). The
-// device kernels get the same comparison in tests/kernels/ops_cuda/ops_cuda_test.cc (label gpu).
-#include "kernels/flash_attention.h"
+// The fused attention's algorithm (kernels/attention/flash_attention.h) on the CPU: the same tiles,
+// online rescaling and float32 arithmetic as the CUDA kernels, against the exact double reference
+// (kernels/attention/attention.h) within the bound derived in flash_attention_bound.h, on shapes
+// with S not a multiple of the key tile, grouped-query heads and both key tiles (d <= 128: 32, else
+// 16). The device kernels get the same comparison in tests/kernels/ops_cuda/ops_cuda_test.cc (label
+// gpu).
+#include "kernels/attention/flash_attention.h"
 
 #include <gtest/gtest.h>
 
@@ -11,9 +12,9 @@
 #include <random>
 #include <string>
 
-#include "kernels/attention.h"
-#include "kernels/cast.h"
-#include "kernels/error.h"
+#include "kernels/attention/attention.h"
+#include "kernels/core/error.h"
+#include "kernels/ops/cast.h"
 #include "tests/kernels/ops/flash_attention_bound.h"
 
 namespace meshproof::kernels {

@@ -1,10 +1,10 @@
-// The MoE kernels' CPU reference (kernels/moe_route.h, kernels/moe_rows.h, docs/design.md
+// The MoE kernels' CPU reference (kernels/moe/moe_route.h, kernels/moe/moe_rows.h, docs/design.md
 // section 37) against independent formulations: the router's row function against the stable
-// sort of the probabilities as engine/moe.cc computed it before (ties by value to the lower index,
-// with many ties), its backward against the per-token formula written with a separate dp vector,
-// the dispatch against std::stable_sort of the pairs by expert with the padded offsets, and the
-// permute / combine / combine backward / unpermute sum against plain loops. The CUDA kernels run
-// the same row functions; their comparison is OpsCuda.Moe* (label gpu).
+// sort of the probabilities as engine/moe/moe.cc computed it before (ties by value to the lower
+// index, with many ties), its backward against the per-token formula written with a separate dp
+// vector, the dispatch against std::stable_sort of the pairs by expert with the padded offsets, and
+// the permute / combine / combine backward / unpermute sum against plain loops. The CUDA kernels
+// run the same row functions; their comparison is OpsCuda.Moe* (label gpu).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,17 +15,17 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cast.h"
-#include "kernels/error.h"
-#include "kernels/moe_route.h"
-#include "kernels/moe_row.h"
-#include "kernels/moe_rows.h"
+#include "kernels/core/error.h"
+#include "kernels/moe/moe_route.h"
+#include "kernels/moe/moe_row.h"
+#include "kernels/moe/moe_rows.h"
+#include "kernels/ops/cast.h"
 #include "tests/kernels/ops/moe_logits.h"
 
 namespace meshproof::kernels {
 namespace {
 
-// The router as engine/moe.cc computed it before the row function existed (softmax over the
+// The router as engine/moe/moe.cc computed it before the row function existed (softmax over the
 // row's max, std::stable_sort of the indices by descending probability, the first k).
 void route_reference(const std::vector<double>& l, int64_t k, bool sigmoid, bool f64,
                      std::vector<double>& p, std::vector<int32_t>& ex, std::vector<double>& w) {
@@ -108,7 +108,7 @@ TEST(MoeRoute, CountsAndProbabilitySums) {
   EXPECT_EQ(s[1], 6.0);
 }
 
-// The backward written out with its own dp vector (the formula of engine/moe.h).
+// The backward written out with its own dp vector (the formula of engine/moe/moe.h).
 std::vector<double> route_backward_reference(const std::vector<double>& p,
                                              const std::vector<int32_t>& ex,
                                              const std::vector<double>& w,

@@ -10,16 +10,16 @@
 #include <random>
 #include <vector>
 
-#include "kernels/activation.h"
-#include "kernels/adamw.h"
-#include "kernels/attention.h"
-#include "kernels/cast.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/elementwise.h"
-#include "kernels/embedding.h"
-#include "kernels/layernorm.h"
-#include "kernels/markov.h"
-#include "kernels/philox.h"
+#include "kernels/attention/attention.h"
+#include "kernels/ops/activation.h"
+#include "kernels/ops/adamw.h"
+#include "kernels/ops/cast.h"
+#include "kernels/ops/cross_entropy.h"
+#include "kernels/ops/elementwise.h"
+#include "kernels/ops/embedding.h"
+#include "kernels/ops/layernorm.h"
+#include "kernels/random/markov.h"
+#include "kernels/random/philox.h"
 
 namespace meshproof::kernels {
 namespace {

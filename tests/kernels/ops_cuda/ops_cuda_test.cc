@@ -1,5 +1,5 @@
 // CUDA kernels of the model's op families against the CPU reference on random inputs, float32
-// and bfloat16. Bitwise where kernels/ops_cuda.h promises it (cast, bias add, residual, scale,
+// and bfloat16. Bitwise where kernels/ops/ops_cuda.h promises it (cast, bias add, residual, scale,
 // dropout, AdamW, bias/norm-weight gradients, embedding, relu, attention backward given the same
 // probabilities); otherwise within the stated bound: 1 ulp of the stored dtype plus a tiny
 // absolute slack for results that cancel (documented per test). Skips without a usable device.
@@ -10,22 +10,22 @@
 #include <random>
 #include <vector>
 
-#include "kernels/activation.h"
-#include "kernels/adamw.h"
-#include "kernels/attention.h"
-#include "kernels/cast.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/cuda_check.h"
-#include "kernels/device.h"
-#include "kernels/elementwise.h"
-#include "kernels/embedding.h"
-#include "kernels/error.h"
-#include "kernels/flash_attention.h"
-#include "kernels/layernorm.h"
-#include "kernels/markov.h"
-#include "kernels/moe_route.h"
-#include "kernels/moe_row.h"
-#include "kernels/moe_rows.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/flash_attention.h"
+#include "kernels/core/cuda_check.h"
+#include "kernels/core/device.h"
+#include "kernels/core/error.h"
+#include "kernels/moe/moe_route.h"
+#include "kernels/moe/moe_row.h"
+#include "kernels/moe/moe_rows.h"
+#include "kernels/ops/activation.h"
+#include "kernels/ops/adamw.h"
+#include "kernels/ops/cast.h"
+#include "kernels/ops/cross_entropy.h"
+#include "kernels/ops/elementwise.h"
+#include "kernels/ops/embedding.h"
+#include "kernels/ops/layernorm.h"
+#include "kernels/random/markov.h"
 #include "tests/gpu_test.h"
 #include "tests/kernels/ops/column_reduce_oracle.h"
 #include "tests/kernels/ops/flash_attention_bound.h"
@@ -134,7 +134,7 @@ TEST(OpsCuda, ElementwiseBitwise) {
   }
 }
 
-// bias_grad is a parallel per-column reduction (kernels/column_reduce.h): the device's bits are
+// bias_grad is a parallel per-column reduction (kernels/ops/column_reduce.h): the device's bits are
 // the host's fixed-order sum exactly, within column_reduce_bound of the CPU's serial sum (derived
 // in that header; no device measurement exists yet), and a rerun gives the same bits. 777 rows:
 // three full 256-row chunks and a partial one; 70 columns: a partial 32-column tile.
@@ -220,8 +220,8 @@ TEST(OpsCuda, LayerNormAndRmsNorm) {
     layernorm_backward(dy, x, w, mc, rc, dxc, dwc, dbc);
     layernorm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mc), on_gpu(rc), dxg, dwg, dbg);
     expect_close(dxc, dxg, kCancelSlack, "layernorm dx");
-    // dweight/dbias: the fixed-order column reductions (kernels/column_reduce.h), bit for bit the
-    // host's order, within its bound of the CPU, and bitwise on a rerun.
+    // dweight/dbias: the fixed-order column reductions (kernels/ops/column_reduce.h), bit for bit
+    // the host's order, within its bound of the CPU, and bitwise on a rerun.
     const std::vector<float> dw0v = dw0.to_vector<float>(), db0v = db0.to_vector<float>();
     const column_oracle::ColumnGrads fw = column_oracle::norm_grad(dy, x, &mc, rc, dw0v, 0);
     const column_oracle::ColumnGrads fb = column_oracle::norm_grad(dy, x, &mc, rc, db0v, 1);
@@ -278,10 +278,11 @@ TEST(OpsCuda, Attention) {
   }
 }
 
-// The fused attention (kernels/flash_attention.cu) against the exact reference (the CPU kernel)
-// within the bound derived in tests/kernels/ops/flash_attention_bound.h (no device measurement
-// existed when it was written), on S not a multiple of the key tile, grouped-query heads, both
-// key tiles and a sequence of several query blocks; a rerun gives the same bits (no atomics).
+// The fused attention (kernels/attention/flash_attention.cu) against the exact reference (the CPU
+// kernel) within the bound derived in tests/kernels/ops/flash_attention_bound.h (no device
+// measurement existed when it was written), on S not a multiple of the key tile, grouped-query
+// heads, both key tiles and a sequence of several query blocks; a rerun gives the same bits (no
+// atomics).
 TEST(OpsCuda, FlashAttentionWithinTheDerivedBound) {
   MP_SKIP_WITHOUT_GPU();
   const AttentionShape shapes[] = {
@@ -392,7 +393,7 @@ TEST(OpsCuda, EmbeddingBitwise) {
   }
 }
 
-// The copies one call makes on this thread's rank context (the counter of kernels/runtime.h).
+// The copies one call makes on this thread's rank context (the counter of kernels/core/runtime.h).
 template <typename F>
 CopyCounts copies_of(F&& f) {
   CopyCounter counter;
@@ -645,7 +646,7 @@ std::vector<float> moe_logits(int64_t n, uint32_t seed) {
 // The router on the device runs the host's row function: the choices equal the CPU's (ties to
 // the lower index included) and the router moves nothing across PCIe. The probabilities and
 // weights use the device's double exp (CUDA's, within 1 ulp of double, against glibc's 0.51 ulp;
-// kernels/moe_row.h), so they are not guaranteed bitwise: the float-rounded probability can
+// kernels/moe/moe_row.h), so they are not guaranteed bitwise: the float-rounded probability can
 // differ by 1 float ulp where the double lands within an ulp or two of a rounding boundary
 // (of the order of 2^-27 of the elements, estimated), and a weight p / S by 2 ulps (its own
 // rounding plus one ulp of p or S). The number of differing bits is recorded.

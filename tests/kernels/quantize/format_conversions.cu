@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "kernels/cuda_check.h"
+#include "kernels/core/cuda_check.h"
 #include "tests/kernels/quantize/format_conversions.h"
 
 namespace meshproof::kernels::fmt8 {

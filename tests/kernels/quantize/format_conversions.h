@@ -1,12 +1,12 @@
-// Every conversion of kernels/formats.h behind one host+device dispatch on raw bits, so the device
-// test runs exactly the code the host runs and compares the bits (formats_gpu_test.cc).
+// Every conversion of kernels/core/formats.h behind one host+device dispatch on raw bits, so
+// the device test runs exactly the code the host runs and compares the bits (formats_gpu_test.cc).
 // Included by format_conversions.cu (nvcc, C++17) and the gtest file (C++20).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "kernels/formats.h"
+#include "kernels/core/formats.h"
 
 namespace meshproof::kernels::fmt8 {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/formats.h"
+#include "kernels/core/formats.h"
 
 namespace meshproof::kernels::fmt8 {
 

@@ -1,5 +1,5 @@
-// kernels/formats.h on the device: every conversion (fp32 -> e4m3/e5m2/e2m1/fp16/bf16/e8m0 and
-// back, e8m0 reciprocal) runs in a CUDA kernel over the same probes and code tables as the host
+// kernels/core/formats.h on the device: every conversion (fp32 -> e4m3/e5m2/e2m1/fp16/bf16/e8m0
+// and back, e8m0 reciprocal) runs in a CUDA kernel over the same probes and code tables as the host
 // tests (format_probes.h) and must give the host's bits exactly, NaN payloads and signed zeros
 // included. The host conversions are checked against an fp64 model in formats_test.cc; this test
 // closes the gap between host and device compilation (FTZ, contraction, intrinsics). Skips with
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/device.h"
+#include "kernels/core/device.h"
 #include "tests/gpu_test.h"
 #include "tests/kernels/quantize/format_conversions.h"
 #include "tests/kernels/quantize/format_probes.h"

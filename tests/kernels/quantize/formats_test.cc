@@ -1,8 +1,8 @@
-// Exhaustive tests of kernels/formats.h against an independent fp64 model of each format: every
-// code is decoded with the textbook formula in double, and every float->format conversion is
+// Exhaustive tests of kernels/core/formats.h against an independent fp64 model of each format:
+// every code is decoded with the textbook formula in double, and every float->format conversion is
 // compared with "nearest representable value (from the enumerated code table), ties to the even
 // code, then the format's overflow rule", which shares no code with the bit-level encoder.
-#include "kernels/formats.h"
+#include "kernels/core/formats.h"
 
 #include <gtest/gtest.h>
 

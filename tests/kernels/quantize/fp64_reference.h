@@ -1,7 +1,7 @@
 // Independent fp64 models of the fp8 formats and of each recipe's scale rule, for the quantizer
-// tests. Nothing here calls kernels/formats.h or kernels/quantize_rules.h: element casts use the
-// "nearest value in the enumerated code table, ties to the even code, saturate" definition, and
-// scale rules are re-derived in double from docs/design.md section 4.
+// tests. Nothing here calls kernels/core/formats.h or kernels/quantize/quantize_rules.h:
+// element casts use the "nearest value in the enumerated code table, ties to the even code,
+// saturate" definition, and scale rules are re-derived in double from docs/design.md section 4.
 #pragma once
 
 #include <algorithm>

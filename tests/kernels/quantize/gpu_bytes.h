@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/device.h"
-#include "kernels/tensor.h"
+#include "kernels/core/device.h"
+#include "kernels/core/tensor.h"
 #include "tests/gpu_test.h"
 
 namespace meshproof::kernels::testing {

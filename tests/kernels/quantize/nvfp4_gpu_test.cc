@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "gpu_bytes.h"
-#include "kernels/device.h"
-#include "kernels/formats.h"
-#include "kernels/nvfp4.h"
-#include "kernels/runtime.h"
+#include "kernels/core/device.h"
+#include "kernels/core/formats.h"
+#include "kernels/core/runtime.h"
+#include "kernels/quantize/nvfp4.h"
 
 namespace meshproof::kernels {
 namespace {

@@ -1,10 +1,10 @@
-// NVFP4 (kernels/nvfp4.h, docs/design.md section 25) on the CPU: the E2M1 cast on every code, tie
-// and signed zero; the two-level scale rules at their edges; layouts and nibble order; the RHT's
-// orthogonality and the wgrad product identity; stochastic rounding unbiased and reproducible,
-// and mesh-independent (a shard quantized with its offsets equals that part of the whole).
-// The byte-for-byte check of whole tensors against an independent implementation is the numpy
-// test (nvfp4_verb_test.py).
-#include "kernels/nvfp4.h"
+// NVFP4 (kernels/quantize/nvfp4.h, docs/design.md section 25) on the CPU: the E2M1 cast on every
+// code, tie and signed zero; the two-level scale rules at their edges; layouts and nibble order;
+// the RHT's orthogonality and the wgrad product identity; stochastic rounding unbiased and
+// reproducible, and mesh-independent (a shard quantized with its offsets equals that part of the
+// whole). The byte-for-byte check of whole tensors against an independent implementation is the
+// numpy test (nvfp4_verb_test.py).
+#include "kernels/quantize/nvfp4.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -16,11 +16,11 @@
 #include <random>
 #include <vector>
 
-#include "kernels/error.h"
-#include "kernels/formats.h"
-#include "kernels/gemm.h"
-#include "kernels/nvfp4_rules.h"
-#include "kernels/quantize.h"
+#include "kernels/core/error.h"
+#include "kernels/core/formats.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/quantize/nvfp4_rules.h"
+#include "kernels/quantize/quantize.h"
 
 namespace meshproof::kernels {
 namespace {
@@ -296,7 +296,7 @@ TEST(Nvfp4Rht, WgradProductIsUnchanged) {
 
 // A NaN transform output (a NaN input, or +inf and -inf in one group) is stored as 0x7FC00000
 // whatever the inputs' NaN payloads and signs: x86 and a GPU make different NaN bits, and the
-// columnwise amax is a max over these bits (kernels/nvfp4_rules.h, rht16).
+// columnwise amax is a max over these bits (kernels/quantize/nvfp4_rules.h, rht16).
 TEST(Nvfp4Rht, NanOutputsHaveOneBitPattern) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> g(16, 0.5f);

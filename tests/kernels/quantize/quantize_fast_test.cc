@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/formats.h"
-#include "kernels/quantize.h"
-#include "kernels/quantize_internal.h"
+#include "kernels/core/formats.h"
+#include "kernels/quantize/quantize.h"
+#include "kernels/quantize/quantize_internal.h"
 #include "tests/kernels/quantize/quantize_oracle.h"
 
 namespace meshproof::kernels {

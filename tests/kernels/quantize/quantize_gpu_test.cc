@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "gpu_bytes.h"
-#include "kernels/device.h"
-#include "kernels/formats.h"
-#include "kernels/quantize.h"
+#include "kernels/core/device.h"
+#include "kernels/core/formats.h"
+#include "kernels/quantize/quantize.h"
 
 namespace meshproof::kernels {
 namespace {

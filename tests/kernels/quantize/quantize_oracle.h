@@ -1,14 +1,15 @@
-// The CPU quantizers as they were before vectorisation (main 39e0ea6, kernels/quantize.cc): the
-// element-wise rules:: loops, kept as the oracle that the vectorised quantizers must equal byte
-// for byte (docs/design.md section 21) and as the benchmarks' same-run baseline. CPU only; the
-// input checks are the library's (the oracle is only called on valid inputs).
+// The CPU quantizers as they were before vectorisation (main 39e0ea6,
+// kernels/quantize/quantize.cc): the element-wise rules:: loops, kept as the oracle that the
+// vectorised quantizers must equal byte for byte (docs/design.md section 21) and as the benchmarks'
+// same-run baseline. CPU only; the input checks are the library's (the oracle is only called on
+// valid inputs).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/quantize.h"
-#include "kernels/quantize_rules.h"
+#include "kernels/quantize/quantize.h"
+#include "kernels/quantize/quantize_rules.h"
 
 namespace meshproof::kernels::quantize_oracle {
 

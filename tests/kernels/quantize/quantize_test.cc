@@ -2,7 +2,7 @@
 // (fp64_reference.h), plus invariants: decode error bounds, scale rules at the edges, layouts,
 // MXFP8 padding/swizzle. Data: random, adversarial (zeros, huge, NaN/inf, subnormal-range blocks,
 // one outlier per block) and awkward shapes.
-#include "kernels/quantize.h"
+#include "kernels/quantize/quantize.h"
 
 #include <gtest/gtest.h>
 
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/formats.h"
-#include "kernels/quantize_rules.h"
+#include "kernels/core/formats.h"
+#include "kernels/quantize/quantize_rules.h"
 #include "tests/kernels/quantize/fp64_reference.h"
 
 namespace meshproof::kernels {
@@ -235,11 +235,12 @@ TEST(QuantizeTest, PerTensorWithNonFiniteInputsAndGivenScale) {
   }
 }
 
-// The NaN rules shared with the CUDA kernels (kernels/quantize_rules.h): what a NaN encodes to and
-// dequantizes to is stated, not left to the hardware (x86 keeps the NaN operand of a multiply, a
-// GPU makes its canonical 0x7FFFFFFF), so both backends give the same bytes. An MXFP8 block with a
-// -NaN: the element keeps its sign (0xFF), its finite neighbours meet the block's NaN scale and
-// encode as +NaN; dequantized, the element is its code's NaN and the neighbours the scale's.
+// The NaN rules shared with the CUDA kernels (kernels/quantize/quantize_rules.h): what a NaN
+// encodes to and dequantizes to is stated, not left to the hardware (x86 keeps the NaN operand of a
+// multiply, a GPU makes its canonical 0x7FFFFFFF), so both backends give the same bytes. An MXFP8
+// block with a -NaN: the element keeps its sign (0xFF), its finite neighbours meet the block's NaN
+// scale and encode as +NaN; dequantized, the element is its code's NaN and the neighbours the
+// scale's.
 TEST(QuantizeTest, NanRulesAreExplicitAndMatchTheCpuQuantizers) {
   const float neg_nan = fmt8::bits_float(0xFFC00123u);  // sign and payload set
   const float pos_nan = fmt8::bits_float(0x7FC00000u);

@@ -1,8 +1,0 @@
-// The meshproof executable: everything is in harness::run_cli so tests can drive it in-process.
-#include <iostream>
-
-#include "harness/cli.h"
-
-int main(int argc, char** argv) {
-  return meshproof::harness::run_cli(argc, argv, std::cout, std::cerr);
-}
