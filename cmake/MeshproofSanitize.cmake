@@ -36,8 +36,11 @@ message(STATUS "meshproof: sanitizers on (${_flags})")
 # CMakeLists.txt once the library directories exist).
 function(meshproof_fuzz_instrument)
   foreach(src ${ARGN})
-    get_filename_component(dir ${src} DIRECTORY)
-    set_property(SOURCE ${src} DIRECTORY ${dir} APPEND PROPERTY COMPILE_OPTIONS
-                 -fsanitize=fuzzer-no-link)
+    # A source property is scoped to the directory whose CMakeLists.txt adds the source to its
+    # target: the layer folder (harness/, engine/), not the concern folder the file sits in.
+    file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR} ${src})
+    string(REGEX REPLACE "/.*" "" layer ${rel})
+    set_property(SOURCE ${src} DIRECTORY ${PROJECT_SOURCE_DIR}/${layer} APPEND PROPERTY
+                 COMPILE_OPTIONS -fsanitize=fuzzer-no-link)
   endforeach()
 endfunction()

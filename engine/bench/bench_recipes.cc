@@ -1,122 +1,44 @@
 // `bench recipes` (docs/design.md section 26): per recipe, the GEMMs of a layer in their three
 // roles against BF16, the quantize time, the grouped expert GEMMs, one layer's step and the
-// convergence curve.
-// Over 600 lines on purpose: one file per op family (the recipe benchmark); the recipe table, the
-// per-role operand construction, the grouped expert sets and the layer runs share the timing,
-// L2-rotation and quantization helpers defined here.
+// convergence curve. This file holds the recipe bench's table of recipes (the GEMM dtype and
+// emulation labels, from the path decision) and run_recipe_bench, which runs every measurement in
+// order and assembles the report; the measurements themselves are bench_gemms.cc (one linear's
+// GEMMs and quantizations), bench_grouped.cc (the grouped expert GEMMs) and bench_steps.cc (the
+// layer step and the training runs), sharing the timing, rotation and quantization helpers of
+// engine/bench/bench_recipes_internal.h.
 #include "engine/bench/bench_recipes.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
-#include <cmath>
-#include <random>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
-#include "engine/model/model.h"
+#include "engine/bench/bench_recipes_internal.h"
+#include "engine/config/config.h"
 #include "engine/model/params.h"
-#include "engine/model/recipe.h"
-#include "engine/moe/moe.h"
-#include "engine/session/session.h"
 #include "kernels/core/bench_timer.h"
 #include "kernels/core/device.h"
 #include "kernels/core/error.h"
+#include "kernels/core/tensor.h"
 #include "kernels/gemm/cublaslt_plan.h"
 #include "kernels/gemm/cublaslt_resources.h"
-#include "kernels/ops/cast.h"
-#include "kernels/quantize/quantize.h"
+#include "kernels/gemm/gemm.h"
 
 namespace meshproof::engine {
 
 using kernels::Device;
 using kernels::DType;
 using kernels::GemmRole;
-using kernels::QuantizedTensor;
 using kernels::ScalingMode;
 using kernels::Tensor;
+using namespace bench_detail;  // NOLINT(google-build-using-namespace): the recipe bench's helpers
 
 namespace {
-
-double median_of(std::vector<double> v) {
-  MP_CHECK(!v.empty(), "median of no samples");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Seconds of body(i) over `iters` timed calls after `warmup` untimed ones: the median, with the
-// fastest and slowest call (the noise of the figure). i counts all calls, so bodies that index a
-// rotation pool by i never reuse the previous call's buffers. Fills m's times (not bytes/flops).
-template <typename F>
-void time_into(Measurement& m, Device device, int warmup, int iters, F&& body) {
-  kernels::DeviceTimer timer(device);
-  for (int i = 0; i < warmup; ++i) body(i);
-  kernels::synchronize_current();
-  std::vector<double> samples;
-  samples.reserve(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    timer.start();
-    body(warmup + i);
-    samples.push_back(timer.stop());
-  }
-  MP_CHECK(!samples.empty(), "timing of no samples");
-  const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end());
-  m.min_seconds = *lo;
-  m.max_seconds = *hi;
-  m.samples = samples;
-  m.seconds = median_of(std::move(samples));
-}
-
-// Buffers to rotate over so that one pass over the pool is at least twice the cache: the cache
-// then holds at most half of what the next iteration reads. Capped at 64 (small shapes on big
-// caches: the cap keeps memory and setup bounded; those figures stay partly cache-resident).
-int rotation_count(int64_t bytes_per_set, int64_t cache_bytes) {
-  const int64_t per = std::max<int64_t>(bytes_per_set, 1);
-  return static_cast<int>(std::clamp<int64_t>((2 * cache_bytes + per - 1) / per, 1, 64));
-}
-
-// Unit-variance bench values, deterministic per seed: each is the sum of four 16-bit uniforms of
-// one splitmix64 output (Steele, Lea, Flood 2014; Irwin-Hall, centred and scaled: bell-shaped,
-// bounded at +-2*sqrt(3)). The benchmark times kernels whose cost does not depend on the values;
-// it needs many large, distinct, finite inputs quickly. The mt19937 + std::normal_distribution
-// this replaced took 75% of a one-repetition run (`bench recipes --model llama3_debug --iters 1`
-// on the CPU, 2026-11-29): the inputs rotated beyond the last-level cache are hundreds of MiB at
-// a real model's shapes.
-class BenchValues {
- public:
-  explicit BenchValues(uint32_t seed) : state_(0x9E3779B97F4A7C15ull * (uint64_t{seed} + 1)) {}
-  float next() {
-    state_ += 0x9E3779B97F4A7C15ull;
-    uint64_t z = state_;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const int64_t sum = static_cast<int64_t>((z & 0xFFFF) + ((z >> 16) & 0xFFFF) +
-                                             ((z >> 32) & 0xFFFF) + (z >> 48));
-    return static_cast<float>(sum - 2 * 65535) * kScale;
-  }
-
- private:
-  // The centred sum has variance 4 * (65536^2 - 1) / 12: this scale makes it 1 (to 1e-10).
-  static constexpr float kScale = 1.7320508075688772f / 65536.0f;
-  uint64_t state_;
-};
-
-// Bench values of `dtype` (float32 or bfloat16, RNE) on `device`.
-Tensor random_tensor(int64_t rows, int64_t cols, DType dtype, Device device, uint32_t seed) {
-  Tensor t = Tensor::from_vector<float>({rows, cols}, bench_values(rows * cols, seed));
-  if (dtype != DType::kFloat32) t = kernels::cast_to(t, dtype);
-  return t.on(device);
-}
-
-int64_t quantized_bytes(const QuantizedTensor& q) {
-  int64_t b = 0;
-  for (const Tensor* t : {&q.rowwise_data, &q.rowwise_scale_inv, &q.columnwise_data,
-                          &q.columnwise_scale_inv, &q.amax, &q.scale}) {
-    if (t->defined()) b += t->nbytes().value;
-  }
-  return b;
-}
 
 // The recipe bench's view of each recipe: a new recipe of engine/config/config.h kRecipeNames is
 // one row. Whether its GEMMs are native or emulated on a device, and why, is
@@ -157,118 +79,6 @@ int device_cc(Device device) {
   return 0;
 }
 
-RecipeConfig recipe_config(RecipeKind r) {
-  RecipeConfig c;
-  c.kind = r;
-  c.amax_history_len = 16;  // the history length does not change a quantization's cost
-  return c;
-}
-
-const Fp8Recipe::AmaxHook kSingleRank = [](const std::string&, Fp8Role, float*, int64_t) {
-};  // one rank: no reduction
-
-// Operand of a linear's GEMMs: x [tokens, in], w [out, in], dy [tokens, out].
-struct OperandSpec {
-  const char* name;
-  Fp8Role role;
-};
-constexpr OperandSpec kX{"x", Fp8Role::kInput};
-constexpr OperandSpec kW{"w", Fp8Role::kWeight};
-constexpr OperandSpec kDy{"dy", Fp8Role::kGradOutput};
-
-// Quantizing one operand of linear shape s into one copy, from bf16, timed over a rotation pool.
-QuantizeFigure measure_quantize(RecipeKind r, const GemmShape& s, const OperandSpec& op,
-                                bool columnwise, const RecipeBenchOptions& o, int64_t cache) {
-  QuantizeFigure f;
-  f.operand = op.name;
-  f.columnwise = columnwise;
-  f.rows = op.role == Fp8Role::kWeight ? s.n : s.m;
-  f.cols = op.role == Fp8Role::kGradOutput ? s.n : s.k;
-  const int64_t n = f.rows * f.cols;
-  const int64_t in_bytes = n * 2;
-  // Output size estimate for the rotation count only: one 1-byte copy.
-  const int pool = rotation_count(in_bytes + n, cache);
-  std::vector<Tensor> inputs;
-  for (int i = 0; i < pool; ++i) {
-    inputs.push_back(random_tensor(f.rows, f.cols, DType::kBFloat16, o.device, 100 + i));
-  }
-  Fp8Recipe recipe(recipe_config(r), kSingleRank);
-  int64_t out_bytes = 0;
-  time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
-    QuantizedTensor q = recipe.quantize("bench", op.role, inputs[static_cast<size_t>(i % pool)],
-                                        {!columnwise, columnwise});
-    out_bytes = quantized_bytes(q);
-  });
-  // Per-tensor recipes pass over the input twice (amax, then the cast); block recipes once.
-  const bool per_tensor = r == RecipeKind::kDelayed || r == RecipeKind::kCurrent;
-  f.m.bytes = static_cast<double>((per_tensor ? 2 : 1) * in_bytes + out_bytes);
-  return f;
-}
-
-// One rotation set of a linear's GEMM operands in the recipe's form.
-struct GemmSet {
-  Tensor x, w, dy;              // compute dtype [M,K], [N,K], [M,N]
-  QuantizedTensor qx, qw, qdy;  // both copies each (FP8 recipes only)
-  Tensor y, dx, dw;             // outputs [M,N] and [M,K] in the compute dtype, [N,K] fp32
-};
-
-// The recipe's GEMM in each of `roles` at linear shape s.
-std::vector<Measurement> measure_gemms(RecipeKind r, const GemmShape& s,
-                                       const std::vector<GemmRole>& roles,
-                                       const RecipeBenchOptions& o, int64_t cache) {
-  const DType dt = r == RecipeKind::kFp32 ? DType::kFloat32 : DType::kBFloat16;
-  const int64_t es = r == RecipeKind::kFp32 ? 4 : 2;
-  const int64_t set_bytes = es * (s.m * s.k + s.n * s.k + s.m * s.n) * 2 + 4 * s.n * s.k;
-  const int pool = rotation_count(set_bytes, cache);
-  Fp8Recipe recipe(recipe_config(r), kSingleRank);
-  std::vector<GemmSet> sets(static_cast<size_t>(pool));
-  // Columnwise copies only when a dgrad or wgrad reads them: an fprop-only set (the M sweep)
-  // quantizes rowwise copies only, as columnwise MXFP8 blocks need M % 32 == 0, which a small M
-  // of the sweep may not meet.
-  const bool need_col = std::any_of(roles.begin(), roles.end(),
-                                    [](GemmRole role) { return role != GemmRole::kFprop; });
-  for (int i = 0; i < pool; ++i) {
-    GemmSet& g = sets[static_cast<size_t>(i)];
-    g.x = random_tensor(s.m, s.k, dt, o.device, 1000 + 3 * i);
-    g.w = random_tensor(s.n, s.k, dt, o.device, 1001 + 3 * i);
-    g.dy = random_tensor(s.m, s.n, dt, o.device, 1002 + 3 * i);
-    if (recipe.enabled()) {
-      g.qx = recipe.quantize("bench", Fp8Role::kInput, g.x, {true, need_col});
-      g.qw = recipe.quantize("bench", Fp8Role::kWeight, g.w, {true, need_col});
-      g.qdy = recipe.quantize("bench", Fp8Role::kGradOutput, g.dy, {true, need_col});
-    }
-    g.y = Tensor::empty({s.m, s.n}, dt, o.device);
-    g.dx = Tensor::empty({s.m, s.k}, dt, o.device);
-    g.dw = Tensor::empty({s.n, s.k}, DType::kFloat32, o.device);
-  }
-  auto operand = [&](const Tensor& t, const QuantizedTensor& q) -> kernels::GemmOperand {
-    if (recipe.enabled()) return &q;
-    return &t;
-  };
-  std::vector<Measurement> out;
-  for (GemmRole role : roles) {
-    Measurement m;
-    m.flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
-    const kernels::GemmOptions opts = recipe.options(role);
-    time_into(m, o.device, o.warmup, o.iters, [&](int i) {
-      GemmSet& g = sets[static_cast<size_t>(i % pool)];
-      switch (role) {
-        case GemmRole::kFprop:
-          kernels::gemm_fprop(operand(g.x, g.qx), operand(g.w, g.qw), g.y, opts);
-          break;
-        case GemmRole::kDgrad:
-          kernels::gemm_dgrad(operand(g.dy, g.qdy), operand(g.w, g.qw), g.dx, opts);
-          break;
-        case GemmRole::kWgrad:
-          kernels::gemm_wgrad(operand(g.dy, g.qdy), operand(g.x, g.qx), g.dw, opts);
-          break;
-      }
-    });
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
 // The quantizations each role reads (kernels/gemm/gemm.h): operand and whether the columnwise copy.
 std::vector<std::pair<OperandSpec, bool>> role_quantizations(GemmRole role) {
   switch (role) {
@@ -280,164 +90,6 @@ std::vector<std::pair<OperandSpec, bool>> role_quantizations(GemmRole role) {
       return {{kDy, true}, {kX, true}};
   }
   return {};
-}
-
-const std::vector<GemmRole> kAllRoles = {GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWgrad};
-
-// Bench-value rows of each expert's block ([padded_rows, cols] of `dtype` on `device`), zero in
-// the padding rows as the engine's dispatch leaves them.
-Tensor random_blocks(const GroupedSplit& g, int64_t cols, DType dtype, Device device,
-                     uint32_t seed) {
-  BenchValues values(seed);
-  std::vector<float> v(static_cast<size_t>(g.padded_rows() * cols), 0.0f);
-  int64_t row = 0;
-  for (size_t e = 0; e < g.rows.size(); ++e) {
-    for (int64_t i = 0; i < g.rows[e] * cols; ++i)
-      v[static_cast<size_t>(row * cols + i)] = values.next();
-    row += g.padded[e];
-  }
-  Tensor t = Tensor::from_vector<float>({g.padded_rows(), cols}, v);
-  if (dtype != DType::kFloat32) t = kernels::cast_to(t, dtype);
-  return t.on(device);
-}
-
-// First row of each expert's block.
-std::vector<int64_t> block_offsets(const GroupedSplit& g) {
-  std::vector<int64_t> off(g.padded.size() + 1, 0);
-  for (size_t e = 0; e < g.padded.size(); ++e) off[e + 1] = off[e] + g.padded[e];
-  return off;
-}
-
-// Quantizations of a grouped operand per expert name ("bench.expert<e>"); experts with an empty
-// block (fp32 / bf16 only: quantized recipes pad an empty expert to one block) are skipped.
-std::string expert_name(size_t e) { return fmt::format("bench.expert{}", e); }
-
-// One rotation set of the grouped GEMM: X [P, K] and dY [P, N] with the experts' blocks as rows,
-// one W [N, K] per expert, their per-expert quantized copies and the outputs.
-struct GroupedSet {
-  Tensor x, dy;
-  std::vector<Tensor> w;
-  std::vector<QuantizedTensor> qx, qw, qdy;  // per expert (quantized recipes)
-  Tensor y, dx;                              // [P, N], [P, K]
-  std::vector<Tensor> dw;                    // per expert [N, K] fp32
-};
-
-// The recipe's grouped GEMM in each of the three roles over split g at linear (out n, in k): one
-// GEMM per expert block in expert order on row views, as GptModel::moe_forward / moe_backward run
-// it.
-std::vector<Measurement> measure_grouped_gemms(RecipeKind r, const GroupedSplit& g, int64_t n,
-                                               int64_t k, const RecipeBenchOptions& o,
-                                               int64_t cache) {
-  const DType dt = r == RecipeKind::kFp32 ? DType::kFloat32 : DType::kBFloat16;
-  const int64_t es = r == RecipeKind::kFp32 ? 4 : 2;
-  const int64_t p = g.padded_rows(), experts = static_cast<int64_t>(g.rows.size());
-  const int64_t set_bytes = es * (p * k + experts * n * k + p * n) * 2 + 4 * experts * n * k;
-  const int pool = rotation_count(set_bytes, cache);
-  const std::vector<int64_t> off = block_offsets(g);
-  Fp8Recipe recipe(recipe_config(r), kSingleRank);
-  std::vector<GroupedSet> sets(static_cast<size_t>(pool));
-  for (int i = 0; i < pool; ++i) {
-    GroupedSet& s = sets[static_cast<size_t>(i)];
-    const auto seed = static_cast<uint32_t>(5000 + 16 * i);
-    s.x = random_blocks(g, k, dt, o.device, seed);
-    s.dy = random_blocks(g, n, dt, o.device, seed + 1);
-    for (size_t e = 0; e < g.rows.size(); ++e) {
-      s.w.push_back(random_tensor(n, k, dt, o.device, seed + 2 + static_cast<uint32_t>(e)));
-      s.dw.push_back(Tensor::empty({n, k}, DType::kFloat32, o.device));
-      if (recipe.enabled()) {
-        const kernels::Usage both{true, true};
-        const std::string name = expert_name(e);
-        s.qx.push_back(
-            recipe.quantize(name, Fp8Role::kInput, s.x.slice_rows(off[e], off[e + 1]), both));
-        s.qw.push_back(recipe.quantize(name, Fp8Role::kWeight, s.w.back(), both));
-        s.qdy.push_back(
-            recipe.quantize(name, Fp8Role::kGradOutput, s.dy.slice_rows(off[e], off[e + 1]), both));
-      }
-    }
-    s.y = Tensor::empty({p, n}, dt, o.device);
-    s.dx = Tensor::empty({p, k}, dt, o.device);
-  }
-  std::vector<Measurement> out;
-  for (GemmRole role : kAllRoles) {
-    Measurement m;
-    m.flops =
-        2.0 * static_cast<double>(g.tokens()) * static_cast<double>(n) * static_cast<double>(k);
-    const kernels::GemmOptions opts = recipe.options(role);
-    time_into(m, o.device, o.warmup, o.iters, [&](int i) {
-      GroupedSet& s = sets[static_cast<size_t>(i % pool)];
-      for (size_t e = 0; e < g.rows.size(); ++e) {
-        // An empty block (fp32 / bf16: an expert with no rows) has no GEMM to run; its weight
-        // gradient is zero, which is not a GEMM's work either.
-        if (off[e + 1] == off[e]) continue;
-        const bool q = recipe.enabled();
-        const Tensor xe = s.x.slice_rows(off[e], off[e + 1]);
-        const Tensor dye = s.dy.slice_rows(off[e], off[e + 1]);
-        const kernels::GemmOperand x = q ? kernels::GemmOperand(&s.qx[e]) : &xe;
-        const kernels::GemmOperand w = q ? kernels::GemmOperand(&s.qw[e]) : &s.w[e];
-        const kernels::GemmOperand dy = q ? kernels::GemmOperand(&s.qdy[e]) : &dye;
-        switch (role) {
-          case GemmRole::kFprop: {
-            Tensor ye = s.y.slice_rows(off[e], off[e + 1]);
-            kernels::gemm_fprop(x, w, ye, opts);
-            break;
-          }
-          case GemmRole::kDgrad: {
-            Tensor dxe = s.dx.slice_rows(off[e], off[e + 1]);
-            kernels::gemm_dgrad(dy, w, dxe, opts);
-            break;
-          }
-          case GemmRole::kWgrad:
-            kernels::gemm_wgrad(dy, x, s.dw[e], opts);
-            break;
-        }
-      }
-    });
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
-// Quantizing one grouped operand (x [P, K], w: E x [N, K], dy [P, N]) into one copy: every
-// expert's block in expert order per repetition, from bf16.
-QuantizeFigure measure_grouped_quantize(RecipeKind r, const GroupedSplit& g, int64_t n, int64_t k,
-                                        const OperandSpec& op, bool columnwise,
-                                        const RecipeBenchOptions& o, int64_t cache) {
-  QuantizeFigure f;
-  f.operand = op.name;
-  f.columnwise = columnwise;
-  const bool weight = op.role == Fp8Role::kWeight;
-  const int64_t experts = static_cast<int64_t>(g.rows.size());
-  f.rows = weight ? experts * n : g.padded_rows();
-  f.cols = op.role == Fp8Role::kGradOutput ? n : k;
-  const int64_t in_bytes = f.rows * f.cols * 2;
-  const int pool = rotation_count(in_bytes + f.rows * f.cols, cache);
-  // Weights: E stacked [N, K] blocks; activations: the experts' padded blocks.
-  GroupedSplit wsplit;
-  wsplit.rows.assign(g.rows.size(), n);
-  wsplit.padded = wsplit.rows;
-  const GroupedSplit& blocks = weight ? wsplit : g;
-  const std::vector<int64_t> off = block_offsets(blocks);
-  std::vector<Tensor> inputs;
-  for (int i = 0; i < pool; ++i) {
-    inputs.push_back(
-        random_blocks(blocks, f.cols, DType::kBFloat16, o.device, 7000 + static_cast<uint32_t>(i)));
-  }
-  Fp8Recipe recipe(recipe_config(r), kSingleRank);
-  int64_t out_bytes = 0;
-  time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
-    out_bytes = 0;
-    for (size_t e = 0; e < blocks.rows.size(); ++e) {
-      if (off[e + 1] == off[e]) continue;
-      QuantizedTensor q =
-          recipe.quantize(expert_name(e), op.role,
-                          inputs[static_cast<size_t>(i % pool)].slice_rows(off[e], off[e + 1]),
-                          {!columnwise, columnwise});
-      out_bytes += quantized_bytes(q);
-    }
-  });
-  const bool per_tensor = r == RecipeKind::kDelayed || r == RecipeKind::kCurrent;
-  f.m.bytes = static_cast<double>((per_tensor ? 2 : 1) * in_bytes + out_bytes);
-  return f;
 }
 
 // A block linear's name without its "attn."/"mlp." prefix: "qkv", "fc1_gate".
@@ -456,69 +108,9 @@ std::vector<std::pair<std::string, GemmShape>> linear_shapes(const std::vector<L
   return out;
 }
 
-LayerFigure measure_layer(RecipeKind r, const RecipeBenchOptions& o) {
-  Config c;
-  c.model = o.model.model_config(1);
-  c.model.vocab = 32;
-  c.training.seq_len = o.model.seq;
-  c.training.batch = o.model.micro_batch;
-  c.recipe = recipe_config(r);
-  validate(c);
-  const GptModel model(c);
-  // The model computes on the rank context's device: install o.device and a memory tracker for
-  // this measurement (its peak is the step's memory: weights, gradients, activations).
-  kernels::MemoryTracker tracker;
-  kernels::RankContext ctx = kernels::current_context();
-  ctx.device = o.device;
-  ctx.memory = &tracker;
-  const kernels::ScopedRankContext scope(ctx);
-  LayerFigure f;
-  {
-    const TensorMap params = init_params(c.model, c.seed);
-    TensorMap weights, grads;
-    // bf16 compute copies of the fp32 masters for every recipe but fp32, as the trainer does.
-    for (const std::string& n : params.names()) {
-      Tensor w =
-          r == RecipeKind::kFp32 ? params.at(n) : kernels::cast_to(params.at(n), DType::kBFloat16);
-      weights.insert(n, w.on(o.device));
-      grads.insert(n, Tensor::zeros(params.at(n).shape(), DType::kFloat32, o.device));
-    }
-    Fp8Recipe recipe(c.recipe, kSingleRank);
-    std::mt19937 rng(7);
-    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.model.vocab - 1));
-    std::vector<int32_t> ids(static_cast<size_t>(o.model.micro_batch * (o.model.seq + 1)));
-    for (int32_t& t : ids) t = tok(rng);
-    const Tensor tokens = Tensor::from_vector<int32_t>({o.model.micro_batch, o.model.seq + 1}, ids);
-    f.tokens = o.model.tokens();
-    f.vocab = c.model.vocab;
-    const double grad_scale = 1.0 / static_cast<double>(f.tokens);
-    // Gradients accumulate across repetitions (zeroing them is the optimizer step's business,
-    // not the layer's); their values do not change the work done.
-    time_into(f.m, o.device, o.warmup, o.iters, [&](int i) {
-      model.forward_backward(weights, tokens, {i, 0}, grad_scale, grads, &recipe);
-    });
-  }
-  f.peak_bytes = tracker.peak(o.device.type).value;
-  return f;
-}
-
-ConvergenceCurve train_curve(RecipeKind r, const RecipeBenchOptions& o) {
-  RunOptions ro;
-  ro.config.model = o.model.model_config(o.train_layers);
-  ro.config.training.seq_len = o.model.seq;
-  ro.config.training.batch = o.model.micro_batch;
-  ro.config.training.steps = o.steps;
-  ro.config.recipe = recipe_config(r);
-  ro.backend = o.device;
-  ro.steps = o.steps;
-  const RunResult res = run_training(ro);
-  ConvergenceCurve c;
-  for (const StepMetrics& m : res.metrics) c.loss.push_back(m.loss);
-  return c;
-}
-
 }  // namespace
 
+// The values of bench_detail::BenchValues (engine/bench/bench_recipes_internal.h says how and why).
 std::vector<float> bench_values(int64_t n, uint32_t seed) {
   MP_CHECK(n >= 0, "bench_values: negative count {}", n);
   BenchValues values(seed);
@@ -542,34 +134,6 @@ Speedup gemm_speedup(double bf16_s, double gemm_s, double quantize_s) {
                  "speedup needs bf16 > 0, gemm > 0 and quantize >= 0 seconds (got {}, {}, {})",
                  bf16_s, gemm_s, quantize_s);
   return {bf16_s / (gemm_s + quantize_s), bf16_s / gemm_s};
-}
-
-int64_t GroupedSplit::tokens() const {
-  int64_t t = 0;
-  for (int64_t r : rows) t += r;
-  return t;
-}
-
-int64_t GroupedSplit::padded_rows() const {
-  int64_t t = 0;
-  for (int64_t r : padded) t += r;
-  return t;
-}
-
-GroupedSplit grouped_split(RecipeKind recipe, int64_t tokens) {
-  MP_CHECK_INPUT(tokens > 0 && tokens % 8 == 0,
-                 "grouped GEMM split: {} tokens is not a positive multiple of 8", tokens);
-  static_assert(kGroupedExperts == 4, "the split below names four experts");
-  GroupedSplit g;
-  g.rows = {tokens / 2, 3 * tokens / 8, 0, tokens / 8};
-  g.alignment = moe::row_alignment(recipe);
-  // The engine's dispatch rule (moe::dispatch): padded to the alignment, an empty expert one
-  // block under the quantized recipes (keep_empty).
-  for (int64_t r : g.rows) {
-    const int64_t n = std::max<int64_t>(r, is_fp8(recipe) ? 1 : 0);
-    g.padded.push_back((n + g.alignment - 1) / g.alignment * g.alignment);
-  }
-  return g;
 }
 
 double RoleFigure::quantize_seconds() const {
@@ -692,12 +256,6 @@ std::string recipe_emulation(RecipeKind recipe, int compute_capability, int lt_v
 }
 
 int64_t recipe_m_multiple(RecipeKind recipe) { return bench_row(recipe).m_multiple; }
-
-Measurement measure_bf16_gemm(const RecipeBenchOptions& o, const GemmShape& s, GemmRole role) {
-  MP_CHECK_INPUT(o.iters >= 1 && o.warmup >= 0, "bf16 GEMM timing needs iters >= 1, warmup >= 0");
-  return measure_gemms(RecipeKind::kBf16, s, {role}, o,
-                       kernels::last_level_cache_bytes(o.device).value)[0];
-}
 
 RecipeBenchReport run_recipe_bench(const RecipeBenchOptions& o) {
   MP_CHECK_INPUT(o.iters >= 1, "--iters must be at least 1 (got {})", o.iters);

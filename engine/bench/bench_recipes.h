@@ -48,7 +48,8 @@ std::vector<GemmShape> parse_gemm_shapes(std::string_view spec);
 std::vector<int64_t> parse_m_sweep(std::string_view spec);
 
 // `n` bench input values for `seed` (the GEMM and quantizer operands): unit variance, mean 0,
-// bounded at +-2*sqrt(3), deterministic per seed (bench_recipes.cc says how and why).
+// bounded at +-2*sqrt(3), deterministic per seed (engine/bench/bench_recipes_internal.h says how
+// and why).
 std::vector<float> bench_values(int64_t n, uint32_t seed);
 
 // The model whose linear layers are benchmarked: one decoder block of GptModel (docs/design.md

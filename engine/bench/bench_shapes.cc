@@ -1,7 +1,7 @@
 // The recipe bench's problem descriptions (docs/design.md section 26): the --shapes, --m-sweep and
 // explicit --model parsers with their input rules, the engine model a BenchModel stands for, and
-// each GEMM role's dimensions. Kept apart from the measurement (bench_recipes.cc) so that the
-// rules read in one place and the measuring file stays about timing.
+// each GEMM role's dimensions. Kept apart from the measurements (engine/bench/bench_*.cc) so that
+// the rules read in one place and the measuring file stays about timing.
 #include <fmt/format.h>
 
 #include <cctype>

@@ -1,6 +1,6 @@
 // Injected faults (docs/design.md section 7): each reproduces a real bug class of sharded FP8
 // training and must be caught by a check. Plain data handed to the engine; the harness maps the
-// scenario's fault catalog entries (harness/scenario/scenario_faults.cc) onto it. A fault is active
+// scenario's fault catalog entries (harness/faults/scenario_faults.cc) onto it. A fault is active
 // from step `from_step` on (counted in optimizer steps; 0 = from the start).
 #pragma once
 

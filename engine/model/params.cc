@@ -21,7 +21,7 @@ using mesh::Box;
 namespace {
 
 // The linear layers of a transformer block (docs/design.md section 20). A new linear layer is
-// one row here plus its math in engine/model/model.cc.
+// one row here plus its math in engine/model/model_layer.cc or model_mlp.cc.
 constexpr LinearLayer kBlockLinears[] = {
     {.name = "attn.qkv",
      .kind = LinearKind::kColumnParallel,

@@ -3,8 +3,9 @@
 // checkpoint code would otherwise recover from its name: its FSDP unit, its tensor-parallel style
 // and, for the weight of a quantized linear layer, the linear's name and kind. The linear layers
 // of a transformer block are written once, in block_linears(); param_specs() and the model's
-// layer code (engine/model/model.cc) read them from there. The names are the checkpoint and export
-// keys; a name-keyed tensor map holds weights, gradients and optimizer state alike.
+// layer code (engine/model/model_layer.cc, model_mlp.cc) read them from there. The names are the
+// checkpoint and export keys; a name-keyed tensor map holds weights, gradients and optimizer state
+// alike.
 #pragma once
 
 #include <cstdint>

@@ -3,8 +3,8 @@
 // tensors. It is the independent reference of the sharded session (engine/session/session.h), not
 // its 1-rank case: it shares only the model math, the recipe and the optimizer formulas, and none
 // of the session's sharding, gathering, reduction or checkpoint-state code, so a bug in those
-// cannot hide by being on both sides of a parity test (tests/engine/shard compare every mesh with
-// it).
+// cannot hide by being on both sides of a parity test (tests/engine/parallel compare every mesh
+// with it).
 #pragma once
 
 #include <cstdint>

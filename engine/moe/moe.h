@@ -3,7 +3,7 @@
 // and the permute / combine steps around the expert GEMMs, with their backward. All of it is
 // exact index work and double arithmetic rounded once, so the result depends on neither the mesh
 // nor the padding: padding rows are zero on the way in and never read on the way out
-// (tests/engine/moe_test.cc checks this against an unpadded per-expert loop). The work runs on
+// (tests/engine/moe/moe_test.cc checks this against an unpadded per-expert loop). The work runs on
 // the tensors' device (kernels/moe/moe_route.h, kernels/moe/moe_rows.h); the host keeps only the
 // per-expert counts, which size the expert blocks and the exchange (docs/design.md section 37).
 //

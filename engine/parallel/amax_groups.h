@@ -2,7 +2,7 @@
 // each quantized tensor is MAX-reduced, as data. The TransformerEngine guidance is that every rank
 // holding a piece of a tensor takes part in its amax reduction, so that all of them quantize with
 // the amax of the whole tensor (the single-rank scale). The quantized tensors of a linear layer
-// (engine/model/recipe.h) and where their pieces live (engine/model/model.cc quantizes
+// (engine/model/recipe.h) and where their pieces live (engine/model/model_*.cc quantize
 // full-sequence tensors: sequence parallelism gathers the sequence before a GEMM, so it changes
 // nothing here):
 //

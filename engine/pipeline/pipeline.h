@@ -5,7 +5,8 @@
 // activations; and the executor that plays one stage's order over the pp group's send/recv
 // (run_stage_schedule), which the training session drives with the model's stage passes
 // (engine/session/session.cc; docs/design.md section 33). These parts are tested on their own
-// (tests/engine/pipeline_test.cc), the pipelined step in tests/engine/pipeline_training_test.cc.
+// (tests/engine/pipeline/pipeline_test.cc), the pipelined step in
+// tests/engine/pipeline/pipeline_training_test.cc.
 #pragma once
 
 #include <cstdint>
@@ -67,7 +68,7 @@ std::vector<PpStep> stage_schedule(PpSchedule schedule, int pp, int stage, int64
 // routing pre-pass under pipeline stages (docs/design.md section 33), run by run_stage_schedule.
 // Its programs are a chain (each stage receives micro-batch mb before it sends it on, and the
 // last stage sends nothing), free of deadlocks with eager and rendezvous sends: check_programs
-// plays them in tests/engine/pipeline_test.cc. Needs micro_batches >= 1 (input error).
+// plays them in tests/engine/pipeline/pipeline_test.cc. Needs micro_batches >= 1 (input error).
 std::vector<PpStep> forward_sweep(int64_t micro_batches);
 
 // A schedule played on all stages in unit time: a forward costs `forward_cost`, a backward
@@ -137,7 +138,8 @@ void check_programs(const std::vector<std::vector<PpOp>>& programs, bool eager);
 // Executes `steps` (this stage's stage_schedule) on stage pp.rank() of pp.size() as
 // stage_program orders it: receives over `pp`, calls `passes`, sends. Every stage of the group
 // calls it with its own list of the same schedule. check_programs proves every gpipe and 1f1b
-// program free of deadlocks with eager and with rendezvous sends (tests/engine/pipeline_test.cc).
+// program free of deadlocks with eager and with rendezvous sends
+// (tests/engine/pipeline/pipeline_test.cc).
 void run_stage_schedule(mesh::Communicator& pp, const std::vector<PpStep>& steps,
                         StagePasses& passes);
 

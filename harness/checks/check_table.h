@@ -3,7 +3,7 @@
 // runner (harness/run/runner.cc) iterates the rows: for each enabled one it asks what the main run
 // must record, whether the check can run from this start, and runs it on a CheckContext. The
 // comparisons themselves are harness/checks/checks.h; the fault table
-// (harness/scenario/scenario_faults.h) names these rows in its caught_by. Adding a check is one row
+// (harness/faults/scenario_faults.h) names these rows in its caught_by. Adding a check is one row
 // here, its key in the scenario, its comparison and its tests.
 #pragma once
 

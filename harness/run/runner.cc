@@ -15,7 +15,7 @@
 #include "engine/model/data.h"
 #include "harness/checks/check_table.h"
 #include "harness/checks/golden.h"
-#include "harness/scenario/scenario_faults.h"
+#include "harness/faults/scenario_faults.h"
 #include "harness/scenario/scenario_loader.h"
 #include "harness/verbs/run_verb.h"
 #include "kernels/core/error.h"

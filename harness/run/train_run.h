@@ -1,6 +1,6 @@
 // The harness's one door into the engine (engine::run_training, engine/session/session.h): maps a
 // harness::Scenario onto the engine's run options (scenario -> engine::Config; its faults map onto
-// engine::FaultInjection through the fault table, harness/scenario/scenario_faults.h) and trains
+// engine::FaultInjection through the fault table, harness/faults/scenario_faults.h) and trains
 // it, reporting each step. Everything engine-specific the runner and the checks need goes through
 // here, so that the runner does not care whether the single-rank
 // Trainer or the sharded session executes the run.

@@ -103,7 +103,7 @@ struct ChecksConfig {
   // The enabled checks in run order: harness/checks/check_table.h enabled_checks().
 };
 
-// One injected fault, params resolved against the catalog (harness/scenario/scenario_faults.h).
+// One injected fault, params resolved against the catalog (harness/faults/scenario_faults.h).
 struct FaultSpec {
   std::string name;
   std::map<std::string, int64_t> int_params;

@@ -16,8 +16,8 @@
 #include <string_view>
 
 #include "harness/checks/golden.h"
+#include "harness/faults/scenario_faults.h"
 #include "harness/run/runner.h"
-#include "harness/scenario/scenario_faults.h"
 #include "harness/verbs/env_verb.h"
 #include "harness/verbs/exit_codes.h"
 #include "harness/verbs/output_guard.h"

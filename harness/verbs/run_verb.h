@@ -60,7 +60,7 @@ struct GoldenUpdateOptions {
 
 int golden_update_verb(const GoldenUpdateOptions& opts, std::ostream& out, std::ostream& err);
 
-// `meshproof faults`: every row of the fault table (harness/scenario/scenario_faults.h) with its
+// `meshproof faults`: every row of the fault table (harness/faults/scenario_faults.h) with its
 // bug class, the checks that catch it, what a scenario needs for it and each parameter's type,
 // range and default.
 void print_fault_catalog(std::ostream& out);

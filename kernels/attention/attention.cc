@@ -49,9 +49,10 @@ HeadCols head_cols(const AttentionShape& s, int64_t a) {
 // Every sum of the attention is a row of a small matrix product in double: scores q·k over the
 // head dimension, outputs p·v over keys, and in the backward dp = do·v, dv += pᵀ·do, dq = ds·k,
 // dk += dsᵀ·q. Each output element is summed term by term in the order of the element-wise loops
-// (tests/kernels/ops/attention_oracle.h), each product rounded to double and then added (never
-// fused: the kernels library is compiled with -ffp-contract=off and the avx2 target has no FMA);
-// the tiles only decide which elements are computed side by side, so the bits are the oracle's.
+// (tests/kernels/attention/attention_oracle.h), each product rounded to double and then added
+// (never fused: the kernels library is compiled with -ffp-contract=off and the avx2 target has no
+// FMA); the tiles only decide which elements are computed side by side, so the bits are the
+// oracle's.
 
 using V4d = double __attribute__((vector_size(32)));
 constexpr int64_t kTileRows = 4;  // rows of C per tile

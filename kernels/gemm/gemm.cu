@@ -1,7 +1,7 @@
 // Device kernels of the CUDA GEMM path and their launchers (host logic: gemm_cublaslt.cc).
 // Kept simple and element-wise so that each is obviously right: the decode uses formats.h exactly
-// as gemm.cc's CPU decode does, the swizzle and the block-scale layouts are the index functions of
-// kernels/gemm/cublaslt_layout.h.
+// as the CPU decode (gemm_cpu_pack.cc) does, the swizzle and the block-scale layouts are the index
+// functions of kernels/gemm/cublaslt_layout.h.
 #include <algorithm>
 
 #include "kernels/core/formats.h"

@@ -14,7 +14,8 @@ namespace meshproof::kernels::detail {
 // How a stored copy is scaled (mirrors ScalingMode; mapped in gemm_cublaslt.cc).
 enum class DecodeScaling : uint8_t { kPerTensor, kMxfp8, kBlock };
 
-// One stored copy of a quantized operand, decoded element-wise exactly as gemm.cc's CPU path.
+// One stored copy of a quantized operand, decoded element-wise exactly as the CPU path
+// (gemm_cpu_pack.cc).
 struct DecodeArgs {
   const uint8_t* codes = nullptr;  // stored [rows, cols] FP8 codes
   int64_t rows = 0;

@@ -1,5 +1,5 @@
-// Internal to the GEMM family (gemm.cc, gemm.cu, tests): the canonical "both operands K-major"
-// form every role is reduced to, and the CUDA entry point.
+// Internal to the GEMM family (gemm.cc, gemm_cpu_pack.cc, gemm_cpu_kernel.cc, gemm.cu, tests): the
+// canonical "both operands K-major" form every role is reduced to, and the CUDA entry point.
 //
 // Every role computes C[R, S] = sum_k A[R, k] * B[S, k] (the "TN" form of cuBLAS, written
 // row-major), with the operands as follows (docs/design.md section 4):

@@ -28,8 +28,8 @@
 //     only the device exp differs; out within 2 ulp(1) * max|v| since it sums rounded probs),
 //     cross entropy (block reductions in double; the loss within ~1e-15 relative).
 //   float32 arithmetic against the double reference: the fused attention (flash_attention.cu),
-//     within the bound derived in tests/kernels/ops/flash_attention_bound.h.
-// tests/kernels/ops_cuda/ops_cuda_test.cc checks each of these statements.
+//     within the bound derived in tests/kernels/attention/flash_attention_bound.h.
+// tests/kernels/ops/ops_cuda_test.cc checks each of these statements.
 #pragma once
 
 #include <cuda_runtime_api.h>

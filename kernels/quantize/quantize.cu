@@ -1,6 +1,6 @@
 // CUDA quantization kernels and their launchers. Each kernel calls the same scalar rules
 // (kernels/quantize/quantize_rules.h, kernels/core/formats.h) as the CPU reference in
-// quantize.cc, with the same fp32 operations in the same order, so the bytes are identical; only
+// quantize_*.cc, with the same fp32 operations in the same order, so the bytes are identical; only
 // the loop structure differs. No fast-math: the build never passes -use_fast_math/-ftz, so fp32
 // division and subnormals follow IEEE like the host, and no expression here has an add that could
 // be contracted into an FMA.

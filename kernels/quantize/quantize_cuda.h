@@ -1,4 +1,4 @@
-// Launchers of the CUDA quantization kernels (quantize.cu), called by the dispatch in quantize.cc.
+// Launchers of the CUDA quantization kernels (quantize.cu), called by the dispatch in quantize*.cc.
 // Plain pointers and sizes only, so this header has no CUDA dependency. All pointers are device
 // pointers; `stream` is the rank's cudaStream_t (nullptr = legacy default stream). Kernels are
 // enqueued asynchronously. Layouts are those of kernels/quantize/quantized_tensor.h.

@@ -1,4 +1,4 @@
-// Scalar scaling rules shared by the CPU reference quantizers (quantize.cc) and the CUDA kernels
+// Scalar scaling rules shared by the CPU reference quantizers (quantize_*.cc) and the CUDA kernels
 // (quantize.cu): one definition, the same fp32 operations in the same order, so both backends
 // produce identical bytes. docs/design.md section 4 is the contract these implement.
 #pragma once
@@ -101,7 +101,7 @@ MP_HOST_DEVICE inline uint32_t block_amax_bits(const void* x, bool bf16, int64_t
 // NaN with its own sign whatever the multiplier. The rule is explicit because the hardware's is
 // not portable: x86 returns the NaN operand of v * mult (its sign kept), a GPU returns its
 // canonical NaN 0x7FFFFFFF for any NaN result, so -NaN would encode as 0xFF on one and 0x7F on
-// the other. The CPU's cast loops (quantize.cc) apply the same rule. A finite v times a NaN
+// the other. The CPU's cast loops (quantize_cast.cc) apply the same rule. A finite v times a NaN
 // multiplier (an MXFP8 NaN block) encodes as +NaN (0x7F) on both; inf x 0 cannot arise, since no
 // scale rule gives a zero scale.
 MP_HOST_DEVICE inline uint8_t cast_element(float v, float mult, bool e5m2) {

@@ -3,7 +3,7 @@
 // kernel thread per rank: a rank that waits in a collective hands its worker to the next rank of
 // that worker with a user-space context switch (about 0.2 us), where a thread per rank slept on a
 // futex and was woken by the kernel (about 4.4 us per switch on the development VM, 20,000 per 30
-// small steps at 8 ranks on 2 cores: docs/design.md section 36, "Third round: fibers").
+// small steps at 8 ranks on 2 cores: docs/design.md section 36, "Fibers").
 //
 // A fiber keeps the per-rank thread state that rank code reads: the kernels::RankContext (rank,
 // device, memory tracker, copy counter) and the C++ runtime's caught/uncaught exception state are
@@ -55,7 +55,7 @@ void futex_wake_all(std::atomic<uint32_t>& word);
 
 // A fiber worker's spin before it sleeps (all of its fibers waiting, more than one worker): at
 // most kFiberSpinMax, adapted per worker by next_fiber_spin; below kFiberSpinMin the worker sleeps
-// at once. See docs/design.md section 36, "Fourth round".
+// at once. See docs/design.md section 36, "Fibers".
 inline constexpr std::chrono::nanoseconds kFiberSpinMax = std::chrono::microseconds(40);
 inline constexpr std::chrono::nanoseconds kFiberSpinMin = std::chrono::microseconds(2);
 // The budget after a wait that lasted `waited` (spun, or spun and slept) under budget `spin`:

@@ -3,7 +3,7 @@
 // parallel teardown) for both launchers.
 // Over 600 lines on purpose: the communicator, the two launchers and the teardown share the
 // per-rank State defined here (its raw handles, stream and reserve); the plan and teardown order
-// are separate host functions tested on the CPU (tests/mesh/nccl_plan_test.cc).
+// are separate host functions tested on the CPU (tests/mesh/nccl/nccl_plan_test.cc).
 #include "mesh/nccl/nccl_comm.h"
 
 #include <fmt/format.h>

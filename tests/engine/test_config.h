@@ -88,7 +88,7 @@ inline Config tiny_moe_config() {
   return c;
 }
 
-// The MoE model of the mesh tests (tests/engine/moe_test.cc, moe_ep_test.cc): 2 layers, hidden
+// The MoE model of the mesh tests (tests/engine/moe/moe_test.cc, moe_ep_test.cc): 2 layers, hidden
 // 32, ffn 64, 4 experts, top 2, aux loss 0.01, batch 16 (128 tokens: 32 per rank on 4 data ranks,
 // whole MXFP8 32x1 blocks), under `recipe`.
 inline Config moe_mesh_config(RecipeKind recipe) {

@@ -5,7 +5,7 @@ and the same scenario without the fault (its negative control) passes every chec
 
 usage: check_fault_catalog.py MESHPROOF SCENARIOS GOLDEN OUT
 
-The rows come from `meshproof faults`, so a new row of harness/scenario/scenario_faults.cc is covered
+The rows come from `meshproof faults`, so a new row of harness/faults/scenario_faults.cc is covered
 without an edit here. Per fault:
   * caught: exit 0, the scenario's verdict pass (expect: caught met), caught_by non-empty and
     every entry one of the row's claims (kind `resume` for resume_cross_mesh), and a failing check

@@ -116,7 +116,7 @@ CLAIMS = {
     ("skip_collective", "reference"): ("reference", "{mesh: {dp_shard: 1}}"),
     ("collective_dtype", "collectives"): ("collectives", "true"),
     # Expert parallelism (docs/design.md "Expert parallelism"), fp32 rtol 1e-5 against one rank
-    # with ep 1 (fault-free deviations within 5.3e-8: tests/engine/moe_ep_test.cc); skipping the
+    # with ep 1 (fault-free deviations within 5.3e-8: tests/engine/moe/moe_ep_test.cc); skipping the
     # expert reductions moves the loss by 3.7e-4 at step 2.
     # The loss alone moves by 1.0e-6 (AdamW is nearly scale-invariant); grad_norm by 0.22.
     ("expert_grad_scaled_by_ep", "reference"):

@@ -1,4 +1,4 @@
-// The fault table (harness/scenario/scenario_faults.h): every row injects its fault into
+// The fault table (harness/faults/scenario_faults.h): every row injects its fault into
 // engine::FaultInjection from its first step, claims only checks of the check table, is listed by
 // `meshproof faults` with its requirements and parameters, and has a library scenario that meets
 // its requirements and enables a check that catches it. Parameterised over the rows, so a failure
@@ -17,7 +17,7 @@
 #include "engine/faults/fault_hooks.h"
 #include "engine/session/session.h"
 #include "harness/checks/check_table.h"
-#include "harness/scenario/scenario_faults.h"
+#include "harness/faults/scenario_faults.h"
 #include "harness/scenario/scenario_loader.h"
 #include "harness/verbs/run_verb.h"
 #include "kernels/core/error.h"

@@ -1,4 +1,4 @@
-// The CPU GEMM as it was before the packed kernels (main 39e0ea6, kernels/gemm/gemm.cc), kept
+// The CPU GEMM as it was before the packed kernels (main 39e0ea6, then kernels/gemm.cc), kept
 // verbatim as the oracle: the packed GEMM must be BITWISE equal to it (docs/design.md section 21),
 // and the benchmarks measure their speed against it in the same run. Decode every operand to fp32
 // with the per-element formats.h decoders and std::ldexp, transpose as a separate copy, then sum

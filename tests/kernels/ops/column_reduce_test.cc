@@ -2,7 +2,7 @@
 // row is summed exactly once for any m (chunk and lane edges included), and the fixed-order result
 // of bias_grad and of the LayerNorm/RMSNorm weight gradients stays within column_reduce_bound of
 // the CPU reference (whose serial row sums it replaces on the device). The device's bits against
-// this same host order are checked in tests/kernels/ops_cuda/ops_cuda_test.cc (label gpu).
+// this same host order are checked in tests/kernels/ops/ops_cuda_test.cc (label gpu).
 #include <gtest/gtest.h>
 
 #include <random>

@@ -1,5 +1,5 @@
 // The CPU quantizers as they were before vectorisation (main 39e0ea6,
-// kernels/quantize/quantize.cc): the element-wise rules:: loops, kept as the oracle that the
+// then kernels/quantize.cc): the element-wise rules:: loops, kept as the oracle that the
 // vectorised quantizers must equal byte for byte (docs/design.md section 21) and as the benchmarks'
 // same-run baseline. CPU only; the input checks are the library's (the oracle is only called on
 // valid inputs).
