@@ -67,7 +67,7 @@ test-sanitize: sanitize-build
 
 fuzz: deps $(ASAN_DIR)/build.ninja
 	$(SANITIZE_ENV) cmake --build $(ASAN_DIR) -j $(JOBS) \
-	  --target scenario_loader_fuzz checkpoint_index_fuzz
+	  --target scenario_loader_fuzz checkpoint_index_fuzz dcp_metadata_fuzz
 	$(SANITIZE_ENV) tests/fuzz/run-fuzz $(ASAN_DIR) $(FUZZ_SECONDS)
 
 demo: build

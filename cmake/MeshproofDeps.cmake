@@ -5,6 +5,11 @@ find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(HDF5 REQUIRED COMPONENTS C CXX)
+# libzip reads the torch.save archives inside PyTorch DCP checkpoints (engine/dcp). Through
+# pkg-config: Debian's libzip CMake package also imports its command-line tools, which live in
+# another package.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(MESHPROOF_LIBZIP REQUIRED IMPORTED_TARGET libzip)
 # OpenBLAS single-threaded is our deterministic CPU BLAS (fixed summation order per call).
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)

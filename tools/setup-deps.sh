@@ -7,6 +7,8 @@ packages=(
   cmake ninja-build g++ pkg-config
   libyaml-cpp-dev libhdf5-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas-dev libopenmpi-dev openmpi-bin libxxhash-dev
+  # engine/dcp: the zip archives torch.save writes inside PyTorch DCP checkpoints
+  libzip-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format
   # make test-sanitize / make fuzz: clang with ASan, UBSan and libFuzzer runtimes, and
   # llvm-symbolizer for the reports' stacks

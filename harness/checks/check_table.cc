@@ -26,7 +26,9 @@ reports::CheckResult run_golden(CheckContext& c) {
   // A run that starts from a checkpoint at step k compares the steps it ran, k+1..steps, with the
   // golden's (a golden shorter than k is left as is: the step count check fails).
   std::optional<GoldenData> golden = read_golden(path);
-  if (golden && c.start > 0) {
+  // An imported golden names its steps: it is compared by step number, with nothing to shift.
+  const bool dense = golden && golden->steps.empty();
+  if (dense && c.start > 0) {
     for (auto& [name, values] : golden->metrics) {
       if (static_cast<int64_t>(values.size()) >= c.start)
         values.erase(values.begin(), values.begin() + c.start);
@@ -35,7 +37,9 @@ reports::CheckResult run_golden(CheckContext& c) {
   auto r =
       check_golden(c.main.steps, golden, c.scenario.checks.golden, path.string(),
                    golden_update_command(c.scenario, c.opts, platform), &g, c.opts.trace, c.hash);
-  for (reports::GoldenStep& gs : g.steps) gs.step += c.start;
+  if (dense) {
+    for (reports::GoldenStep& gs : g.steps) gs.step += c.start;
+  }
   if (!g.steps.empty()) c.record.golden = g;
   return r;
 }

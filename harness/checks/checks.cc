@@ -312,11 +312,26 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
   band.atol = exact ? 0 : cfg.atol;
   band.allowed_failing_steps = exact ? 0 : cfg.allowed_failing_steps;
 
+  const bool imported = golden_is_imported(*golden);
+  if (imported && exact) {
+    r.verdict = reports::Verdict::kFail;
+    r.message = fmt::format(
+        "golden {} was imported from {}: another tool's curve carries no bitwise claim; compare "
+        "it with checks.golden.mode: tolerance and the rtol the two runs are expected to meet",
+        golden_file,
+        golden->provenance.count("imported_from") ? golden->provenance.at("imported_from")
+                                                  : "elsewhere");
+    return r;
+  }
   for (Metric m : cfg.metrics) {
     if (golden->metrics.count(golden_key(m)) == 0) {
       r.verdict = reports::Verdict::kFail;
-      r.message = fmt::format("golden {} has no /metrics/{}; regenerate it with: {}", golden_file,
-                              golden_key(m), update_command);
+      r.message = imported ? fmt::format(
+                                 "golden {} (imported) has no {}: list only the metrics it "
+                                 "holds in checks.golden.metrics",
+                                 golden_file, golden_key(m))
+                           : fmt::format("golden {} has no /metrics/{}; regenerate it with: {}",
+                                         golden_file, golden_key(m), update_command);
       return r;
     }
   }
@@ -328,17 +343,44 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
     const auto gn = golden->metrics.find("grad_norm");
     for (size_t i = 0; i < gloss.size(); ++i) {
       reports::GoldenStep g;
-      g.step = static_cast<int64_t>(i) + 1;
+      g.step = golden->steps.empty() ? static_cast<int64_t>(i) + 1 : golden->steps[i];
       g.loss = gloss[i];
       g.grad_norm = gn != golden->metrics.end() && i < gn->second.size() ? gn->second[i] : 0.0;
       record->steps.push_back(g);
     }
   }
-  if (gloss.size() != steps.size()) {
-    r.verdict = reports::Verdict::kFail;
-    r.message = fmt::format("golden {} has {} steps, the run has {}; regenerate it with: {}",
-                            golden_file, gloss.size(), steps.size(), update_command);
-    return r;
+  // The (run, golden) index pairs compared: every step of a golden meshproof wrote, in order; an
+  // imported golden's steps that fall in the run (it may hold every 5th step, or start later).
+  std::vector<std::pair<size_t, size_t>> pairs;
+  if (golden->steps.empty()) {
+    if (gloss.size() != steps.size()) {
+      r.verdict = reports::Verdict::kFail;
+      r.message = fmt::format("golden {} has {} steps, the run has {}; regenerate it with: {}",
+                              golden_file, gloss.size(), steps.size(), update_command);
+      return r;
+    }
+    for (size_t i = 0; i < steps.size(); ++i) pairs.emplace_back(i, i);
+  } else {
+    std::map<int64_t, size_t> run_index;
+    for (size_t i = 0; i < steps.size(); ++i) run_index[steps[i].step] = i;
+    const int64_t first = steps.empty() ? 1 : steps.front().step;
+    for (size_t j = 0; j < golden->steps.size(); ++j) {
+      const int64_t s = golden->steps[j];
+      if (s < first) continue;
+      const auto it = run_index.find(s);
+      if (it == run_index.end()) {
+        r.verdict = reports::Verdict::kFail;
+        r.message = fmt::format("golden {} has step {}, which the run (steps {}..{}) does not",
+                                golden_file, s, first, steps.empty() ? 0 : steps.back().step);
+        return r;
+      }
+      pairs.emplace_back(it->second, j);
+    }
+    if (pairs.empty()) {
+      r.verdict = reports::Verdict::kFail;
+      r.message = fmt::format("golden {} has no step among the run's", golden_file);
+      return r;
+    }
   }
 
   // Per metric its own failing steps and errors: the evidence carries the metric that failed
@@ -346,10 +388,10 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
   // lists every failing metric with its own.
   std::map<Metric, MetricMiss> misses;
   reports::Evidence ev;
-  for (size_t i = 0; i < steps.size(); ++i) {
+  for (const auto& [i, j] : pairs) {
     bool step_failed = false;
     for (Metric m : cfg.metrics) {
-      const double g = golden->metrics.at(golden_key(m))[i];
+      const double g = golden->metrics.at(golden_key(m))[j];
       const double x = metric_value(steps[i], m);
       const bool ok =
           exact ? same_bits(x, g) : std::fabs(x - g) <= band.atol + band.rtol * std::fabs(g);
@@ -383,7 +425,7 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
     r.message = fmt::format(
         "{} of {} steps outside the {} band (allowed {}); first at step {}: {} = {:.9g}, golden "
         "{:.9g} ({})",
-        ev.failing_steps, steps.size(), band.mode, band.allowed_failing_steps,
+        ev.failing_steps, pairs.size(), band.mode, band.allowed_failing_steps,
         *ev.first_diverging_step, ev.metric, *ev.actual, *ev.expected, golden_file);
     for (Metric m : cfg.metrics) {
       const auto it = misses.find(m);
@@ -403,9 +445,10 @@ reports::CheckResult check_golden_metrics(const std::vector<reports::StepMetrics
   } else if (ev.failing_steps > 0) {
     r.message =
         fmt::format("{} of {} steps outside the band, within the {} allowed ({})", ev.failing_steps,
-                    steps.size(), band.allowed_failing_steps, golden_file);
+                    pairs.size(), band.allowed_failing_steps, golden_file);
   } else {
-    r.message = fmt::format("{} steps match {} ({})", steps.size(), golden_file, band.mode);
+    r.message = fmt::format("{} steps match {} ({}{})", pairs.size(), golden_file, band.mode,
+                            imported ? ", imported" : "");
   }
   return r;
 }

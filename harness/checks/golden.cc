@@ -92,6 +92,15 @@ GoldenData read_golden_file(const std::string& p) {
     H5::Attribute a = f.openAttribute(static_cast<unsigned>(i));
     if (a.getTypeClass() == H5T_STRING) data.provenance[a.getName()] = read_string_attr(a);
   }
+  if (f.nameExists("steps")) {
+    H5::DataSet ds = f.openDataSet("steps");
+    H5::DataSpace space = ds.getSpace();
+    MP_CHECK_INPUT(space.getSimpleExtentNdims() == 1, "golden {}: /steps must be 1-D int64", p);
+    hsize_t n = 0;
+    space.getSimpleExtentDims(&n);
+    data.steps.resize(n);
+    if (n > 0) ds.read(data.steps.data(), H5::PredType::NATIVE_INT64);
+  }
   H5::Group g = f.openGroup("/metrics");
   for (hsize_t i = 0; i < g.getNumObjs(); ++i) {
     const std::string name = g.getObjnameByIdx(i);
@@ -115,6 +124,12 @@ std::string golden_image(const GoldenData& data) {
   fapl.setCore(64 * 1024, false);
   H5::H5File f("golden-in-memory.h5", H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, fapl);
   for (const auto& [k, v] : data.provenance) write_string_attr(f, k, v);
+  if (!data.steps.empty()) {
+    const hsize_t n = data.steps.size();
+    H5::DataSpace space(1, &n);
+    f.createDataSet("steps", H5::PredType::STD_I64LE, space)
+        .write(data.steps.data(), H5::PredType::NATIVE_INT64);
+  }
   H5::Group g = f.createGroup("/metrics");
   for (const auto& [name, values] : data.metrics) {
     const hsize_t n = values.size();
@@ -139,6 +154,17 @@ std::optional<GoldenData> read_golden(const fs::path& path) {
   const std::string p = path.string();
   GoldenData data = MP_HDF5(kInput, read_golden_file(p), "reading golden {}", p);
   MP_CHECK_INPUT(data.metrics.count("loss") == 1, "golden {}: /metrics/loss is missing", p);
+  if (!data.steps.empty()) {
+    for (const auto& [name, values] : data.metrics) {
+      MP_CHECK_INPUT(values.size() == data.steps.size(),
+                     "golden {}: /metrics/{} has {} values for {} /steps", p, name, values.size(),
+                     data.steps.size());
+    }
+    for (size_t i = 0; i < data.steps.size(); ++i) {
+      MP_CHECK_INPUT(data.steps[i] >= 1 && (i == 0 || data.steps[i] > data.steps[i - 1]),
+                     "golden {}: /steps must ascend from 1 (entry {} is {})", p, i, data.steps[i]);
+    }
+  }
   return data;
 }
 
@@ -155,6 +181,11 @@ void write_golden(const fs::path& path, const GoldenData& data) {
   } catch (const reports::ReportError& e) {
     MP_FAIL("writing golden {}: {}", path.string(), e.what());
   }
+}
+
+bool golden_is_imported(const GoldenData& golden) {
+  const auto it = golden.provenance.find("origin");
+  return it != golden.provenance.end() && it->second == "imported";
 }
 
 std::optional<double> mean_relative_shift(const std::vector<double>& before,

@@ -1,6 +1,7 @@
 // The golden store (docs/design.md section 7): golden/<scenario>/<platform>.h5 holds the per-step
 // metrics of a reference run and where it came from.
 //   /metrics/<name>   float64 [steps]   (loss, grad_norm, lr)
+//   /steps            int64 [steps]     imported goldens only: the step of each value
 //   / attributes      scenario, scenario_hash, meshproof_version, git_commit, backend, device,
 //                     cuda_runtime, cublaslt, nccl, date, command   (strings)
 // Goldens are written atomically (reports/writers/atomic_file.h: a mkstemp'd temporary in the
@@ -19,9 +20,16 @@
 namespace meshproof::harness {
 
 struct GoldenData {
-  std::map<std::string, std::vector<double>> metrics;  // name -> [steps], step i at index i-1
-  std::map<std::string, std::string> provenance;       // root attributes
+  std::map<std::string, std::vector<double>> metrics;  // name -> [n] values, in step order
+  // [n] the step of each value, ascending, >= 1 (/steps int64): an imported golden's steps
+  // (harness/checks/golden_import.h). Empty for a golden meshproof wrote: steps 1..n.
+  std::vector<int64_t> steps;
+  std::map<std::string, std::string> provenance;  // root attributes
 };
+
+// Whether a golden was imported from another tool's run (provenance origin "imported"): it is
+// compared with a tolerance only, never bitwise.
+bool golden_is_imported(const GoldenData& golden);
 
 // The golden platform of a backend: "cpu", or the GPU family ("h100", "h200", "b200", ...) taken
 // from the device name; unknown GPUs give their sanitised lower-case name.

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/dcp/dcp_checkpoint.h"
 #include "harness/checks/tensor_elements.h"
 #include "harness/verbs/exit_codes.h"
 #include "kernels/core/error.h"
@@ -72,6 +73,11 @@ DiffStats diff_tensors(const kernels::Tensor& a, const kernels::Tensor& b, doubl
   return s;
 }
 
+// The group of a key in `inspect --summary`: its first path component ("model", "optim", ...).
+std::string key_group(const std::string& key) { return key.substr(0, key.find('/')); }
+
+}  // namespace
+
 bool matches_any(const std::vector<std::string>& globs, const std::string& name) {
   if (globs.empty()) return true;
   return std::any_of(globs.begin(), globs.end(), [&](const std::string& g) {
@@ -79,12 +85,8 @@ bool matches_any(const std::vector<std::string>& globs, const std::string& name)
   });
 }
 
-// The group of a key in `inspect --summary`: its first path component ("model", "optim", ...).
-std::string key_group(const std::string& key) { return key.substr(0, key.find('/')); }
-
-}  // namespace
-
 int ckpt_inspect(const std::string& dir, std::ostream& out, const InspectOptions& options) {
+  if (engine::is_dcp_checkpoint(dir)) return dcp_inspect(dir, out, options);
   const engine::CheckpointIndex index =
       engine::read_checkpoint_index(dir, {.checksum = false, .file_sizes = false});
   const uint64_t h = engine::compute_index_xxh64(index);
@@ -149,8 +151,8 @@ int ckpt_inspect(const std::string& dir, std::ostream& out, const InspectOptions
   return checksum_ok ? kExitOk : kExitCheckFailed;
 }
 
-int ckpt_verify(const std::string& dir, std::ostream& out) {
-  const engine::VerifyReport report = engine::verify_checkpoint(dir);
+int print_verify_report(const engine::VerifyReport& report, const std::string& dir,
+                        std::ostream& out, std::string_view what, std::string_view how) {
   for (const engine::VerifyFinding& f : report.findings) {
     fmt::print(out, "FAIL {} ({}): {}\n", f.key.empty() ? f.file : f.key, f.file, f.message);
   }
@@ -159,11 +161,15 @@ int ckpt_verify(const std::string& dir, std::ostream& out) {
                report.findings.size(), report.chunks, report.keys);
     return kExitCheckFailed;
   }
-  fmt::print(out,
-             "checkpoint {}: OK, the index checksum and {} chunk(s) of {} key(s) match (hashes, "
-             "attributes, file sizes)\n",
-             dir, report.chunks, report.keys);
+  fmt::print(out, "checkpoint {}: OK, {} and {} chunk(s) of {} key(s) match ({})\n", dir, what,
+             report.chunks, report.keys, how);
   return kExitOk;
+}
+
+int ckpt_verify(const std::string& dir, std::ostream& out) {
+  if (engine::is_dcp_checkpoint(dir)) return dcp_verify(dir, out);
+  return print_verify_report(engine::verify_checkpoint(dir), dir, out, "the index checksum",
+                             "hashes, attributes, file sizes");
 }
 
 int ckpt_diff(const std::string& a_dir, const std::string& b_dir, std::ostream& out,
@@ -172,13 +178,12 @@ int ckpt_diff(const std::string& a_dir, const std::string& b_dir, std::ostream& 
                  "ckpt diff: --rtol {} must be a finite number >= 0", options.rtol);
   MP_CHECK_INPUT(std::isfinite(options.atol) && options.atol >= 0,
                  "ckpt diff: --atol {} must be a finite number >= 0", options.atol);
-  const engine::CheckpointIndex a = engine::read_checkpoint_index(a_dir);
-  const engine::CheckpointIndex b = engine::read_checkpoint_index(b_dir);
+  const CheckpointView a = open_checkpoint_view(a_dir);
+  const CheckpointView b = open_checkpoint_view(b_dir);
   const bool tolerant = options.rtol > 0 || options.atol > 0;
   int differing = 0;
   int within = 0;
-  fmt::print(out, "A {} (step {}, mesh {})\nB {} (step {}, mesh {})\n", a_dir, a.step, a.mesh.str(),
-             b_dir, b.step, b.mesh.str());
+  fmt::print(out, "A {} ({})\nB {} ({})\n", a_dir, a.title, b_dir, b.title);
   std::set<std::string> scalar_names;
   for (const auto& [n, v] : a.scalars) scalar_names.insert(n);
   for (const auto& [n, v] : b.scalars) scalar_names.insert(n);
@@ -212,11 +217,11 @@ int ckpt_diff(const std::string& a_dir, const std::string& b_dir, std::ostream& 
       ++differing;
       continue;
     }
-    const engine::KeyRecord& ka = ia->second;
-    const engine::KeyRecord& kb = ib->second;
+    const CheckpointView::Key& ka = ia->second;
+    const CheckpointView::Key& kb = ib->second;
     if (ka.shape != kb.shape || ka.dtype != kb.dtype) {
-      fmt::print(out, "{}: {} {} vs {} {}\n", n, kernels::dtype_name(ka.dtype), ka.shape.str(),
-                 kernels::dtype_name(kb.dtype), kb.shape.str());
+      fmt::print(out, "{}: {} {} vs {} {}\n", n, ka.dtype, ka.shape.str(), kb.dtype,
+                 kb.shape.str());
       ++differing;
       continue;
     }
@@ -224,8 +229,14 @@ int ckpt_diff(const std::string& a_dir, const std::string& b_dir, std::ostream& 
     // other keys are still compared.
     kernels::Tensor ta, tb;
     try {
-      ta = engine::read_global(a_dir, a, ka);
-      tb = engine::read_global(b_dir, b, kb);
+      if (ka.bytes) {
+        const bool same = ka.bytes() == kb.bytes();
+        fmt::print(out, "{}: {}\n", n, same ? "equal (bytes)" : "bytes differ");
+        if (!same) ++differing;
+        continue;
+      }
+      ta = ka.read();
+      tb = kb.read();
     } catch (const kernels::Error& e) {
       if (e.kind() != kernels::ErrorKind::kIntegrity) throw;
       fmt::print(out, "{}: cannot compare: {}\n", n, e.message());
@@ -275,7 +286,10 @@ void add_ckpt_command(CLI::App& app, std::ostream& out, int& exit_code) {
   auto inspect_opts = std::make_shared<InspectOptions>();
   auto* inspect = ckpt->add_subcommand(
       "inspect", "Show a checkpoint's mesh, step, scalars and keys with their chunks");
-  inspect->add_option("DIR", *dir, "Checkpoint directory (step_NNNNNNN)")->required();
+  inspect
+      ->add_option("DIR", *dir,
+                   "Checkpoint directory (step_NNNNNNN, or a PyTorch DCP folder holding .metadata)")
+      ->required();
   inspect->add_flag("--summary", inspect_opts->summary,
                     "One line per key group (first path component): keys, chunks, elements, "
                     "bytes, dtypes");
@@ -292,7 +306,10 @@ void add_ckpt_command(CLI::App& app, std::ostream& out, int& exit_code) {
       "verify",
       "Check the index checksum, rank files and every chunk (hash, attributes); exit 1 naming "
       "each problem");
-  verify->add_option("DIR", *dir, "Checkpoint directory (step_NNNNNNN)")->required();
+  verify
+      ->add_option("DIR", *dir,
+                   "Checkpoint directory (step_NNNNNNN, or a PyTorch DCP folder holding .metadata)")
+      ->required();
   verify->callback([&out, &exit_code, dir] { exit_code = ckpt_verify(*dir, out); });
   auto a = std::make_shared<std::string>();
   auto b = std::make_shared<std::string>();
@@ -301,8 +318,11 @@ void add_ckpt_command(CLI::App& app, std::ostream& out, int& exit_code) {
       "diff",
       "Compare two checkpoints key by key after reassembly (max abs/rel/ULP); exit 1 if any "
       "differ (beyond --rtol/--atol)");
-  diff->add_option("A", *a, "First checkpoint directory")->required();
-  diff->add_option("B", *b, "Second checkpoint directory (the reference of --rtol)")->required();
+  diff->add_option("A", *a, "First checkpoint directory (meshproof or PyTorch DCP)")->required();
+  diff->add_option(
+          "B", *b,
+          "Second checkpoint directory (meshproof or PyTorch DCP; the reference of --rtol)")
+      ->required();
   diff->add_option("--rtol", diff_opts->rtol,
                    "Relative tolerance for floating-point keys: |a-b| <= atol + rtol*|b| passes");
   diff->add_option("--atol", diff_opts->atol, "Absolute tolerance for floating-point keys");

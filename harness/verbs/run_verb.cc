@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "harness/checks/golden.h"
+#include "harness/checks/golden_import.h"
 #include "harness/faults/scenario_faults.h"
 #include "harness/run/runner.h"
 #include "harness/verbs/env_verb.h"
@@ -482,6 +483,74 @@ void add_golden_command(CLI::App& app, const std::vector<std::string>& args, std
     o->command_line = args;
     exit_code = golden_update_verb(*o, out, err);
   });
+  auto* imp = golden->add_subcommand(
+      "import", "Make another tool's loss curve (Megatron golden JSON or JSON lines) a golden");
+  auto io = std::make_shared<GoldenImportOptions>();
+  imp->add_option("FILE", io->file, "Megatron-LM golden values JSON, or a JSON-lines loss log")
+      ->required();
+  imp->add_option("--scenario", io->scenario, "The scenario whose golden it becomes")->required();
+  imp->add_option("--platform", io->platform, "Golden platform (default cpu)");
+  imp->add_option("--format", io->format, "auto (default), megatron or jsonl")
+      ->check(CLI::IsMember({"auto", "megatron", "jsonl"}));
+  imp->add_option("--golden-dir", io->golden_dir, "Golden store root (default golden)");
+  imp->callback([&out, &exit_code, &args, io] {
+    io->command_line = args;
+    exit_code = golden_import_verb(*io, out);
+  });
+  auto* exp = golden->add_subcommand("export", "Write a golden as Megatron-LM golden values JSON");
+  auto eo = std::make_shared<GoldenExportOptions>();
+  exp->add_option("GOLDEN", eo->golden, "The golden file (golden/<scenario>/<platform>.h5)")
+      ->required();
+  exp->add_option("--format", eo->format, "megatron (Megatron-LM functional-test golden values)")
+      ->required()
+      ->check(CLI::IsMember({"megatron"}));
+  exp->add_option("--out", eo->out, "Output file (default: standard output)");
+  exp->callback([&out, &exit_code, eo] { exit_code = golden_export_verb(*eo, out); });
+}
+
+int golden_import_verb(const GoldenImportOptions& o, std::ostream& out) {
+  const fs::path target = golden_path(o.golden_dir, o.scenario, o.platform);
+  const NamedPath inputs[] = {{"FILE", o.file}};
+  const NamedPath outputs[] = {{"the golden of --scenario", target}};
+  check_outputs_apart("golden import", inputs, outputs);
+  ImportedGolden g = read_golden_source(o.file, o.format);
+  check_output_file("golden import", outputs[0], /*folders_created=*/true);
+  const reports::EnvironmentRecord env = collect_environment(false);
+  g.data.provenance.insert({{"scenario", o.scenario},
+                            {"meshproof_version", env.meshproof_version},
+                            {"git_commit", env.git_commit},
+                            {"date", reports::format_utc(unix_now())},
+                            {"command", shell_join(o.command_line)}});
+  write_golden(target, g.data);
+  std::vector<std::string> names;
+  for (const auto& [name, v] : g.data.metrics) names.push_back(name);
+  fmt::print(out, "wrote {}  ({} steps, {}..{}; {} from {} {})\n", target.string(),
+             g.data.steps.size(), g.data.steps.front(), g.data.steps.back(), fmt::join(names, ", "),
+             g.data.provenance.at("source_format"), o.file);
+  if (!g.ignored.empty()) fmt::print(out, "      not imported: {}\n", fmt::join(g.ignored, ", "));
+  fmt::print(out,
+             "      compared by `run` with checks.golden.mode: tolerance (an imported curve is "
+             "never compared bitwise)\n");
+  return kExitOk;
+}
+
+int golden_export_verb(const GoldenExportOptions& o, std::ostream& out) {
+  if (!o.out.empty()) {
+    const NamedPath inputs[] = {{"GOLDEN", o.golden}};
+    const NamedPath outputs[] = {{"--out", o.out}};
+    check_outputs_apart("golden export", inputs, outputs);
+    check_output_file("golden export", outputs[0]);
+  }
+  const std::optional<GoldenData> g = read_golden(o.golden);
+  MP_CHECK_INPUT(g.has_value(), "golden export: {} does not exist", o.golden);
+  const std::string text = golden_as_megatron_json(*g);
+  if (o.out.empty()) {
+    out << text;
+  } else {
+    reports::write_file_atomically(o.out, text);
+    fmt::print(out, "wrote {}\n", o.out);
+  }
+  return kExitOk;
 }
 
 void add_faults_command(CLI::App& app, std::ostream& out, int& exit_code) {

@@ -1,4 +1,5 @@
-// `meshproof run`, `meshproof golden update` and `meshproof faults` (docs/design.md section 10).
+// `meshproof run`, `meshproof golden update|import|export` and `meshproof faults` (docs/design.md
+// sections 10 and 41).
 //   run SCENARIO... [--backend cpu|cuda|auto] [--launcher local|mpi] [--out DIR] [--filter NAME]
 //       [--set k=v]... [--golden-dir DIR] [--trace] [--quiet]
 //     Loads and validates every scenario first (bad input: exit 2, nothing run or written), runs
@@ -13,6 +14,11 @@
 //     derived from the device each run uses (--platform: a guard that it is P; --force-platform:
 //     another name, [a-z0-9_-]+), printing the signed mean relative shift of each metric
 //     against the previous golden.
+//   golden import FILE --scenario NAME [--platform P] [--format auto|megatron|jsonl]
+//     Another tool's loss curve (Megatron-LM golden values JSON, a JSON-lines log) as the golden
+//     of NAME, with its steps and provenance; `run` compares it with the scenario's tolerance.
+//   golden export GOLDEN --format megatron [--out FILE]
+//     A golden as Megatron-LM golden values JSON.
 //   faults
 //     The fault catalog: each fault, the bug class it reproduces and the checks that catch it.
 #pragma once
@@ -59,6 +65,27 @@ struct GoldenUpdateOptions {
 };
 
 int golden_update_verb(const GoldenUpdateOptions& opts, std::ostream& out, std::ostream& err);
+
+// `golden import FILE --scenario NAME [--platform P] [--format auto|megatron|jsonl]
+// [--golden-dir DIR]`: another tool's loss curve as golden/<scenario>/<platform>.h5
+// (harness/checks/golden_import.h), compared by `run` with the scenario's tolerance.
+struct GoldenImportOptions {
+  std::string file;
+  std::string scenario;
+  std::string platform = "cpu";
+  std::string format = "auto";
+  std::string golden_dir = "golden";
+  std::vector<std::string> command_line;
+};
+int golden_import_verb(const GoldenImportOptions& opts, std::ostream& out);
+
+// `golden export GOLDEN --format megatron [--out FILE]`: the golden as Megatron-LM golden values.
+struct GoldenExportOptions {
+  std::string golden;
+  std::string format = "megatron";
+  std::string out;  // empty: standard output
+};
+int golden_export_verb(const GoldenExportOptions& opts, std::ostream& out);
 
 // `meshproof faults`: every row of the fault table (harness/faults/scenario_faults.h) with its
 // bug class, the checks that catch it, what a scenario needs for it and each parameter's type,
