@@ -15,17 +15,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string index_str(const std::vector<int64_t>& i) {
-  return fmt::format("({})", fmt::join(i, ", "));
-}
-
 // A chunk that lies outside the global shape, or "" when it lies inside.
 std::string out_of_bounds(const DcpEntry& e, const DcpChunk& c) {
   for (size_t d = 0; d < e.shape.size(); ++d) {
     if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] > e.shape[d] - c.sizes[d]) {
       return fmt::format(
           "chunk at {} of sizes {} reaches outside the global shape {} in dimension {}",
-          index_str(c.offsets), index_str(c.sizes), index_str(e.shape), d);
+          dcp_index_str(c.offsets), dcp_index_str(c.sizes), dcp_index_str(e.shape), d);
     }
   }
   return "";
@@ -178,12 +174,12 @@ VerifyReport verify_dcp_checkpoint(const fs::path& dir) {
       if (t.gap) {
         finding(key, std::string(kDcpMetadataFile),
                 fmt::format("no chunk covers global index {} (the chunks leave a gap)",
-                            index_str(*t.gap)));
+                            dcp_index_str(*t.gap)));
       }
       if (t.overlap) {
         finding(key, std::string(kDcpMetadataFile),
                 fmt::format("two chunks cover global index {} (the chunks overlap)",
-                            index_str(*t.overlap)));
+                            dcp_index_str(*t.overlap)));
       }
       if (t.too_many_cells) {
         finding(key, std::string(kDcpMetadataFile),
@@ -194,20 +190,21 @@ VerifyReport verify_dcp_checkpoint(const fs::path& dir) {
       ++r.chunks;
       if (!c.item) {
         finding(key, std::string(kDcpMetadataFile),
-                fmt::format("chunk at {} has no storage item", index_str(c.offsets)));
+                fmt::format("chunk at {} has no storage item", dcp_index_str(c.offsets)));
         continue;
       }
       try {
         const std::vector<uint8_t> bytes = read_dcp_item(dir, *c.item, key);
         if (e.bytes || e.dtype == nullptr) continue;
-        const std::string where = fmt::format("key '{}' chunk at {} ({} at {})", key,
-                                              index_str(c.offsets), c.item->file, c.item->offset);
+        const std::string where =
+            fmt::format("key '{}' chunk at {} ({} at {})", key, dcp_index_str(c.offsets),
+                        c.item->file, c.item->offset);
         const TorchTensor t = read_torch_save_tensor(bytes, where);
         if (t.dtype != e.dtype || t.shape != c.sizes) {
           finding(key, c.item->file,
                   fmt::format("chunk at {} holds a {} tensor of sizes {}; the metadata says {} {}",
-                              index_str(c.offsets), t.dtype->name, index_str(t.shape), e.dtype_name,
-                              index_str(c.sizes)));
+                              dcp_index_str(c.offsets), t.dtype->name, dcp_index_str(t.shape),
+                              e.dtype_name, dcp_index_str(c.sizes)));
         }
       } catch (const kernels::Error& err) {
         finding(key, c.item->file, err.message());
@@ -234,21 +231,22 @@ kernels::Tensor read_dcp_global(const fs::path& dir, const DcpEntry& e) {
   const Tiling t = check_tiling(e);
   MP_CHECK_INTEGRITY(!t.gap && !t.overlap && !t.too_many_cells,
                      "key '{}': its chunks do not tile the global shape {} exactly once ({})",
-                     e.key, index_str(e.shape),
-                     t.gap       ? "a gap at " + index_str(*t.gap)
-                     : t.overlap ? "an overlap at " + index_str(*t.overlap)
+                     e.key, dcp_index_str(e.shape),
+                     t.gap       ? "a gap at " + dcp_index_str(*t.gap)
+                     : t.overlap ? "an overlap at " + dcp_index_str(*t.overlap)
                                  : "irregular");
   kernels::Tensor out = kernels::Tensor::empty(kernels::Shape(e.shape), *e.dtype->dtype);
   for (const DcpChunk& c : e.chunks) {
     MP_CHECK_INTEGRITY(c.item.has_value(), "key '{}': chunk at {} has no storage item", e.key,
-                       index_str(c.offsets));
+                       dcp_index_str(c.offsets));
     const std::vector<uint8_t> bytes = read_dcp_item(dir, *c.item, e.key);
     const TorchTensor tt = read_torch_save_tensor(
-        bytes, fmt::format("key '{}' chunk at {} ({})", e.key, index_str(c.offsets), c.item->file));
+        bytes,
+        fmt::format("key '{}' chunk at {} ({})", e.key, dcp_index_str(c.offsets), c.item->file));
     MP_CHECK_INTEGRITY(tt.dtype == e.dtype && tt.shape == c.sizes,
                        "key '{}': chunk at {} in {} holds a {} tensor of sizes {}, not {} {}",
-                       e.key, index_str(c.offsets), c.item->file, tt.dtype->name,
-                       index_str(tt.shape), e.dtype_name, index_str(c.sizes));
+                       e.key, dcp_index_str(c.offsets), c.item->file, tt.dtype->name,
+                       dcp_index_str(tt.shape), e.dtype_name, dcp_index_str(c.sizes));
     place_chunk(e.shape, c, e.dtype->bytes, tt.bytes.data(), static_cast<uint8_t*>(out.raw_data()));
   }
   return out;

@@ -80,10 +80,6 @@ std::string dtype_of(const PyRef& properties, std::string_view what) {
   return dtype->text.substr(6);
 }
 
-std::string offsets_str(const std::vector<int64_t>& o) {
-  return fmt::format("({})", fmt::join(o, ", "));
-}
-
 // The rank in a "__<rank>_<n>.distcp" file name, or -1.
 int64_t writer_rank(const std::string& file) {
   if (!file.starts_with("__")) return -1;
@@ -98,6 +94,10 @@ int64_t writer_rank(const std::string& file) {
 }
 
 }  // namespace
+
+std::string dcp_index_str(const std::vector<int64_t>& index) {
+  return fmt::format("({})", fmt::join(index, ", "));
+}
 
 bool is_dcp_checkpoint(const fs::path& dir) {
   std::error_code ec;
@@ -138,8 +138,8 @@ DcpMetadata parse_dcp_metadata(std::span<const uint8_t> bytes, std::string_view 
         chunk.sizes = int_sequence(field(cf, "sizes", what), what + " chunk sizes");
         MP_CHECK_INPUT(
             chunk.offsets.size() == e.shape.size() && chunk.sizes.size() == e.shape.size(),
-            "{}: a chunk at {} of rank {} in a tensor of rank {}", what, offsets_str(chunk.offsets),
-            chunk.sizes.size(), e.shape.size());
+            "{}: a chunk at {} of rank {} in a tensor of rank {}", what,
+            dcp_index_str(chunk.offsets), chunk.sizes.size(), e.shape.size());
         e.chunks.push_back(std::move(chunk));
       }
     }
@@ -177,11 +177,11 @@ DcpMetadata parse_dcp_metadata(std::span<const uint8_t> bytes, std::string_view 
       }
     }
     if (chunk == nullptr) {
-      out.stray_items.push_back(fmt::format("{} at {}", fqn, offsets_str(offsets)));
+      out.stray_items.push_back(fmt::format("{} at {}", fqn, dcp_index_str(offsets)));
       continue;
     }
     MP_CHECK_INPUT(!chunk->item.has_value(), "{} at {}: two storage items for one chunk", what,
-                   offsets_str(offsets));
+                   dcp_index_str(offsets));
     chunk->item = std::move(item);
   }
   return out;

@@ -62,6 +62,9 @@ DcpMetadata parse_dcp_metadata(std::span<const uint8_t> bytes, std::string_view 
 // Reads and parses `<dir>/.metadata`; a missing or unreadable file is an input error.
 DcpMetadata read_dcp_metadata(const std::filesystem::path& dir);
 
+// A global index or extent as messages print it: "(64, 0)".
+std::string dcp_index_str(const std::vector<int64_t>& index);
+
 // The placement the chunks of a tensor imply, in words: "replicated (one chunk)", "Shard(0) over
 // 4", "Shard(0) over 2 x Shard(1) over 2", with "uneven last chunk" appended where the last chunk
 // along a sharded dimension is smaller than the others. Describes the grid the chunks form; a set
